@@ -1,0 +1,1 @@
+"""Finetuning heads and programs (classification, segmentation, change detection, super-resolution)."""

@@ -1,0 +1,1 @@
+"""Checkpoint loading, layout conversion and backbone export."""

@@ -1,0 +1,1 @@
+"""Imagery readers, band and normalisation specs, the multi-source pretraining pile."""

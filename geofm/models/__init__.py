@@ -1,0 +1,1 @@
+"""Backbones, masked image modelling and the frozen teacher."""

@@ -1,0 +1,101 @@
+"""Backbones through timm: Swin and ViT with any band count, image size and window size.
+
+The model returned by :func:`create_backbone` is a plain timm model (``num_classes=0``), so its
+``state_dict`` is in timm's key layout and exports load into ``timm.create_model`` unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import timm
+import torch
+from torch import nn
+
+from geofm.errors import ConfigError
+
+FAMILIES = {"swin": "swin_transformer", "vit": "vision_transformer"}
+
+
+@functools.cache
+def _registered(module: str) -> frozenset[str]:
+    return frozenset(timm.list_models(module=module))
+
+
+def backbone_family(arch: str) -> str:
+    """Return ``"swin"`` or ``"vit"`` for a registered timm architecture name.
+
+    Raises:
+        ConfigError: if ``arch`` is not a timm Swin (v1) or ViT architecture.
+    """
+    for family, module in FAMILIES.items():
+        if arch in _registered(module):
+            return family
+    raise ConfigError(
+        f"unknown backbone architecture {arch!r}: expected a timm Swin or ViT name such as "
+        "swin_base_patch4_window7_224 or vit_base_patch16_224 (see timm.list_models('swin*'))"
+    )
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """Shape facts of an architecture that do not depend on image size."""
+
+    family: str
+    patch_size: int
+    depth: int  # stages for Swin, blocks for ViT
+    embed_dims: tuple[int, ...]  # per stage for Swin, one entry for ViT
+
+
+@functools.cache
+def _arch_info(arch: str, kwargs_json: str) -> ArchInfo:
+    family = backbone_family(arch)
+    with torch.device("meta"):
+        model = timm.create_model(arch, pretrained=False, num_classes=0, **json.loads(kwargs_json))
+    patch = model.patch_embed.patch_size
+    patch = patch[0] if isinstance(patch, (tuple, list)) else patch
+    if family == "swin":
+        dims = tuple(stage.blocks[0].norm1.normalized_shape[0] for stage in model.layers)
+        return ArchInfo(family, int(patch), len(model.layers), dims)
+    return ArchInfo(family, int(patch), len(model.blocks), (model.embed_dim,))
+
+
+def arch_info(arch: str, timm_kwargs: dict[str, Any] | None = None) -> ArchInfo:
+    """Patch size, depth and widths of ``arch`` with ``timm_kwargs`` applied (built on the meta device)."""
+    return _arch_info(arch, json.dumps(timm_kwargs or {}, sort_keys=True))
+
+
+def patch_size_of(arch: str, timm_kwargs: dict[str, Any] | None = None) -> int:
+    return arch_info(arch, timm_kwargs).patch_size
+
+
+def stage_count_of(arch: str, timm_kwargs: dict[str, Any] | None = None) -> int:
+    return arch_info(arch, timm_kwargs).depth
+
+
+def backbone_kwargs(
+    *,
+    in_chans: int,
+    img_size: int,
+    window_size: int | None = None,
+    timm_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``timm.create_model`` kwargs of a headless backbone; exports record exactly these."""
+    kwargs = {"num_classes": 0, "in_chans": in_chans, "img_size": img_size, **(timm_kwargs or {})}
+    if window_size is not None:
+        kwargs["window_size"] = window_size
+    return kwargs
+
+
+def create_backbone(arch: str, kwargs: dict[str, Any], drop_path_rate: float = 0.0) -> nn.Module:
+    """Build a randomly initialised timm backbone from :func:`backbone_kwargs`."""
+    backbone_family(arch)
+    return timm.create_model(arch, pretrained=False, drop_path_rate=drop_path_rate, **kwargs)
+
+
+def feature_pyramid(model: nn.Module, images: torch.Tensor, indices: int | list[int] = 4) -> list[torch.Tensor]:
+    """Multi-scale NCHW feature maps for dense heads (Swin: one per stage; ViT: chosen blocks)."""
+    return model.forward_intermediates(images, indices=indices, intermediates_only=True)

@@ -1,0 +1,1 @@
+"""Pretraining programs: central continual pretraining on the DeepSpeed engine."""
