@@ -1,0 +1,250 @@
+"""The multi-source pretraining pile, in the spirit of GeoPile.
+
+Several imagery sources (aerial RGB, multispectral satellite scenes...) are mixed by weight into
+one stream of samples. :class:`PileSampler` decides which file of which source each position of an
+epoch holds and gives every position its own seed; :class:`PretrainPile` turns such an index into
+an augmented, normalised sample. A sample is a pure function of its index, so the data order and
+content do not depend on the number of DataLoader workers, and a run can resume mid-epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, Sampler
+
+from geofm.config import DataConfig
+from geofm.data.sources import ImageSource, list_images
+from geofm.data.transforms import PretrainAugmentation
+from geofm.errors import DatasetNotFoundError, RasterReadError
+
+logger = logging.getLogger("geofm.data")
+
+_MASK64 = (1 << 64) - 1
+_MASK63 = (1 << 63) - 1
+
+# Tags that keep the random streams derived from one run seed apart.
+_CHOICE, _WALK, _SAMPLE, _AUGMENT = 1, 2, 3, 4
+
+
+def _splitmix64(x: int) -> int:
+    """One step of the SplitMix64 generator: a bijective, well-mixing hash of a 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _mix(*values: int) -> int:
+    """Deterministic 63-bit seed derived from a sequence of integers."""
+    h = 0
+    for v in values:
+        h = _splitmix64(h ^ (v & _MASK64))
+    return h & _MASK63
+
+
+class PileIndex(NamedTuple):
+    """One sample of the pile: which file of which source, and the seed of its randomness."""
+
+    source: int
+    file: int
+    sample_seed: int
+
+
+class PileSampler(Sampler[PileIndex]):
+    """Weighted, reproducible sampling of files across sources.
+
+    Each epoch, every one of ``samples_per_epoch`` positions picks a source with probability
+    proportional to its weight; within a source, files follow a random permutation, without
+    replacement until the source is exhausted, then a new permutation. The epoch's positions are
+    truncated to a multiple of ``world_size`` and rank ``r`` takes positions ``r, r + world_size, ...``.
+    Everything is derived from ``(seed, epoch)``.
+    """
+
+    def __init__(
+        self,
+        source_sizes: list[int],
+        weights: list[float],
+        samples_per_epoch: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        """Initialise a new PileSampler instance.
+
+        Args:
+            source_sizes: number of files of each source.
+            weights: relative sampling weight of each source.
+            samples_per_epoch: samples of one epoch, over all ranks.
+            seed: run seed.
+            rank: this process's rank.
+            world_size: number of processes sharing the epoch.
+
+        Raises:
+            ValueError: if the arguments are inconsistent or leave a rank without samples.
+        """
+        if len(source_sizes) != len(weights) or not source_sizes:
+            raise ValueError(f"need one weight per source, got {len(source_sizes)} sources and {len(weights)} weights")
+        if any(n <= 0 for n in source_sizes):
+            raise ValueError(f"every source needs at least one file, got sizes {source_sizes}")
+        if any(w <= 0 for w in weights):
+            raise ValueError(f"weights must be positive, got {weights}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        if samples_per_epoch < world_size:
+            raise ValueError(f"samples_per_epoch {samples_per_epoch} is smaller than world_size {world_size}")
+        self.source_sizes = list(source_sizes)
+        self.weights = list(weights)
+        self.samples_per_epoch = samples_per_epoch
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        self._start = 0
+        self._total = samples_per_epoch // world_size * world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the next iteration follows."""
+        self.epoch = epoch
+
+    def set_start(self, position: int) -> None:
+        """Skip the first ``position`` samples of this rank's share in the next iteration only.
+
+        Used to resume mid-epoch with the same data order; later iterations start at 0 again.
+
+        Raises:
+            ValueError: if ``position`` is outside ``[0, len(self)]``.
+        """
+        if not 0 <= position <= len(self):
+            raise ValueError(f"start position {position} is outside [0, {len(self)}]")
+        self._start = position
+
+    def __len__(self) -> int:
+        """Number of samples of this rank's share of an epoch."""
+        return self._total // self.world_size
+
+    def epoch_plan(self, epoch: int) -> tuple[list[int], list[int]]:
+        """Source and file of every position of an epoch, over all ranks.
+
+        Args:
+            epoch: the epoch.
+
+        Returns:
+            Two lists of length ``samples_per_epoch``: the source and the file of each position.
+        """
+        choice = torch.Generator().manual_seed(_mix(_CHOICE, self.seed, epoch))
+        weights = torch.tensor(self.weights, dtype=torch.float64)
+        sources = torch.multinomial(weights, self.samples_per_epoch, replacement=True, generator=choice)
+        files = torch.empty_like(sources)
+        for s, size in enumerate(self.source_sizes):
+            where = (sources == s).nonzero(as_tuple=True)[0]
+            if len(where) == 0:
+                continue
+            walk = torch.Generator().manual_seed(_mix(_WALK, self.seed, epoch, s))
+            rounds = -(-len(where) // size)
+            perms = [torch.randperm(size, generator=walk) for _ in range(rounds)]
+            files[where] = torch.cat(perms)[: len(where)]
+        return sources.tolist(), files.tolist()
+
+    def __iter__(self) -> Iterator[PileIndex]:
+        """Indices of this rank's share of the current epoch, from the start position on."""
+        start, self._start = self._start, 0
+        epoch = self.epoch
+        sources, files = self.epoch_plan(epoch)
+        positions = range(self.rank + start * self.world_size, self._total, self.world_size)
+        return (PileIndex(sources[p], files[p], _mix(_SAMPLE, self.seed, epoch, p)) for p in positions)
+
+
+def samples_per_epoch(cfg: DataConfig) -> int:
+    """Samples of one epoch: ``cfg.samples_per_epoch``, or else the number of files of all sources.
+
+    Raises:
+        DatasetNotFoundError: if a source's folder is missing or empty.
+    """
+    if cfg.samples_per_epoch is not None:
+        return cfg.samples_per_epoch
+    return sum(len(list_images(s.root, s.pattern)) for s in cfg.sources)
+
+
+class PretrainPile(Dataset[dict[str, Tensor | int]]):
+    """Augmented, normalised samples of every source, indexed by :class:`PileIndex`.
+
+    A sample is a dict with ``image`` (float32, C x img_size x img_size), ``valid`` (bool, same
+    shape), ``mask`` (only with a ``mask_fn``), ``source`` (its position in ``cfg.sources``) and
+    ``skipped`` (bad files passed over to produce it). It depends on its index only.
+    """
+
+    def __init__(
+        self,
+        cfg: DataConfig,
+        img_size: int,
+        mask_fn: Callable[[torch.Generator], Tensor] | None = None,
+    ) -> None:
+        """Initialise a new PretrainPile instance.
+
+        Args:
+            cfg: the data configuration.
+            img_size: side of the square samples, in pixels.
+            mask_fn: draws a sample's mask from a generator seeded with its ``sample_seed``.
+
+        Raises:
+            DatasetNotFoundError: if a source's folder is missing or empty.
+        """
+        self.cfg = cfg
+        self.sources = [ImageSource(s, cfg.bands) for s in cfg.sources]
+        self.augment = PretrainAugmentation(img_size, scale=cfg.crop_scale, hflip=cfg.hflip, vflip=cfg.vflip)
+        self.mask_fn = mask_fn
+
+    @property
+    def source_sizes(self) -> list[int]:
+        """Number of files of each source."""
+        return [len(s) for s in self.sources]
+
+    @property
+    def weights(self) -> list[float]:
+        """Sampling weight of each source."""
+        return [s.cfg.weight for s in self.sources]
+
+    def _load(self, source: int, file: int) -> tuple[Tensor, Tensor, int]:
+        """Load a file, or with ``on_bad_file="skip"`` the next readable file of the same source."""
+        src = self.sources[source]
+        for skipped in range(len(src)):
+            try:
+                image, valid = src.load((file + skipped) % len(src))
+            except RasterReadError as exc:
+                if self.cfg.on_bad_file == "error":
+                    raise
+                logger.warning("source %r: skipping %s: %s", src.name, exc.path, exc.reason)
+            else:
+                return image, valid, skipped
+        raise DatasetNotFoundError(
+            f"source {src.name!r}: none of the {len(src)} files matching {src.cfg.pattern!r} "
+            f"in {src.cfg.root} can be read"
+        )
+
+    def __getitem__(self, index: PileIndex) -> dict[str, Tensor | int]:
+        """Load, augment and mask one sample.
+
+        Args:
+            index: which file of which source, and the sample's seed.
+
+        Returns:
+            The sample dict.
+
+        Raises:
+            RasterReadError: with ``on_bad_file="error"``, if the file cannot be read.
+            DatasetNotFoundError: with ``on_bad_file="skip"``, if no file of the source can be read.
+        """
+        source, file, sample_seed = index
+        image, valid, skipped = self._load(source, file)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_mix(_AUGMENT, sample_seed))
+            image, valid = self.augment(image, valid)
+        sample: dict[str, Tensor | int] = {"image": image, "valid": valid, "source": source, "skipped": skipped}
+        if self.mask_fn is not None:
+            sample["mask"] = self.mask_fn(torch.Generator().manual_seed(sample_seed))
+        return sample

@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from geofm.config import DataConfig, SourceConfig
+from geofm.data.demo import make_demo_archive
+from geofm.data.pile import PileIndex, PretrainPile
+from geofm.data.readers import read_raster
+
+SOURCES = {
+    "aerial_rgb": (["red", "green", "blue"], 1 / 255, None, "uint8", 96, 0.5),
+    "satellite_4band": (["blue", "green", "red", "nir"], 1e-4, 0, "uint16", 64, 10.0),
+}
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_demo_archive(tmp_path_factory.mktemp("demo"))
+
+
+def _pixels(paths: dict[str, Path]) -> dict[str, np.ndarray]:
+    return {
+        f"{name}/{f.name}": read_raster(f, len(SOURCES[name][0])).data
+        for name, folder in paths.items()
+        for f in sorted(folder.glob("*.tif"))
+    }
+
+
+def test_layout_and_metadata(archive: dict[str, Path]) -> None:
+    assert set(archive) == set(SOURCES)
+    root = archive["aerial_rgb"].parent
+    assert "not real imagery" in (root / "README.txt").read_text().lower()
+    for name, (bands, _, nodata, dtype, size, _) in SOURCES.items():
+        files = sorted(archive[name].glob("*.tif"))
+        assert len(files) == 24
+        raster = read_raster(files[0], len(bands))
+        assert raster.data.shape == (len(bands), size, size)
+        assert raster.dtype == dtype
+        assert raster.nodata == nodata
+
+
+def test_georeferencing(archive: dict[str, Path]) -> None:
+    import rasterio
+
+    for name, (*_, resolution) in SOURCES.items():
+        with rasterio.open(sorted(archive[name].glob("*.tif"))[5]) as src:
+            assert src.crs.to_epsg() == 32632
+            assert src.transform.a == resolution and src.transform.e == -resolution
+            assert 100_000 < src.transform.c < 900_000
+
+
+def test_content(archive: dict[str, Path]) -> None:
+    pixels = _pixels(archive)
+    satellite = np.stack([v for k, v in pixels.items() if k.startswith("satellite")])
+    nodata_scenes = (satellite == 0).all(axis=1).any(axis=(1, 2))
+    assert 0 < nodata_scenes.sum() < 24
+    assert ((satellite == 0).all(axis=1) == (satellite == 0).any(axis=1)).all(), "nodata must cover all bands"
+    assert satellite.max() <= 10000
+    valid = satellite[:, :, satellite.min(axis=(0, 1)) > 0]
+    assert valid[:, 3].mean() > valid[:, 2].mean(), "vegetated scenes: nir above red"
+    aerial = np.stack([v for k, v in pixels.items() if k.startswith("aerial")])
+    assert aerial.std() > 10
+    assert len({v.tobytes() for v in aerial}) == 24
+
+
+def test_deterministic_and_seeded(archive: dict[str, Path], tmp_path: Path) -> None:
+    start = time.perf_counter()
+    again = make_demo_archive(tmp_path / "again")
+    assert time.perf_counter() - start < 2.0
+    first, second = _pixels(archive), _pixels(again)
+    assert first.keys() == second.keys()
+    assert all(np.array_equal(first[k], second[k]) for k in first)
+    other = _pixels(make_demo_archive(tmp_path / "other", seed=1))
+    assert not np.array_equal(first["aerial_rgb/scene_000.tif"], other["aerial_rgb/scene_000.tif"])
+
+
+def test_complete_archive_not_rewritten(tmp_path: Path) -> None:
+    paths = make_demo_archive(tmp_path)
+    scene = paths["aerial_rgb"] / "scene_000.tif"
+    scene.write_bytes(b"edited")
+    assert make_demo_archive(tmp_path) == paths
+    assert scene.read_bytes() == b"edited", "a complete archive for the same seed is kept"
+    make_demo_archive(tmp_path, seed=1)
+    assert read_raster(scene, 3).data.shape == (3, 96, 96), "another seed regenerates the archive"
+
+
+@pytest.mark.parametrize("model_bands", [["blue", "green", "red", "nir"], ["red", "green", "blue"]])
+def test_demo_feeds_the_pile(archive: dict[str, Path], model_bands: list[str]) -> None:
+    sources = [
+        SourceConfig(
+            name=name, root=archive[name], pattern="*.tif", bands=bands, scale=scale, nodata=nodata,
+            mean=[0.0] * len(bands), std=[1.0] * len(bands),
+        )
+        for name, (bands, scale, nodata, *_) in SOURCES.items()
+    ]
+    pile = PretrainPile(DataConfig(bands=model_bands, sources=sources), img_size=32)
+    sample = pile[PileIndex(1, 0, 0)]
+    assert sample["image"].shape == (len(model_bands), 32, 32)
+    assert not sample["valid"].all(), "scene 0 of the satellite source has a nodata edge"
+    assert sample["valid"].any()
+
+
+def test_demo_configs_carry_the_archive_statistics(tmp_path):
+    """The demo configs' mean/std are what `geofm data stats` computes on the generated archive."""
+    from geofm.config import load_config
+    from geofm.data.stats import compute_band_stats
+
+    roots = make_demo_archive(tmp_path / "demo")
+    configs = Path(__file__).parents[2] / "configs" / "pretrain"
+    for path in configs.glob("demo_*.yaml"):
+        for source in load_config(path).data.sources:
+            stats = compute_band_stats(
+                root=roots[source.name], pattern=source.pattern, bands=source.bands, scale=source.scale, nodata=source.nodata
+            )
+            assert np.allclose(stats.mean, source.mean, rtol=1e-4), (path.name, source.name)
+            assert np.allclose(stats.std, source.std, rtol=1e-4), (path.name, source.name)
