@@ -1,0 +1,87 @@
+"""The frozen ImageNet teacher of GFM, truncated where its features are distilled."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timm.models.swin_transformer import SwinTransformer
+from torch import Tensor, nn
+
+from geofm.checkpoints import load_backbone_weights
+from geofm.config import TeacherConfig
+from geofm.models.backbones import backbone_kwargs, create_backbone
+from geofm.models.mim import Tap, check_tap, default_vit_tap, embed_tokens, run_backbone, tap_channels
+
+
+class FrozenTeacher(nn.Module):
+    """A backbone cut after ``tap`` that never trains.
+
+    Its parameters have ``requires_grad=False``, it stays in eval mode whatever ``train()`` is
+    called with, and it runs under ``torch.inference_mode``. Keep it out of the optimizer and out
+    of training checkpoints: it is rebuilt from its weights file.
+
+    Args:
+        backbone: a timm Swin or ViT holding the teacher's weights.
+        tap: where to cut.
+        band_indices: input bands the teacher sees (red, green, blue).
+        img_size: the teacher's input size; images are resized to it.
+    """
+
+    def __init__(self, backbone: nn.Module, tap: Tap, band_indices: list[int], img_size: int) -> None:
+        super().__init__()
+        check_tap(backbone, tap)
+        self.out_channels = tap_channels(backbone, tap)
+        _drop_after_tap(backbone, tap)
+        self.backbone = backbone
+        self.tap = tap
+        self.img_size = img_size
+        self.register_buffer("band_indices", torch.tensor(band_indices), persistent=False)
+        self.requires_grad_(False)
+        super().train(False)
+
+    def train(self, mode: bool = True) -> FrozenTeacher:
+        """The teacher stays in eval mode."""
+        return self
+
+    @torch.inference_mode()
+    def forward(self, images: Tensor) -> Tensor:
+        """Features (B, h, w, C) of the unmasked ``images`` (all input bands, normalised)."""
+        x = images.index_select(1, self.band_indices)
+        if x.shape[-1] != self.img_size or x.shape[-2] != self.img_size:
+            x = F.interpolate(x, size=(self.img_size, self.img_size), mode="bicubic", align_corners=False)
+        _, tapped = run_backbone(self.backbone, embed_tokens(self.backbone, x), self.tap, stop_at_tap=True)
+        # A plain tensor (not an inference tensor) so the distillation loss can save it for backward.
+        return tapped.clone()
+
+
+def _drop_after_tap(model: nn.Module, tap: Tap) -> None:
+    """Remove the modules the truncated forward never reaches, to save memory."""
+    if isinstance(model, SwinTransformer):
+        keep = tap.index + 1 if tap.include_merging else tap.index
+        model.layers = model.layers[:keep]
+        if tap.include_merging:
+            model.layers[-1].blocks = nn.Identity()
+    else:
+        model.blocks = model.blocks[: tap.index]
+    model.norm = nn.Identity()
+    model.head = nn.Identity()
+
+
+def teacher_tap(cfg: TeacherConfig, backbone: nn.Module) -> Tap:
+    """The configured tap: a Swin stage (with its merging by default) or a ViT block."""
+    if isinstance(backbone, SwinTransformer):
+        return Tap(cfg.stage, cfg.include_merging)
+    return Tap(cfg.block) if cfg.block is not None else default_vit_tap(backbone)
+
+
+def build_teacher(cfg: TeacherConfig, band_indices: list[int]) -> FrozenTeacher:
+    """Build the teacher from its local weights file (timm or Microsoft layout, or a geofm export).
+
+    Raises:
+        CheckpointNotFoundError: when ``cfg.checkpoint`` does not exist.
+        CheckpointFormatError: when the file's layout or keys do not fit ``cfg.arch``.
+    """
+    kwargs = backbone_kwargs(in_chans=3, img_size=cfg.img_size, window_size=cfg.window_size, timm_kwargs=cfg.timm_kwargs)
+    backbone = create_backbone(cfg.arch, kwargs)
+    load_backbone_weights(backbone, cfg.checkpoint, strict=True)
+    return FrozenTeacher(backbone, teacher_tap(cfg, backbone), band_indices, cfg.img_size)

@@ -1,0 +1,29 @@
+import torch
+
+from geofm.models.mim import Tap, embed_tokens, run_backbone
+from geofm.models.teacher import FrozenTeacher
+
+
+def test_teacher_is_frozen_and_matches_the_full_backbone_at_its_tap(tiny_swin):
+    backbone = tiny_swin(3).eval()
+    images = torch.randn(2, 4, 64, 64)  # 4 bands; the teacher sees [red, green, blue] = [2, 1, 0]
+    rgb = images[:, [2, 1, 0]]
+    _, expected = run_backbone(backbone, embed_tokens(backbone, rgb), Tap(3, True))
+    teacher = FrozenTeacher(backbone, Tap(3, True), band_indices=[2, 1, 0], img_size=64)
+    teacher.train()
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+    out = teacher(images)
+    assert out.shape == (2, 2, 2, teacher.out_channels) and not out.is_inference()
+    assert torch.allclose(out, expected, atol=1e-5)
+    assert not hasattr(teacher.backbone.layers[-1].blocks, "__len__"), "stage-4 blocks were pruned"
+
+
+def test_teacher_resizes_to_its_own_input_size(tiny_swin):
+    teacher = FrozenTeacher(tiny_swin(3, img_size=96, window_size=6), Tap(3, True), [0, 1, 2], img_size=96)
+    assert teacher(torch.randn(1, 3, 64, 64)).shape[1:3] == (3, 3)
+
+
+def test_vit_teacher_cut_after_block(tiny_vit):
+    teacher = FrozenTeacher(tiny_vit(3), Tap(2), [0, 1, 2], img_size=64)
+    assert len(teacher.backbone.blocks) == 2
+    assert teacher(torch.randn(1, 3, 64, 64)).shape == (1, 4, 4, 32)
