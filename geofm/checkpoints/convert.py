@@ -1,0 +1,260 @@
+"""Turning any known checkpoint layout into the state dict of a timm backbone.
+
+The renaming of Microsoft's Swin keys, the resizing of relative-position-bias tables to the model's
+window size, the resampling of ViT position embeddings and patch kernels are timm's own
+``checkpoint_filter_fn``; this module picks the backbone out of the checkpoint, drops what a headless
+backbone does not hold, and places RGB patch-embedding kernels into the bands of an N-band model.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from timm.models import swin_transformer, vision_transformer
+from torch import Tensor, nn
+
+from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
+from geofm.checkpoints.layouts import locate_backbone
+from geofm.errors import CheckpointFormatError, ConfigError
+
+PATCH_EMBED_WEIGHT = "patch_embed.proj.weight"
+# Entries of Swin/ViT checkpoints that a headless timm backbone never holds: buffers rebuilt at
+# construction (Microsoft's checkpoints store them) and SimMIM's mask token.
+NON_BACKBONE_NAMES = ("relative_position_index", "attn_mask", "mask_token")
+_BLOCK_INDEX = re.compile(r"(?<=\.)\d+(?=\.)")  # the 0 and 1 of "layers.0.blocks.1.attn"
+
+
+@dataclass
+class LoadReport:
+    """What happened to each tensor when a checkpoint was turned into backbone weights.
+
+    Attributes:
+        layout: the detected layout (see :data:`~geofm.checkpoints.layouts.LAYOUTS`).
+        used: model keys that receive weights from the checkpoint.
+        dropped: checkpoint keys left out on purpose (other modules, classifier, buffers, mask token).
+        missing: model keys the checkpoint does not provide.
+        unexpected: converted keys the model does not have.
+        adapted: notes on tensors that were changed to fit the model.
+        path: the file the weights came from, when loaded from a file.
+    """
+
+    layout: str
+    used: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    adapted: list[str] = field(default_factory=list)
+    path: str | None = None
+
+    def __str__(self) -> str:
+        source = f" from {self.path}" if self.path else ""
+        lines = [f"{self.layout} checkpoint{source}: {len(self.used)} tensors loaded"]
+        for name in ("dropped", "missing", "unexpected"):
+            keys = getattr(self, name)
+            if keys:
+                lines.append(f"  {name} {len(keys)}: {summarise_keys(keys)}")
+        notes: dict[str, int] = defaultdict(int)
+        for note in self.adapted:  # one line for the same change in every block
+            notes[_BLOCK_INDEX.sub("*", note)] += 1
+        lines += [f"  adapted {note}" + (f" (x{n})" if n > 1 else "") for note, n in notes.items()]
+        return "\n".join(lines)
+
+
+def summarise_keys(keys: Sequence[str], per_prefix: int = 4) -> str:
+    """Compact listing: block indices become ``*``; a prefix with many patterns becomes ``prefix.*``."""
+    patterns: dict[str, list[str]] = defaultdict(list)
+    for key in keys:
+        patterns[_BLOCK_INDEX.sub("*", key)].append(key)
+    by_prefix: dict[str, list[str]] = defaultdict(list)
+    for pattern in patterns:
+        by_prefix[pattern.split(".", 1)[0]].append(pattern)
+    parts = []
+    for prefix, group in by_prefix.items():
+        if len(group) > per_prefix:
+            parts.append(f"{prefix}.* ({sum(len(patterns[p]) for p in group)})")
+        else:
+            parts += [patterns[p][0] if len(patterns[p]) == 1 else f"{p} ({len(patterns[p])})" for p in group]
+    return ", ".join(parts)
+
+
+def model_family(model: nn.Module) -> str:
+    """``"swin"`` or ``"vit"`` for a timm Swin (v1) or ViT model."""
+    if isinstance(model, swin_transformer.SwinTransformer):
+        return "swin"
+    if isinstance(model, vision_transformer.VisionTransformer):
+        return "vit"
+    raise TypeError(f"expected a timm SwinTransformer or VisionTransformer, got {type(model).__name__}")
+
+
+def backbone_state_dict(
+    raw: dict[str, Any],
+    model: nn.Module,
+    *,
+    rgb_positions: Sequence[int] | None = None,
+    path: str | Path | None = None,
+) -> tuple[dict[str, Tensor], LoadReport]:
+    """Extract the backbone from a loaded checkpoint in any known layout, in ``model``'s timm names.
+
+    Args:
+        raw: the mapping returned by :func:`~geofm.checkpoints.io.load_checkpoint_file`.
+        model: the timm Swin/ViT backbone the weights are meant for; its shapes (window size,
+            image size, band count) decide the conversion. It is not modified.
+        rgb_positions: the model's band index receiving the checkpoint's red, green and blue
+            kernels; required when a 3-band checkpoint meets a model with another band count.
+            The model's other bands keep their current (fresh) initialisation.
+        path: the file ``raw`` came from: recognises an export by its sidecar, names the file in errors.
+
+    Returns:
+        The converted state dict (the model's keys plus any ``unexpected`` ones) and a report.
+
+    Raises:
+        CheckpointFormatError: unknown layout, a Swin checkpoint for a ViT (or the reverse), a
+            band count that cannot be adapted, or tensors whose shapes do not fit the model.
+        ConfigError: if ``rgb_positions`` is needed but missing or invalid.
+    """
+    where = f"{path}: " if path else ""
+    source = locate_backbone(raw, path=path)
+    family = model_family(model)
+    if source.family != family:
+        raise CheckpointFormatError(
+            f"{where}the checkpoint holds a {source.family} backbone, the model is a {family} ({type(model).__name__})"
+        )
+    target = model.state_dict()
+    report = LoadReport(layout=source.layout, dropped=source.other_keys(), path=str(path) if path else None)
+
+    state: dict[str, Tensor] = {}
+    for key in source.backbone_keys():
+        name = key[len(source.prefix) :]
+        if _belongs_to_backbone(name, target):
+            state[name] = source.weights[key]
+        else:
+            report.dropped.append(key)
+
+    if source.microsoft_names:
+        report.adapted.append("Microsoft Swin names -> timm: layers.N.downsample moved to layers.N+1.downsample")
+    filter_fn = swin_transformer.checkpoint_filter_fn if family == "swin" else vision_transformer.checkpoint_filter_fn
+    converted = filter_fn(state, model)
+    report.adapted += _resize_notes(state, converted)
+
+    _adapt_bands(converted, target, rgb_positions, report, where)
+
+    mismatched = [
+        f"{k} {tuple(v.shape)} vs model {tuple(target[k].shape)}"
+        for k, v in converted.items()
+        if k in target and v.shape != target[k].shape
+    ]
+    if mismatched:
+        raise CheckpointFormatError(
+            f"{where}{len(mismatched)} {source.layout} tensors do not fit {type(model).__name__} "
+            f"(another architecture size?): {'; '.join(mismatched[:5])}" + (" ..." if len(mismatched) > 5 else "")
+        )
+    report.used = [k for k in converted if k in target]
+    report.missing = [k for k in target if k not in converted]
+    report.unexpected = [k for k in converted if k not in target]
+    return converted, report
+
+
+def load_backbone_weights(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    rgb_positions: Sequence[int] | None = None,
+    strict: bool = True,
+) -> LoadReport:
+    """Load a checkpoint file in any known layout into a timm backbone, in place.
+
+    Args:
+        model: a timm Swin/ViT backbone (e.g. from :func:`geofm.models.backbones.create_backbone`).
+        path: a weights file, or a folder understood by :func:`~geofm.checkpoints.io.resolve_checkpoint_path`.
+        rgb_positions: see :func:`backbone_state_dict`.
+        strict: raise when the model has keys the checkpoint lacks, or the reverse.
+
+    Raises:
+        CheckpointNotFoundError: if the file is missing.
+        CheckpointFormatError: unknown or unsafe file, or (with ``strict``) keys that do not match.
+    """
+    resolved = resolve_checkpoint_path(path)
+    raw = load_checkpoint_file(resolved)
+    state, report = backbone_state_dict(raw, model, rgb_positions=rgb_positions, path=resolved)
+    if strict and (report.missing or report.unexpected):
+        raise CheckpointFormatError(
+            f"{resolved}: the {report.layout} checkpoint does not fit {type(model).__name__}: "
+            f"missing {len(report.missing)} [{summarise_keys(report.missing)}], "
+            f"unexpected {len(report.unexpected)} [{summarise_keys(report.unexpected)}]"
+        )
+    model.load_state_dict({k: state[k] for k in report.used}, strict=False)
+    return report
+
+
+def _belongs_to_backbone(name: str, target: dict[str, Tensor]) -> bool:
+    if name.rsplit(".", 1)[-1] in NON_BACKBONE_NAMES:
+        return False
+    if name.startswith("head.") and not any(k.startswith("head.") for k in target):
+        return False  # classifier of a model trained with classes; the backbone is headless
+    return True
+
+
+def _resize_notes(before: dict[str, Tensor], after: dict[str, Tensor]) -> list[str]:
+    """Describe tensors timm's filter resized: bias tables, position embeddings, patch kernels.
+
+    These keys are the same in Microsoft's and timm's names, so ``before`` and ``after`` line up.
+    """
+    notes = []
+    for key, new in after.items():
+        old = before.get(key)
+        if old is None or old.shape == new.shape:
+            continue
+        if key.endswith("relative_position_bias_table"):
+            s, t = math.isqrt(old.shape[0]), math.isqrt(new.shape[0])
+            notes.append(f"{key}: {s}x{s} -> {t}x{t} table (window {(s + 1) // 2} -> {(t + 1) // 2})")
+        elif key == "pos_embed":
+            notes.append(f"pos_embed: {old.shape[1]} -> {new.shape[1]} positions")
+        elif key == PATCH_EMBED_WEIGHT and old.ndim == new.ndim == 4:
+            notes.append(f"{key}: kernel {old.shape[-2]}x{old.shape[-1]} -> {new.shape[-2]}x{new.shape[-1]}")
+    return notes
+
+
+def _adapt_bands(
+    state: dict[str, Tensor],
+    target: dict[str, Tensor],
+    rgb_positions: Sequence[int] | None,
+    report: LoadReport,
+    where: str,
+) -> None:
+    """Put a 3-band patch embedding into the RGB bands of an N-band model (in place)."""
+    if PATCH_EMBED_WEIGHT not in state or PATCH_EMBED_WEIGHT not in target:
+        return
+    weight, fresh = state[PATCH_EMBED_WEIGHT], target[PATCH_EMBED_WEIGHT]
+    have, want = weight.shape[1], fresh.shape[1]
+    if have == want:
+        return
+    if have != 3:
+        raise CheckpointFormatError(
+            f"{where}the checkpoint's patch embedding takes {have} bands and the model {want}: only 3-band "
+            "(RGB) checkpoints can be placed into a model with another band count"
+        )
+    positions = _check_rgb_positions(rgb_positions, want)
+    adapted = fresh.detach().to("cpu", weight.dtype, copy=True)
+    adapted[:, positions] = weight
+    state[PATCH_EMBED_WEIGHT] = adapted
+    report.adapted.append(f"{PATCH_EMBED_WEIGHT}: 3 -> {want} bands, RGB into {positions}")
+
+
+def _check_rgb_positions(rgb_positions: Sequence[int] | None, bands: int) -> list[int]:
+    if rgb_positions is None:
+        raise ConfigError(
+            f"the checkpoint is RGB (3 bands) and the model takes {bands}: rgb_positions must say which "
+            "model bands receive red, green and blue (e.g. data.bands naming red, green and blue)"
+        )
+    positions = [int(p) for p in rgb_positions]
+    if len(positions) != 3 or len(set(positions)) != 3 or not all(0 <= p < bands for p in positions):
+        raise ConfigError(
+            f"rgb_positions {list(rgb_positions)} must be 3 distinct band indices in [0, {bands}) for red, green, blue"
+        )
+    return positions

@@ -1,0 +1,156 @@
+"""Publishing a backbone: timm-layout safetensors plus a JSON sidecar that says how to rebuild it.
+
+The export loads into plain timm without geofm::
+
+    import json, timm
+    meta = json.load(open("out/backbone.json"))
+    model = timm.create_model(
+        meta["arch"],
+        pretrained=True,
+        pretrained_cfg_overlay=dict(file="out/backbone.safetensors", **meta["timm_pretrained_cfg_overlay"]),
+        **meta["timm_kwargs"],
+    )
+
+The overlay tells timm that the file has no classifier (``num_classes=0``, ``classifier=None``),
+so timm keeps its strict key check instead of dropping the head and loading non-strictly, and
+that the file's input convolution already has the model's band count (``input_size`` with that
+count, ``first_conv=None``), so timm neither adapts it nor warns about 3-band ImageNet weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from geofm.checkpoints.io import EXPORT_WEIGHTS
+from geofm.checkpoints.layouts import EXPORT_FORMAT, export_sidecar_path
+from geofm.errors import CheckpointFormatError, CheckpointNotFoundError, ConfigError
+
+EXPORT_SIDECAR = export_sidecar_path(EXPORT_WEIGHTS).name
+RESERVED_KEYS = ("format", "arch", "timm_kwargs", "timm_pretrained_cfg_overlay")
+
+
+def timm_pretrained_cfg_overlay(model: nn.Module) -> dict[str, Any]:
+    """The ``pretrained_cfg_overlay`` fields (besides ``file``) that make timm load an export of ``model``."""
+    proj = model.patch_embed.proj
+    img_size = model.patch_embed.img_size
+    height, width = (img_size, img_size) if isinstance(img_size, int) else img_size
+    return {
+        "num_classes": 0,
+        "classifier": None,
+        "first_conv": None,
+        "input_size": [int(proj.in_channels), int(height), int(width)],
+    }
+
+
+def export_backbone(
+    model: nn.Module,
+    out_dir: str | Path,
+    *,
+    arch: str,
+    create_kwargs: dict[str, Any],
+    metadata: dict[str, Any],
+) -> Path:
+    """Write ``out_dir/backbone.safetensors`` and its sidecar ``out_dir/backbone.json``.
+
+    Args:
+        model: a headless timm backbone (``num_classes=0``), e.g. the pretrained student's encoder.
+        out_dir: folder to write into (created if needed); existing export files are replaced.
+        arch: the timm architecture name the model was created with.
+        create_kwargs: the ``timm.create_model`` kwargs that rebuild the model
+            (:func:`geofm.models.backbones.backbone_kwargs`).
+        metadata: JSON-serialisable facts for users of the weights: bands, normalisation,
+            image size, method, data...
+
+    Returns:
+        The path of the safetensors file.
+
+    Raises:
+        ConfigError: if the model has a classifier, ``create_kwargs`` do not rebuild tensors of the
+            model's shapes, or ``metadata`` uses a reserved key or is not JSON-serialisable.
+    """
+    if getattr(model, "num_classes", 0):
+        raise ConfigError(f"export_backbone expects a headless backbone (num_classes=0), got num_classes={model.num_classes}")
+    clashes = sorted(set(metadata) & set(RESERVED_KEYS))
+    if clashes:
+        raise ConfigError(f"export metadata may not set {clashes}: these sidecar keys are written by geofm")
+
+    state = {
+        k: (v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()).contiguous()
+        for k, v in model.state_dict().items()
+    }
+    _check_rebuilds(arch, create_kwargs, state)
+    sidecar = {
+        "format": EXPORT_FORMAT,
+        "arch": arch,
+        "timm_kwargs": create_kwargs,
+        "timm_pretrained_cfg_overlay": timm_pretrained_cfg_overlay(model),
+        **metadata,
+    }
+    try:
+        sidecar_text = json.dumps(sidecar, indent=2, default=_json_default) + "\n"
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"export metadata is not JSON-serialisable: {err}") from err
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights_path, sidecar_path = out_dir / EXPORT_WEIGHTS, out_dir / EXPORT_SIDECAR
+    _replace(weights_path, lambda tmp: save_file(state, str(tmp), metadata={"format": EXPORT_FORMAT, "arch": arch}))
+    _replace(sidecar_path, lambda tmp: tmp.write_text(sidecar_text))
+    return weights_path
+
+
+def read_export_sidecar(path: str | Path) -> dict[str, Any]:
+    """Read an export's sidecar, given the export folder, its safetensors file or the JSON itself.
+
+    Raises:
+        CheckpointNotFoundError: if the sidecar is missing.
+        CheckpointFormatError: if it is not JSON or not a ``geofm-backbone/1`` sidecar.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / EXPORT_SIDECAR
+    elif path.suffix != ".json":
+        path = export_sidecar_path(path)
+    if not path.is_file():
+        raise CheckpointNotFoundError(f"export sidecar not found: {path} (written next to the weights by export_backbone)")
+    try:
+        sidecar = json.loads(path.read_text())
+    except ValueError as err:
+        raise CheckpointFormatError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(sidecar, dict) or sidecar.get("format") != EXPORT_FORMAT:
+        found = sidecar.get("format") if isinstance(sidecar, dict) else type(sidecar).__name__
+        raise CheckpointFormatError(f"{path}: expected a {EXPORT_FORMAT} sidecar, found format {found!r}")
+    return sidecar
+
+
+def _check_rebuilds(arch: str, create_kwargs: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+    """Fail early if ``timm.create_model(arch, **create_kwargs)`` would not accept these tensors."""
+    with torch.device("meta"):
+        rebuilt = timm.create_model(arch, pretrained=False, **create_kwargs).state_dict()
+    differences = [k for k in rebuilt.keys() | state.keys() if k not in rebuilt or k not in state]
+    differences += [k for k in rebuilt.keys() & state.keys() if rebuilt[k].shape != state[k].shape]
+    if differences:
+        raise ConfigError(
+            f"timm.create_model({arch!r}, **create_kwargs) does not rebuild the exported model: "
+            f"{len(differences)} keys differ in name or shape, e.g. {sorted(differences)[:5]}"
+        )
+
+
+def _replace(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} value {value!r} is not JSON-serialisable")

@@ -1,0 +1,171 @@
+"""Which checkpoint layout a loaded file is in, told from its keys alone.
+
+=================  ========================================================================
+layout             what the file holds
+=================  ========================================================================
+``timm``           a timm Swin/ViT state dict (bare, or under ``state_dict``/``model``),
+                   possibly with a classifier ``head``
+``microsoft_swin`` a Swin state dict in Microsoft's names (``layers.N.downsample`` ends stage N),
+                   bare or under ``model``, as in the official ImageNet releases
+``gfm``            a GFM pretraining checkpoint: ``model`` holds ``encoder.*`` (the student Swin,
+                   Microsoft names), ``teacher.*``, ``decoder.*`` and ``projector.*``
+``simmim``         a SimMIM checkpoint: pretraining (``model`` holds ``encoder.*`` + ``decoder.*``)
+                   or finetuning (``model`` holds a Microsoft Swin next to the training state)
+``geofm_train``    this project's DeepSpeed model-states file: ``module`` holds the training
+                   module (``encoder.*`` a timm backbone, ``decoder.*``, ``projector.*``, ``mask_token``)
+``geofm_export``   an exported ``backbone.safetensors`` (timm names) with its ``backbone.json``
+=================  ========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from geofm.errors import CheckpointFormatError
+
+LAYOUTS: dict[str, str] = {
+    "timm": "timm Swin/ViT state dict, bare or under 'state_dict'/'model'",
+    "microsoft_swin": "Swin in Microsoft's names (layers.0.downsample.*), bare or under 'model'",
+    "gfm": "GFM pretraining: 'model' with encoder.*, teacher.*, decoder.*, projector.*",
+    "simmim": "SimMIM: 'model' with encoder.* + decoder.* (pretraining) or a Microsoft Swin plus training state",
+    "geofm_train": "geofm DeepSpeed model states: 'module' with encoder.* (timm), decoder.*, mask_token",
+    "geofm_export": "geofm export: backbone.safetensors (timm names) next to backbone.json",
+}
+
+EXPORT_FORMAT = "geofm-backbone/1"
+
+# Keys identifying a backbone state dict, and the one that tells Microsoft's Swin names from timm's:
+# Microsoft's stage 0 ends with a patch merging, timm's stage 0 has none (timm tests the same key).
+_PATCH_EMBED = "patch_embed.proj.weight"
+_MICROSOFT_SWIN = "layers.0.downsample.reduction.weight"
+# Keys a training script stores next to the weights (SimMIM/Swin `save_checkpoint`).
+_TRAINING_STATE = ("optimizer", "lr_scheduler", "epoch", "config", "max_accuracy")
+
+
+@dataclass(frozen=True)
+class BackboneSource:
+    """Where the backbone sits inside a loaded checkpoint.
+
+    Attributes:
+        layout: one of :data:`LAYOUTS`.
+        weights: the mapping holding the backbone keys (maybe next to other modules' keys).
+        prefix: prefix of the backbone keys in ``weights`` (``"encoder."`` or ``""``).
+        family: ``"swin"`` or ``"vit"``.
+        microsoft_names: the keys follow Microsoft's Swin names rather than timm's.
+    """
+
+    layout: str
+    weights: Mapping[str, Any]
+    prefix: str
+    family: str
+    microsoft_names: bool
+
+    def backbone_keys(self) -> list[str]:
+        return [k for k in self.weights if k.startswith(self.prefix)]
+
+    def other_keys(self) -> list[str]:
+        return [k for k in self.weights if not k.startswith(self.prefix)]
+
+
+def export_sidecar_path(weights_path: str | Path) -> Path:
+    """The JSON sidecar next to an exported weights file (``backbone.safetensors`` -> ``backbone.json``)."""
+    return Path(weights_path).with_suffix(".json")
+
+
+def detect_layout(raw: Mapping[str, Any], *, path: str | Path | None = None) -> str:
+    """Name the layout of a loaded checkpoint (see :data:`LAYOUTS`).
+
+    Args:
+        raw: the mapping returned by :func:`~geofm.checkpoints.io.load_checkpoint_file`.
+        path: the file it came from; only used to find an export's JSON sidecar next to it.
+
+    Raises:
+        CheckpointFormatError: if the keys match no known layout.
+    """
+    return locate_backbone(raw, path=path).layout
+
+
+def locate_backbone(raw: Mapping[str, Any], *, path: str | Path | None = None) -> BackboneSource:
+    """Find the backbone weights inside a loaded checkpoint and name the layout.
+
+    Raises:
+        CheckpointFormatError: if the keys match no known layout.
+    """
+    module = raw.get("module")
+    if _is_weights(module):
+        family = _family(module, "encoder.")
+        if family is not None:
+            return BackboneSource("geofm_train", module, "encoder.", family, False)
+
+    weights, container = _weights_mapping(raw)
+    if weights is not None:
+        if _has_prefix(weights, "encoder.") and _family(weights, "encoder.") == "swin":
+            microsoft = "encoder." + _MICROSOFT_SWIN in weights
+            if _has_prefix(weights, "teacher."):
+                return BackboneSource("gfm", weights, "encoder.", "swin", microsoft)
+            if _has_prefix(weights, "decoder."):
+                return BackboneSource("simmim", weights, "encoder.", "swin", microsoft)
+        family = _family(weights, "")
+        if family is not None:
+            microsoft = family == "swin" and _MICROSOFT_SWIN in weights
+            if microsoft:
+                trained = container == "model" and any(k in raw for k in _TRAINING_STATE)
+                layout = "simmim" if trained else "microsoft_swin"
+            else:
+                layout = "geofm_export" if container is None and _is_export(path) else "timm"
+            return BackboneSource(layout, weights, "", family, microsoft)
+
+    raise CheckpointFormatError(
+        f"{path or 'checkpoint'}: unknown checkpoint layout (top-level keys: {_preview(raw)}). Known layouts:\n"
+        + "\n".join(f"  {name}: {text}" for name, text in LAYOUTS.items())
+    )
+
+
+def _weights_mapping(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str | None]:
+    """The mapping of names to tensors: under ``model`` or ``state_dict``, or ``raw`` itself."""
+    for container in ("model", "state_dict"):
+        inner = raw.get(container)
+        if _is_weights(inner):
+            return inner, container
+    return (raw, None) if _is_weights(raw) else (None, None)
+
+
+def _is_weights(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and any(isinstance(k, str) and k.endswith(".weight") for k in obj)
+
+
+def _has_prefix(weights: Mapping[str, Any], prefix: str) -> bool:
+    return any(isinstance(k, str) and k.startswith(prefix) for k in weights)
+
+
+def _family(weights: Mapping[str, Any], prefix: str) -> str | None:
+    """``"swin"`` or ``"vit"`` when ``weights`` holds a patch embedding and Swin stages or ViT blocks."""
+    if prefix + _PATCH_EMBED not in weights:
+        return None
+    if _has_prefix(weights, prefix + "layers."):
+        return "swin"
+    if _has_prefix(weights, prefix + "blocks."):
+        return "vit"
+    return None
+
+
+def _is_export(path: str | Path | None) -> bool:
+    if path is None:
+        return False
+    sidecar = export_sidecar_path(path)
+    if not sidecar.is_file():
+        return False
+    try:
+        return json.loads(sidecar.read_text()).get("format") == EXPORT_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _preview(raw: Mapping[str, Any], limit: int = 8) -> str:
+    keys = [str(k) for k in list(raw)[:limit]]
+    more = len(raw) - len(keys)
+    return ", ".join(keys) + (f" and {more} more" if more > 0 else "") if keys else "none"

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import timm
+import torch
+from safetensors import safe_open
+
+from geofm.checkpoints import export_backbone, load_backbone_weights, read_export_sidecar
+from geofm.errors import CheckpointFormatError, CheckpointNotFoundError, ConfigError
+from geofm.models.backbones import create_backbone
+
+METADATA = {
+    "bands": ["blue", "green", "red", "nir"],
+    "normalisation": {"mean": [0.1, 0.2, 0.3, 0.4], "std": [0.5, 0.5, 0.5, 0.5]},
+    "img_size": 64,
+    "method": "gfm",
+    "data": ["demo"],
+}
+
+
+def _timm_load(sidecar: dict, weights) -> torch.nn.Module:
+    """Load an export the way a timm user would, with nothing but the sidecar and timm."""
+    overlay = dict(file=str(weights), **sidecar["timm_pretrained_cfg_overlay"])
+    return timm.create_model(sidecar["arch"], pretrained=True, pretrained_cfg_overlay=overlay, **sidecar["timm_kwargs"])
+
+
+@pytest.mark.parametrize("family", ["swin", "vit"])
+def test_export_loads_into_plain_timm_with_the_same_features(kit, tmp_path, caplog, family):
+    if family == "swin":
+        arch, kwargs = kit.SWIN, kit.swin_kwargs(in_chans=4)
+    else:
+        arch, kwargs = kit.VIT, kit.vit_kwargs(in_chans=4)
+    torch.manual_seed(3)
+    model = create_backbone(arch, kwargs).eval()
+
+    weights = export_backbone(model, tmp_path / "export", arch=arch, create_kwargs=kwargs, metadata=METADATA)
+
+    assert weights == tmp_path / "export" / "backbone.safetensors"
+    sidecar = json.loads((tmp_path / "export" / "backbone.json").read_text())
+    assert sidecar == read_export_sidecar(tmp_path / "export")
+    assert sidecar["format"] == "geofm-backbone/1" and sidecar["arch"] == arch
+    assert sidecar["timm_kwargs"] == json.loads(json.dumps(kwargs)) and sidecar["bands"] == METADATA["bands"]
+    assert sidecar["timm_pretrained_cfg_overlay"] == {
+        "num_classes": 0,
+        "classifier": None,
+        "first_conv": None,
+        "input_size": [4, 64, 64],
+    }
+    with safe_open(str(weights), "pt") as f:
+        assert set(f.keys()) == set(model.state_dict())
+        assert not any(k.startswith("head") for k in f.keys())
+        assert all(f.get_tensor(k).dtype == torch.float32 for k in f.keys())
+
+    with caplog.at_level(logging.INFO, logger="timm"):
+        via_timm = _timm_load(sidecar, weights).eval()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert not any("Missing keys" in r.getMessage() or "Converted input conv" in r.getMessage() for r in caplog.records)
+
+    via_geofm = create_backbone(sidecar["arch"], sidecar["timm_kwargs"]).eval()
+    report = load_backbone_weights(via_geofm, tmp_path / "export")
+    assert report.layout == "geofm_export" and not report.adapted
+
+    expected = kit.features(model, in_chans=4)
+    assert torch.equal(kit.features(via_timm, in_chans=4), expected)
+    assert torch.equal(kit.features(via_geofm, in_chans=4), expected)
+
+
+def test_timm_load_of_an_export_is_strict(kit, tmp_path):
+    kwargs = kit.swin_kwargs(in_chans=4)
+    model = create_backbone(kit.SWIN, kwargs)
+    weights = export_backbone(model, tmp_path, arch=kit.SWIN, create_kwargs=kwargs, metadata={})
+    sidecar = read_export_sidecar(weights)
+    sidecar["timm_kwargs"]["depths"] = [2, 2, 3, 1]  # a model with one more block than the file
+    with pytest.raises(RuntimeError, match="Missing key"):
+        _timm_load(sidecar, weights)
+
+
+def test_export_refuses_what_would_not_load_back(kit, tmp_path):
+    kwargs = kit.swin_kwargs()
+    model = create_backbone(kit.SWIN, kwargs)
+    with pytest.raises(ConfigError, match="reserved|written by geofm"):
+        export_backbone(model, tmp_path, arch=kit.SWIN, create_kwargs=kwargs, metadata={"arch": "other"})
+    with pytest.raises(ConfigError, match="does not rebuild"):
+        export_backbone(model, tmp_path, arch=kit.SWIN, create_kwargs={**kwargs, "in_chans": 4}, metadata={})
+    with pytest.raises(ConfigError, match="headless"):
+        export_backbone(
+            create_backbone(kit.SWIN, {**kwargs, "num_classes": 5}), tmp_path, arch=kit.SWIN, create_kwargs=kwargs, metadata={}
+        )
+    with pytest.raises(ConfigError, match="JSON"):
+        export_backbone(model, tmp_path, arch=kit.SWIN, create_kwargs=kwargs, metadata={"when": object()})
+    assert not list(tmp_path.iterdir())
+
+
+def test_read_export_sidecar_errors(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match="backbone.json"):
+        read_export_sidecar(tmp_path)
+    (tmp_path / "backbone.json").write_text('{"format": "other/2"}')
+    with pytest.raises(CheckpointFormatError, match="other/2"):
+        read_export_sidecar(tmp_path / "backbone.safetensors")
+    (tmp_path / "backbone.json").write_text("{")
+    with pytest.raises(CheckpointFormatError, match="JSON"):
+        read_export_sidecar(tmp_path / "backbone.json")

@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from geofm.checkpoints import LAYOUTS, detect_layout, load_checkpoint_file, locate_backbone
+from geofm.errors import CheckpointFormatError
+
+
+@pytest.fixture
+def layouts(kit):
+    """One checkpoint per layout, as the mapping load_checkpoint_file returns (export aside)."""
+    swin = kit.make_swin()
+    timm_state = swin.state_dict()
+    microsoft = kit.microsoft_swin_state(swin)
+    vit_state = kit.make_vit().state_dict()
+    training = {"optimizer": {"state": {}, "param_groups": []}, "lr_scheduler": {}, "epoch": 9, "config": {"A": 1}}
+    return {
+        "timm": {**timm_state},
+        "timm_vit_under_state_dict": {"state_dict": vit_state, "epoch": 3},
+        "microsoft_swin": {"model": microsoft},
+        "microsoft_swin_bare": microsoft,
+        "gfm": {
+            "model": {
+                **kit.prefixed("encoder.", microsoft),
+                "encoder.mask_token": torch.zeros(1, 1, 16),
+                **kit.prefixed("teacher.", microsoft),
+                **kit.decoder_state(),
+                "projector.weight": torch.randn(512, 128),
+            },
+            **training,
+        },
+        "simmim_pretrain": {
+            "model": {**kit.prefixed("encoder.", microsoft), "encoder.mask_token": torch.zeros(1, 1, 16), **kit.decoder_state()},
+            **training,
+        },
+        "simmim_finetune": {"model": microsoft, **training, "max_accuracy": 91.2},
+        "geofm_train": {
+            "module": {
+                **kit.prefixed("encoder.", timm_state),
+                **kit.decoder_state(),
+                "projector.weight": torch.randn(512, 128),
+                "mask_token": torch.zeros(1, 1, 16),
+            },
+            "buffer_names": [],
+            "global_steps": 100,
+            "ds_version": "0.19.8",
+        },
+        "geofm_train_vit": {"module": {**kit.prefixed("encoder.", vit_state), "mask_token": torch.zeros(1, 1, 32)}},
+    }
+
+
+EXPECTED = {
+    "timm": ("timm", "swin", False, ""),
+    "timm_vit_under_state_dict": ("timm", "vit", False, ""),
+    "microsoft_swin": ("microsoft_swin", "swin", True, ""),
+    "microsoft_swin_bare": ("microsoft_swin", "swin", True, ""),
+    "gfm": ("gfm", "swin", True, "encoder."),
+    "simmim_pretrain": ("simmim", "swin", True, "encoder."),
+    "simmim_finetune": ("simmim", "swin", True, ""),
+    "geofm_train": ("geofm_train", "swin", False, "encoder."),
+    "geofm_train_vit": ("geofm_train", "vit", False, "encoder."),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPECTED))
+def test_layout_is_told_from_keys(layouts, case):
+    source = locate_backbone(layouts[case])
+    layout, family, microsoft, prefix = EXPECTED[case]
+    assert (source.layout, source.family, source.microsoft_names, source.prefix) == (layout, family, microsoft, prefix)
+    assert detect_layout(layouts[case]) == layout
+
+
+def test_export_is_recognised_by_its_sidecar_not_its_name(kit, tmp_path):
+    state = kit.make_swin().state_dict()
+    save_file(state, tmp_path / "weights.safetensors")
+    (tmp_path / "weights.json").write_text(json.dumps({"format": "geofm-backbone/1", "arch": kit.SWIN}))
+    save_file(state, tmp_path / "backbone.safetensors")  # export name, no sidecar: plain timm weights
+    for name, layout in [("weights.safetensors", "geofm_export"), ("backbone.safetensors", "timm")]:
+        path = tmp_path / name
+        assert detect_layout(load_checkpoint_file(path), path=path) == layout
+
+
+def test_file_names_do_not_steer_detection(layouts, save):
+    path = save(layouts["timm"], "gfm_simmim_microsoft_swin_22k.pth")
+    assert detect_layout(load_checkpoint_file(path), path=path) == "timm"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {},
+        {"model": {"conv1.weight": torch.ones(1)}},
+        {"epoch": 1, "optimizer": {}},
+        {"model": {"encoder.patch_embed.proj.weight": torch.ones(1), "encoder.blocks.0.attn.qkv.weight": torch.ones(1)}},
+    ],
+    ids=["empty", "resnet", "no-weights", "simmim-vit"],
+)
+def test_unknown_layout_lists_the_known_ones(raw):
+    with pytest.raises(CheckpointFormatError) as err:
+        detect_layout(raw, path="/data/odd.pth")
+    assert "/data/odd.pth" in str(err.value)
+    assert all(name in str(err.value) for name in LAYOUTS)
