@@ -58,7 +58,7 @@ class BackboneConfig(Section):
 class StudentConfig(BackboneConfig):
     """The backbone being pretrained."""
 
-    drop_path_rate: float = Field(default=0.1, ge=0.0, lt=1.0)
+    drop_path_rate: float = Field(default=0.0, ge=0.0, lt=1.0)
     init_checkpoint: Path | None = Field(default=None, description="start from these weights instead of random")
     distill_block: int | None = Field(
         default=None, ge=1, description="ViT only: block whose output is distilled (default: 3/4 of the depth)"
@@ -99,7 +99,9 @@ class SourceConfig(Section):
     name: str
     root: Path
     pattern: str = Field(default="**/*.tif", description="glob below root")
-    bands: list[str] = Field(min_length=1, description="band names in the file's band order")
+    bands: list[str] = Field(
+        min_length=1, description="band names in the file's band order; bands the model does not use are dropped"
+    )
     scale: float = Field(default=1.0, gt=0.0, description="multiplies raw values (e.g. 1/255, 1/10000)")
     nodata: float | None = Field(default=None, description="overrides the file's own nodata value")
     mean: list[float]
@@ -140,9 +142,8 @@ class DataConfig(Section):
         if len(set(names)) != len(names):
             raise ValueError(f"source names must be unique, got {names}")
         for s in self.sources:
-            unknown = [b for b in s.bands if b not in self.bands]
-            if unknown:
-                raise ValueError(f"source {s.name!r} declares bands {unknown} that are not in data.bands {self.bands}")
+            if not set(s.bands) & set(self.bands):
+                raise ValueError(f"source {s.name!r} has none of the bands in data.bands {self.bands}: {s.bands}")
         lo, hi = self.crop_scale
         if not 0 < lo <= hi <= 1:
             raise ValueError(f"crop_scale must satisfy 0 < min <= max <= 1, got {self.crop_scale}")
@@ -165,8 +166,8 @@ class TrainConfig(Section):
     base_lr: float = Field(default=2e-4, gt=0.0, description="learning rate per lr_reference_batch images")
     lr_reference_batch: int = Field(default=512, gt=0)
     warmup_epochs: float = Field(default=10, ge=0.0)
-    warmup_start_ratio: float = Field(default=0.001, ge=0.0, le=1.0)
-    min_lr_ratio: float = Field(default=0.01, ge=0.0, le=1.0)
+    warmup_start_ratio: float = Field(default=0.005, ge=0.0, le=1.0)
+    min_lr_ratio: float = Field(default=0.05, ge=0.0, le=1.0)
     weight_decay: float = Field(default=0.05, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(default=1e-8, gt=0.0)
@@ -189,6 +190,9 @@ class RunConfig(Section):
     log_every: int = Field(default=10, gt=0, description="steps between metrics.jsonl lines")
     checkpoint_every: int = Field(default=500, gt=0, description="steps between checkpoints")
     keep_checkpoints: int = Field(default=2, gt=0, description="periodic checkpoints kept on disk")
+    stop_after_steps: int | None = Field(
+        default=None, gt=0, description="end this invocation after that many steps; a rerun resumes (time-limited jobs)"
+    )
     progress: bool = True
 
 
@@ -251,10 +255,12 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, A
 def _format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        where = ".".join(str(p) for p in e["loc"]) or "config"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+        elif not isinstance(e.get("input"), dict):
+            msg = f"{msg} (got {e.get('input')!r})"
         lines.append(f"  {where}: {msg}")
     return "\n".join(lines)
 

@@ -1,0 +1,102 @@
+"""Run outputs a person and a machine read: JSON-lines metrics, a progress bar, loss curves."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+LOSS_KEYS = ("loss", "loss_mim", "loss_distill")
+
+
+class MetricsLog:
+    """Appends one JSON object per logged step to ``metrics.jsonl``.
+
+    On resume, records beyond the resumed step (written after the last checkpoint by a run that
+    was then killed) are dropped, so the file reads as one uninterrupted run.
+    """
+
+    def __init__(self, path: Path, resume_step: int = 0) -> None:
+        self.path = path
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
+            path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+
+def plot_loss_curve(records: list[dict], path: Path, title: str = "") -> None:
+    """Loss components and learning rate against step, as a PNG."""
+    if not records:
+        return
+    steps = [r["step"] for r in records]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    for key in LOSS_KEYS:
+        values = [r.get(key) for r in records]
+        if any(v is not None and v != 0 for v in values):
+            ax.plot(steps, values, label=key, linewidth=1.4)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    lr_ax = ax.twinx()
+    lr_ax.plot(steps, [r["lr"] for r in records], color="grey", linestyle=":", label="lr")
+    lr_ax.set_ylabel("learning rate", color="grey")
+    lines = ax.get_legend_handles_labels()[0] + lr_ax.get_legend_handles_labels()[0]
+    ax.legend(lines, [line.get_label() for line in lines], loc="upper right", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+class Throughput:
+    """Images per second over the interval since the last :meth:`rate` call."""
+
+    def __init__(self) -> None:
+        self._since = time.perf_counter()
+        self._images = 0
+
+    def add(self, images: int) -> None:
+        self._images += images
+
+    def rate(self) -> float:
+        value = self._images / max(time.perf_counter() - self._since, 1e-9)
+        self.restart()
+        return value
+
+    def restart(self) -> None:
+        """Start a new interval (e.g. after time spent writing a checkpoint)."""
+        self._since, self._images = time.perf_counter(), 0
+
+
+def progress_bar(total: int, initial: int, enabled: bool, desc: str) -> tqdm:
+    """A step progress bar with ETA; plain lines instead of redraws when stderr is no terminal."""
+    return tqdm(
+        total=total,
+        initial=initial,
+        disable=not enabled,
+        desc=desc,
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=0.5 if sys.stderr.isatty() else 10.0,
+        file=sys.stderr,
+    )
+
+
+def is_finite(record: dict) -> bool:
+    return all(math.isfinite(record[k]) for k in LOSS_KEYS if k in record)

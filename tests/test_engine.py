@@ -1,0 +1,39 @@
+import pytest
+
+from geofm.config import TrainConfig
+from geofm.engine import deepspeed_config, make_schedule, parameter_groups, scaled_lr
+from geofm.models.mim import MaskedImageModel
+
+
+def _train(**kw):
+    return TrainConfig(**{"epochs": 10, "micro_batch_size": 8, "warmup_epochs": 1, **kw})
+
+
+def test_lr_scales_with_global_batch():
+    assert scaled_lr(_train(micro_batch_size=128, grad_accum_steps=2, base_lr=2e-4), world_size=4) == pytest.approx(4e-4)
+
+
+def test_schedule_drops_incomplete_batches_and_counts_warmup():
+    s = make_schedule(_train(micro_batch_size=4, grad_accum_steps=2), samples_per_epoch=100, world_size=2)
+    assert (s.steps_per_epoch, s.total_steps, s.warmup_steps) == (6, 60, 6)
+    with pytest.raises(ValueError, match="no complete global batch"):
+        make_schedule(_train(micro_batch_size=64), samples_per_epoch=10, world_size=1)
+
+
+def test_deepspeed_config_carries_the_recipe():
+    cfg = deepspeed_config(_train(grad_accum_steps=4, zero_stage=2, precision="fp32"), 2, make_schedule(_train(), 80, 1))
+    assert cfg["train_batch_size"] == 8 * 4 * 2 and cfg["gradient_accumulation_steps"] == 4
+    assert cfg["gradient_clipping"] == 5.0 and cfg["zero_optimization"]["stage"] == 2
+    assert cfg["bf16"]["enabled"] is False
+    assert cfg["scheduler"]["type"] == "WarmupCosineLR" and cfg["scheduler"]["params"]["warmup_num_steps"] == 10
+    assert cfg["optimizer"]["params"]["weight_decay"] == 0.05
+
+
+def test_no_weight_decay_on_norms_biases_mask_token_and_position_tables(tiny_swin):
+    model = MaskedImageModel(tiny_swin(3), in_chans=3)
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = {g["weight_decay"]: {names[id(p)] for p in g["params"]} for g in parameter_groups(model, 0.05)}
+    assert "mask_token" in groups[0.0]
+    assert any("relative_position_bias_table" in n for n in groups[0.0])
+    assert all(not n.endswith(".bias") and "norm" not in n for n in groups[0.05])
+    assert "encoder.patch_embed.proj.weight" in groups[0.05]
