@@ -1,0 +1,67 @@
+"""A tiny pretraining setup on a generated multi-sensor archive, small enough for CI's CPUs."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from geofm.data.demo import make_demo_archive
+
+REPO = Path(__file__).parents[2]
+DEMO_GFM = REPO / "configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml"
+TINY_SWIN = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [1, 2, 4, 8]}
+
+
+@pytest.fixture(scope="session")
+def archive(tmp_path_factory) -> dict[str, Path]:
+    return make_demo_archive(tmp_path_factory.mktemp("demo"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def teacher_file(tmp_path_factory) -> Path:
+    """A random tiny Swin saved as a plain timm state dict (.pth), standing in for ImageNet weights."""
+    from geofm.models.backbones import backbone_kwargs, create_backbone
+
+    torch.manual_seed(123)
+    kwargs = backbone_kwargs(in_chans=3, img_size=32, window_size=4, timm_kwargs=TINY_SWIN)
+    path = tmp_path_factory.mktemp("teacher") / "teacher_timm.pth"
+    torch.save(create_backbone("swin_tiny_patch4_window7_224", kwargs).state_dict(), path)
+    return path
+
+
+@pytest.fixture
+def tiny_tree(archive, teacher_file, tmp_path):
+    """The demo GFM config shrunk to 32 px, 2 epochs of 6 steps, pointing at this test's files."""
+
+    def make(name: str = "run", **sections) -> dict:
+        tree = yaml.safe_load(DEMO_GFM.read_text())
+        tree["run"] = {"output_dir": str(tmp_path / name), "log_every": 1, "checkpoint_every": 4, "progress": False}
+        tree["model"].update(img_size=32, timm_kwargs=TINY_SWIN)
+        tree["masking"]["mask_patch_size"] = 8
+        tree["teacher"].update(checkpoint=str(teacher_file), img_size=32, timm_kwargs=TINY_SWIN)
+        tree["data"]["num_workers"] = 0
+        tree["data"]["samples_per_epoch"] = 24
+        for source in tree["data"]["sources"]:
+            source["root"] = str(archive[source["name"]])
+        tree["train"].update(epochs=2, micro_batch_size=4, warmup_epochs=0.5)
+        for key, values in sections.items():
+            if values is None:
+                tree[key] = None
+            else:
+                tree[key] = {**copy.deepcopy(tree.get(key) or {}), **values}
+        return tree
+
+    return make
+
+
+@pytest.fixture
+def write_config():
+    def write(tree: dict, path: Path) -> Path:
+        path.write_text(yaml.safe_dump(tree))
+        return path
+
+    return write

@@ -1,0 +1,144 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+from geofm.config import validate_config
+from geofm.errors import CheckpointNotFoundError, DatasetNotFoundError, RasterReadError
+from pretrain.central import pretrain
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tiny_gfm_run_end_to_end(tiny_tree):
+    tree = tiny_tree()
+    run_dir = pretrain(validate_config(tree))
+    records = _metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 13))
+    assert set(records[0]) >= {"step", "loss", "loss_mim", "loss_distill", "lr", "images_per_s"}
+    assert records[-1]["loss_distill"] < records[0]["loss_distill"] < 0.5, "the distillation term is active"
+    assert (run_dir / "loss_curve.png").stat().st_size > 0
+    assert (run_dir / "checkpoints/last").resolve().name == "step_0000012"
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_0000008", "step_0000012"]
+
+    sidecar = json.loads((run_dir / "backbone.json").read_text())
+    assert sidecar["arch"] == "swin_tiny_patch4_window7_224" and sidecar["bands"] == ["red", "green", "blue", "nir"]
+    state = load_file(run_dir / "backbone.safetensors")
+    assert not any(k.startswith(("mask_token", "decoder", "projector", "teacher")) for k in state)
+    model = timm.create_model(sidecar["arch"], pretrained=False, **sidecar["timm_kwargs"])
+    result = model.load_state_dict(state, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+
+
+def test_teacher_never_changes_and_gets_no_optimizer_state(tiny_tree):
+    from geofm import engine as ds
+    from geofm.models.masking import MaskGenerator
+    from geofm.models.teacher import build_teacher
+    from pretrain.central import build_student
+
+    cfg = validate_config(tiny_tree())
+    teacher = build_teacher(cfg.teacher, cfg.teacher_band_indices)
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    model = build_student(cfg, teacher)
+    schedule = ds.make_schedule(cfg.train, 24, 1)
+    engine = ds.initialize(model, cfg.train, 1, schedule)
+    masks = MaskGenerator(32, 8, 4, 0.6)
+    for _ in range(3):
+        images = torch.randn(4, 4, 32, 32)
+        losses = engine(images, torch.stack([masks() for _ in range(4)]), None, teacher(images))
+        engine.backward(losses["loss"])
+        engine.step()
+    assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
+    optimized = {id(p) for group in engine.optimizer.param_groups for p in group["params"]}
+    assert not any(id(p) in optimized for p in teacher.parameters())
+    assert all(p.grad is None for p in teacher.parameters())
+    assert model.projector.weight.abs().sum() > 0
+
+
+def test_plain_simmim_without_teacher(tiny_tree):
+    run_dir = pretrain(validate_config(tiny_tree(teacher=None, train={"epochs": 1})))
+    assert all(r["loss_distill"] == 0 for r in _metrics(run_dir))
+    assert json.loads((run_dir / "backbone.json").read_text())["method"] == "simmim"
+
+
+def test_resume_gives_the_same_result_as_an_uninterrupted_run(tiny_tree):
+    straight = pretrain(validate_config(tiny_tree("straight")))
+    first = pretrain(validate_config(tiny_tree("resumed", run={"stop_after_steps": 5})))
+    assert _metrics(first)[-1]["step"] == 5 and not (first / "backbone.safetensors").exists()
+    resumed = pretrain(validate_config(tiny_tree("resumed")))
+    a, b = _metrics(straight), _metrics(resumed)
+    assert [r["step"] for r in b] == list(range(1, 13))
+    for ra, rb in zip(a, b):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5, abs=1e-6), ra["step"]
+    wa, wb = load_file(straight / "backbone.safetensors"), load_file(resumed / "backbone.safetensors")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+def test_killed_run_resumes_from_last_checkpoint(tiny_tree, write_config, tmp_path):
+    tree = tiny_tree("killed", train={"epochs": 4})
+    config = write_config(tree, tmp_path / "killed.yaml")
+    cmd = [sys.executable, "-m", "geofm.cli", "pretrain", "--config", str(config)]
+    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}  # this process's own group
+    env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "DS_ACCELERATOR": "cpu"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = Path(tree["run"]["output_dir"]) / "checkpoints/last"
+    deadline = time.time() + 120
+    while not last.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert last.exists(), "the run wrote a checkpoint before it was killed"
+    reached = int(last.resolve().name.split("_")[1])
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed from" in done.stderr and f"at step {reached}" in done.stderr
+    steps = [r["step"] for r in _metrics(Path(tree["run"]["output_dir"]))]
+    assert steps == list(range(1, 25))
+
+
+def test_bad_inputs_are_clear_errors(tiny_tree, archive, tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match="missing.pth"):
+        pretrain(validate_config(tiny_tree(teacher={"checkpoint": str(tmp_path / "missing.pth")})))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    tree = tiny_tree()
+    tree["data"]["sources"][0]["root"] = str(empty)
+    with pytest.raises(DatasetNotFoundError, match="empty"):
+        pretrain(validate_config(tree))
+
+
+def test_corrupt_geotiff_errors_or_is_skipped_and_counted(tiny_tree, archive, tmp_path):
+    import shutil
+
+    folder = tmp_path / "aerial_with_bad_file"
+    shutil.copytree(archive["aerial_rgb"], folder)
+    bad = sorted(folder.glob("*.tif"))[0]
+    bad.write_bytes(bad.read_bytes()[:300])  # truncated
+    tree = tiny_tree("bad", train={"epochs": 1})
+    tree["data"]["sources"][0]["root"] = str(folder)
+    tree["data"]["sources"][0]["weight"] = 10.0
+    with pytest.raises(RasterReadError, match=bad.name):
+        pretrain(validate_config(tree))
+    tree["run"]["output_dir"] = str(tmp_path / "skip")
+    tree["data"]["on_bad_file"] = "skip"
+    run_dir = pretrain(validate_config(tree))
+    assert _metrics(run_dir)[-1]["skipped_files"] >= 1
+
+
+def test_bf16_path_runs_on_cpu_and_exports_float32(tiny_tree):
+    """The GPU precision path (bf16 engine, bf16 teacher) exercised on the CPU accelerator."""
+    run_dir = pretrain(validate_config(tiny_tree("bf16", train={"epochs": 1, "precision": "bf16"})))
+    saved = torch.load(run_dir / "checkpoints/last/mp_rank_00_model_states.pt", weights_only=False)
+    assert saved["module"]["encoder.patch_embed.proj.weight"].dtype == torch.bfloat16
+    assert all(v.dtype == torch.float32 for v in load_file(run_dir / "backbone.safetensors").values())
+    assert all(abs(r["loss"]) < 10 for r in _metrics(run_dir))
