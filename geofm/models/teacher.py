@@ -43,14 +43,14 @@ class FrozenTeacher(nn.Module):
         """The teacher stays in eval mode."""
         return self
 
-    @torch.inference_mode()
     def forward(self, images: Tensor) -> Tensor:
         """Features (B, h, w, C) of the unmasked ``images`` (all input bands, normalised)."""
-        x = images.index_select(1, self.band_indices)
-        if x.shape[-1] != self.img_size or x.shape[-2] != self.img_size:
-            x = F.interpolate(x, size=(self.img_size, self.img_size), mode="bicubic", align_corners=False)
-        _, tapped = run_backbone(self.backbone, embed_tokens(self.backbone, x), self.tap, stop_at_tap=True)
-        # A plain tensor (not an inference tensor) so the distillation loss can save it for backward.
+        with torch.inference_mode():
+            x = images.index_select(1, self.band_indices)
+            if x.shape[-1] != self.img_size or x.shape[-2] != self.img_size:
+                x = F.interpolate(x, size=(self.img_size, self.img_size), mode="bicubic", align_corners=False)
+            _, tapped = run_backbone(self.backbone, embed_tokens(self.backbone, x), self.tap, stop_at_tap=True)
+        # Cloned outside inference mode: a plain tensor the distillation loss may save for backward.
         return tapped.clone()
 
 
