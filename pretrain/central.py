@@ -23,7 +23,7 @@ from geofm import engine as ds
 from geofm.checkpoints import export_backbone, load_backbone_weights
 from geofm.checkpoints.io import LAST_CHECKPOINT as LAST
 from geofm.config import PretrainConfig, config_to_dict
-from geofm.data.pile import PileSampler, PretrainPile, samples_per_epoch
+from geofm.data.pile import PileSampler, PretrainPile
 from geofm.models.backbones import backbone_kwargs, create_backbone
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
@@ -120,16 +120,10 @@ def pretrain(cfg: PretrainConfig) -> Path:
         cfg.model.img_size, cfg.masking.mask_patch_size, model.patch_size, cfg.masking.mask_ratio
     )
     pile = PretrainPile(cfg.data, cfg.model.img_size, mask_fn=masks)
-    epoch_samples = samples_per_epoch(cfg.data)
     sampler = PileSampler(
-        [len(s) for s in pile.sources],
-        [s.weight for s in cfg.data.sources],
-        epoch_samples,
-        seed=cfg.run.seed,
-        rank=rank,
-        world_size=world,
+        pile.source_sizes, pile.weights, pile.samples_per_epoch, seed=cfg.run.seed, rank=rank, world_size=world
     )
-    schedule = ds.make_schedule(cfg.train, epoch_samples, world)
+    schedule = ds.make_schedule(cfg.train, pile.samples_per_epoch, world)
     engine = ds.initialize(model, cfg.train, world, schedule)
     dtype = torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
     if teacher is not None:

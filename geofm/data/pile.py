@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, Sampler
 
 from geofm.config import DataConfig
-from geofm.data.sources import ImageSource, list_images
+from geofm.data.sources import ImageSource
 from geofm.data.transforms import PretrainAugmentation
 from geofm.errors import DatasetNotFoundError, RasterReadError
 
@@ -159,17 +159,6 @@ class PileSampler(Sampler[PileIndex]):
         return (PileIndex(sources[p], files[p], _mix(_SAMPLE, self.seed, epoch, p)) for p in positions)
 
 
-def samples_per_epoch(cfg: DataConfig) -> int:
-    """Samples of one epoch: ``cfg.samples_per_epoch``, or else the number of files of all sources.
-
-    Raises:
-        DatasetNotFoundError: if a source's folder is missing or empty.
-    """
-    if cfg.samples_per_epoch is not None:
-        return cfg.samples_per_epoch
-    return sum(len(list_images(s.root, s.pattern)) for s in cfg.sources)
-
-
 class PretrainPile(Dataset[dict[str, Tensor | int]]):
     """Augmented, normalised samples of every source, indexed by :class:`PileIndex`.
 
@@ -198,6 +187,11 @@ class PretrainPile(Dataset[dict[str, Tensor | int]]):
         self.sources = [ImageSource(s, cfg.bands) for s in cfg.sources]
         self.augment = PretrainAugmentation(img_size, scale=cfg.crop_scale, hflip=cfg.hflip, vflip=cfg.vflip)
         self.mask_fn = mask_fn
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples of one epoch: ``cfg.samples_per_epoch``, or else the number of files of all sources."""
+        return self.cfg.samples_per_epoch or sum(self.source_sizes)
 
     @property
     def source_sizes(self) -> list[int]:

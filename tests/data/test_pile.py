@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from geofm.config import DataConfig
-from geofm.data.pile import PileIndex, PileSampler, PretrainPile, samples_per_epoch
+from geofm.data.pile import PileIndex, PileSampler, PretrainPile
 from geofm.errors import DatasetNotFoundError, RasterReadError
 
 BANDS = ["blue", "green", "red", "nir"]
@@ -164,8 +164,8 @@ def test_pile_same_batches_with_0_and_2_workers(data_cfg: DataConfig) -> None:
 
 
 def test_samples_per_epoch(data_cfg: DataConfig) -> None:
-    assert samples_per_epoch(data_cfg) == 8
-    assert samples_per_epoch(data_cfg.model_copy(update={"samples_per_epoch": 3})) == 3
+    assert PretrainPile(data_cfg, 16).samples_per_epoch == 8
+    assert PretrainPile(data_cfg.model_copy(update={"samples_per_epoch": 3}), 16).samples_per_epoch == 3
 
 
 def _corrupt(cfg: DataConfig, source: int, *files: int) -> list[Path]:

@@ -142,3 +142,15 @@ def test_bf16_path_runs_on_cpu_and_exports_float32(tiny_tree):
     assert saved["module"]["encoder.patch_embed.proj.weight"].dtype == torch.bfloat16
     assert all(v.dtype == torch.float32 for v in load_file(run_dir / "backbone.safetensors").values())
     assert all(abs(r["loss"]) < 10 for r in _metrics(run_dir))
+
+
+def test_vit_student_with_swin_teacher(tiny_tree):
+    """A ViT student tapped at 3/4 depth distils a Swin teacher's stage-3 features."""
+    vit = {"arch": "vit_small_patch16_224", "window_size": None, "timm_kwargs": {"embed_dim": 32, "depth": 4, "num_heads": 2}}
+    tree = tiny_tree("vit", model=vit, masking={"mask_patch_size": 16}, train={"epochs": 1})
+    run_dir = pretrain(validate_config(tree))
+    records = _metrics(run_dir)
+    assert len(records) == 6 and all(r["loss_distill"] != 0 for r in records)
+    sidecar = json.loads((run_dir / "backbone.json").read_text())
+    model = timm.create_model(sidecar["arch"], pretrained=False, **sidecar["timm_kwargs"])
+    assert not model.load_state_dict(load_file(run_dir / "backbone.safetensors")).missing_keys
