@@ -23,7 +23,7 @@ from geofm.config import load_config
 from geofm.models.backbones import backbone_kwargs, create_backbone
 from geofm.models.masking import MaskGenerator
 from geofm.models.teacher import build_teacher
-from pretrain.central import build_student
+from pretrain.central import build_student, train_micro_step
 
 
 def measure(cfg, steps: int, warmup: int) -> dict:
@@ -37,22 +37,19 @@ def measure(cfg, steps: int, warmup: int) -> dict:
         teacher.to(dev, dtype)
     b, c, s = cfg.train.micro_batch_size, len(cfg.data.bands), cfg.model.img_size
     masks = MaskGenerator(s, cfg.masking.mask_patch_size, model.patch_size, cfg.masking.mask_ratio)
-    images = torch.randn(b, c, s, s, device=dev, dtype=dtype)
-    mask = torch.stack([masks() for _ in range(b)]).to(dev)
-
-    def step() -> None:
-        targets = teacher(images) if teacher is not None else None
-        losses = engine(images, mask, None, targets)
-        engine.backward(losses["loss"])
-        engine.step()
-
+    batch = {
+        "image": torch.randn(b, c, s, s, device=dev, dtype=dtype),
+        "mask": torch.stack([masks() for _ in range(b)]).to(dev),
+        "valid": torch.ones(b, c, s, s, dtype=torch.bool, device=dev),
+    }
     for _ in range(warmup):
-        step()
-    torch.accelerator.synchronize() if dev.type != "cpu" else None
+        train_micro_step(engine, teacher, batch, dev, dtype)
+    synchronize = torch.cuda.synchronize if dev.type == "cuda" else lambda: None
+    synchronize()
     start = time.perf_counter()
     for _ in range(steps):
-        step()
-    torch.accelerator.synchronize() if dev.type != "cpu" else None
+        train_micro_step(engine, teacher, batch, dev, dtype)
+    synchronize()
     seconds = (time.perf_counter() - start) / steps
     return {
         "method": "gfm" if teacher is not None else "simmim",

@@ -174,3 +174,11 @@ def mean_across_ranks(values: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(values)
         values /= dist.get_world_size()
     return values
+
+
+def max_across_ranks(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum of a tensor over data-parallel ranks (identity on one process)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        values = values.clone()
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values

@@ -28,3 +28,7 @@ class CheckpointNotFoundError(GeoFMError, FileNotFoundError):
 
 class CheckpointFormatError(GeoFMError, ValueError):
     """A checkpoint's layout is not one geofm knows, or it is unsafe to load."""
+
+
+class RunInterrupted(GeoFMError):
+    """A run stopped on request (SIGINT/SIGTERM) after checkpointing the step it reached."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from geofm import engine as ds
 from geofm.checkpoints import export_backbone, load_backbone_weights
 from geofm.checkpoints.io import LAST_CHECKPOINT as LAST
 from geofm.config import PretrainConfig, config_to_dict
+from geofm.errors import ConfigError, GeoFMError, RunInterrupted
 from geofm.data.pile import PileSampler, PretrainPile
 from geofm.models.backbones import backbone_kwargs, create_backbone
 from geofm.models.masking import MaskGenerator
@@ -98,6 +101,73 @@ class _Checkpoints:
         ds.barrier()
 
 
+# What a resumed run must share with the run that wrote its checkpoints.
+RESUME_INVARIANTS = ("model", "masking", "teacher", "data.bands", "run.seed")
+
+
+def _check_resumable(cfg: PretrainConfig, saved_config: Path) -> None:
+    """Refuse to resume a run directory written by a different model, masking, teacher or bands.
+
+    Training settings (epochs, learning rate...) may change between invocations.
+    """
+    if not saved_config.exists():
+        return
+    saved, current = yaml.safe_load(saved_config.read_text()), config_to_dict(cfg)
+    for dotted in RESUME_INVARIANTS:
+        a, b = saved, current
+        for key in dotted.split("."):
+            a, b = (a or {}).get(key), (b or {}).get(key)
+        if a != b:
+            raise ConfigError(
+                f"{saved_config.parent} holds checkpoints of a run with another {dotted} ({a!r}, now {b!r}); "
+                "resume with the same settings or choose a new run.output_dir"
+            )
+
+
+class _StopSignals:
+    """SIGINT/SIGTERM become a stop request honoured at the next optimizer-step boundary.
+
+    Cluster schedulers send SIGTERM before they kill a job; stopping between steps leaves the
+    model and optimizer consistent for the checkpoint written on the way out. A second signal
+    interrupts at once. Several processes agree on the request each step, so they stop together.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def requested(self) -> bool:
+        """Whether any process received a stop signal (a collective call when distributed)."""
+        flag = torch.tensor([float(self.received is not None)])
+        return bool(ds.max_across_ranks(flag))
+
+
+def train_micro_step(engine, teacher: FrozenTeacher | None, batch: dict, dev: torch.device, dtype: torch.dtype) -> dict:
+    """Forward and backward of one micro-batch; the engine steps the optimizer at accumulation boundaries."""
+    images = batch["image"].to(dev, dtype, non_blocking=True)
+    targets = teacher(images) if teacher is not None else None
+    losses = engine(images, batch["mask"].to(dev, non_blocking=True), batch["valid"].to(dev, non_blocking=True), targets)
+    engine.backward(losses["loss"])
+    engine.step()
+    return losses
+
+
 def _step_seed(seed: int, step: int, rank: int) -> int:
     """Seed of the global RNG (drop path) for one step: a pure function, so resumes match."""
     return (seed * 1_000_003 + step * 7_919 + rank) % 2**63
@@ -109,6 +179,8 @@ def pretrain(cfg: PretrainConfig) -> Path:
     dev = ds.device()
     run_dir = cfg.run.output_dir
     checkpoints = _Checkpoints(run_dir / "checkpoints", cfg.run.keep_checkpoints, rank)
+    if checkpoints.latest() is not None:
+        _check_resumable(cfg, run_dir / "config.yaml")
     if rank == 0:
         checkpoints.directory.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
@@ -148,69 +220,72 @@ def pretrain(cfg: PretrainConfig) -> Path:
     def client_state() -> dict:
         return {"step": step, "skipped_files": skipped}
 
-    try:
-        while step < stop_at:
-            epoch, done = divmod(step, schedule.steps_per_epoch)
-            sampler.set_epoch(epoch)
-            sampler.set_start(done * micro * accum)
-            batches = iter(
-                DataLoader(
-                    pile,
-                    batch_size=micro,
-                    sampler=sampler,
-                    num_workers=cfg.data.num_workers,
-                    drop_last=True,
-                    pin_memory=dev.type == "cuda",
+    with _StopSignals() as stop:
+        try:
+            while step < stop_at:
+                epoch, done = divmod(step, schedule.steps_per_epoch)
+                sampler.set_epoch(epoch)
+                sampler.set_start(done * micro * accum)
+                batches = iter(
+                    DataLoader(
+                        pile,
+                        batch_size=micro,
+                        sampler=sampler,
+                        num_workers=cfg.data.num_workers,
+                        drop_last=True,
+                        pin_memory=dev.type == "cuda",
+                    )
                 )
-            )
-            for _ in range(done, schedule.steps_per_epoch):
-                torch.manual_seed(_step_seed(cfg.run.seed, step, rank))
-                for _ in range(accum):
-                    batch = next(batches)
-                    images = batch["image"].to(dev, dtype, non_blocking=True)
-                    mask = batch["mask"].to(dev, non_blocking=True)
-                    valid = batch["valid"].to(dev, non_blocking=True)
-                    targets = teacher(images) if teacher is not None else None
-                    losses = engine(images, mask, valid, targets)
-                    engine.backward(losses["loss"])
-                    engine.step()
-                    interval.add(losses)
-                    speed.add(images.shape[0] * world)
-                    skipped += int(batch["skipped"].sum())
-                step += 1
-                bar.update(1)
-                if step % cfg.run.log_every == 0 or step == stop_at:
-                    record = {
-                        "step": step,
-                        "epoch": round(step / schedule.steps_per_epoch, 4),
-                        **interval.means(),
-                        "lr": engine.get_lr()[0],
-                        "images_per_s": round(speed.rate(), 2),
-                        "skipped_files": skipped,
-                    }
-                    if not is_finite(record):
-                        raise FloatingPointError(
-                            f"step {step}: loss is not finite ({record}); checkpoints up to step {saved_step} are intact"
+                for _ in range(done, schedule.steps_per_epoch):
+                    torch.manual_seed(_step_seed(cfg.run.seed, step, rank))
+                    for _ in range(accum):
+                        batch = next(batches)
+                        losses = train_micro_step(engine, teacher, batch, dev, dtype)
+                        interval.add(losses)
+                        speed.add(micro * world)
+                        skipped += int(batch["skipped"].sum())
+                    step += 1
+                    bar.update(1)
+                    if step % cfg.run.log_every == 0 or step == stop_at:
+                        record = {
+                            "step": step,
+                            "epoch": round(step / schedule.steps_per_epoch, 4),
+                            **interval.means(),
+                            "lr": engine.get_lr()[0],
+                            "images_per_s": round(speed.rate(), 2),
+                            "skipped_files": skipped,
+                        }
+                        if not is_finite(record):
+                            raise FloatingPointError(
+                                f"step {step}: loss is not finite ({record}); "
+                                f"checkpoints up to step {saved_step} are intact"
+                            )
+                        if metrics is not None:
+                            metrics.write(record)
+                            bar.set_postfix(loss=f"{record['loss']:.4f}", img_s=f"{record['images_per_s']:.1f}")
+                    stopping = stop.requested()
+                    if step % cfg.run.checkpoint_every == 0 or step == stop_at or stopping:
+                        checkpoints.save(engine, step, client_state())
+                        saved_step = step
+                        if metrics is not None:
+                            plot_loss_curve(metrics.read(), run_dir / "loss_curve.png", run_dir.name)
+                        speed.restart()
+                    if stopping:
+                        name = signal.Signals(stop.received).name if stop.received else "another process"
+                        raise RunInterrupted(
+                            f"stopped by {name} at step {step}; saved a checkpoint, rerun the same command to resume"
                         )
-                    if metrics is not None:
-                        metrics.write(record)
-                        bar.set_postfix(loss=f"{record['loss']:.4f}", img_s=f"{record['images_per_s']:.1f}")
-                if step % cfg.run.checkpoint_every == 0 or step == stop_at:
-                    checkpoints.save(engine, step, client_state())
-                    saved_step = step
-                    if metrics is not None:
-                        plot_loss_curve(metrics.read(), run_dir / "loss_curve.png", run_dir.name)
-                    speed.restart()
-                if step >= stop_at:
-                    break
-    except (Exception, KeyboardInterrupt):
-        # One process can save alone; several would wait on each other in the collective save.
-        if world == 1 and step > saved_step:
-            checkpoints.save(engine, step, client_state())
-            log.warning("interrupted at step %d: saved a checkpoint; rerun the same command to resume", step)
-        raise
-    finally:
-        bar.close()
+                    if step >= stop_at:
+                        break
+        except (GeoFMError, OSError):
+            # Bad input met between steps: keep the progress. One process can save alone; several
+            # would wait on each other in the collective save, so they rely on periodic checkpoints.
+            if world == 1 and step > saved_step:
+                checkpoints.save(engine, step, client_state())
+                log.warning("stopped at step %d: saved a checkpoint; fix the input and rerun to resume", step)
+            raise
+        finally:
+            bar.close()
 
     if step >= schedule.total_steps and rank == 0:
         _export(cfg, engine.module, run_dir, step)

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from geofm.config import validate_config
-from geofm.errors import CheckpointNotFoundError, DatasetNotFoundError, RasterReadError
+from geofm.errors import CheckpointNotFoundError, ConfigError, DatasetNotFoundError, RasterReadError
 from pretrain.central import pretrain
 
 
@@ -104,6 +104,31 @@ def test_killed_run_resumes_from_last_checkpoint(tiny_tree, write_config, tmp_pa
     assert "resumed from" in done.stderr and f"at step {reached}" in done.stderr
     steps = [r["step"] for r in _metrics(Path(tree["run"]["output_dir"]))]
     assert steps == list(range(1, 25))
+
+
+def test_sigterm_saves_the_step_reached(tiny_tree, write_config, tmp_path):
+    """A scheduler's SIGTERM ends the run with a checkpoint at the step it reached: nothing is lost."""
+    tree = tiny_tree("terminated", train={"epochs": 4}, run={"checkpoint_every": 1000})
+    config = write_config(tree, tmp_path / "terminated.yaml")
+    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "DS_ACCELERATOR": "cpu"}
+    cmd = [sys.executable, "-m", "geofm.cli", "pretrain", "--config", str(config)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = Path(tree["run"]["output_dir"]) / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 3) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "saved a checkpoint" in stderr
+    last = Path(tree["run"]["output_dir"]) / "checkpoints/last"
+    assert int(last.resolve().name.split("_")[1]) == _metrics(Path(tree["run"]["output_dir"]))[-1]["step"] >= 3
+
+
+def test_resuming_with_another_model_is_refused(tiny_tree):
+    pretrain(validate_config(tiny_tree("changed", run={"stop_after_steps": 1})))
+    with pytest.raises(ConfigError, match="another model"):
+        pretrain(validate_config(tiny_tree("changed", model={"window_size": 2})))
 
 
 def test_bad_inputs_are_clear_errors(tiny_tree, archive, tmp_path):
