@@ -1,28 +1,49 @@
-"""Checkpoint loading, layout conversion and backbone export.
+"""Checkpoint loading, layout conversion, architecture inference and backbone export.
 
-Load weights in any known layout (timm, Microsoft Swin, GFM, SimMIM, geofm training or export)
-into a timm backbone, and publish a backbone that plain timm loads::
+Load weights in any known layout (timm, Microsoft Swin, GFM, SimMIM Swin/ViT, geofm training or
+export) into a timm backbone, without saying which layout or architecture it is, and publish a
+backbone that plain timm and torchgeo load::
+
+    model, report, info = build_backbone("gfm.pth", bands=["red", "green", "blue", "nir"])
+    print(report)
+    convert_checkpoint("gfm.pth", "exports/gfm")          # backbone.safetensors + backbone.json + MODEL_CARD.md
+    weights = torchgeo_weights("exports/gfm")              # a torchgeo WeightsEnum member
+
+or, into a model built already::
 
     report = load_backbone_weights(model, "swin_base_patch4_window7_224_22k.pth", rgb_positions=[2, 1, 0])
-    print(report)
     export_backbone(model, out_dir, arch=arch, create_kwargs=kwargs, metadata={"bands": bands})
 """
 
+from geofm.checkpoints.build import build_backbone, convert_checkpoint, format_inspection, inspect_checkpoint
+from geofm.checkpoints.card import model_card
 from geofm.checkpoints.convert import LoadReport, backbone_state_dict, load_backbone_weights
 from geofm.checkpoints.export import export_backbone, read_export_sidecar, timm_pretrained_cfg_overlay
+from geofm.checkpoints.infer import ArchSpec, infer_architecture, read_checkpoint
 from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
 from geofm.checkpoints.layouts import LAYOUTS, detect_layout, locate_backbone
+from geofm.checkpoints.weights_enum import GeoFMWeights, torchgeo_weights
 
 __all__ = [
     "LAYOUTS",
+    "ArchSpec",
+    "GeoFMWeights",
     "LoadReport",
     "backbone_state_dict",
+    "build_backbone",
+    "convert_checkpoint",
     "detect_layout",
     "export_backbone",
+    "format_inspection",
+    "infer_architecture",
+    "inspect_checkpoint",
     "load_backbone_weights",
     "load_checkpoint_file",
     "locate_backbone",
+    "model_card",
+    "read_checkpoint",
     "read_export_sidecar",
     "resolve_checkpoint_path",
     "timm_pretrained_cfg_overlay",
+    "torchgeo_weights",
 ]

@@ -2,8 +2,10 @@
 
 The renaming of Microsoft's Swin keys, the resizing of relative-position-bias tables to the model's
 window size, the resampling of ViT position embeddings and patch kernels are timm's own
-``checkpoint_filter_fn``; this module picks the backbone out of the checkpoint, drops what a headless
-backbone does not hold, and places RGB patch-embedding kernels into the bands of an N-band model.
+``checkpoint_filter_fn`` (of ``swin_transformer``, ``vision_transformer`` or ``beit``); this module
+picks the backbone out of the checkpoint, drops what a headless backbone does not hold, and places
+the checkpoint's patch-embedding kernels into the bands of the model (RGB into an N-band model, or
+band by band by name).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from timm.models import swin_transformer, vision_transformer
+from timm.models import beit, swin_transformer, vision_transformer
 from torch import Tensor, nn
 
 from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
@@ -83,13 +85,20 @@ def summarise_keys(keys: Sequence[str], per_prefix: int = 4) -> str:
     return ", ".join(parts)
 
 
+# timm's model class and checkpoint filter of each backbone family.
+FAMILY_CLASSES = {
+    "swin": (swin_transformer.SwinTransformer, swin_transformer.checkpoint_filter_fn),
+    "vit": (vision_transformer.VisionTransformer, vision_transformer.checkpoint_filter_fn),
+    "beit": (beit.Beit, beit.checkpoint_filter_fn),
+}
+
+
 def model_family(model: nn.Module) -> str:
-    """``"swin"`` or ``"vit"`` for a timm Swin (v1) or ViT model."""
-    if isinstance(model, swin_transformer.SwinTransformer):
-        return "swin"
-    if isinstance(model, vision_transformer.VisionTransformer):
-        return "vit"
-    raise TypeError(f"expected a timm SwinTransformer or VisionTransformer, got {type(model).__name__}")
+    """``"swin"``, ``"vit"`` or ``"beit"`` for a timm Swin (v1), ViT or BEiT model."""
+    for family, (cls, _) in FAMILY_CLASSES.items():
+        if isinstance(model, cls):
+            return family
+    raise TypeError(f"expected a timm SwinTransformer, VisionTransformer or Beit, got {type(model).__name__}")
 
 
 def backbone_state_dict(
@@ -97,17 +106,21 @@ def backbone_state_dict(
     model: nn.Module,
     *,
     rgb_positions: Sequence[int] | None = None,
+    band_sources: Sequence[int | None] | None = None,
     path: str | Path | None = None,
 ) -> tuple[dict[str, Tensor], LoadReport]:
     """Extract the backbone from a loaded checkpoint in any known layout, in ``model``'s timm names.
 
     Args:
         raw: the mapping returned by :func:`~geofm.checkpoints.io.load_checkpoint_file`.
-        model: the timm Swin/ViT backbone the weights are meant for; its shapes (window size,
+        model: the timm Swin/ViT/BEiT backbone the weights are meant for; its shapes (window size,
             image size, band count) decide the conversion. It is not modified.
         rgb_positions: the model's band index receiving the checkpoint's red, green and blue
             kernels; required when a 3-band checkpoint meets a model with another band count.
             The model's other bands keep their current (fresh) initialisation.
+        band_sources: instead of ``rgb_positions``, for each model band the index of the checkpoint
+            band whose kernel it receives, or None to keep the model's initialisation (bands matched
+            by name: reordered, dropped or added).
         path: the file ``raw`` came from: recognises an export by its sidecar, names the file in errors.
 
     Returns:
@@ -138,11 +151,13 @@ def backbone_state_dict(
 
     if source.microsoft_names:
         report.adapted.append("Microsoft Swin names -> timm: layers.N.downsample moved to layers.N+1.downsample")
-    filter_fn = swin_transformer.checkpoint_filter_fn if family == "swin" else vision_transformer.checkpoint_filter_fn
-    converted = filter_fn(state, model)
+    converted = FAMILY_CLASSES[family][1](state, model)
     report.adapted += _resize_notes(state, converted)
 
-    _adapt_bands(converted, target, rgb_positions, report, where)
+    if band_sources is not None:
+        _map_bands(converted, target, band_sources, report, where)
+    else:
+        _place_rgb(converted, target, rgb_positions, report, where)
 
     mismatched = [
         f"{k} {tuple(v.shape)} vs model {tuple(target[k].shape)}"
@@ -165,14 +180,15 @@ def load_backbone_weights(
     path: str | Path,
     *,
     rgb_positions: Sequence[int] | None = None,
+    band_sources: Sequence[int | None] | None = None,
     strict: bool = True,
 ) -> LoadReport:
     """Load a checkpoint file in any known layout into a timm backbone, in place.
 
     Args:
-        model: a timm Swin/ViT backbone (e.g. from :func:`geofm.models.backbones.create_backbone`).
+        model: a timm Swin/ViT/BEiT backbone (e.g. from :func:`geofm.models.backbones.create_backbone`).
         path: a weights file, or a folder understood by :func:`~geofm.checkpoints.io.resolve_checkpoint_path`.
-        rgb_positions: see :func:`backbone_state_dict`.
+        rgb_positions, band_sources: see :func:`backbone_state_dict`.
         strict: raise when the model has keys the checkpoint lacks, or the reverse.
 
     Raises:
@@ -181,15 +197,27 @@ def load_backbone_weights(
     """
     resolved = resolve_checkpoint_path(path)
     raw = load_checkpoint_file(resolved)
-    state, report = backbone_state_dict(raw, model, rgb_positions=rgb_positions, path=resolved)
+    state, report = backbone_state_dict(
+        raw, model, rgb_positions=rgb_positions, band_sources=band_sources, path=resolved
+    )
+    apply_state_dict(model, state, report, strict=strict)
+    return report
+
+
+def apply_state_dict(model: nn.Module, state: dict[str, Tensor], report: LoadReport, *, strict: bool = True) -> None:
+    """Load the converted ``state`` of :func:`backbone_state_dict` into ``model``, in place.
+
+    Raises:
+        CheckpointFormatError: with ``strict``, if the model has keys the checkpoint lacks, or the
+            reverse; the model is then left unchanged.
+    """
     if strict and (report.missing or report.unexpected):
         raise CheckpointFormatError(
-            f"{resolved}: the {report.layout} checkpoint does not fit {type(model).__name__}: "
+            f"{report.path or 'checkpoint'}: the {report.layout} checkpoint does not fit {type(model).__name__}: "
             f"missing {len(report.missing)} [{summarise_keys(report.missing)}], "
             f"unexpected {len(report.unexpected)} [{summarise_keys(report.unexpected)}]"
         )
     model.load_state_dict({k: state[k] for k in report.used}, strict=False)
-    return report
 
 
 def _belongs_to_backbone(name: str, target: dict[str, Tensor]) -> bool:
@@ -211,7 +239,7 @@ def _resize_notes(before: dict[str, Tensor], after: dict[str, Tensor]) -> list[s
         if old is None or old.shape == new.shape:
             continue
         if key.endswith("relative_position_bias_table"):
-            s, t = math.isqrt(old.shape[0]), math.isqrt(new.shape[0])
+            s, t = _table_side(old.shape[0]), _table_side(new.shape[0])
             notes.append(f"{key}: {s}x{s} -> {t}x{t} table (window {(s + 1) // 2} -> {(t + 1) // 2})")
         elif key == "pos_embed":
             notes.append(f"pos_embed: {old.shape[1]} -> {new.shape[1]} positions")
@@ -220,7 +248,45 @@ def _resize_notes(before: dict[str, Tensor], after: dict[str, Tensor]) -> list[s
     return notes
 
 
-def _adapt_bands(
+def _table_side(rows: int) -> int:
+    """Side of a relative-position table: (2w-1)^2 rows (Swin), or (2w-1)^2 + 3 (BEiT, cls-token entries)."""
+    side = math.isqrt(rows)
+    return side if side * side == rows else math.isqrt(rows - 3)
+
+
+def _map_bands(
+    state: dict[str, Tensor],
+    target: dict[str, Tensor],
+    band_sources: Sequence[int | None],
+    report: LoadReport,
+    where: str,
+    note: str | None = None,
+) -> None:
+    """Rebuild the patch kernel band by band: checkpoint band ``band_sources[i]`` into model band ``i`` (in place).
+
+    Model bands whose source is None keep the model's fresh initialisation.
+    """
+    if PATCH_EMBED_WEIGHT not in state or PATCH_EMBED_WEIGHT not in target:
+        return
+    weight, fresh = state[PATCH_EMBED_WEIGHT], target[PATCH_EMBED_WEIGHT]
+    have, want = weight.shape[1], fresh.shape[1]
+    sources = list(band_sources)
+    if len(sources) != want or not all(s is None or 0 <= int(s) < have for s in sources):
+        raise ConfigError(
+            f"{where}band_sources {sources} must give, for each of the model's {want} bands, a checkpoint band "
+            f"index in [0, {have}) or None"
+        )
+    if sources == list(range(have)):
+        return
+    adapted = fresh.detach().to("cpu", weight.dtype, copy=True)
+    for band, source in enumerate(sources):
+        if source is not None:
+            adapted[:, band] = weight[:, int(source)]
+    state[PATCH_EMBED_WEIGHT] = adapted
+    report.adapted.append(f"{PATCH_EMBED_WEIGHT}: {have} -> {want} bands, {note or f'from checkpoint bands {sources}'}")
+
+
+def _place_rgb(
     state: dict[str, Tensor],
     target: dict[str, Tensor],
     rgb_positions: Sequence[int] | None,
@@ -230,8 +296,7 @@ def _adapt_bands(
     """Put a 3-band patch embedding into the RGB bands of an N-band model (in place)."""
     if PATCH_EMBED_WEIGHT not in state or PATCH_EMBED_WEIGHT not in target:
         return
-    weight, fresh = state[PATCH_EMBED_WEIGHT], target[PATCH_EMBED_WEIGHT]
-    have, want = weight.shape[1], fresh.shape[1]
+    have, want = state[PATCH_EMBED_WEIGHT].shape[1], target[PATCH_EMBED_WEIGHT].shape[1]
     if have == want:
         return
     if have != 3:
@@ -240,10 +305,10 @@ def _adapt_bands(
             "(RGB) checkpoints can be placed into a model with another band count"
         )
     positions = _check_rgb_positions(rgb_positions, want)
-    adapted = fresh.detach().to("cpu", weight.dtype, copy=True)
-    adapted[:, positions] = weight
-    state[PATCH_EMBED_WEIGHT] = adapted
-    report.adapted.append(f"{PATCH_EMBED_WEIGHT}: 3 -> {want} bands, RGB into {positions}")
+    sources: list[int | None] = [None] * want
+    for rgb, position in enumerate(positions):
+        sources[position] = rgb
+    _map_bands(state, target, sources, report, where, note=f"RGB into {positions}")
 
 
 def _check_rgb_positions(rgb_positions: Sequence[int] | None, bands: int) -> list[int]:

@@ -1,4 +1,5 @@
-"""Publishing a backbone: timm-layout safetensors plus a JSON sidecar that says how to rebuild it.
+"""Publishing a backbone: timm-layout safetensors, a JSON sidecar that says how to rebuild it, and a
+model card (``MODEL_CARD.md``) for people.
 
 The export loads into plain timm without geofm::
 
@@ -29,12 +30,13 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from geofm.checkpoints.card import MODEL_CARD, model_card
 from geofm.checkpoints.io import EXPORT_WEIGHTS
 from geofm.checkpoints.layouts import EXPORT_FORMAT, export_sidecar_path
 from geofm.errors import CheckpointFormatError, CheckpointNotFoundError, ConfigError
 
 EXPORT_SIDECAR = export_sidecar_path(EXPORT_WEIGHTS).name
-RESERVED_KEYS = ("format", "arch", "timm_kwargs", "timm_pretrained_cfg_overlay")
+RESERVED_KEYS = ("format", "arch", "timm_kwargs", "timm_pretrained_cfg_overlay", "num_params")
 
 
 def timm_pretrained_cfg_overlay(model: nn.Module) -> dict[str, Any]:
@@ -58,7 +60,7 @@ def export_backbone(
     create_kwargs: dict[str, Any],
     metadata: dict[str, Any],
 ) -> Path:
-    """Write ``out_dir/backbone.safetensors`` and its sidecar ``out_dir/backbone.json``.
+    """Write ``out_dir/backbone.safetensors``, its sidecar ``out_dir/backbone.json`` and ``out_dir/MODEL_CARD.md``.
 
     Args:
         model: a headless timm backbone (``num_classes=0``), e.g. the pretrained student's encoder.
@@ -66,8 +68,10 @@ def export_backbone(
         arch: the timm architecture name the model was created with.
         create_kwargs: the ``timm.create_model`` kwargs that rebuild the model
             (:func:`geofm.models.backbones.backbone_kwargs`).
-        metadata: JSON-serialisable facts for users of the weights: bands, normalisation,
-            image size, method, data...
+        metadata: JSON-serialisable facts for users of the weights, shown in the model card:
+            ``bands`` (in order), ``gsd`` (``[min, max]`` m/px), ``normalisation`` (per source:
+            ``bands``, ``scale``, ``mean``, ``std``), ``img_size``, ``method``, ``data``, ``teacher``,
+            ``steps``, ``metrics``, ``config``...
 
     Returns:
         The path of the safetensors file.
@@ -92,18 +96,21 @@ def export_backbone(
         "arch": arch,
         "timm_kwargs": create_kwargs,
         "timm_pretrained_cfg_overlay": timm_pretrained_cfg_overlay(model),
+        "num_params": sum(p.numel() for p in model.parameters()),
         **metadata,
     }
     try:
         sidecar_text = json.dumps(sidecar, indent=2, default=_json_default) + "\n"
     except (TypeError, ValueError) as err:
         raise ConfigError(f"export metadata is not JSON-serialisable: {err}") from err
+    card_text = model_card(json.loads(sidecar_text), EXPORT_WEIGHTS)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     weights_path, sidecar_path = out_dir / EXPORT_WEIGHTS, out_dir / EXPORT_SIDECAR
     _replace(weights_path, lambda tmp: save_file(state, str(tmp), metadata={"format": EXPORT_FORMAT, "arch": arch}))
     _replace(sidecar_path, lambda tmp: tmp.write_text(sidecar_text))
+    _replace(out_dir / MODEL_CARD, lambda tmp: tmp.write_text(card_text))
     return weights_path
 
 

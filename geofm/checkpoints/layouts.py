@@ -3,18 +3,23 @@
 =================  ========================================================================
 layout             what the file holds
 =================  ========================================================================
-``timm``           a timm Swin/ViT state dict (bare, or under ``state_dict``/``model``),
+``timm``           a timm Swin/ViT/BEiT state dict (bare, or under ``state_dict``/``model``),
                    possibly with a classifier ``head``
 ``microsoft_swin`` a Swin state dict in Microsoft's names (``layers.N.downsample`` ends stage N),
                    bare or under ``model``, as in the official ImageNet releases
 ``gfm``            a GFM pretraining checkpoint: ``model`` holds ``encoder.*`` (the student Swin,
                    Microsoft names), ``teacher.*``, ``decoder.*`` and ``projector.*``
-``simmim``         a SimMIM checkpoint: pretraining (``model`` holds ``encoder.*`` + ``decoder.*``)
-                   or finetuning (``model`` holds a Microsoft Swin next to the training state)
+``simmim``         a SimMIM checkpoint, Swin or ViT: pretraining (``model`` holds ``encoder.*`` +
+                   ``decoder.*``) or finetuning (``model`` holds a Microsoft Swin, or SimMIM's
+                   BEiT-style ViT, next to the training state)
 ``geofm_train``    this project's DeepSpeed model-states file: ``module`` holds the training
                    module (``encoder.*`` a timm backbone, ``decoder.*``, ``projector.*``, ``mask_token``)
 ``geofm_export``   an exported ``backbone.safetensors`` (timm names) with its ``backbone.json``
 =================  ========================================================================
+
+Backbone families: ``swin`` (timm's ``SwinTransformer``), ``vit`` (timm's ``VisionTransformer``)
+and ``beit`` (timm's ``Beit``: the ViT of SimMIM and BEiT, with per-block or shared
+relative-position tables, ``q_bias``/``v_bias`` and ``gamma_1``/``gamma_2`` layer scales).
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from typing import Any
 from geofm.errors import CheckpointFormatError
 
 LAYOUTS: dict[str, str] = {
-    "timm": "timm Swin/ViT state dict, bare or under 'state_dict'/'model'",
+    "timm": "timm Swin/ViT/BEiT state dict, bare or under 'state_dict'/'model'",
     "microsoft_swin": "Swin in Microsoft's names (layers.0.downsample.*), bare or under 'model'",
     "gfm": "GFM pretraining: 'model' with encoder.*, teacher.*, decoder.*, projector.*",
-    "simmim": "SimMIM: 'model' with encoder.* + decoder.* (pretraining) or a Microsoft Swin plus training state",
+    "simmim": "SimMIM (Swin or ViT): 'model' with encoder.* + decoder.* (pretraining), or a Microsoft Swin "
+    "or BEiT-style ViT plus training state (finetuning)",
     "geofm_train": "geofm DeepSpeed model states: 'module' with encoder.* (timm), decoder.*, mask_token",
     "geofm_export": "geofm export: backbone.safetensors (timm names) next to backbone.json",
 }
@@ -42,6 +48,9 @@ EXPORT_FORMAT = "geofm-backbone/1"
 # Microsoft's stage 0 ends with a patch merging, timm's stage 0 has none (timm tests the same key).
 _PATCH_EMBED = "patch_embed.proj.weight"
 _MICROSOFT_SWIN = "layers.0.downsample.reduction.weight"
+# Key endings found only in BEiT-style ViTs (SimMIM's ViT, timm's Beit), never in timm's VisionTransformer.
+_BEIT_MARKERS = (".attn.q_bias", ".attn.relative_position_bias_table", ".gamma_1")
+_SHARED_REL_POS = "rel_pos_bias.relative_position_bias_table"
 # Keys a training script stores next to the weights (SimMIM/Swin `save_checkpoint`).
 _TRAINING_STATE = ("optimizer", "lr_scheduler", "epoch", "config", "max_accuracy")
 
@@ -54,7 +63,7 @@ class BackboneSource:
         layout: one of :data:`LAYOUTS`.
         weights: the mapping holding the backbone keys (maybe next to other modules' keys).
         prefix: prefix of the backbone keys in ``weights`` (``"encoder."`` or ``""``).
-        family: ``"swin"`` or ``"vit"``.
+        family: ``"swin"``, ``"vit"`` or ``"beit"``.
         microsoft_names: the keys follow Microsoft's Swin names rather than timm's.
     """
 
@@ -103,18 +112,21 @@ def locate_backbone(raw: Mapping[str, Any], *, path: str | Path | None = None) -
 
     weights, container = _weights_mapping(raw)
     if weights is not None:
-        if _has_prefix(weights, "encoder.") and _family(weights, "encoder.") == "swin":
+        encoder = _family(weights, "encoder.") if _has_prefix(weights, "encoder.") else None
+        if encoder is not None:
             microsoft = "encoder." + _MICROSOFT_SWIN in weights
             if _has_prefix(weights, "teacher."):
-                return BackboneSource("gfm", weights, "encoder.", "swin", microsoft)
+                return BackboneSource("gfm", weights, "encoder.", encoder, microsoft)
             if _has_prefix(weights, "decoder."):
-                return BackboneSource("simmim", weights, "encoder.", "swin", microsoft)
+                return BackboneSource("simmim", weights, "encoder.", encoder, microsoft)
         family = _family(weights, "")
         if family is not None:
             microsoft = family == "swin" and _MICROSOFT_SWIN in weights
+            trained = container == "model" and any(k in raw for k in _TRAINING_STATE)
             if microsoft:
-                trained = container == "model" and any(k in raw for k in _TRAINING_STATE)
                 layout = "simmim" if trained else "microsoft_swin"
+            elif family == "beit" and trained:
+                layout = "simmim"
             else:
                 layout = "geofm_export" if container is None and _is_export(path) else "timm"
             return BackboneSource(layout, weights, "", family, microsoft)
@@ -143,13 +155,16 @@ def _has_prefix(weights: Mapping[str, Any], prefix: str) -> bool:
 
 
 def _family(weights: Mapping[str, Any], prefix: str) -> str | None:
-    """``"swin"`` or ``"vit"`` when ``weights`` holds a patch embedding and Swin stages or ViT blocks."""
+    """``"swin"``, ``"vit"`` or ``"beit"`` when ``weights`` holds a patch embedding and Swin stages or ViT blocks."""
     if prefix + _PATCH_EMBED not in weights:
         return None
     if _has_prefix(weights, prefix + "layers."):
         return "swin"
     if _has_prefix(weights, prefix + "blocks."):
-        return "vit"
+        beit = prefix + _SHARED_REL_POS in weights or any(
+            isinstance(k, str) and k.startswith(prefix + "blocks.") and k.endswith(_BEIT_MARKERS) for k in weights
+        )
+        return "beit" if beit else "vit"
     return None
 
 

@@ -1,26 +1,49 @@
-"""Tiny Swin/ViT backbones and their weights in the layouts checkpoints come in.
+"""Tiny Swin/ViT/BEiT backbones and their weights in the layouts checkpoints come in.
 
 Tests reach the builders through the ``kit`` fixture (``kit.make_swin()``, ``kit.features(model)``...).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import sys
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import timm
 import torch
+import yaml
 from torch import nn
 
+from geofm.config import config_to_dict, validate_config
 from geofm.models.backbones import backbone_kwargs, create_backbone
 
 SWIN = "swin_tiny_patch4_window7_224"
 VIT = "vit_small_patch16_224"
+BEIT = "beit_base_patch16_224"
 # two blocks in the first stages so that shifted windows (and their attn_mask) exist at 64 px
 SWIN_KWARGS = {"embed_dim": 16, "depths": [2, 2, 2, 1], "num_heads": [1, 2, 4, 8]}
 VIT_KWARGS = {"embed_dim": 32, "depth": 4, "num_heads": 2}
 IMG = 64
+BEIT_IMG = 32
+# SimMIM's ViT as pretrained (one relative-position table shared by all blocks, no mean pooling) and
+# as finetuned (a table per block, mean pooling with fc_norm): BEiT-style, timm's Beit.
+BEIT_KWARGS = {"patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "init_values": 0.1, "use_abs_pos_emb": False}
+SIMMIM_VIT_PRETRAIN = {**BEIT_KWARGS, "use_rel_pos_bias": False, "use_shared_rel_pos_bias": True, "global_pool": "token"}
+SIMMIM_VIT_FINETUNE = {**BEIT_KWARGS, "use_rel_pos_bias": True, "use_shared_rel_pos_bias": False, "global_pool": "avg"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread, and much faster on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def swin_kwargs(in_chans: int = 3, window_size: int = 4, img_size: int = IMG) -> dict:
@@ -41,8 +64,18 @@ def make_vit(in_chans: int = 3, img_size: int = IMG, seed: int = 0) -> nn.Module
     return create_backbone(VIT, vit_kwargs(in_chans, img_size)).eval()
 
 
-def features(model: nn.Module, in_chans: int = 3, seed: int = 1) -> torch.Tensor:
-    images = torch.randn(2, in_chans, IMG, IMG, generator=torch.Generator().manual_seed(seed))
+def make_beit(kwargs: dict, in_chans: int = 3, img_size: int = BEIT_IMG, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = timm.create_model(BEIT, pretrained=False, num_classes=0, in_chans=in_chans, img_size=img_size, **kwargs)
+    with torch.no_grad():  # layer scales and q/v biases away from their constant initialisation
+        for name, param in model.named_parameters():
+            if name.endswith(("gamma_1", "gamma_2", "q_bias", "v_bias")):
+                param.normal_()
+    return model.eval()
+
+
+def features(model: nn.Module, in_chans: int = 3, seed: int = 1, img: int = IMG) -> torch.Tensor:
+    images = torch.randn(2, in_chans, img, img, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         return model.forward_features(images)
 
@@ -61,12 +94,136 @@ def microsoft_swin_state(model: nn.Module, num_classes: int = 10) -> dict[str, t
     return state
 
 
+def simmim_vit_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A timm Beit's weights as Microsoft's SimMIM ViT stores them: with relative_position_index buffers."""
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for name, buffer in model.named_buffers():
+        if name.endswith("relative_position_index"):
+            state[name] = buffer.clone()
+    return state
+
+
 def prefixed(prefix: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {prefix + k: v for k, v in state.items()}
 
 
 def decoder_state(prefix: str = "decoder.") -> dict[str, torch.Tensor]:
     return {prefix + "0.weight": torch.randn(48, 128, 1, 1), prefix + "0.bias": torch.zeros(48)}
+
+
+TRAINING_STATE = {"optimizer": {"state": {}, "param_groups": []}, "lr_scheduler": {}, "epoch": 99}
+SWIN_SECTION = {"PATCH_SIZE": 4, "IN_CHANS": 3, "EMBED_DIM": 16, "DEPTHS": [2, 2, 2, 1], "NUM_HEADS": [1, 2, 4, 8], "WINDOW_SIZE": 4}
+# yacs default trees hold both model sections; only the one of MODEL.TYPE describes the model
+VIT_SECTION = {"PATCH_SIZE": 8, "IN_CHANS": 3, "EMBED_DIM": 32, "DEPTH": 2, "NUM_HEADS": 2, "USE_SHARED_RPB": True}
+SIMMIM_VIT_DEFAULTS = {"PATCH_SIZE": 16, "EMBED_DIM": 768, "DEPTH": 12, "NUM_HEADS": 12}
+
+
+def yacs_config(kind: str, img: int, **extra) -> dict:
+    model = {"TYPE": kind, "NAME": f"simmim_{kind}", "SWIN": SWIN_SECTION, "VIT": SIMMIM_VIT_DEFAULTS}
+    if kind == "vit":
+        model.update(SWIN={**SWIN_SECTION, "EMBED_DIM": 96}, VIT=VIT_SECTION)
+    return {
+        "MODEL": model,
+        "DATA": {"IMG_SIZE": img, "DATASET": "geopile", "DATA_PATH": "/data/GeoPileV0", "MASK_PATCH_SIZE": 32},
+        "TRAIN": {"EPOCHS": 100, "BASE_LR": 1e-4},
+        **extra,
+    }
+
+
+def run_tree(run_dir, model: dict, bands: list[str]) -> dict:
+    """A validated geofm run config, as pretrain writes it to config.yaml."""
+    tree = {
+        "run": {"output_dir": str(run_dir)},
+        "model": model,
+        "masking": {"mask_patch_size": 16},
+        "data": {
+            "bands": bands,
+            "sources": [
+                {"name": "aerial", "root": "/archive/aerial", "bands": ["red", "green", "blue"], "scale": 1 / 255,
+                 "mean": [0.48, 0.49, 0.32], "std": [0.12, 0.07, 0.08], "gsd": 0.5},
+                {"name": "s2", "root": "/archive/s2", "bands": ["blue", "green", "red", "nir"], "scale": 1e-4,
+                 "mean": [0.05, 0.08, 0.07, 0.26], "std": [0.03, 0.03, 0.04, 0.1], "gsd": 10.0},
+            ],
+        },
+        "train": {"epochs": 2, "micro_batch_size": 4, "warmup_epochs": 0.5},
+    }
+    return config_to_dict(validate_config(tree))
+
+
+def write_run(tmp_path, source, step: int = 12):
+    """A geofm run directory with config.yaml, metrics.jsonl and a DeepSpeed checkpoint behind 'last'."""
+    run_dir = tmp_path / "run"
+    model = {"arch": SWIN, "img_size": IMG, "window_size": 4, "timm_kwargs": SWIN_KWARGS}
+    tree = run_tree(run_dir, model, ["red", "green", "blue", "nir"])
+    tag = run_dir / "checkpoints" / f"step_{step:07d}"
+    tag.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    records = [{"step": s, "loss": 1.0 / s, "loss_mim": 0.5 / s} for s in range(1, step + 3)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    module = {
+        **prefixed("encoder.", source.state_dict()),
+        **decoder_state(),
+        "projector.weight": torch.randn(512, 128),
+        "mask_token": torch.zeros(1, 1, 16),
+    }
+    torch.save({"module": module, "global_steps": step, "step": step, "ds_version": "0.19.8"}, tag / "mp_rank_00_model_states.pt")
+    (run_dir / "checkpoints" / "last").symlink_to(tag.name)
+    return run_dir
+
+
+class Exploit:
+    """Pickles as a call of os.system: a checkpoint that would run code when unpickled."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+class CfgNodeBase(dict):
+    """Pickles like yacs' CfgNode: a dict subclass carrying bookkeeping attributes."""
+
+    def __init__(self, init_dict=None, new_allowed=False):
+        super().__init__(init_dict or {})
+        self.__dict__["__immutable__"] = False
+        self.__dict__["__deprecated_keys__"] = set()
+        self.__dict__["__renamed_keys__"] = {"OLD.KEY": ("NEW.KEY", "renamed")}
+        self.__dict__["__new_allowed__"] = new_allowed
+
+    def __getattr__(self, name):
+        if name in self:
+            return self[name]
+        raise AttributeError(name)
+
+
+def fake_modules(monkeypatch, dotted: str, **members) -> None:
+    """Register ``dotted`` and its parents in sys.modules; monkeypatch restores them afterwards."""
+    parts = dotted.split(".")
+    for i in range(1, len(parts) + 1):
+        monkeypatch.setitem(sys.modules, ".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+    for name, member in members.items():
+        member.__module__, member.__qualname__ = dotted, name
+        setattr(sys.modules[dotted], name, member)
+
+
+@pytest.fixture
+def save_with_yacs(monkeypatch, save):
+    """torch.save ``payload`` with ``config`` (a nested dict) pickled as yacs CfgNodes, yacs being absent."""
+
+    def write(payload: dict, config: dict, name: str = "ckpt.pth") -> Path:
+        CfgNode = type("CfgNode", (CfgNodeBase,), {})
+
+        def node(tree):
+            return CfgNode({k: node(v) if isinstance(v, dict) else v for k, v in tree.items()})
+
+        with monkeypatch.context() as patch:
+            fake_modules(patch, "yacs.config", CfgNode=CfgNode)
+            path = save({**payload, "config": node(config)}, name)
+        assert "yacs" not in sys.modules and "yacs.config" not in sys.modules
+        return path
+
+    return write
 
 
 @pytest.fixture

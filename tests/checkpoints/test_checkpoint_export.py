@@ -103,3 +103,55 @@ def test_read_export_sidecar_errors(tmp_path):
     (tmp_path / "backbone.json").write_text("{")
     with pytest.raises(CheckpointFormatError, match="JSON"):
         read_export_sidecar(tmp_path / "backbone.json")
+
+
+def test_model_card_is_written_next_to_every_export(kit, tmp_path):
+    kwargs = kit.swin_kwargs(in_chans=4)
+    model = create_backbone(kit.SWIN, kwargs)
+    metadata = {**METADATA, "gsd": [0.5, 10.0], "metrics": {"step": 12, "loss": 0.25}, "steps": 12}
+
+    export_backbone(model, tmp_path, arch=kit.SWIN, create_kwargs=kwargs, metadata=metadata)
+
+    card = (tmp_path / "MODEL_CARD.md").read_text()
+    sidecar = read_export_sidecar(tmp_path)
+    assert sidecar["num_params"] == sum(p.numel() for p in model.parameters())
+    assert card.startswith(f"# {kit.SWIN} backbone (gfm)")
+    for text in (
+        "| timm architecture | `swin_tiny_patch4_window7_224` |",
+        f"| parameters | {sidecar['num_params'] / 1e6:.2f} M ({sidecar['num_params']:,}) |",
+        "| window size | 4 |",
+        "Bands, in order: `blue`, `green`, `red`, `nir`.",
+        "Ground sample distance: 0.5 to 10 m/px.",
+        "Method: GFM continual pretraining",
+        "| metric | value |",
+        "| loss | 0.25 |",
+        "| steps | 12 |",
+        "pretrained_cfg_overlay=dict(",
+        "torchgeo_weights(",
+    ):
+        assert text in card, text
+
+
+def test_run_export_records_gsd_range_metrics_and_a_card(kit, tmp_path):
+    from types import SimpleNamespace
+
+    from geofm.config import validate_config
+    from pretrain.central import _export
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    model = {"arch": kit.SWIN, "img_size": kit.IMG, "window_size": 4, "timm_kwargs": kit.SWIN_KWARGS}
+    tree = kit.run_tree(run_dir, model, ["red", "green", "blue", "nir"])
+    tree["data"]["sources"][0]["gsd"] = None  # a source without a known GSD is left out of the range
+    tree["data"]["sources"].append({**tree["data"]["sources"][1], "name": "l8", "gsd": 30.0})
+    records = [{"step": s, "loss": 1 / s} for s in (4, 8, 12)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    _export(validate_config(tree), SimpleNamespace(encoder=kit.make_swin(in_chans=4)), run_dir, 12)
+
+    sidecar = read_export_sidecar(run_dir)
+    assert sidecar["gsd"] == [10.0, 30.0] and sidecar["metrics"] == {"step": 12, "loss": 1 / 12}
+    assert [d["gsd"] for d in sidecar["data"]] == [None, 10.0, 30.0]
+    card = (run_dir / "MODEL_CARD.md").read_text()
+    assert "Ground sample distance: 10 to 30 m/px." in card and "| l8 | `/archive/s2` | 1.0 | 30 |" in card
+    assert "| s2 | nir | 0.0001 | 0.26 | 0.1 |" in card and "| mask_patch_size | 16 |" in card

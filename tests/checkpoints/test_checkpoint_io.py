@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 
 import pytest
 import torch
@@ -52,36 +51,10 @@ def test_folders_resolve_to_the_deepspeed_or_export_file(tmp_path, save):
         resolve_checkpoint_path(tmp_path / "empty")
 
 
-class _CfgNodeBase(dict):
-    """Pickles like yacs' CfgNode: a dict subclass carrying bookkeeping attributes."""
-
-    def __init__(self, init_dict=None, new_allowed=False):
-        super().__init__(init_dict or {})
-        self.__dict__["__immutable__"] = False
-        self.__dict__["__deprecated_keys__"] = set()
-        self.__dict__["__renamed_keys__"] = {"OLD.KEY": ("NEW.KEY", "renamed")}
-        self.__dict__["__new_allowed__"] = new_allowed
-
-    def __getattr__(self, name):
-        if name in self:
-            return self[name]
-        raise AttributeError(name)
-
-
-def _fake_modules(monkeypatch, dotted: str, **members) -> None:
-    """Register ``dotted`` and its parents in sys.modules; monkeypatch restores them afterwards."""
-    parts = dotted.split(".")
-    for i in range(1, len(parts) + 1):
-        monkeypatch.setitem(sys.modules, ".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
-    for name, member in members.items():
-        member.__module__, member.__qualname__ = dotted, name
-        setattr(sys.modules[dotted], name, member)
-
-
-def test_yacs_config_loads_as_plain_dict_without_yacs(monkeypatch, save):
-    CfgNode = type("CfgNode", (_CfgNodeBase,), {})
+def test_yacs_config_loads_as_plain_dict_without_yacs(monkeypatch, save, kit):
+    CfgNode = type("CfgNode", (kit.CfgNodeBase,), {})
     with monkeypatch.context() as patch:
-        _fake_modules(patch, "yacs.config", CfgNode=CfgNode)
+        kit.fake_modules(patch, "yacs.config", CfgNode=CfgNode)
         config = CfgNode({"MODEL": CfgNode({"TYPE": "swin", "SWIN": CfgNode({"DEPTHS": [2, 2, 18, 2]})}), "LR": 1e-4})
         path = save({"model": {"encoder.x.weight": torch.ones(2)}, "config": config, "epoch": 99})
     assert "yacs" not in sys.modules and "yacs.config" not in sys.modules
@@ -93,13 +66,13 @@ def test_yacs_config_loads_as_plain_dict_without_yacs(monkeypatch, save):
     assert torch.equal(loaded["model"]["encoder.x.weight"], torch.ones(2)) and loaded["epoch"] == 99
 
 
-def test_deepspeed_fragment_records_load_as_plain_dicts(monkeypatch, save):
+def test_deepspeed_fragment_records_load_as_plain_dicts(monkeypatch, save, kit):
     class fragment_address:  # same shape as DeepSpeed's dataclass in its bf16 optimiser state
         def __init__(self, numel, start):
             self.numel, self.start = numel, start
 
     with monkeypatch.context() as patch:
-        _fake_modules(patch, "deepspeed.utils.tensor_fragment", fragment_address=fragment_address)
+        kit.fake_modules(patch, "deepspeed.utils.tensor_fragment", fragment_address=fragment_address)
         path = save({"module": {"w.weight": torch.ones(1)}, "optimizer": {"map": [{"w": fragment_address(4, 8)}]}})
     loaded = load_checkpoint_file(path)
     assert loaded["optimizer"]["map"] == [{"w": {"numel": 4, "start": 8}}]

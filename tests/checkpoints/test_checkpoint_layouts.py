@@ -17,6 +17,8 @@ def layouts(kit):
     timm_state = swin.state_dict()
     microsoft = kit.microsoft_swin_state(swin)
     vit_state = kit.make_vit().state_dict()
+    simmim_vit = kit.simmim_vit_state(kit.make_beit(kit.SIMMIM_VIT_PRETRAIN))
+    simmim_vit_ft = kit.simmim_vit_state(kit.make_beit(kit.SIMMIM_VIT_FINETUNE))
     training = {"optimizer": {"state": {}, "param_groups": []}, "lr_scheduler": {}, "epoch": 9, "config": {"A": 1}}
     return {
         "timm": {**timm_state},
@@ -38,6 +40,12 @@ def layouts(kit):
             **training,
         },
         "simmim_finetune": {"model": microsoft, **training, "max_accuracy": 91.2},
+        "simmim_vit_pretrain": {
+            "model": {**kit.prefixed("encoder.", simmim_vit), "encoder.mask_token": torch.zeros(1, 1, 32), **kit.decoder_state()},
+            **training,
+        },
+        "simmim_vit_finetune": {"model": simmim_vit_ft, **training, "max_accuracy": 83.8},
+        "timm_beit": simmim_vit_ft,
         "geofm_train": {
             "module": {
                 **kit.prefixed("encoder.", timm_state),
@@ -61,6 +69,9 @@ EXPECTED = {
     "gfm": ("gfm", "swin", True, "encoder."),
     "simmim_pretrain": ("simmim", "swin", True, "encoder."),
     "simmim_finetune": ("simmim", "swin", True, ""),
+    "simmim_vit_pretrain": ("simmim", "beit", False, "encoder."),
+    "simmim_vit_finetune": ("simmim", "beit", False, ""),
+    "timm_beit": ("timm", "beit", False, ""),
     "geofm_train": ("geofm_train", "swin", False, "encoder."),
     "geofm_train_vit": ("geofm_train", "vit", False, "encoder."),
 }
