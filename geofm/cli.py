@@ -8,6 +8,7 @@ them.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -39,6 +40,49 @@ def _data_stats(args: argparse.Namespace) -> None:
     print(format_stats_yaml(stats))
 
 
+def _checkpoint_convert(args: argparse.Namespace) -> None:
+    from geofm.checkpoints import convert_checkpoint
+
+    weights, report, info = convert_checkpoint(
+        args.src,
+        args.dst,
+        arch=args.arch,
+        img_size=args.img_size,
+        window_size=args.window_size,
+        bands=args.bands,
+        rgb_positions=args.rgb_positions,
+        timm_kwargs=args.timm_kwargs,
+    )
+    print(f"{info['arch']} {json.dumps(info['timm_kwargs'])} (architecture from {info['inferred_from']})")
+    print(report)
+    kinds = ("used", "dropped", "missing", "unexpected")
+    print(", ".join(f"{kind} {len(getattr(report, kind))}" for kind in kinds))
+    if args.list_keys:
+        for kind in kinds:
+            print(f"{kind}:")
+            print("".join(f"  {key}\n" for key in getattr(report, kind)), end="")
+    for note in info["notes"]:
+        print(f"note: {note}")
+    print(f"wrote {weights}, {weights.with_suffix('.json')} and {weights.parent / 'MODEL_CARD.md'}")
+
+
+def _checkpoint_inspect(args: argparse.Namespace) -> None:
+    from geofm.checkpoints import format_inspection, inspect_checkpoint
+
+    result = inspect_checkpoint(args.path)
+    print(json.dumps(result, indent=2, default=str) if args.json else format_inspection(result))
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"num_heads\": 12}'")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="geofm", description="Geospatial foundation models: pretrain, finetune, publish.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -62,6 +106,35 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--nodata", type=float, default=None, help="overrides the files' nodata value")
     stats.add_argument("--max-files", type=int, default=None, help="use an evenly spaced subset")
     stats.set_defaults(handler=_data_stats)
+
+    checkpoint = commands.add_parser("checkpoint", help="convert and inspect checkpoints (GFM, SimMIM, Swin, timm, geofm)")
+    checkpoint_commands = checkpoint.add_subparsers(dest="checkpoint_command", required=True)
+    convert = checkpoint_commands.add_parser(
+        "convert",
+        help="any known checkpoint -> export (backbone.safetensors + backbone.json + MODEL_CARD.md)",
+        description="Read a checkpoint in any known layout (its format and architecture are inferred) and write "
+        "a timm-layout export that plain timm and torchgeo load. The options override what was inferred.",
+    )
+    convert.add_argument("src", type=Path, help="weights file, export folder or training run directory")
+    convert.add_argument("dst", type=Path, help="export folder to write")
+    convert.add_argument("--arch", help="timm architecture name, e.g. swin_base_patch4_window7_224")
+    convert.add_argument("--img-size", type=int, help="model input size (resamples ViT position embeddings)")
+    convert.add_argument("--window-size", type=int, help="Swin window size (resizes relative-position tables)")
+    convert.add_argument("--bands", nargs="+", help="the model's bands in order; kernels follow band names")
+    convert.add_argument(
+        "--rgb-positions", nargs=3, type=int, metavar="I", help="band indices receiving an RGB checkpoint's red, green, blue"
+    )
+    convert.add_argument(
+        "--timm-kwargs", type=_json_object, metavar="JSON", help="more timm.create_model kwargs, e.g. '{\"num_heads\": 12}'"
+    )
+    convert.add_argument("--verbose", dest="list_keys", action="store_true", help="list every used/dropped/missing/unexpected key")
+    convert.set_defaults(handler=_checkpoint_convert)
+    inspect = checkpoint_commands.add_parser(
+        "inspect", help="format, architecture, parameters, bands and provenance of a checkpoint"
+    )
+    inspect.add_argument("path", type=Path, help="weights file, export folder or training run directory")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.set_defaults(handler=_checkpoint_inspect)
 
     for plugin in entry_points(group="geofm.commands"):
         plugin.load()(commands)
