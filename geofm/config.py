@@ -107,6 +107,7 @@ class SourceConfig(Section):
     mean: list[float]
     std: list[float]
     weight: float = Field(default=1.0, gt=0.0, description="relative sampling weight in the pile")
+    gsd: float | None = Field(default=None, gt=0.0, description="ground sample distance in metres per pixel")
 
     @model_validator(mode="after")
     def _check_stats(self) -> SourceConfig:

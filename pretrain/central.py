@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from geofm import engine as ds
 from geofm.checkpoints import export_backbone, load_backbone_weights
+from geofm.checkpoints.infer import gsd_range, last_metrics
 from geofm.checkpoints.io import LAST_CHECKPOINT as LAST
 from geofm.config import PretrainConfig, config_to_dict
 from geofm.errors import ConfigError, GeoFMError, RunInterrupted
@@ -293,18 +294,20 @@ def pretrain(cfg: PretrainConfig) -> Path:
 
 
 def _export(cfg: PretrainConfig, model: MaskedImageModel, run_dir: Path, step: int) -> Path:
-    """Write the student backbone (timm layout) with its sidecar next to the run."""
+    """Write the student backbone (timm layout) with its sidecar and model card next to the run."""
     metadata = {
         "method": "gfm" if cfg.teacher is not None else "simmim",
         "bands": list(cfg.data.bands),
+        "gsd": gsd_range(s.gsd for s in cfg.data.sources),
         "img_size": cfg.model.img_size,
         "normalisation": {
             s.name: {"bands": list(s.bands), "scale": s.scale, "mean": list(s.mean), "std": list(s.std)}
             for s in cfg.data.sources
         },
-        "data": [{"name": s.name, "root": str(s.root), "weight": s.weight} for s in cfg.data.sources],
+        "data": [{"name": s.name, "root": str(s.root), "weight": s.weight, "gsd": s.gsd} for s in cfg.data.sources],
         "teacher": None if cfg.teacher is None else {"arch": cfg.teacher.arch, "checkpoint": str(cfg.teacher.checkpoint)},
         "steps": step,
+        "metrics": last_metrics(run_dir, step),
         "config": config_to_dict(cfg),
     }
     path = export_backbone(model.encoder, run_dir, arch=cfg.model.arch, create_kwargs=student_kwargs(cfg), metadata=metadata)
