@@ -22,7 +22,7 @@ import yaml
 from torch.utils.data import DataLoader
 
 from geofm import engine as ds
-from geofm.checkpoints import export_backbone, load_backbone_weights
+from geofm.checkpoints import export_backbone, load_backbone_for_bands
 from geofm.checkpoints.infer import gsd_range, last_metrics
 from geofm.checkpoints.io import LAST_CHECKPOINT as LAST
 from geofm.config import PretrainConfig, config_to_dict
@@ -49,7 +49,7 @@ def build_student(cfg: PretrainConfig, teacher: FrozenTeacher | None) -> MaskedI
     """Student backbone (random, or from ``model.init_checkpoint``) with mask token, decoder, projector."""
     encoder = create_backbone(cfg.model.arch, student_kwargs(cfg), drop_path_rate=cfg.model.drop_path_rate)
     if cfg.model.init_checkpoint is not None:
-        report = load_backbone_weights(encoder, cfg.model.init_checkpoint, rgb_positions=cfg.data.rgb_indices)
+        report = load_backbone_for_bands(encoder, cfg.model.init_checkpoint, cfg.data.bands)
         log.info("student initialised from %s: %s", cfg.model.init_checkpoint, report)
     if teacher is None:
         return MaskedImageModel(encoder, len(cfg.data.bands))

@@ -15,7 +15,13 @@ or, into a model built already::
     export_backbone(model, out_dir, arch=arch, create_kwargs=kwargs, metadata={"bands": bands})
 """
 
-from geofm.checkpoints.build import build_backbone, convert_checkpoint, format_inspection, inspect_checkpoint
+from geofm.checkpoints.build import (
+    build_backbone,
+    convert_checkpoint,
+    format_inspection,
+    inspect_checkpoint,
+    load_backbone_for_bands,
+)
 from geofm.checkpoints.card import model_card
 from geofm.checkpoints.convert import LoadReport, backbone_state_dict, load_backbone_weights
 from geofm.checkpoints.export import export_backbone, read_export_sidecar, timm_pretrained_cfg_overlay
@@ -31,6 +37,7 @@ __all__ = [
     "LoadReport",
     "backbone_state_dict",
     "build_backbone",
+    "load_backbone_for_bands",
     "convert_checkpoint",
     "detect_layout",
     "export_backbone",

@@ -123,6 +123,24 @@ def build_backbone(
     return model.eval(), report, info
 
 
+def load_backbone_for_bands(
+    model: nn.Module, path: str | Path, bands: Sequence[str], *, strict: bool = True
+) -> LoadReport:
+    """Load a checkpoint of any known layout into an existing backbone whose input bands are ``bands``.
+
+    Patch-embedding kernels follow band names (those of an export or training run; an unnamed
+    3-band checkpoint is red, green, blue); the model's other bands keep their fresh initialisation.
+    Used to start pretraining or finetuning from released or earlier weights.
+    """
+    facts = read_checkpoint(path)
+    have = int(facts.weights["patch_embed.proj.weight"].shape[1])
+    named, _ = source_bands(facts, have)
+    band_sources = _band_sources(named, list(bands), have, None)
+    state, report = backbone_state_dict(facts.raw, model, band_sources=band_sources, path=facts.path)
+    apply_state_dict(model, state, report, strict=strict)
+    return report
+
+
 def create_model(arch: str, kwargs: dict[str, Any]) -> nn.Module:
     """``timm.create_model(arch, **kwargs)`` without weights; impossible kwargs become a ConfigError."""
     try:

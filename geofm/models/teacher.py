@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from timm.models.swin_transformer import SwinTransformer
 from torch import Tensor, nn
 
-from geofm.checkpoints import load_backbone_weights
-from geofm.config import TeacherConfig
+from geofm.checkpoints import load_backbone_for_bands
+from geofm.config import RGB, TeacherConfig
 from geofm.models.backbones import backbone_kwargs, create_backbone
 from geofm.models.mim import Tap, check_tap, default_vit_tap, embed_tokens, run_backbone, tap_channels
 
@@ -77,11 +77,14 @@ def teacher_tap(cfg: TeacherConfig, backbone: nn.Module) -> Tap:
 def build_teacher(cfg: TeacherConfig, band_indices: list[int]) -> FrozenTeacher:
     """Build the teacher from its local weights file (timm or Microsoft layout, or a geofm export).
 
+    The teacher sees red, green, blue in that order; a checkpoint with named bands in another
+    order (a geofm export of a BGR model, say) has its kernels rearranged to match.
+
     Raises:
         CheckpointNotFoundError: when ``cfg.checkpoint`` does not exist.
         CheckpointFormatError: when the file's layout or keys do not fit ``cfg.arch``.
     """
     kwargs = backbone_kwargs(in_chans=3, img_size=cfg.img_size, window_size=cfg.window_size, timm_kwargs=cfg.timm_kwargs)
     backbone = create_backbone(cfg.arch, kwargs)
-    load_backbone_weights(backbone, cfg.checkpoint, strict=True)
+    load_backbone_for_bands(backbone, cfg.checkpoint, RGB)
     return FrozenTeacher(backbone, teacher_tap(cfg, backbone), band_indices, cfg.img_size)

@@ -179,3 +179,19 @@ def test_vit_student_with_swin_teacher(tiny_tree):
     sidecar = json.loads((run_dir / "backbone.json").read_text())
     model = timm.create_model(sidecar["arch"], pretrained=False, **sidecar["timm_kwargs"])
     assert not model.load_state_dict(load_file(run_dir / "backbone.safetensors")).missing_keys
+
+
+def test_student_starts_from_an_rgb_export_with_kernels_following_band_names(tiny_tree):
+    """Continual pretraining from earlier weights: RGB kernels go to red, green, blue; nir starts fresh."""
+    from pretrain.central import build_student
+
+    rgb_run = pretrain(validate_config(tiny_tree("rgb", teacher=None, train={"epochs": 1}, data={"bands": ["blue", "green", "red"]})))
+    exported = load_file(rgb_run / "backbone.safetensors")["patch_embed.proj.weight"]
+    tree = tiny_tree(model={"init_checkpoint": str(rgb_run)})
+    torch.manual_seed(0)
+    student = build_student(validate_config(tree), teacher=None)
+    kernel = student.encoder.patch_embed.proj.weight.detach()
+    assert torch.equal(kernel[:, [0, 1, 2]], exported[:, [2, 1, 0]])  # model bands red, green, blue, nir
+    assert not torch.equal(kernel[:, 3], torch.zeros_like(kernel[:, 3]))
+    block = "layers.1.blocks.0.attn.qkv.weight"
+    assert torch.equal(student.encoder.state_dict()[block], load_file(rgb_run / "backbone.safetensors")[block])
