@@ -77,3 +77,32 @@ def test_feature_pyramid_for_dense_heads(tiny_swin, tiny_vit):
 def test_any_window_and_image_size(tiny_swin):
     encoder = tiny_swin(3, img_size=96, window_size=6)
     assert [f.shape[-1] for f in feature_pyramid(encoder, torch.randn(1, 3, 96, 96))] == [24, 12, 6, 3]
+
+
+@pytest.mark.parametrize(
+    ("arch", "tap_channels"),
+    [
+        ("swin_tiny_patch4_window7_224", 768),
+        ("swin_small_patch4_window7_224", 768),
+        ("swin_base_patch4_window7_224", 1024),
+        ("swin_large_patch4_window7_224", 1536),
+        ("vit_small_patch16_224", 384),
+        ("vit_base_patch16_224", 768),
+        ("vit_large_patch16_224", 1024),
+    ],
+)
+def test_full_size_backbones_build_with_any_band_count(arch, tap_channels):
+    """Swin-T/S/B/L and ViT-S/B/L at the paper's 192 px (window 6) with 4 bands, built on the meta device."""
+    from geofm.models.backbones import backbone_kwargs, backbone_family, create_backbone
+    from geofm.models.mim import default_vit_tap, tap_channels as channels_at
+
+    swin = backbone_family(arch) == "swin"
+    kwargs = backbone_kwargs(in_chans=4, img_size=192, window_size=6 if swin else None)
+    with torch.device("meta"):
+        encoder = create_backbone(arch, kwargs)
+        tap = Tap(3, True) if swin else default_vit_tap(encoder)
+        model = MaskedImageModel(encoder, in_chans=4, tap=tap, distill_dim=1024)
+    assert encoder.patch_embed.proj.in_channels == 4
+    assert channels_at(encoder, tap) == tap_channels
+    stride = 32 if swin else 16
+    assert model.decoder[0].out_channels == stride**2 * 4
