@@ -12,10 +12,11 @@ class ConfigError(GeoFMError, ValueError):
 class RasterReadError(GeoFMError, OSError):
     """An image file could not be read, or holds other bands/dtype than its source declares."""
 
-    def __init__(self, path, reason: str) -> None:
-        self.path = str(path)
+    def __init__(self, path, reason: str | None = None) -> None:
+        # With one argument it is a finished message: DataLoader workers re-raise errors that way.
+        self.path = str(path) if reason is not None else None
         self.reason = reason
-        super().__init__(f"{self.path}: {reason}")
+        super().__init__(f"{self.path}: {reason}" if reason is not None else str(path))
 
 
 class DatasetNotFoundError(GeoFMError, FileNotFoundError):

@@ -149,10 +149,10 @@ def test_corrupt_geotiff_errors_or_is_skipped_and_counted(tiny_tree, archive, tm
     shutil.copytree(archive["aerial_rgb"], folder)
     bad = sorted(folder.glob("*.tif"))[0]
     bad.write_bytes(bad.read_bytes()[:300])  # truncated
-    tree = tiny_tree("bad", train={"epochs": 1})
+    tree = tiny_tree("bad", train={"epochs": 1}, data={"num_workers": 1})
     tree["data"]["sources"][0]["root"] = str(folder)
     tree["data"]["sources"][0]["weight"] = 10.0
-    with pytest.raises(RasterReadError, match=bad.name):
+    with pytest.raises(RasterReadError, match=bad.name):  # raised in a loader worker, re-raised here
         pretrain(validate_config(tree))
     tree["run"]["output_dir"] = str(tmp_path / "skip")
     tree["data"]["on_bad_file"] = "skip"
