@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from geofm import engine as ds
 from geofm.checkpoints import export_backbone, load_backbone_for_bands
-from geofm.checkpoints.infer import gsd_range, last_metrics
+from geofm.checkpoints.infer import gsd_range
 from geofm.checkpoints.io import LAST_CHECKPOINT as LAST
 from geofm.config import PretrainConfig, config_to_dict
 from geofm.errors import ConfigError, GeoFMError, RunInterrupted
@@ -289,11 +289,12 @@ def pretrain(cfg: PretrainConfig) -> Path:
             bar.close()
 
     if step >= schedule.total_steps and rank == 0:
-        _export(cfg, engine.module, run_dir, step)
+        records = metrics.read()
+        _export(cfg, engine.module, run_dir, step, records[-1] if records else None)
     return run_dir
 
 
-def _export(cfg: PretrainConfig, model: MaskedImageModel, run_dir: Path, step: int) -> Path:
+def _export(cfg: PretrainConfig, model: MaskedImageModel, run_dir: Path, step: int, final: dict | None) -> Path:
     """Write the student backbone (timm layout) with its sidecar and model card next to the run."""
     metadata = {
         "method": "gfm" if cfg.teacher is not None else "simmim",
@@ -307,7 +308,7 @@ def _export(cfg: PretrainConfig, model: MaskedImageModel, run_dir: Path, step: i
         "data": [{"name": s.name, "root": str(s.root), "weight": s.weight, "gsd": s.gsd} for s in cfg.data.sources],
         "teacher": None if cfg.teacher is None else {"arch": cfg.teacher.arch, "checkpoint": str(cfg.teacher.checkpoint)},
         "steps": step,
-        "metrics": last_metrics(run_dir, step),
+        "metrics": final,
         "config": config_to_dict(cfg),
     }
     path = export_backbone(model.encoder, run_dir, arch=cfg.model.arch, create_kwargs=student_kwargs(cfg), metadata=metadata)

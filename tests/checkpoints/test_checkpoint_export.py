@@ -144,10 +144,9 @@ def test_run_export_records_gsd_range_metrics_and_a_card(kit, tmp_path):
     tree = kit.run_tree(run_dir, model, ["red", "green", "blue", "nir"])
     tree["data"]["sources"][0]["gsd"] = None  # a source without a known GSD is left out of the range
     tree["data"]["sources"].append({**tree["data"]["sources"][1], "name": "l8", "gsd": 30.0})
-    records = [{"step": s, "loss": 1 / s} for s in (4, 8, 12)]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    final = {"step": 12, "loss": 1 / 12}
 
-    _export(validate_config(tree), SimpleNamespace(encoder=kit.make_swin(in_chans=4)), run_dir, 12)
+    _export(validate_config(tree), SimpleNamespace(encoder=kit.make_swin(in_chans=4)), run_dir, 12, final)
 
     sidecar = read_export_sidecar(run_dir)
     assert sidecar["gsd"] == [10.0, 30.0] and sidecar["metrics"] == {"step": 12, "loss": 1 / 12}
