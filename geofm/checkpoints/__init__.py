@@ -24,10 +24,10 @@ from geofm.checkpoints.build import (
 )
 from geofm.checkpoints.card import model_card
 from geofm.checkpoints.convert import LoadReport, backbone_state_dict, load_backbone_weights
-from geofm.checkpoints.export import export_backbone, read_export_sidecar, timm_pretrained_cfg_overlay
+from geofm.checkpoints.export import export_backbone, timm_pretrained_cfg_overlay
 from geofm.checkpoints.infer import ArchSpec, infer_architecture, read_checkpoint
 from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
-from geofm.checkpoints.layouts import LAYOUTS, detect_layout, locate_backbone
+from geofm.checkpoints.layouts import LAYOUTS, detect_layout, locate_backbone, read_export_sidecar
 from geofm.checkpoints.weights_enum import GeoFMWeights, torchgeo_weights
 
 __all__ = [

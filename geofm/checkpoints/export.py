@@ -32,10 +32,9 @@ from torch import nn
 
 from geofm.checkpoints.card import MODEL_CARD, model_card
 from geofm.checkpoints.io import EXPORT_WEIGHTS
-from geofm.checkpoints.layouts import EXPORT_FORMAT, export_sidecar_path
-from geofm.errors import CheckpointFormatError, CheckpointNotFoundError, ConfigError
+from geofm.checkpoints.layouts import EXPORT_FORMAT, EXPORT_SIDECAR
+from geofm.errors import ConfigError
 
-EXPORT_SIDECAR = export_sidecar_path(EXPORT_WEIGHTS).name
 RESERVED_KEYS = ("format", "arch", "timm_kwargs", "timm_pretrained_cfg_overlay", "num_params")
 
 
@@ -112,30 +111,6 @@ def export_backbone(
     _replace(sidecar_path, lambda tmp: tmp.write_text(sidecar_text))
     _replace(out_dir / MODEL_CARD, lambda tmp: tmp.write_text(card_text))
     return weights_path
-
-
-def read_export_sidecar(path: str | Path) -> dict[str, Any]:
-    """Read an export's sidecar, given the export folder, its safetensors file or the JSON itself.
-
-    Raises:
-        CheckpointNotFoundError: if the sidecar is missing.
-        CheckpointFormatError: if it is not JSON or not a ``geofm-backbone/1`` sidecar.
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / EXPORT_SIDECAR
-    elif path.suffix != ".json":
-        path = export_sidecar_path(path)
-    if not path.is_file():
-        raise CheckpointNotFoundError(f"export sidecar not found: {path} (written next to the weights by export_backbone)")
-    try:
-        sidecar = json.loads(path.read_text())
-    except ValueError as err:
-        raise CheckpointFormatError(f"{path}: not valid JSON ({err})") from err
-    if not isinstance(sidecar, dict) or sidecar.get("format") != EXPORT_FORMAT:
-        found = sidecar.get("format") if isinstance(sidecar, dict) else type(sidecar).__name__
-        raise CheckpointFormatError(f"{path}: expected a {EXPORT_FORMAT} sidecar, found format {found!r}")
-    return sidecar
 
 
 def _check_rebuilds(arch: str, create_kwargs: dict[str, Any], state: dict[str, torch.Tensor]) -> None:

@@ -35,8 +35,9 @@ import yaml
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
 
+from geofm.checkpoints.convert import model_family
 from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
-from geofm.checkpoints.layouts import BackboneSource, locate_backbone
+from geofm.checkpoints.layouts import BackboneSource, locate_backbone, read_export_sidecar
 from geofm.errors import CheckpointFormatError, ConfigError
 from geofm.models.backbones import backbone_kwargs
 
@@ -155,8 +156,6 @@ def read_checkpoint(path: str | Path) -> CheckpointFacts:
     weights = {k[len(source.prefix) :]: v for k, v in source.weights.items() if k.startswith(source.prefix)}
     facts = CheckpointFacts(resolved, raw, source, weights)
     if source.layout == "geofm_export":
-        from geofm.checkpoints.export import read_export_sidecar
-
         facts.sidecar = read_export_sidecar(resolved)
     if source.layout == "geofm_train":
         facts.run_dir = find_run_dir(resolved)
@@ -303,8 +302,6 @@ def name_architecture(
 
 @functools.cache
 def _arch_defaults_json(arch: str) -> str:
-    from geofm.checkpoints.convert import model_family
-
     try:
         with torch.device("meta"):
             model = timm.create_model(arch, pretrained=False, num_classes=0)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from geofm.errors import CheckpointFormatError
+from geofm.errors import CheckpointFormatError, CheckpointNotFoundError
 
 LAYOUTS: dict[str, str] = {
     "timm": "timm Swin/ViT/BEiT state dict, bare or under 'state_dict'/'model'",
@@ -43,6 +43,7 @@ LAYOUTS: dict[str, str] = {
 }
 
 EXPORT_FORMAT = "geofm-backbone/1"
+EXPORT_SIDECAR = "backbone.json"  # next to backbone.safetensors
 
 # Keys identifying a backbone state dict, and the one that tells Microsoft's Swin names from timm's:
 # Microsoft's stage 0 ends with a patch merging, timm's stage 0 has none (timm tests the same key).
@@ -83,6 +84,30 @@ class BackboneSource:
 def export_sidecar_path(weights_path: str | Path) -> Path:
     """The JSON sidecar next to an exported weights file (``backbone.safetensors`` -> ``backbone.json``)."""
     return Path(weights_path).with_suffix(".json")
+
+
+def read_export_sidecar(path: str | Path) -> dict[str, Any]:
+    """Read an export's sidecar, given the export folder, its safetensors file or the JSON itself.
+
+    Raises:
+        CheckpointNotFoundError: if the sidecar is missing.
+        CheckpointFormatError: if it is not JSON or not a ``geofm-backbone/1`` sidecar.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / EXPORT_SIDECAR
+    elif path.suffix != ".json":
+        path = export_sidecar_path(path)
+    if not path.is_file():
+        raise CheckpointNotFoundError(f"export sidecar not found: {path} (written next to the weights by export_backbone)")
+    try:
+        sidecar = json.loads(path.read_text())
+    except ValueError as err:
+        raise CheckpointFormatError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(sidecar, dict) or sidecar.get("format") != EXPORT_FORMAT:
+        found = sidecar.get("format") if isinstance(sidecar, dict) else type(sidecar).__name__
+        raise CheckpointFormatError(f"{path}: expected a {EXPORT_FORMAT} sidecar, found format {found!r}")
+    return sidecar
 
 
 def detect_layout(raw: Mapping[str, Any], *, path: str | Path | None = None) -> str:
@@ -171,13 +196,11 @@ def _family(weights: Mapping[str, Any], prefix: str) -> str | None:
 def _is_export(path: str | Path | None) -> bool:
     if path is None:
         return False
-    sidecar = export_sidecar_path(path)
-    if not sidecar.is_file():
-        return False
     try:
-        return json.loads(sidecar.read_text()).get("format") == EXPORT_FORMAT
-    except (OSError, ValueError, AttributeError):
+        read_export_sidecar(path)
+    except (CheckpointNotFoundError, CheckpointFormatError):
         return False
+    return True
 
 
 def _preview(raw: Mapping[str, Any], limit: int = 8) -> str:
