@@ -32,6 +32,14 @@ class Raster:
     nodata: float | None
     dtype: str
 
+    def valid(self, nodata: float | None = None) -> np.ndarray:
+        """Bool mask of ``data``'s shape: finite pixels not equal to ``nodata`` (default: the file's own)."""
+        missing = nodata if nodata is not None else self.nodata
+        valid = np.isfinite(self.data)
+        if missing is not None:
+            valid &= self.data != missing
+        return valid
+
 
 def _describe(exc: Exception) -> str:
     """Message of a rasterio error, with the GDAL error that caused it when there is one."""

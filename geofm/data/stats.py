@@ -74,11 +74,7 @@ def compute_band_stats(
     m2 = np.zeros(len(bands), dtype=np.float64)
     for path in files:
         raster = read_raster(path, len(bands), band_names=bands)
-        missing = nodata if nodata is not None else raster.nodata
-        for b, raw in enumerate(raster.data):
-            valid = np.isfinite(raw)
-            if missing is not None:
-                valid &= raw != missing
+        for b, (raw, valid) in enumerate(zip(raster.data, raster.valid(nodata))):
             x = raw[valid].astype(np.float64) * scale
             if x.size == 0:
                 continue
