@@ -32,9 +32,14 @@ class Schedule:
     warmup_steps: int
 
 
+def global_batch(train: TrainConfig, world_size: int) -> int:
+    """Images per optimizer step: micro-batch x accumulation steps x processes."""
+    return train.micro_batch_size * train.grad_accum_steps * world_size
+
+
 def make_schedule(train: TrainConfig, samples_per_epoch: int, world_size: int) -> Schedule:
     """Steps per epoch (incomplete global batches are dropped), total and warmup steps."""
-    steps_per_epoch = samples_per_epoch // (train.micro_batch_size * train.grad_accum_steps * world_size)
+    steps_per_epoch = samples_per_epoch // global_batch(train, world_size)
     if steps_per_epoch == 0:
         raise ValueError(
             f"an epoch of {samples_per_epoch} samples holds no complete global batch of "
@@ -90,9 +95,8 @@ def deepspeed_config(train: TrainConfig, world_size: int, schedule: Schedule) ->
 
     The learning rate scales linearly with the global batch: ``base_lr * batch / lr_reference_batch``.
     """
-    global_batch = train.micro_batch_size * train.grad_accum_steps * world_size
     return {
-        "train_batch_size": global_batch,
+        "train_batch_size": global_batch(train, world_size),
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.grad_accum_steps,
         "gradient_clipping": train.grad_clip,
@@ -126,8 +130,7 @@ def deepspeed_config(train: TrainConfig, world_size: int, schedule: Schedule) ->
 
 def scaled_lr(train: TrainConfig, world_size: int) -> float:
     """Peak learning rate: ``base_lr`` scaled by global batch / ``lr_reference_batch``."""
-    global_batch = train.micro_batch_size * train.grad_accum_steps * world_size
-    return train.base_lr * global_batch / train.lr_reference_batch
+    return train.base_lr * global_batch(train, world_size) / train.lr_reference_batch
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
