@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,13 @@ def tiny_tree(archive, teacher_file, tmp_path):
         return tree
 
     return make
+
+
+@pytest.fixture
+def child_env() -> dict[str, str]:
+    """Environment for a child geofm process: CPU accelerator, without this process's own process-group variables."""
+    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    return {**{k: v for k, v in os.environ.items() if k not in launcher}, "DS_ACCELERATOR": "cpu"}
 
 
 @pytest.fixture

@@ -1,5 +1,4 @@
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -84,12 +83,11 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(tiny_tree):
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
-def test_killed_run_resumes_from_last_checkpoint(tiny_tree, write_config, tmp_path):
+def test_killed_run_resumes_from_last_checkpoint(tiny_tree, write_config, child_env, tmp_path):
     tree = tiny_tree("killed", train={"epochs": 4})
     config = write_config(tree, tmp_path / "killed.yaml")
     cmd = [sys.executable, "-m", "geofm.cli", "pretrain", "--config", str(config)]
-    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}  # this process's own group
-    env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "DS_ACCELERATOR": "cpu"}
+    env = child_env
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     last = Path(tree["run"]["output_dir"]) / "checkpoints/last"
     deadline = time.time() + 120
@@ -106,12 +104,11 @@ def test_killed_run_resumes_from_last_checkpoint(tiny_tree, write_config, tmp_pa
     assert steps == list(range(1, 25))
 
 
-def test_sigterm_saves_the_step_reached(tiny_tree, write_config, tmp_path):
+def test_sigterm_saves_the_step_reached(tiny_tree, write_config, child_env, tmp_path):
     """A scheduler's SIGTERM ends the run with a checkpoint at the step it reached: nothing is lost."""
     tree = tiny_tree("terminated", train={"epochs": 4}, run={"checkpoint_every": 1000})
     config = write_config(tree, tmp_path / "terminated.yaml")
-    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-    env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "DS_ACCELERATOR": "cpu"}
+    env = child_env
     cmd = [sys.executable, "-m", "geofm.cli", "pretrain", "--config", str(config)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     metrics = Path(tree["run"]["output_dir"]) / "metrics.jsonl"
