@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from geofm import engine as ds
-from geofm.config import load_config
+from geofm.config import PretrainConfig
 from geofm.models.backbones import backbone_kwargs, create_backbone
 from geofm.models.masking import MaskGenerator
 from geofm.models.teacher import build_teacher
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    cfg = load_config(args.config, args.overrides)
+    cfg = PretrainConfig.from_file(args.config, args.overrides)
     with tempfile.TemporaryDirectory() as tmp:
         results = []
         if cfg.teacher is not None:

@@ -17,9 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from geofm.config import load_config
+    from geofm.config import PretrainConfig
     from pretrain.central import pretrain
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = PretrainConfig.from_file(args.config, args.overrides)
     run_dir = pretrain(cfg)
     print(f"run directory: {run_dir}")

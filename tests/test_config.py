@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geofm.config import load_config
+from geofm.config import PretrainConfig
 from geofm.errors import ConfigError
 
 CONFIGS = sorted(Path(__file__).parents[1].joinpath("configs", "pretrain").glob("*.yaml"))
@@ -11,17 +11,20 @@ CONFIGS = sorted(Path(__file__).parents[1].joinpath("configs", "pretrain").glob(
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_validate(path):
-    cfg = load_config(path)
+    cfg = PretrainConfig.from_file(path)
     assert cfg.run.output_dir.name == path.stem, "configs are named after the run they make"
 
 
 def test_paper_setting():
-    cfg = load_config(Path(__file__).parents[1] / "configs/pretrain/gfm_swin_base__img192_win6__100ep.yaml")
+    cfg = PretrainConfig.from_file(Path(__file__).parents[1] / "configs/pretrain/gfm_swin_base__img192_win6__100ep.yaml")
     assert (cfg.model.img_size, cfg.model.window_size, cfg.train.epochs) == (192, 6, 100)
     assert (cfg.train.base_lr, cfg.train.lr_reference_batch, cfg.train.warmup_epochs) == (2e-4, 512, 10)
     assert (cfg.train.weight_decay, cfg.train.grad_clip) == (0.05, 5.0)
     assert (cfg.masking.mask_patch_size, cfg.masking.mask_ratio) == (32, 0.6)
     assert (cfg.teacher.stage, cfg.teacher.include_merging, cfg.teacher.alpha) == (3, True, 1.0)
+    teacher = cfg.teacher
+    assert (teacher.img_size, teacher.window_size, teacher.resize_mode, teacher.align_corners) == (224, 7, "bilinear", True)
+    assert teacher.distill_loss == "pooled_cosine"
 
 
 @pytest.fixture
@@ -49,13 +52,19 @@ def _write(tmp_path, tree):
         ("train.zero_stage=3", r"train\.zero_stage"),
         ("data.on_bad_file=ignore", r"data\.on_bad_file"),
         ("model.img_size=72", "must be divisible by 8"),
-        ("data.bands=[red, green, nir, swir]", "must name red, green and blue"),
+        ("data.bands=[green, nir]", "must name red, green and blue"),
+        ("data.bands=[red, green, blue, nri]", r"data\.bands: unknown band 'nri': did you mean nir\?"),
+        ("data.sources.1.bands=[blue, green, red, nri]", r"data\.sources\.1\.bands \(satellite_4band\): unknown band 'nri'"),
+        ("data.bands=[red, green, blue, swir16]", r"data\.bands \['swir16'\] are provided by no source"),
+        ("data.bands=[red, green, blue, b04]", "names red more than once"),
+        ("data.sources.5.root=/x", "data.sources is a list of 2 entries; '5' is not an index of it"),
+        ("run.output_dir.x=1", "run.output_dir is not a section"),
     ],
 )
 def test_config_errors_name_the_field(demo_tree, override, message):
     path, _ = demo_tree
     with pytest.raises(ConfigError, match=message) as info:
-        load_config(path, [override])
+        PretrainConfig.from_file(path, [override])
     assert str(path) in str(info.value)
 
 
@@ -63,7 +72,7 @@ def test_source_stats_must_match_bands(demo_tree, tmp_path):
     _, tree = demo_tree
     tree["data"]["sources"][1]["mean"] = [0.1, 0.2]
     with pytest.raises(ConfigError, match="satellite_4band.*one value per band"):
-        load_config(_write(tmp_path, tree))
+        PretrainConfig.from_file(_write(tmp_path, tree))
 
 
 def test_vit_window_size_is_rejected(demo_tree, tmp_path):
@@ -71,18 +80,36 @@ def test_vit_window_size_is_rejected(demo_tree, tmp_path):
     tree["model"]["arch"] = "vit_small_patch16_224"
     tree["model"]["timm_kwargs"] = {}
     with pytest.raises(ConfigError, match="window_size applies to Swin"):
-        load_config(_write(tmp_path, tree))
+        PretrainConfig.from_file(_write(tmp_path, tree))
 
 
 def test_overrides_apply_and_parse_yaml(demo_tree):
     path, _ = demo_tree
-    cfg = load_config(path, ["train.epochs=2", "teacher=null", "data.bands=[red, green, blue]"])
+    cfg = PretrainConfig.from_file(path, ["train.epochs=2", "teacher=null", "data.bands=[red, green, blue]"])
     assert cfg.train.epochs == 2 and cfg.teacher is None and cfg.data.bands == ["red", "green", "blue"]
+
+
+def test_overrides_reach_list_entries(demo_tree):
+    path, _ = demo_tree
+    cfg = PretrainConfig.from_file(path, ["data.sources.0.root=/archive/aerial", "data.sources.-1.weight=3"])
+    assert str(cfg.data.sources[0].root) == "/archive/aerial" and cfg.data.sources[1].weight == 3
+
+
+def test_band_aliases_resolve_and_custom_bands_are_declared(demo_tree):
+    path, _ = demo_tree
+    cfg = PretrainConfig.from_file(path, ["data.bands=[B04, b03, B02, b08]", "data.sources.1.bands=[blue, green, red, NIR]"])
+    assert cfg.data.bands == ["red", "green", "blue", "nir"] and cfg.data.sources[1].bands == ["blue", "green", "red", "nir"]
+    with pytest.raises(ConfigError, match="declare other bands under data.custom_bands"):
+        PretrainConfig.from_file(path, ["data.sources.1.bands=[blue, green, red, ndvi]"])
+    cfg = PretrainConfig.from_file(
+        path, ["data.custom_bands=[ndvi]", "data.sources.1.bands=[blue, green, red, ndvi]", "data.bands=[red, green, blue, ndvi]"]
+    )
+    assert cfg.data.bands[-1] == "ndvi"
 
 
 def test_malformed_override_and_missing_file(demo_tree):
     path, _ = demo_tree
     with pytest.raises(ConfigError, match="key.path=value"):
-        load_config(path, ["train.epochs"])
+        PretrainConfig.from_file(path, ["train.epochs"])
     with pytest.raises(ConfigError, match="does not exist"):
-        load_config("nope.yaml")
+        PretrainConfig.from_file("nope.yaml")

@@ -19,7 +19,7 @@ import torch
 import yaml
 from torch import nn
 
-from geofm.config import config_to_dict, validate_config
+from geofm.config import PretrainConfig, config_to_dict
 from geofm.models.backbones import backbone_kwargs, create_backbone
 
 SWIN = "swin_tiny_patch4_window7_224"
@@ -147,7 +147,7 @@ def run_tree(run_dir, model: dict, bands: list[str]) -> dict:
         },
         "train": {"epochs": 2, "micro_batch_size": 4, "warmup_epochs": 0.5},
     }
-    return config_to_dict(validate_config(tree))
+    return config_to_dict(PretrainConfig.from_tree(tree))
 
 
 def write_run(tmp_path, source, step: int = 12):

@@ -135,7 +135,7 @@ def test_model_card_is_written_next_to_every_export(kit, tmp_path):
 def test_run_export_records_gsd_range_metrics_and_a_card(kit, tmp_path):
     from types import SimpleNamespace
 
-    from geofm.config import validate_config
+    from geofm.config import PretrainConfig
     from pretrain.central import _export
 
     run_dir = tmp_path / "run"
@@ -146,7 +146,7 @@ def test_run_export_records_gsd_range_metrics_and_a_card(kit, tmp_path):
     tree["data"]["sources"].append({**tree["data"]["sources"][1], "name": "l8", "gsd": 30.0})
     final = {"step": 12, "loss": 1 / 12}
 
-    _export(validate_config(tree), SimpleNamespace(encoder=kit.make_swin(in_chans=4)), run_dir, 12, final)
+    _export(PretrainConfig.from_tree(tree), SimpleNamespace(encoder=kit.make_swin(in_chans=4)), run_dir, 12, final)
 
     sidecar = read_export_sidecar(run_dir)
     assert sidecar["gsd"] == [10.0, 30.0] and sidecar["metrics"] == {"step": 12, "loss": 1 / 12}

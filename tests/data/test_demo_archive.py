@@ -106,13 +106,13 @@ def test_demo_feeds_the_pile(archive: dict[str, Path], model_bands: list[str]) -
 
 def test_demo_configs_carry_the_archive_statistics(tmp_path):
     """The demo configs' mean/std are what `geofm data stats` computes on the generated archive."""
-    from geofm.config import load_config
+    from geofm.config import PretrainConfig
     from geofm.data.stats import compute_band_stats
 
     roots = make_demo_archive(tmp_path / "demo")
     configs = Path(__file__).parents[2] / "configs" / "pretrain"
     for path in configs.glob("demo_*.yaml"):
-        for source in load_config(path).data.sources:
+        for source in PretrainConfig.from_file(path).data.sources:
             stats = compute_band_stats(
                 root=roots[source.name], pattern=source.pattern, bands=source.bands, scale=source.scale, nodata=source.nodata
             )

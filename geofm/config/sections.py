@@ -1,8 +1,7 @@
-"""Typed configuration: one schema, validated when a YAML file is loaded.
+"""The config sections shared by every program: a section means the same in each schema.
 
-A config is a YAML file plus optional ``key.path=value`` overrides. Unknown keys, wrong types and
-impossible combinations raise a single :class:`~geofm.errors.ConfigError` that names the file and
-every offending field, before any work starts.
+``model`` (the student backbone), ``masking``, ``teacher``, ``data`` (sources, bands,
+normalisation), ``train`` (optimisation on the DeepSpeed engine) and ``run`` (outputs).
 """
 
 from __future__ import annotations
@@ -10,19 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from geofm.errors import ConfigError
+from geofm.config.base import Section
+from geofm.data.bands import RGB, UnknownBandError, canonical_bands
 from geofm.models.backbones import backbone_family, patch_size_of, stage_count_of
-
-RGB = ("red", "green", "blue")
-
-
-class Section(BaseModel):
-    """Base of every config section: unknown keys are errors; values are type-checked."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class BackboneConfig(Section):
@@ -80,6 +71,15 @@ class TeacherConfig(BackboneConfig):
     include_merging: bool = Field(default=True, description="Swin: include the patch merging that ends the stage")
     block: int | None = Field(default=None, ge=1, description="ViT teacher: distil after this block (default 3/4 depth)")
     alpha: float = Field(default=1.0, ge=0.0, description="weight of the distillation loss")
+    resize_mode: Literal["bilinear", "bicubic"] = Field(
+        default="bilinear", description="how the input is resized to img_size (GFM: bilinear with align_corners)"
+    )
+    align_corners: bool = Field(default=True, description="align_corners of the resize (GFM: true)")
+    distill_loss: Literal["pooled_cosine", "token_cosine"] = Field(
+        default="pooled_cosine",
+        description="pooled_cosine: one negative cosine per image between average-pooled features (GFM); "
+        "token_cosine: the mean negative cosine over token positions",
+    )
 
     @model_validator(mode="after")
     def _check_tap(self) -> TeacherConfig:
@@ -124,9 +124,14 @@ class SourceConfig(Section):
 
 
 class DataConfig(Section):
-    """The multi-source pile and its augmentation."""
+    """The multi-source pile and its augmentation.
+
+    Band names (``bands`` and each source's) come from the band vocabulary of
+    :mod:`geofm.data.bands` (aliases such as ``b08`` become ``nir``) or ``custom_bands``.
+    """
 
     bands: list[str] = Field(min_length=1, description="the model's input bands, in order")
+    custom_bands: list[str] = Field(default_factory=list, description="band names outside the vocabulary, e.g. [ndvi, dem]")
     sources: list[SourceConfig] = Field(min_length=1)
     crop_scale: tuple[float, float] = (0.67, 1.0)
     hflip: bool = True
@@ -135,16 +140,43 @@ class DataConfig(Section):
     on_bad_file: Literal["error", "skip"] = "error"
     num_workers: int = Field(default=2, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _canonical_band_names(cls, data: Any) -> Any:
+        """Resolve aliases and refuse unknown band names before the fields are checked."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        custom = data.get("custom_bands") or []
+        try:
+            if isinstance(data.get("bands"), list):
+                data["bands"] = canonical_bands(data["bands"], custom, "data.bands")
+            if isinstance(data.get("sources"), list):
+                data["sources"] = [
+                    {**s, "bands": canonical_bands(s["bands"], custom, f"data.sources.{i}.bands ({s.get('name')})")}
+                    if isinstance(s, dict) and isinstance(s.get("bands"), list)
+                    else s
+                    for i, s in enumerate(data["sources"])
+                ]
+        except UnknownBandError as err:
+            raise ValueError(str(err)) from None
+        return data
+
     @model_validator(mode="after")
     def _check_bands(self) -> DataConfig:
-        if len(set(self.bands)) != len(self.bands):
-            raise ValueError(f"duplicate band names in data.bands {self.bands}")
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"source names must be unique, got {names}")
         for s in self.sources:
             if not set(s.bands) & set(self.bands):
                 raise ValueError(f"source {s.name!r} has none of the bands in data.bands {self.bands}: {s.bands}")
+        provided = {b for s in self.sources for b in s.bands}
+        unprovided = [b for b in self.bands if b not in provided]
+        if unprovided:
+            raise ValueError(
+                f"data.bands {unprovided} are provided by no source (sources have {sorted(provided)}): "
+                "the model would see an always-empty channel"
+            )
         lo, hi = self.crop_scale
         if not 0 < lo <= hi <= 1:
             raise ValueError(f"crop_scale must satisfy 0 < min <= max <= 1, got {self.crop_scale}")
@@ -197,106 +229,21 @@ class RunConfig(Section):
     progress: bool = True
 
 
-class PretrainConfig(Section):
-    """Continual pretraining: SimMIM, plus GFM distillation when a teacher is set."""
-
-    run: RunConfig
-    model: StudentConfig
-    masking: MaskingConfig = MaskingConfig()
-    teacher: TeacherConfig | None = None
-    data: DataConfig
-    train: TrainConfig
-
-    @model_validator(mode="after")
-    def _check_combination(self) -> PretrainConfig:
-        mp, img = self.masking.mask_patch_size, self.model.img_size
-        if img % mp:
-            raise ValueError(f"model.img_size {img} is not divisible by masking.mask_patch_size {mp}")
-        patch = patch_size_of(self.model.arch, self.model.timm_kwargs)
-        if mp % patch:
-            raise ValueError(f"masking.mask_patch_size {mp} is not divisible by the backbone's patch size {patch}")
-        if self.model.family == "swin" and self.model.distill_block is not None:
-            raise ValueError("model.distill_block applies to ViT students; a Swin student is tapped at teacher.stage")
-        if self.teacher is not None and len(self.data.bands) != 3 and self.data.rgb_indices is None:
-            raise ValueError(
-                f"a teacher sees RGB: data.bands {self.data.bands} must name red, green and blue (or hold exactly 3 bands)"
-            )
-        return self
-
-    @property
-    def teacher_band_indices(self) -> list[int]:
-        """Input bands the teacher sees: red, green, blue (or the three bands of a 3-band model)."""
-        return self.data.rgb_indices or [0, 1, 2]
-
-
-def _set_dotted(tree: dict, dotted: str, value: Any, source: str) -> None:
-    keys = dotted.split(".")
-    node = tree
-    for depth, key in enumerate(keys[:-1]):
-        child = node.get(key)
-        if child is None:
-            child = node[key] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"{source}: override {dotted!r}: {'.'.join(keys[: depth + 1])} is not a section")
-        node = child
-    node[keys[-1]] = value
-
-
-def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, Any]]:
-    """Turn ``["train.epochs=3", "teacher=null"]`` into (key, YAML-parsed value) pairs."""
-    pairs = []
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} is not of the form key.path=value")
-        pairs.append((key.strip(), yaml.safe_load(raw)))
-    return pairs
-
-
-def _format_validation_error(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "config"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif not isinstance(e.get("input"), dict):
-            msg = f"{msg} (got {e.get('input')!r})"
-        lines.append(f"  {where}: {msg}")
-    return "\n".join(lines)
-
-
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PretrainConfig:
-    """Read a YAML config, apply overrides and validate it.
-
-    Relative paths inside the file are kept relative to the working directory, the way the
-    shipped configs are written (they are run from the repository root).
+def check_masked_pretraining(
+    model: StudentConfig, masking: MaskingConfig, teacher: TeacherConfig | None, data: DataConfig
+) -> None:
+    """Check that the sections of a masked-image pretraining config fit together.
 
     Raises:
-        ConfigError: naming the file and every invalid field.
+        ValueError: naming the fields that do not fit.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
-    for key, value in parse_overrides(overrides):
-        _set_dotted(tree, key, value, str(path))
-    return validate_config(tree, str(path))
-
-
-def validate_config(tree: dict, source: str = "<config>") -> PretrainConfig:
-    """Validate an already-parsed config tree."""
-    try:
-        return PretrainConfig.model_validate(tree)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: invalid configuration\n{_format_validation_error(exc)}") from None
-
-
-def config_to_dict(cfg: PretrainConfig) -> dict:
-    """JSON-ready dict of a config (paths as strings), for run directories and sidecars."""
-    return cfg.model_dump(mode="json")
+    mp, img = masking.mask_patch_size, model.img_size
+    if img % mp:
+        raise ValueError(f"model.img_size {img} is not divisible by masking.mask_patch_size {mp}")
+    patch = patch_size_of(model.arch, model.timm_kwargs)
+    if mp % patch:
+        raise ValueError(f"masking.mask_patch_size {mp} is not divisible by the backbone's patch size {patch}")
+    if model.family == "swin" and model.distill_block is not None:
+        raise ValueError("model.distill_block applies to ViT students; a Swin student is tapped at teacher.stage")
+    if teacher is not None and len(data.bands) != 3 and data.rgb_indices is None:
+        raise ValueError(f"a teacher sees RGB: data.bands {data.bands} must name red, green and blue (or hold exactly 3 bands)")

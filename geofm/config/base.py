@@ -1,0 +1,129 @@
+"""Reading a config: YAML plus ``key.path=value`` overrides, validated against one program's schema.
+
+Every program (central pretraining, federated pretraining, finetuning) has one typed schema built
+from the shared sections of :mod:`geofm.config.sections`. Unknown keys, wrong types and impossible
+combinations raise a single :class:`~geofm.errors.ConfigError` that names the file and every
+offending field, before any work starts.
+
+Relative paths in a config are resolved against the working directory (the shipped configs are
+written to be run from the repository root); errors about paths show the resolved absolute path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from geofm.errors import ConfigError
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors; values are type-checked."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _child(node: Any, key: str, dotted: str, where: str, source: str) -> Any:
+    """The entry ``key`` of a mapping or (by index) a list, for an override path."""
+    if isinstance(node, list):
+        if not key.lstrip("-").isdigit() or not -len(node) <= int(key) < len(node):
+            raise ConfigError(
+                f"{source}: override {dotted!r}: {where} is a list of {len(node)} entries; {key!r} is not an index of it"
+            )
+        return node[int(key)]
+    return node.get(key)
+
+
+def set_dotted(tree: dict, dotted: str, value: Any, source: str = "<config>") -> None:
+    """Set ``value`` at ``dotted`` (``train.epochs``, ``data.sources.0.root``) inside a parsed config.
+
+    Missing sections are created; list entries are addressed by their index.
+
+    Raises:
+        ConfigError: when the path runs through a value that is neither a section nor a list.
+    """
+    keys = dotted.split(".")
+    node: Any = tree
+    for depth, key in enumerate(keys[:-1]):
+        where = ".".join(keys[: depth + 1])
+        child = _child(node, key, dotted, ".".join(keys[:depth]) or "the config", source)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, (dict, list)):
+            raise ConfigError(f"{source}: override {dotted!r}: {where} is not a section")
+        node = child
+    last = keys[-1]
+    if isinstance(node, list):
+        _child(node, last, dotted, ".".join(keys[:-1]), source)
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, Any]]:
+    """Turn ``["train.epochs=3", "teacher=null"]`` into (key, YAML-parsed value) pairs."""
+    pairs = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key.path=value")
+        pairs.append((key.strip(), yaml.safe_load(raw)))
+    return pairs
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif not isinstance(e.get("input"), dict):
+            msg = f"{msg} (got {e.get('input')!r})"
+        lines.append(f"  {where}: {msg}")
+    return "\n".join(lines)
+
+
+def read_config_tree(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """The parsed YAML mapping of a config file with the overrides applied (not yet validated)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path.resolve()} does not exist")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    for key, value in parse_overrides(overrides):
+        set_dotted(tree, key, value, str(path))
+    return tree
+
+
+class ProgramConfig(Section):
+    """The whole config of one program; read it with :meth:`from_file` or :meth:`from_tree`."""
+
+    @classmethod
+    def from_file(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Self:
+        """Read a YAML config, apply ``key.path=value`` overrides (values parsed as YAML) and validate it.
+
+        Raises:
+            ConfigError: naming the file and every invalid field.
+        """
+        return cls.from_tree(read_config_tree(path, overrides), str(path))
+
+    @classmethod
+    def from_tree(cls, tree: dict, source: str = "<config>") -> Self:
+        """Validate an already-parsed config tree; ``source`` names it in errors."""
+        try:
+            return cls.model_validate(tree)
+        except ValidationError as exc:
+            raise ConfigError(f"{source}: invalid configuration\n{_format_validation_error(exc)}") from None
+
+
+def config_to_dict(cfg: Section) -> dict:
+    """JSON-ready dict of a config (paths as strings), for run directories and sidecars."""
+    return cfg.model_dump(mode="json")

@@ -1,0 +1,37 @@
+"""The config of central pretraining (``geofm pretrain``)."""
+
+from __future__ import annotations
+
+from pydantic import model_validator
+
+from geofm.config.base import ProgramConfig
+from geofm.config.sections import (
+    DataConfig,
+    MaskingConfig,
+    RunConfig,
+    StudentConfig,
+    TeacherConfig,
+    TrainConfig,
+    check_masked_pretraining,
+)
+
+
+class PretrainConfig(ProgramConfig):
+    """Continual pretraining: SimMIM, plus GFM distillation when a teacher is set."""
+
+    run: RunConfig
+    model: StudentConfig
+    masking: MaskingConfig = MaskingConfig()
+    teacher: TeacherConfig | None = None
+    data: DataConfig
+    train: TrainConfig
+
+    @model_validator(mode="after")
+    def _check_combination(self) -> PretrainConfig:
+        check_masked_pretraining(self.model, self.masking, self.teacher, self.data)
+        return self
+
+    @property
+    def teacher_band_indices(self) -> list[int]:
+        """Input bands the teacher sees: red, green, blue (or the three bands of a 3-band model)."""
+        return self.data.rgb_indices or [0, 1, 2]
