@@ -57,7 +57,9 @@ def build_student(cfg: PretrainConfig, teacher: FrozenTeacher | None) -> MaskedI
         tap = Tap(cfg.teacher.stage, cfg.teacher.include_merging)
     else:
         tap = Tap(cfg.model.distill_block) if cfg.model.distill_block else default_vit_tap(encoder)
-    return MaskedImageModel(encoder, len(cfg.data.bands), tap, teacher.out_channels, cfg.teacher.alpha)
+    return MaskedImageModel(
+        encoder, len(cfg.data.bands), tap, teacher.out_channels, cfg.teacher.alpha, cfg.teacher.distill_loss
+    )
 
 
 @dataclass

@@ -122,6 +122,7 @@ class MaskedImageModel(nn.Module):
         tap: where student features are distilled (None: plain SimMIM).
         distill_dim: teacher feature width; adds the linear ``projector``.
         alpha: weight of the distillation loss.
+        distill_loss: ``pooled_cosine`` (GFM) or ``token_cosine`` (see :mod:`geofm.objective`).
     """
 
     def __init__(
@@ -131,6 +132,7 @@ class MaskedImageModel(nn.Module):
         tap: Tap | None = None,
         distill_dim: int | None = None,
         alpha: float = 1.0,
+        distill_loss: str = "pooled_cosine",
     ) -> None:
         super().__init__()
         if (tap is None) != (distill_dim is None):
@@ -140,6 +142,7 @@ class MaskedImageModel(nn.Module):
         self.encoder = encoder
         self.tap = tap
         self.alpha = alpha
+        self.distill_loss = distill_loss
         self.patch_size = encoder.patch_embed.patch_size[0]
         self.mask_token = nn.Parameter(torch.zeros(encoder.patch_embed.proj.out_channels))
         trunc_normal_(self.mask_token, std=0.02)
@@ -181,4 +184,6 @@ class MaskedImageModel(nn.Module):
         reconstruction = self.decoder(features)
         pixel_mask = mask.repeat_interleave(self.patch_size, 1).repeat_interleave(self.patch_size, 2).unsqueeze(1)
         student = self.projector(tapped) if teacher_features is not None else None
-        return gfm_loss(reconstruction, images, pixel_mask, valid, student, teacher_features, self.alpha)
+        return gfm_loss(
+            reconstruction, images, pixel_mask, valid, student, teacher_features, self.alpha, self.distill_loss
+        )

@@ -8,7 +8,8 @@ from timm.models.swin_transformer import SwinTransformer
 from torch import Tensor, nn
 
 from geofm.checkpoints import load_backbone_for_bands
-from geofm.config import RGB, TeacherConfig
+from geofm.config import TeacherConfig
+from geofm.data.bands import RGB
 from geofm.models.backbones import backbone_kwargs, create_backbone
 from geofm.models.mim import Tap, check_tap, default_vit_tap, embed_tokens, run_backbone, tap_channels
 
@@ -25,9 +26,19 @@ class FrozenTeacher(nn.Module):
         tap: where to cut.
         band_indices: input bands the teacher sees (red, green, blue).
         img_size: the teacher's input size; images are resized to it.
+        resize_mode: interpolation of that resize, ``bilinear`` (GFM) or ``bicubic``.
+        align_corners: the resize's ``align_corners`` (GFM: True).
     """
 
-    def __init__(self, backbone: nn.Module, tap: Tap, band_indices: list[int], img_size: int) -> None:
+    def __init__(
+        self,
+        backbone: nn.Module,
+        tap: Tap,
+        band_indices: list[int],
+        img_size: int,
+        resize_mode: str = "bilinear",
+        align_corners: bool = True,
+    ) -> None:
         super().__init__()
         check_tap(backbone, tap)
         self.out_channels = tap_channels(backbone, tap)
@@ -35,6 +46,8 @@ class FrozenTeacher(nn.Module):
         self.backbone = backbone
         self.tap = tap
         self.img_size = img_size
+        self.resize_mode = resize_mode
+        self.align_corners = align_corners
         self.register_buffer("band_indices", torch.tensor(band_indices), persistent=False)
         self.requires_grad_(False)
         super().train(False)
@@ -48,7 +61,9 @@ class FrozenTeacher(nn.Module):
         with torch.inference_mode():
             x = images.index_select(1, self.band_indices)
             if x.shape[-1] != self.img_size or x.shape[-2] != self.img_size:
-                x = F.interpolate(x, size=(self.img_size, self.img_size), mode="bicubic", align_corners=False)
+                x = F.interpolate(
+                    x, size=(self.img_size, self.img_size), mode=self.resize_mode, align_corners=self.align_corners
+                )
             _, tapped = run_backbone(self.backbone, embed_tokens(self.backbone, x), self.tap, stop_at_tap=True)
         # Cloned outside inference mode: a plain tensor the distillation loss may save for backward.
         return tapped.clone()
@@ -87,4 +102,6 @@ def build_teacher(cfg: TeacherConfig, band_indices: list[int]) -> FrozenTeacher:
     kwargs = backbone_kwargs(in_chans=3, img_size=cfg.img_size, window_size=cfg.window_size, timm_kwargs=cfg.timm_kwargs)
     backbone = create_backbone(cfg.arch, kwargs)
     load_backbone_for_bands(backbone, cfg.checkpoint, RGB)
-    return FrozenTeacher(backbone, teacher_tap(cfg, backbone), band_indices, cfg.img_size)
+    return FrozenTeacher(
+        backbone, teacher_tap(cfg, backbone), band_indices, cfg.img_size, cfg.resize_mode, cfg.align_corners
+    )

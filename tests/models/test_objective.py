@@ -1,6 +1,6 @@
 import torch
 
-from geofm.objective import gfm_loss, masked_l1_loss, negative_cosine_loss
+from geofm.objective import gfm_loss, masked_l1_loss, negative_cosine_loss, pooled_negative_cosine_loss
 
 
 def test_masked_l1_matches_simmim_formula():
@@ -41,3 +41,24 @@ def test_gfm_loss_combines_with_alpha():
     assert torch.allclose(out["loss"], out["loss_mim"] + 0.5 * out["loss_distill"])
     plain = gfm_loss(rec, x, mask)
     assert plain["loss_distill"] == 0 and torch.equal(plain["loss"], plain["loss_mim"])
+
+
+def test_pooled_distillation_is_gfms_formula_on_hand_computed_values():
+    """GFM: avgpool the stage-3 tokens of student (projected) and teacher, one negative cosine per image."""
+    student = torch.tensor([[[[1.0, 0.0], [3.0, 0.0]], [[0.0, 2.0], [0.0, 2.0]]]])  # 1 image, 2x2 tokens, 2 channels
+    teacher = torch.tensor([[[[0.0, 1.0]]]])  # 1x1 grid: grids may differ
+    # pooled student = ((1+3+0+0)/4, (0+0+2+2)/4) = (1, 1); cos((1, 1), (0, 1)) = 1/sqrt(2)
+    assert torch.isclose(pooled_negative_cosine_loss(student, teacher), torch.tensor(-(0.5**0.5)))
+    second = torch.tensor([[[[2.0, 0.0]]]])  # cos((1, 1), (2, 0)) = 1/sqrt(2) as well; a batch mean of per-image terms
+    batch = pooled_negative_cosine_loss(torch.cat([student, student]), torch.cat([teacher, -second]))
+    assert torch.isclose(batch, torch.tensor((-(0.5**0.5) + 0.5**0.5) / 2), atol=1e-7)
+
+
+def test_pooled_and_token_distillation_differ_and_are_both_selectable():
+    torch.manual_seed(2)
+    s, t = torch.randn(2, 3, 3, 4), torch.randn(2, 3, 3, 4)
+    x, rec, mask = torch.randn(2, 1, 4, 4), torch.randn(2, 1, 4, 4), torch.ones(2, 1, 4, 4)
+    pooled = gfm_loss(rec, x, mask, None, s, t)["loss_distill"]
+    tokens = gfm_loss(rec, x, mask, None, s, t, distill_loss="token_cosine")["loss_distill"]
+    assert torch.isclose(pooled, pooled_negative_cosine_loss(s, t)) and torch.isclose(tokens, negative_cosine_loss(s, t))
+    assert not torch.isclose(pooled, tokens)

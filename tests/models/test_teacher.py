@@ -1,4 +1,5 @@
 import torch
+import torch.nn.functional as F
 
 from geofm.models.mim import Tap, embed_tokens, run_backbone
 from geofm.models.teacher import FrozenTeacher
@@ -27,3 +28,14 @@ def test_vit_teacher_cut_after_block(tiny_vit):
     teacher = FrozenTeacher(tiny_vit(3), Tap(2), [0, 1, 2], img_size=64)
     assert len(teacher.backbone.blocks) == 2
     assert teacher(torch.randn(1, 3, 64, 64)).shape == (1, 4, 4, 32)
+
+
+def test_teacher_input_is_resized_as_gfm_does(tiny_swin):
+    """GFM feeds the teacher F.interpolate(x, 224, mode="bilinear", align_corners=True)."""
+    backbone = tiny_swin(3, img_size=96, window_size=6).eval()
+    images = torch.randn(1, 3, 64, 64)
+    resized = F.interpolate(images, size=(96, 96), mode="bilinear", align_corners=True)
+    _, expected = run_backbone(backbone, embed_tokens(backbone, resized), Tap(3, True))
+    teacher = FrozenTeacher(backbone, Tap(3, True), [0, 1, 2], img_size=96)
+    assert (teacher.resize_mode, teacher.align_corners) == ("bilinear", True)
+    assert torch.allclose(teacher(images), expected, atol=1e-5)

@@ -10,7 +10,7 @@ import timm
 import torch
 from safetensors.torch import load_file
 
-from geofm.config import validate_config
+from geofm.config import PretrainConfig
 from geofm.errors import CheckpointNotFoundError, ConfigError, DatasetNotFoundError, RasterReadError
 from pretrain.central import pretrain
 
@@ -21,7 +21,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def test_tiny_gfm_run_end_to_end(tiny_tree):
     tree = tiny_tree()
-    run_dir = pretrain(validate_config(tree))
+    run_dir = pretrain(PretrainConfig.from_tree(tree))
     records = _metrics(run_dir)
     assert [r["step"] for r in records] == list(range(1, 13))
     assert set(records[0]) >= {"step", "loss", "loss_mim", "loss_distill", "lr", "images_per_s"}
@@ -45,7 +45,7 @@ def test_teacher_never_changes_and_gets_no_optimizer_state(tiny_tree):
     from geofm.models.teacher import build_teacher
     from pretrain.central import build_student
 
-    cfg = validate_config(tiny_tree())
+    cfg = PretrainConfig.from_tree(tiny_tree())
     teacher = build_teacher(cfg.teacher, cfg.teacher_band_indices)
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     model = build_student(cfg, teacher)
@@ -65,16 +65,16 @@ def test_teacher_never_changes_and_gets_no_optimizer_state(tiny_tree):
 
 
 def test_plain_simmim_without_teacher(tiny_tree):
-    run_dir = pretrain(validate_config(tiny_tree(teacher=None, train={"epochs": 1})))
+    run_dir = pretrain(PretrainConfig.from_tree(tiny_tree(teacher=None, train={"epochs": 1})))
     assert all(r["loss_distill"] == 0 for r in _metrics(run_dir))
     assert json.loads((run_dir / "backbone.json").read_text())["method"] == "simmim"
 
 
 def test_resume_gives_the_same_result_as_an_uninterrupted_run(tiny_tree):
-    straight = pretrain(validate_config(tiny_tree("straight")))
-    first = pretrain(validate_config(tiny_tree("resumed", run={"stop_after_steps": 5})))
+    straight = pretrain(PretrainConfig.from_tree(tiny_tree("straight")))
+    first = pretrain(PretrainConfig.from_tree(tiny_tree("resumed", run={"stop_after_steps": 5})))
     assert _metrics(first)[-1]["step"] == 5 and not (first / "backbone.safetensors").exists()
-    resumed = pretrain(validate_config(tiny_tree("resumed")))
+    resumed = pretrain(PretrainConfig.from_tree(tiny_tree("resumed")))
     a, b = _metrics(straight), _metrics(resumed)
     assert [r["step"] for r in b] == list(range(1, 13))
     for ra, rb in zip(a, b):
@@ -123,20 +123,20 @@ def test_sigterm_saves_the_step_reached(tiny_tree, write_config, child_env, tmp_
 
 
 def test_resuming_with_another_model_is_refused(tiny_tree):
-    pretrain(validate_config(tiny_tree("changed", run={"stop_after_steps": 1})))
+    pretrain(PretrainConfig.from_tree(tiny_tree("changed", run={"stop_after_steps": 1})))
     with pytest.raises(ConfigError, match="another model"):
-        pretrain(validate_config(tiny_tree("changed", model={"window_size": 2})))
+        pretrain(PretrainConfig.from_tree(tiny_tree("changed", model={"window_size": 2})))
 
 
 def test_bad_inputs_are_clear_errors(tiny_tree, archive, tmp_path):
     with pytest.raises(CheckpointNotFoundError, match="missing.pth"):
-        pretrain(validate_config(tiny_tree(teacher={"checkpoint": str(tmp_path / "missing.pth")})))
+        pretrain(PretrainConfig.from_tree(tiny_tree(teacher={"checkpoint": str(tmp_path / "missing.pth")})))
     empty = tmp_path / "empty"
     empty.mkdir()
     tree = tiny_tree()
     tree["data"]["sources"][0]["root"] = str(empty)
     with pytest.raises(DatasetNotFoundError, match="empty"):
-        pretrain(validate_config(tree))
+        pretrain(PretrainConfig.from_tree(tree))
 
 
 def test_corrupt_geotiff_errors_or_is_skipped_and_counted(tiny_tree, archive, tmp_path):
@@ -150,16 +150,16 @@ def test_corrupt_geotiff_errors_or_is_skipped_and_counted(tiny_tree, archive, tm
     tree["data"]["sources"][0]["root"] = str(folder)
     tree["data"]["sources"][0]["weight"] = 10.0
     with pytest.raises(RasterReadError, match=bad.name):  # raised in a loader worker, re-raised here
-        pretrain(validate_config(tree))
+        pretrain(PretrainConfig.from_tree(tree))
     tree["run"]["output_dir"] = str(tmp_path / "skip")
     tree["data"]["on_bad_file"] = "skip"
-    run_dir = pretrain(validate_config(tree))
+    run_dir = pretrain(PretrainConfig.from_tree(tree))
     assert _metrics(run_dir)[-1]["skipped_files"] >= 1
 
 
 def test_bf16_path_runs_on_cpu_and_exports_float32(tiny_tree):
     """The GPU precision path (bf16 engine, bf16 teacher) exercised on the CPU accelerator."""
-    run_dir = pretrain(validate_config(tiny_tree("bf16", train={"epochs": 1, "precision": "bf16"})))
+    run_dir = pretrain(PretrainConfig.from_tree(tiny_tree("bf16", train={"epochs": 1, "precision": "bf16"})))
     saved = torch.load(run_dir / "checkpoints/last/mp_rank_00_model_states.pt", weights_only=False)
     assert saved["module"]["encoder.patch_embed.proj.weight"].dtype == torch.bfloat16
     assert all(v.dtype == torch.float32 for v in load_file(run_dir / "backbone.safetensors").values())
@@ -170,7 +170,7 @@ def test_vit_student_with_swin_teacher(tiny_tree):
     """A ViT student tapped at 3/4 depth distils a Swin teacher's stage-3 features."""
     vit = {"arch": "vit_small_patch16_224", "window_size": None, "timm_kwargs": {"embed_dim": 32, "depth": 4, "num_heads": 2}}
     tree = tiny_tree("vit", model=vit, masking={"mask_patch_size": 16}, train={"epochs": 1})
-    run_dir = pretrain(validate_config(tree))
+    run_dir = pretrain(PretrainConfig.from_tree(tree))
     records = _metrics(run_dir)
     assert len(records) == 6 and all(r["loss_distill"] != 0 for r in records)
     sidecar = json.loads((run_dir / "backbone.json").read_text())
@@ -182,11 +182,11 @@ def test_student_starts_from_an_rgb_export_with_kernels_following_band_names(tin
     """Continual pretraining from earlier weights: RGB kernels go to red, green, blue; nir starts fresh."""
     from pretrain.central import build_student
 
-    rgb_run = pretrain(validate_config(tiny_tree("rgb", teacher=None, train={"epochs": 1}, data={"bands": ["blue", "green", "red"]})))
+    rgb_run = pretrain(PretrainConfig.from_tree(tiny_tree("rgb", teacher=None, train={"epochs": 1}, data={"bands": ["blue", "green", "red"]})))
     exported = load_file(rgb_run / "backbone.safetensors")["patch_embed.proj.weight"]
     tree = tiny_tree(model={"init_checkpoint": str(rgb_run)})
     torch.manual_seed(0)
-    student = build_student(validate_config(tree), teacher=None)
+    student = build_student(PretrainConfig.from_tree(tree), teacher=None)
     kernel = student.encoder.patch_embed.proj.weight.detach()
     assert torch.equal(kernel[:, [0, 1, 2]], exported[:, [2, 1, 0]])  # model bands red, green, blue, nir
     assert not torch.equal(kernel[:, 3], torch.zeros_like(kernel[:, 3]))
