@@ -1,26 +1,53 @@
 """The training engine: DeepSpeed in every mode. The only module that imports ``deepspeed``.
 
-On one CPU or GPU it runs ZeRO stage 0; under ``deepspeed`` or ``torchrun`` it runs data
-parallel with the configured ZeRO stage. bf16 is used on GPUs, float32 on CPUs. Set
-``DS_ACCELERATOR=cpu`` to force the CPU accelerator.
+On one CPU or GPU it runs ZeRO stage 0 whatever the config says (ZeRO only pays when optimizer
+state is sharded over several processes; on one process its optimizer wrapper costs time and
+memory); under ``deepspeed`` or ``torchrun`` it runs data parallel with the configured ZeRO stage.
+bf16 is used on GPUs, float32 on CPUs. Set ``DS_ACCELERATOR=cpu`` to force the CPU accelerator.
+
+Resuming reads DeepSpeed's checkpoint files through :func:`geofm.checkpoints.io.load_training_file`:
+weights-only unpickling, as for every checkpoint geofm reads, so a crafted file cannot run code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import socket
+import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import deepspeed
+import deepspeed.ops
 import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+from deepspeed.runtime.fp16.loss_scaler import LossScaler
+from deepspeed.runtime.zero.config import ZeroStageEnum
+from deepspeed.utils.logging import logger as deepspeed_logger
+from deepspeed.utils.tensor_fragment import fragment_address
 from timm.optim import param_groups_weight_decay
 from torch import nn
 
+from geofm.checkpoints.io import load_training_file
 from geofm.config import TrainConfig
+
+log = logging.getLogger("geofm.engine")
+# Start-up noise with no bearing on a run: torch's extension loader looks for CUDA on CPU machines,
+# and ZeRO-2 calls a collective torch has renamed.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor` is deprecated", category=FutureWarning)
+
+# Data records DeepSpeed pickles into its optimizer-state files; a resume rebuilds these classes only.
+DEEPSPEED_RECORDS: dict[str, type] = {
+    f"{cls.__module__}.{cls.__qualname__}": cls for cls in (fragment_address, LossScaler, ZeroStageEnum)
+}
 
 
 @dataclass(frozen=True)
@@ -56,14 +83,38 @@ def init_distributed() -> tuple[int, int]:
     """Join the process group and return (rank, world size).
 
     Under ``deepspeed`` or ``torchrun`` the launcher's environment describes the group; a plain
-    launch becomes a group of one on a free local port.
+    launch becomes a group of one on a free local port. A group of one never builds DeepSpeed's
+    shared-memory communication extension (it has nobody to share memory with); several CPU
+    processes build it once per virtual environment, cached inside it (``TORCH_EXTENSIONS_DIR``).
     """
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
             os.environ["MASTER_PORT"] = str(_free_port())
-        deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(), verbose=False)
+        _choose_shared_memory_comm(int(os.environ.get("WORLD_SIZE", "1")))
+        with contextlib.redirect_stdout(io.StringIO()) as printed:  # DeepSpeed prints "... built successfully"
+            deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(), verbose=False)
+        log.debug("DeepSpeed: %s", printed.getvalue().strip())
     return dist.get_rank(), dist.get_world_size()
+
+
+def _choose_shared_memory_comm(world_size: int) -> None:
+    """Decide, before DeepSpeed asks, whether its shared-memory all-reduce extension is built.
+
+    DeepSpeed reads the answer from ``deepspeed.ops.__compatible_ops__``, which it otherwise fills
+    by probing every op it knows with compiler runs (seconds, and linker noise such as "cannot
+    find -laio"). Only the shared-memory op is asked about: never on one process, and on several
+    when the accelerator has it (CPU), compiled once into this virtual environment.
+    """
+    compatible = {}
+    if world_size > 1:
+        cache = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions")))
+        builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+        if builder is not None:
+            compatible[builder.NAME] = builder.is_compatible()
+            if compatible[builder.NAME] and not any(cache.glob(f"{builder.NAME}/*.so")) and os.environ.get("RANK") == "0":
+                log.info("compiling DeepSpeed's shared-memory all-reduce into %s (once per environment)", cache)
+    deepspeed.ops.__compatible_ops__ = compatible
 
 
 def _free_port() -> int:
@@ -90,6 +141,11 @@ def use_bf16(train: TrainConfig) -> bool:
     return train.precision == "bf16"
 
 
+def zero_stage(train: TrainConfig, world_size: int) -> int:
+    """The ZeRO stage a run uses: the configured one across processes, 0 on one process."""
+    return train.zero_stage if world_size > 1 else 0
+
+
 def deepspeed_config(train: TrainConfig, world_size: int, schedule: Schedule) -> dict[str, Any]:
     """The DeepSpeed config of a run: AdamW, warmup + cosine, clipping, accumulation, ZeRO, bf16.
 
@@ -100,7 +156,7 @@ def deepspeed_config(train: TrainConfig, world_size: int, schedule: Schedule) ->
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.grad_accum_steps,
         "gradient_clipping": train.grad_clip,
-        "zero_optimization": {"stage": train.zero_stage},
+        "zero_optimization": {"stage": zero_stage(train, world_size)},
         "bf16": {"enabled": use_bf16(train)},
         "optimizer": {
             "type": "AdamW",
@@ -142,13 +198,35 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return param_groups_weight_decay(model, weight_decay=weight_decay, no_weight_decay_list=skip)
 
 
+class _SafeCheckpointEngine(TorchCheckpointEngine):
+    """DeepSpeed's torch checkpoint engine, loading by geofm's weights-only rules."""
+
+    def load(self, path: str, map_location=None):
+        return load_training_file(path, map_location, DEEPSPEED_RECORDS)
+
+
+class _QuietSchedulerProbe(logging.Filter):
+    """Drops DeepSpeed's warning that its initialisation itself causes by reading the lr before step 0."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "before it has started" not in record.getMessage()
+
+
+deepspeed_logger.addFilter(_QuietSchedulerProbe())
+
+
 def initialize(model: nn.Module, train: TrainConfig, world_size: int, schedule: Schedule):
     """Wrap ``model`` in a DeepSpeed engine (optimizer and scheduler come from the config)."""
+    if train.zero_stage != zero_stage(train, world_size) and dist.get_rank() == 0:
+        log.info("one process: ZeRO stage 0 (train.zero_stage=%d applies across processes)", train.zero_stage)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=parameter_groups(model, train.weight_decay),
         config=deepspeed_config(train, world_size, schedule),
     )
+    if type(engine.checkpoint_engine) is not TorchCheckpointEngine:
+        raise RuntimeError(f"unexpected DeepSpeed checkpoint engine {type(engine.checkpoint_engine).__name__}")
+    engine.checkpoint_engine = _SafeCheckpointEngine(engine._config)
     return engine
 
 
@@ -185,3 +263,12 @@ def max_across_ranks(values: torch.Tensor) -> torch.Tensor:
         values = values.clone()
         dist.all_reduce(values, op=dist.ReduceOp.MAX)
     return values
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (a one-element list on one process)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, obj)
+        return gathered
+    return [obj]

@@ -29,6 +29,12 @@ def test_deepspeed_config_carries_the_recipe():
     assert cfg["optimizer"]["params"]["weight_decay"] == 0.05
 
 
+def test_one_process_runs_zero_stage_0_whatever_the_config_says():
+    schedule = make_schedule(_train(), 80, 1)
+    assert deepspeed_config(_train(zero_stage=1), 1, schedule)["zero_optimization"]["stage"] == 0
+    assert deepspeed_config(_train(zero_stage=1), 2, schedule)["zero_optimization"]["stage"] == 1
+
+
 def test_no_weight_decay_on_norms_biases_mask_token_and_position_tables(tiny_swin):
     model = MaskedImageModel(tiny_swin(3), in_chans=3)
     names = {id(p): n for n, p in model.named_parameters()}

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import pickle
 import re
+import warnings
+import zipfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,7 @@ def resolve_checkpoint_path(path: str | Path) -> Path:
         return path
     if not path.exists():
         raise CheckpointNotFoundError(
-            f"checkpoint not found: {path}. Pretrained weights are not downloaded by geofm: "
+            f"checkpoint not found: {path.resolve()}. Pretrained weights are not downloaded by geofm: "
             "download them separately and place the file at this path (or point the config at it)."
         )
     candidates = [
@@ -108,25 +110,62 @@ def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
 
 
 def _load_torch(path: Path) -> Any:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        pass  # refers to globals beyond the weights-only allow-list: scan them, then retry
-    except Exception as err:
-        raise CheckpointFormatError(f"{path}: not a readable torch checkpoint ({err})") from err
-
-    refused = sorted(set(_unsafe_globals(path)) - TOLERATED_GLOBALS.keys())
-    if refused:
-        raise CheckpointFormatError(_refusal(path, refused))
-
     created: dict[int, str] = {}
     stand_ins = [(_stand_in(name, created), name) for name in TOLERATED_GLOBALS]
-    try:
-        with torch.serialization.safe_globals(stand_ins):
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise CheckpointFormatError(_refusal(path, [_offending(err)])) from err
+    obj = _weights_only_load(path, "cpu", stand_ins, TOLERATED_GLOBALS)
     return _materialise(obj, created) if created else obj
+
+
+def load_training_file(path: str | Path, map_location: Any, records: dict[str, type]) -> Any:
+    """Load one file of a training checkpoint for resuming, by the same rules as :func:`load_checkpoint_file`.
+
+    Weights-only unpickling, plus the data records DeepSpeed writes into its optimizer-state files
+    (``records``: dotted name to the real class, needed to resume). Nothing else is unpickled.
+
+    Raises:
+        CheckpointFormatError: naming the file and what was refused; nothing from it was run.
+    """
+    return _weights_only_load(Path(path), map_location, list(records.values()), records)
+
+
+def _weights_only_load(path: Path, map_location: Any, allowed: list, allowed_names: Any) -> Any:
+    """``torch.load(weights_only=True)``, retried with ``allowed`` globals when the file refers to them.
+
+    The globals of zip-format files are scanned before the retry, and any global outside
+    ``allowed_names`` is refused without unpickling anything.
+    """
+    _check_torch_container(path)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError:
+            pass  # refers to globals beyond the weights-only allow-list: scan them, then retry
+        except Exception as err:
+            raise CheckpointFormatError(f"{path}: not a readable torch checkpoint ({err})") from err
+
+        refused = sorted(set(_unsafe_globals(path)) - set(allowed_names))
+        if refused:
+            raise CheckpointFormatError(_refusal(path, refused, allowed_names))
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as err:
+            raise CheckpointFormatError(_refusal(path, [_offending(err)], allowed_names)) from err
+
+
+# Legacy torch files are a pickle (protocol 2 or higher starts with 0x80); newer ones a zip archive.
+_PICKLE_PROTOCOL = b"\x80"
+
+
+def _check_torch_container(path: Path) -> None:
+    """Refuse a file that is neither a zip archive nor a pickle before handing it to ``torch.load``."""
+    with path.open("rb") as f:
+        head = f.read(4)
+    if not head.startswith(_PICKLE_PROTOCOL) and not zipfile.is_zipfile(path):
+        raise CheckpointFormatError(
+            f"{path}: not a torch checkpoint (neither a zip archive nor a pickle; it starts with bytes {head.hex()})"
+        )
 
 
 def _unsafe_globals(path: Path) -> list[str]:
@@ -137,19 +176,23 @@ def _unsafe_globals(path: Path) -> list[str]:
         return []
 
 
-def _refusal(path: Path, offending: list[str]) -> str:
+def _refusal(path: Path, offending: list[str], allowed_names: Any) -> str:
     return (
         f"{path}: refused to unpickle {', '.join(offending)}: torch checkpoints may hold only tensors, "
-        f"plain containers and the data classes {', '.join(TOLERATED_GLOBALS)}. Nothing from the file was run."
+        f"plain containers and the data classes {', '.join(allowed_names)}. Nothing from the file was run."
     )
 
 
 def _offending(err: Exception) -> str:
-    """What torch's refusal message names: the global, or else its last line."""
-    found = re.search(r"GLOBAL ([\w.]+)", str(err))
+    """What torch's refusal message names: the global, an unsupported instruction, or its last line."""
+    text = str(err)
+    found = re.search(r"GLOBAL ([\w.]+)", text)
     if found:
         return found.group(1)
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    found = re.search(r"Unsupported operand (\d+)", text)
+    if found:
+        return f"a pickle instruction the weights-only loader does not read (opcode {found.group(1)})"
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("Check the documentation")]
     return lines[-1] if lines else "an unsupported object"
 
 
