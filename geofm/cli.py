@@ -91,10 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser(
-        "demo-data", help="write the built-in synthetic multi-sensor archive (smoke-test data, not real imagery)"
+        "demo-data",
+        help="write the built-in synthetic multi-sensor archive (smoke-test data, not real imagery)",
+        description="Write small, deterministic, georeferenced GeoTIFFs of two made-up sensors (RGB aerial, "
+        "4-band satellite). An archive already complete for the same seed is left as it is.",
+        epilog="example:\n  geofm demo-data --out data/demo --seed 0",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    demo.add_argument("--out", type=Path, default=Path("data/demo"))
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--out", type=Path, default=Path("data/demo"), help="folder to write into (default: data/demo)")
+    demo.add_argument("--seed", type=int, default=0, help="generation seed; the same seed gives the same pixels (default: 0)")
     demo.set_defaults(handler=_demo_data)
 
     data = commands.add_parser("data", help="inspect imagery sources").add_subparsers(dest="data_command", required=True)
@@ -146,9 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     level = logging.DEBUG if args.verbose else logging.INFO if rank == 0 else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if not args.verbose:
+        # GDAL's own messages about a broken file repeat what geofm's error says; --verbose shows them.
+        logging.getLogger("rasterio").setLevel(logging.ERROR)
     try:
         args.handler(args)
     except GeoFMError as exc:
+        if args.verbose and exc.worker_traceback:
+            print(exc.worker_traceback, file=sys.stderr)
         print(f"geofm: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -1,8 +1,34 @@
 """Typed errors. Each names the file or field at fault and what was expected."""
 
+from __future__ import annotations
+
 
 class GeoFMError(Exception):
-    """Base class of every error geofm raises on purpose."""
+    """Base class of every error geofm raises on purpose.
+
+    A DataLoader worker's error reaches the main process rebuilt from one string, the worker's
+    whole traceback ("Caught ... in DataLoader worker process 0. Original Traceback ..."). Such an
+    error keeps only its own message, the last line of that traceback, and the traceback in
+    :attr:`worker_traceback` (shown with ``geofm --verbose``).
+    """
+
+    def __init__(self, *args: object) -> None:
+        self.worker_traceback: str | None = None
+        if len(args) == 1 and isinstance(args[0], str):
+            message = _worker_message(type(self), args[0])
+            if message is not None:
+                self.worker_traceback, args = args[0], (message,)
+        super().__init__(*args)
+
+
+def _worker_message(cls: type, text: str) -> str | None:
+    """The original message inside a DataLoader worker's wrapped traceback, or None if ``text`` is not one."""
+    first_line = text.partition("\n")[0]
+    if not (first_line.startswith(f"Caught {cls.__name__} ") and "DataLoader worker" in first_line):
+        return None
+    marker = f"{cls.__module__}.{cls.__qualname__}: "
+    at = text.rfind(marker)
+    return text[at + len(marker) :].strip() if at >= 0 else None
 
 
 class ConfigError(GeoFMError, ValueError):
@@ -12,7 +38,7 @@ class ConfigError(GeoFMError, ValueError):
 class RasterReadError(GeoFMError, OSError):
     """An image file could not be read, or holds other bands/dtype than its source declares."""
 
-    def __init__(self, path, reason: str | None = None) -> None:
+    def __init__(self, path: object, reason: str | None = None) -> None:
         # With one argument it is a finished message: DataLoader workers re-raise errors that way.
         self.path = str(path) if reason is not None else None
         self.reason = reason

@@ -43,7 +43,7 @@ class Raster:
 
 def _describe(exc: Exception) -> str:
     """Message of a rasterio error, with the GDAL error that caused it when there is one."""
-    message = str(exc)
+    message = str(exc).replace(" See previous exception for details.", "")
     if exc.__cause__ is not None:
         message = f"{message} ({exc.__cause__})"
     return message

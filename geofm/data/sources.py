@@ -28,10 +28,10 @@ def list_images(root: str | Path, pattern: str) -> list[Path]:
     """
     root = Path(root)
     if not root.is_dir():
-        raise DatasetNotFoundError(f"image folder {root} does not exist (pattern {pattern!r})")
+        raise DatasetNotFoundError(f"image folder {root.resolve()} does not exist (pattern {pattern!r})")
     files = [p for p in sorted(root.glob(pattern)) if p.is_file()]
     if not files:
-        raise DatasetNotFoundError(f"no file in {root} matches the pattern {pattern!r}")
+        raise DatasetNotFoundError(f"no file in {root.resolve()} matches the pattern {pattern!r}")
     return files
 
 
