@@ -4,8 +4,8 @@ Measures the model alone (synthetic batches on the device, no data loading), wit
 engine settings (bf16 on GPU). The teacher gets random weights of its architecture: the figure is
 about speed, not quality. Prints one JSON line per variant and the GFM/SimMIM time ratio.
 
-    python benchmarks/pretrain_throughput.py --config configs/pretrain/gfm_swin_base__img192_win6__100ep.yaml \
-        --steps 20 train.micro_batch_size=64
+example:
+  python benchmarks/pretrain_throughput.py --config configs/pretrain/gfm_swin_base__img192_win6__100ep.yaml --steps 20 train.micro_batch_size=64
 """
 
 from __future__ import annotations

@@ -98,5 +98,25 @@ def progress_bar(total: int, initial: int, enabled: bool, desc: str) -> tqdm:
     )
 
 
+def final_metrics(records: list[dict]) -> dict | None:
+    """The losses of a run's last epoch: means of the ``metrics.jsonl`` records logged in it.
+
+    One logged interval is noisy; a model card reports the mean over the records whose ``epoch``
+    lies within one epoch of the last record's, and says which steps that covers.
+    """
+    if not records:
+        return None
+    last = records[-1]
+    window = [r for r in records if "epoch" in r and r["epoch"] > last["epoch"] - 1] if "epoch" in last else [last]
+    means = {k: sum(r[k] for r in window) / len(window) for k in LOSS_KEYS if all(k in r for r in window)}
+    first_step = records[len(records) - len(window) - 1]["step"] + 1 if len(window) < len(records) else 1
+    return {
+        **{k: round(v, 6) for k, v in means.items()},
+        "averaged_over": f"steps {first_step}-{last['step']} (the last epoch, {len(window)} logged intervals)",
+        "step": last["step"],
+        "epoch": last.get("epoch"),
+    }
+
+
 def is_finite(record: dict) -> bool:
     return all(math.isfinite(record[k]) for k in LOSS_KEYS if k in record)

@@ -10,29 +10,33 @@ config again resumes from ``checkpoints/last`` at the step it reached, with the 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import signal
-import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 from torch.utils.data import DataLoader
 
 from geofm import engine as ds
 from geofm.checkpoints import export_backbone, load_backbone_for_bands
 from geofm.checkpoints.infer import gsd_range
-from geofm.checkpoints.io import LAST_CHECKPOINT as LAST
+from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config import PretrainConfig, config_to_dict
-from geofm.errors import ConfigError, GeoFMError, RunInterrupted
-from geofm.data.pile import PileSampler, PretrainPile
+from geofm.data.pile import PileSampler, PretrainPile, SkippedFiles
+from geofm.errors import GeoFMError, RunInterrupted
 from geofm.models.backbones import backbone_kwargs, create_backbone
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
 from geofm.models.teacher import FrozenTeacher, build_teacher
-from geofm.runlog import LOSS_KEYS, MetricsLog, Throughput, is_finite, plot_loss_curve, progress_bar
+from geofm.runlog import LOSS_KEYS, MetricsLog, Throughput, final_metrics, is_finite, plot_loss_curve, progress_bar
+from geofm.training import (
+    InputPath,
+    IntervalMeans,
+    Progress,
+    RunCheckpoints,
+    StopSignals,
+    check_inputs,
+    check_resume,
+    step_seed,
+)
 
 log = logging.getLogger("geofm.pretrain")
 
@@ -62,103 +66,28 @@ def build_student(cfg: PretrainConfig, teacher: FrozenTeacher | None) -> MaskedI
     )
 
 
-@dataclass
-class _Interval:
-    """Sums of the losses since the last log line."""
-
-    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOSS_KEYS, 0.0))
-    count: int = 0
-
-    def add(self, losses: dict[str, torch.Tensor]) -> None:
-        for key in LOSS_KEYS:
-            self.sums[key] += float(losses[key].detach())
-        self.count += 1
-
-    def means(self) -> dict[str, float]:
-        values = ds.mean_across_ranks(torch.tensor([self.sums[k] / max(self.count, 1) for k in LOSS_KEYS]))
-        self.sums, self.count = dict.fromkeys(LOSS_KEYS, 0.0), 0
-        return dict(zip(LOSS_KEYS, values.tolist()))
-
-
-class _Checkpoints:
-    """Periodic DeepSpeed checkpoints, ``last`` pointing at the newest, old ones pruned."""
-
-    def __init__(self, directory: Path, keep: int, rank: int) -> None:
-        self.directory, self.keep, self.rank = directory, keep, rank
-
-    def latest(self) -> Path | None:
-        last = self.directory / LAST
-        return last if last.exists() else None
-
-    def save(self, engine, step: int, client_state: dict) -> None:
-        tag = f"step_{step:07d}"
-        ds.save_checkpoint(engine, self.directory, tag, client_state)
-        ds.barrier()
-        if self.rank == 0:
-            link = self.directory / f".{LAST}.tmp"
-            link.unlink(missing_ok=True)
-            link.symlink_to(tag)
-            os.replace(link, self.directory / LAST)
-            for old in sorted(self.directory.glob("step_*"))[: -self.keep]:
-                shutil.rmtree(old)
-        ds.barrier()
-
-
 # What a resumed run must share with the run that wrote its checkpoints.
-RESUME_INVARIANTS = ("model", "masking", "teacher", "data.bands", "run.seed")
+RESUME_INVARIANTS = ("model", "masking", "teacher", "data.bands", "data.custom_bands", "run.seed")
+# What defines the learning-rate schedule and its length: fixed for a run, except --extend's epochs.
+SCHEDULE_KEYS = (
+    "train.epochs",
+    "train.warmup_epochs",
+    "train.warmup_start_ratio",
+    "train.min_lr_ratio",
+    "train.base_lr",
+    "train.lr_reference_batch",
+    "data.samples_per_epoch",
+)
 
 
-def _check_resumable(cfg: PretrainConfig, saved_config: Path) -> None:
-    """Refuse to resume a run directory written by a different model, masking, teacher or bands.
-
-    Training settings (epochs, learning rate...) may change between invocations.
-    """
-    if not saved_config.exists():
-        return
-    saved, current = yaml.safe_load(saved_config.read_text()), config_to_dict(cfg)
-    for dotted in RESUME_INVARIANTS:
-        a, b = saved, current
-        for key in dotted.split("."):
-            a, b = (a or {}).get(key), (b or {}).get(key)
-        if a != b:
-            raise ConfigError(
-                f"{saved_config.parent} holds checkpoints of a run with another {dotted} ({a!r}, now {b!r}); "
-                "resume with the same settings or choose a new run.output_dir"
-            )
-
-
-class _StopSignals:
-    """SIGINT/SIGTERM become a stop request honoured at the next optimizer-step boundary.
-
-    Cluster schedulers send SIGTERM before they kill a job; stopping between steps leaves the
-    model and optimizer consistent for the checkpoint written on the way out. A second signal
-    interrupts at once. Several processes agree on the request each step, so they stop together.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> _StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.received is not None:
-            raise KeyboardInterrupt
-        self.received = signum
-
-    def requested(self) -> bool:
-        """Whether any process received a stop signal (a collective call when distributed)."""
-        flag = torch.tensor([float(self.received is not None)])
-        return bool(ds.max_across_ranks(flag))
+def pretrain_inputs(cfg: PretrainConfig) -> list[InputPath]:
+    """Every path a pretraining config reads: source folders, teacher and initial weights."""
+    paths = [InputPath(f"data.sources.{i}.root ({s.name})", s.root, s.pattern) for i, s in enumerate(cfg.data.sources)]
+    if cfg.teacher is not None:
+        paths.append(InputPath("teacher.checkpoint", cfg.teacher.checkpoint))
+    if cfg.model.init_checkpoint is not None:
+        paths.append(InputPath("model.init_checkpoint", cfg.model.init_checkpoint))
+    return paths
 
 
 def train_micro_step(engine, teacher: FrozenTeacher | None, batch: dict, dev: torch.device, dtype: torch.dtype) -> dict:
@@ -171,22 +100,37 @@ def train_micro_step(engine, teacher: FrozenTeacher | None, batch: dict, dev: to
     return losses
 
 
-def _step_seed(seed: int, step: int, rank: int) -> int:
-    """Seed of the global RNG (drop path) for one step: a pure function, so resumes match."""
-    return (seed * 1_000_003 + step * 7_919 + rank) % 2**63
+def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the config") -> Path:
+    """Run (or resume) pretraining as configured; return the run directory.
 
+    Args:
+        cfg: the validated config.
+        extend: train a finished run for the larger ``train.epochs`` of ``cfg`` (the schedule is
+            re-planned over the new length, without a second warm-up).
+        source: the config's file name, for errors.
 
-def pretrain(cfg: PretrainConfig) -> Path:
-    """Run (or resume) pretraining as configured; return the run directory."""
+    Raises:
+        ConfigError: a missing input (all of them listed at once), or a resume that would change the run.
+    """
+    check_inputs(pretrain_inputs(cfg), source)
     rank, world = ds.init_distributed()
     dev = ds.device()
     run_dir = cfg.run.output_dir
-    checkpoints = _Checkpoints(run_dir / "checkpoints", cfg.run.keep_checkpoints, rank)
-    if checkpoints.latest() is not None:
-        _check_resumable(cfg, run_dir / "config.yaml")
-    if rank == 0:
-        checkpoints.directory.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    checkpoints = RunCheckpoints(run_dir, cfg.run.keep_checkpoints, rank)
+    progress = checkpoints.progress()
+    if progress is not None:
+        check_resume(
+            run_dir,
+            checkpoints.saved_config(),
+            config_to_dict(cfg),
+            progress,
+            invariants=RESUME_INVARIANTS,
+            schedule_keys=SCHEDULE_KEYS,
+            global_batch=ds.global_batch(cfg.train, world),
+            world_size=world,
+            zero_stage=ds.zero_stage(cfg.train, world),
+            extend=extend,
+        )
 
     torch.manual_seed(cfg.run.seed)
     teacher = build_teacher(cfg.teacher, cfg.teacher_band_indices) if cfg.teacher else None
@@ -203,11 +147,13 @@ def pretrain(cfg: PretrainConfig) -> Path:
     dtype = torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
     if teacher is not None:
         teacher.to(dev, dtype)
+    checkpoints.start(cfg)
 
-    step, skipped = 0, 0
-    if checkpoints.latest() is not None:
-        state = ds.load_checkpoint(engine, checkpoints.directory, LAST)
-        step, skipped = state["step"], state["skipped_files"]
+    step, skipped = 0, SkippedFiles(pile.source_sizes)
+    if progress is not None:
+        ds.load_checkpoint(engine, checkpoints.directory, LAST_CHECKPOINT)
+        step = progress.step
+        skipped.update(progress.skipped_files)
         if rank == 0:
             log.info("resumed from %s at step %d", checkpoints.latest().resolve(), step)
     stop_at = schedule.total_steps
@@ -216,14 +162,28 @@ def pretrain(cfg: PretrainConfig) -> Path:
 
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step) if rank == 0 else None
     bar = progress_bar(schedule.total_steps, step, rank == 0 and cfg.run.progress, run_dir.name)
-    interval, speed = _Interval(), Throughput()
+    interval, speed = IntervalMeans(LOSS_KEYS), Throughput()
     micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
     saved_step = step
 
-    def client_state() -> dict:
-        return {"step": step, "skipped_files": skipped}
+    def skipped_everywhere() -> list[list[int]]:
+        """Files skipped by any process (a collective call when distributed)."""
+        return [list(pair) for pair in sorted(set().union(*ds.gather_objects(skipped.files)))]
 
-    with _StopSignals() as stop:
+    def save() -> None:
+        nonlocal saved_step
+        record = Progress(
+            step=step,
+            total_steps=schedule.total_steps,
+            global_batch=ds.global_batch(cfg.train, world),
+            world_size=world,
+            zero_stage=ds.zero_stage(cfg.train, world),
+            skipped_files=skipped_everywhere(),
+        )
+        checkpoints.save(engine, record, {"step": step})
+        saved_step = step
+
+    with StopSignals() as stop:
         try:
             while step < stop_at:
                 epoch, done = divmod(step, schedule.steps_per_epoch)
@@ -240,13 +200,13 @@ def pretrain(cfg: PretrainConfig) -> Path:
                     )
                 )
                 for _ in range(done, schedule.steps_per_epoch):
-                    torch.manual_seed(_step_seed(cfg.run.seed, step, rank))
+                    torch.manual_seed(step_seed(cfg.run.seed, step, rank))
                     for _ in range(accum):
                         batch = next(batches)
                         losses = train_micro_step(engine, teacher, batch, dev, dtype)
                         interval.add(losses)
                         speed.add(micro * world)
-                        skipped += int(batch["skipped"].sum())
+                        skipped.add_batch(batch)
                     step += 1
                     bar.update(1)
                     if step % cfg.run.log_every == 0 or step == stop_at:
@@ -256,7 +216,7 @@ def pretrain(cfg: PretrainConfig) -> Path:
                             **interval.means(),
                             "lr": engine.get_lr()[0],
                             "images_per_s": round(speed.rate(), 2),
-                            "skipped_files": skipped,
+                            "skipped_files": len(skipped_everywhere()),
                         }
                         if not is_finite(record):
                             raise FloatingPointError(
@@ -268,15 +228,13 @@ def pretrain(cfg: PretrainConfig) -> Path:
                             bar.set_postfix(loss=f"{record['loss']:.4f}", img_s=f"{record['images_per_s']:.1f}")
                     stopping = stop.requested()
                     if step % cfg.run.checkpoint_every == 0 or step == stop_at or stopping:
-                        checkpoints.save(engine, step, client_state())
-                        saved_step = step
+                        save()
                         if metrics is not None:
                             plot_loss_curve(metrics.read(), run_dir / "loss_curve.png", run_dir.name)
                         speed.restart()
                     if stopping:
-                        name = signal.Signals(stop.received).name if stop.received else "another process"
                         raise RunInterrupted(
-                            f"stopped by {name} at step {step}; saved a checkpoint, rerun the same command to resume"
+                            f"stopped by {stop.name()} at step {step}; saved a checkpoint, rerun the same command to resume"
                         )
                     if step >= stop_at:
                         break
@@ -284,15 +242,14 @@ def pretrain(cfg: PretrainConfig) -> Path:
             # Bad input met between steps: keep the progress. One process can save alone; several
             # would wait on each other in the collective save, so they rely on periodic checkpoints.
             if world == 1 and step > saved_step:
-                checkpoints.save(engine, step, client_state())
+                save()
                 log.warning("stopped at step %d: saved a checkpoint; fix the input and rerun to resume", step)
             raise
         finally:
             bar.close()
 
     if step >= schedule.total_steps and rank == 0:
-        records = metrics.read()
-        _export(cfg, engine.module, run_dir, step, records[-1] if records else None)
+        _export(cfg, engine.module, run_dir, step, final_metrics(metrics.read()))
     return run_dir
 
 

@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -28,3 +31,28 @@ def test_pretrain_is_registered_and_config_errors_exit_cleanly(tmp_path, capsys)
 
 def test_deepspeed_launcher_local_rank_argument_is_accepted(tmp_path):
     assert main(["--local_rank=0", "demo-data", "--out", str(tmp_path / "demo")]) == 0
+
+
+def test_a_single_process_start_is_quiet_and_builds_no_extension(tmp_path):
+    """One process never compiles DeepSpeed's shared-memory op, and start-up prints nothing that means nothing."""
+    import subprocess
+    import sys
+
+    from geofm.data.demo import make_demo_archive
+
+    make_demo_archive(tmp_path / "data/demo")
+    extensions = tmp_path / "extensions"
+    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}}
+    env.update(DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(extensions))
+    config = Path(__file__).parents[1] / "configs/pretrain/demo_simmim_swin_micro__img64_win4__rgb_teacher.yaml"
+    overrides = ["train.epochs=2", "train.warmup_epochs=0.5", "train.zero_stage=1", "data.samples_per_epoch=16", "run.progress=false"]
+    cmd = [sys.executable, "-m", "geofm.cli", "pretrain", "--config", str(config), *overrides]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line.split(" ", 1)[-1] for line in done.stderr.splitlines()]  # without the time stamp
+    assert lines == [
+        "INFO geofm.engine: one process: ZeRO stage 0 (train.zero_stage=1 applies across processes)",
+        "INFO geofm.pretrain: exported backbone to runs/demo_simmim_swin_micro__img64_win4__rgb_teacher/backbone.safetensors",
+    ], done.stderr
+    assert done.stdout == "run directory: runs/demo_simmim_swin_micro__img64_win4__rgb_teacher\n"
+    assert not extensions.exists(), "no C++ extension was compiled"

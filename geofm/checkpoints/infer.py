@@ -40,6 +40,7 @@ from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
 from geofm.checkpoints.layouts import BackboneSource, locate_backbone, read_export_sidecar
 from geofm.errors import CheckpointFormatError, ConfigError
 from geofm.models.backbones import backbone_kwargs
+from geofm.runlog import final_metrics
 
 RGB_BANDS = ["red", "green", "blue"]
 RUN_CONFIG = "config.yaml"
@@ -552,7 +553,7 @@ def _plain(value: Any) -> Any:
 
 
 def last_metrics(run_dir: Path, step: int | None = None) -> dict[str, Any] | None:
-    """The last ``metrics.jsonl`` record of a run (up to ``step``)."""
+    """The losses of a run's last epoch up to ``step``, averaged from its ``metrics.jsonl``."""
     path = run_dir / METRICS_LOG
     if not path.is_file():
         return None
@@ -562,9 +563,9 @@ def last_metrics(run_dir: Path, step: int | None = None) -> dict[str, Any] | Non
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and (step is None or record.get("step", 0) <= step):
+        if isinstance(record, dict) and "step" in record and (step is None or record["step"] <= step):
             records.append(record)
-    return records[-1] if records else None
+    return final_metrics(records)
 
 
 def gsd_range(gsds: Iterable[float | None]) -> list[float] | None:

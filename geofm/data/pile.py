@@ -238,7 +238,35 @@ class PretrainPile(Dataset[dict[str, Tensor | int]]):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(_mix(_AUGMENT, sample_seed))
             image, valid = self.augment(image, valid)
-        sample: dict[str, Tensor | int] = {"image": image, "valid": valid, "source": source, "skipped": skipped}
+        sample: dict[str, Tensor | int] = {
+            "image": image,
+            "valid": valid,
+            "source": source,
+            "file": file,
+            "skipped": skipped,
+        }
         if self.mask_fn is not None:
             sample["mask"] = self.mask_fn(torch.Generator().manual_seed(sample_seed))
         return sample
+
+
+class SkippedFiles:
+    """The unreadable files skipped so far, each counted once however often it is met.
+
+    A sample that skipped ``k`` files of source ``s`` starting at file ``f`` skipped files
+    ``f, f+1, ..., f+k-1`` (modulo the source's size), see :meth:`PretrainPile._load`.
+    """
+
+    def __init__(self, source_sizes: list[int]) -> None:
+        self.source_sizes = list(source_sizes)
+        self.files: set[tuple[int, int]] = set()
+
+    def add_batch(self, batch: dict) -> None:
+        """Record the files a collated batch skipped."""
+        for source, file, count in zip(batch["source"].tolist(), batch["file"].tolist(), batch["skipped"].tolist()):
+            size = self.source_sizes[source]
+            self.files.update((source, (file + k) % size) for k in range(count))
+
+    def update(self, pairs: list[list[int]]) -> None:
+        """Add ``[source, file]`` pairs (from a checkpoint's progress record)."""
+        self.files.update((int(s), int(f)) for s, f in pairs)

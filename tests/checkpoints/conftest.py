@@ -158,7 +158,7 @@ def write_run(tmp_path, source, step: int = 12):
     tag = run_dir / "checkpoints" / f"step_{step:07d}"
     tag.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
-    records = [{"step": s, "loss": 1.0 / s, "loss_mim": 0.5 / s} for s in range(1, step + 3)]
+    records = [{"step": s, "epoch": s / 6, "loss": 1.0 / s, "loss_mim": 0.5 / s} for s in range(1, step + 3)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     module = {
         **prefixed("encoder.", source.state_dict()),

@@ -113,7 +113,14 @@ def test_inspect_a_training_run(kit, tmp_path, capsys):
     assert result["bands"] == ["red", "green", "blue", "nir"] and result["timm_kwargs"]["in_chans"] == 4
     origin = result["provenance"]
     assert origin["method"] == "simmim" and origin["steps"] == 12 and origin["gsd"] == [0.5, 10.0]
-    assert origin["metrics"] == {"step": 12, "loss": 1 / 12, "loss_mim": 0.5 / 12}
+    last_epoch = range(7, 13)  # 6 steps per epoch; records after the checkpoint's step 12 are left out
+    assert origin["metrics"] == {
+        "step": 12,
+        "epoch": 2.0,
+        "loss": pytest.approx(sum(1 / s for s in last_epoch) / 6, abs=1e-6),
+        "loss_mim": pytest.approx(sum(0.5 / s for s in last_epoch) / 6, abs=1e-6),
+        "averaged_over": "steps 7-12 (the last epoch, 6 logged intervals)",
+    }
     assert [d["name"] for d in origin["data"]] == ["aerial", "s2"] and origin["config"]["model"]["arch"] == kit.SWIN
 
 

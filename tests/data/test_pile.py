@@ -86,6 +86,21 @@ def test_sampler_set_start_resumes_same_order() -> None:
         resumed.set_start(21)
 
 
+def test_resuming_on_more_processes_continues_with_the_same_samples() -> None:
+    """8 images per step: 3 steps on one process, then the rest split over two processes of 4 each."""
+    single = PileSampler([8, 5], [1.0, 1.0], 40, seed=4)
+    single.set_epoch(2)
+    plan = list(single)
+    shares = []
+    for rank in range(2):
+        sampler = PileSampler([8, 5], [1.0, 1.0], 40, seed=4, rank=rank, world_size=2)
+        sampler.set_epoch(2)
+        sampler.set_start(3 * 8 // 2)  # done steps x micro-batch x accumulation of the new split
+        shares.append(list(sampler))
+    steps = [shares[0][i : i + 4] + shares[1][i : i + 4] for i in range(0, len(shares[0]), 4)]
+    assert [sorted(step) for step in steps] == [sorted(plan[i : i + 8]) for i in range(24, 40, 8)]
+
+
 def test_sampler_ranks_are_disjoint_and_cover_the_epoch() -> None:
     world = 3
     single = PileSampler([8, 5], [1.0, 1.0], 100, seed=2)
@@ -123,10 +138,10 @@ def test_pile_sample(data_cfg: DataConfig) -> None:
     assert pile.weights == [2.0, 1.0]
     assert [s.name for s in pile.sources] == ["rgb", "ms"]
     sample = pile[PileIndex(0, 2, 12345)]
-    assert set(sample) == {"image", "valid", "mask", "source", "skipped"}
+    assert set(sample) == {"image", "valid", "mask", "source", "file", "skipped"}
     assert sample["image"].shape == sample["valid"].shape == (4, 16, 16)
     assert sample["image"].dtype == torch.float32 and sample["valid"].dtype == torch.bool
-    assert sample["source"] == 0 and sample["skipped"] == 0
+    assert sample["source"] == 0 and sample["file"] == 2 and sample["skipped"] == 0
     assert not sample["valid"][3].any(), "the RGB source has no nir band"
     assert sample["valid"][:3].all()
     assert torch.equal(sample["mask"], _mask_fn(torch.Generator().manual_seed(12345)))

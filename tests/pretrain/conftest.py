@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -73,3 +76,20 @@ def write_config():
         return path
 
     return write
+
+
+def _wait_for(proc: subprocess.Popen, condition: Callable[[], bool], what: str) -> None:
+    while not condition():
+        if proc.poll() is not None:
+            stderr = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError(f"the process exited with {proc.returncode} before {what}:\n{stderr[-3000:]}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def wait_for():
+    """Poll until ``condition()`` holds; fail (with the process's stderr) if the process ends first.
+
+    There is no deadline: a loaded machine may take long, and only the event matters.
+    """
+    return _wait_for

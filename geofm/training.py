@@ -1,0 +1,286 @@
+"""Run-directory machinery shared by every training program: inputs checked up front, checkpoints with
+``last``, progress records, resume rules, stop signals and per-interval loss means.
+
+A run directory holds ``config.yaml`` (the validated config), ``checkpoints/step_*`` (DeepSpeed
+checkpoints, each with a ``progress.json`` that can be read without building anything) and
+``checkpoints/last`` pointing at the newest. It is created only once a run has started for real:
+a start that fails on its inputs leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from geofm import engine as ds
+from geofm.checkpoints.io import LAST_CHECKPOINT, resolve_checkpoint_path
+from geofm.config import Section, config_to_dict
+from geofm.data.sources import list_images
+from geofm.errors import ConfigError, GeoFMError
+
+PROGRESS_FILE = "progress.json"
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass(frozen=True)
+class InputPath:
+    """A path a config names: a folder of images (with its glob ``pattern``) or a checkpoint."""
+
+    field: str
+    path: Path
+    pattern: str | None = None
+
+    def problem(self) -> str | None:
+        """What is wrong with the path (absolute, as resolved from the working directory), or None."""
+        try:
+            if self.pattern is not None:
+                list_images(self.path, self.pattern)
+            else:
+                resolve_checkpoint_path(self.path)
+        except GeoFMError as err:
+            return f"{self.field}: {err}"
+        return None
+
+
+def check_inputs(paths: Iterable[InputPath], source: str = "the config") -> None:
+    """Check every input path of a config before anything is built, and report all problems at once.
+
+    Raises:
+        ConfigError: listing each missing folder, empty folder or missing checkpoint with its absolute path.
+    """
+    problems = [p for p in (item.problem() for item in paths) if p is not None]
+    if problems:
+        listed = "\n".join(f"  - {p}" for p in problems)
+        raise ConfigError(
+            f"{source}: {len(problems)} input(s) missing (relative paths are resolved against the working "
+            f"directory {Path.cwd()}):\n{listed}"
+        )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a run stands, written next to every checkpoint.
+
+    Attributes:
+        step: optimizer steps done.
+        total_steps: steps of the whole schedule.
+        global_batch: images per optimizer step.
+        world_size: processes that trained.
+        zero_stage: the ZeRO stage those processes used (0 on one process).
+        skipped_files: ``[source, file]`` indices of unreadable files skipped so far.
+    """
+
+    step: int
+    total_steps: int
+    global_batch: int
+    world_size: int
+    zero_stage: int
+    skipped_files: list[list[int]] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.total_steps
+
+
+class RunCheckpoints:
+    """Periodic DeepSpeed checkpoints under ``run_dir/checkpoints``, ``last`` pointing at the newest."""
+
+    def __init__(self, run_dir: Path, keep: int, rank: int) -> None:
+        self.run_dir, self.directory, self.keep, self.rank = run_dir, run_dir / "checkpoints", keep, rank
+
+    def latest(self) -> Path | None:
+        last = self.directory / LAST_CHECKPOINT
+        return last if last.exists() else None
+
+    def progress(self) -> Progress | None:
+        """The progress recorded with the newest checkpoint (None without one)."""
+        last = self.latest()
+        if last is None:
+            return None
+        path = last / PROGRESS_FILE
+        try:
+            return Progress(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as err:
+            raise ConfigError(
+                f"{path.resolve()}: unreadable progress record of the last checkpoint ({err}); "
+                "restore it or choose a new run.output_dir"
+            ) from None
+
+    def saved_config(self) -> dict | None:
+        path = self.run_dir / CONFIG_FILE
+        return yaml.safe_load(path.read_text()) if path.exists() else None
+
+    def start(self, cfg: Section) -> None:
+        """Create the run directory and write ``config.yaml`` (rank 0), once the run is about to train."""
+        if self.rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+    def save(self, engine, progress: Progress, client_state: dict) -> None:
+        """Save a checkpoint of ``engine`` (all ranks call this) with its progress record; prune old ones."""
+        tag = f"step_{progress.step:07d}"
+        ds.save_checkpoint(engine, self.directory, tag, client_state)
+        ds.barrier()
+        if self.rank == 0:
+            (self.directory / tag / PROGRESS_FILE).write_text(json.dumps(asdict(progress)) + "\n")
+            link = self.directory / f".{LAST_CHECKPOINT}.tmp"
+            link.unlink(missing_ok=True)
+            link.symlink_to(tag)
+            os.replace(link, self.directory / LAST_CHECKPOINT)
+            for old in sorted(self.directory.glob("step_*"))[: -self.keep]:
+                shutil.rmtree(old)
+        ds.barrier()
+
+
+def _lookup(tree: Mapping | None, dotted: str) -> Any:
+    for key in dotted.split("."):
+        tree = (tree or {}).get(key)
+    return tree
+
+
+def check_resume(
+    run_dir: Path,
+    saved: dict,
+    current: dict,
+    progress: Progress,
+    *,
+    invariants: Iterable[str],
+    schedule_keys: Iterable[str],
+    global_batch: int,
+    world_size: int,
+    zero_stage: int,
+    extend: bool,
+) -> None:
+    """Refuse a resume that would silently change the run; allow an explicit extension.
+
+    Args:
+        run_dir: the run directory, for messages.
+        saved: the run's saved config (``config.yaml``); ``current``: the config now.
+        progress: the progress recorded with the last checkpoint.
+        invariants: dotted keys that define the model and data (never changeable).
+        schedule_keys: dotted keys that define the learning-rate schedule and its length; only the
+            run length (``train.epochs``) may change, only with ``extend`` and only for a finished run.
+        global_batch, world_size, zero_stage: what this invocation would use.
+        extend: the user asked to train a finished run for longer.
+
+    Raises:
+        ConfigError: saying what changed and how to proceed.
+    """
+    where = f"{run_dir} holds checkpoints of a run"
+    for dotted in invariants:
+        a, b = _lookup(saved, dotted), _lookup(current, dotted)
+        if a != b:
+            raise ConfigError(
+                f"{where} with another {dotted} ({a!r}, now {b!r}); resume with the same settings or choose a new run.output_dir"
+            )
+    changed = [(k, _lookup(saved, k), _lookup(current, k)) for k in schedule_keys if _lookup(saved, k) != _lookup(current, k)]
+    lengthened = [c for c in changed if c[0] == "train.epochs" and c[2] > c[1]]
+    if extend:
+        if not progress.finished:
+            raise ConfigError(f"--extend trains a finished run for longer; {run_dir} is at step {progress.step} of {progress.total_steps}: rerun without --extend to finish it")
+        if not lengthened or len(changed) != 1:
+            raise ConfigError(f"--extend needs a larger train.epochs and no other schedule change; changed: {_describe(changed) or 'nothing'}")
+    elif changed:
+        hint = (
+            "to train this finished run for longer, rerun with --extend"
+            if progress.finished and lengthened and len(changed) == 1
+            else "restore the setting to resume, or choose a new run.output_dir"
+        )
+        raise ConfigError(f"{where} with another learning-rate schedule ({_describe(changed)}): the schedule would jump; {hint}")
+    if global_batch != progress.global_batch:
+        raise ConfigError(
+            f"{where} with {progress.global_batch} images per optimizer step ({progress.world_size} process(es)); now "
+            f"{global_batch} ({world_size} process(es) x train.micro_batch_size x train.grad_accum_steps). "
+            f"Keep {progress.global_batch} images per step to continue the same schedule, e.g. "
+            f"{_batch_hint(progress.global_batch, world_size)}, or choose a new run.output_dir"
+        )
+    if (progress.zero_stage or zero_stage) and (progress.zero_stage, progress.world_size) != (zero_stage, world_size):
+        raise ConfigError(
+            f"{where} whose optimizer state is sharded for {progress.world_size} process(es) at ZeRO stage "
+            f"{progress.zero_stage}; this start would use {world_size} process(es) at stage {zero_stage}. Resume with "
+            f"{progress.world_size} process(es) and train.zero_stage={progress.zero_stage}, or choose a new run.output_dir"
+        )
+
+
+def _describe(changed: list[tuple[str, Any, Any]]) -> str:
+    return ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changed)
+
+
+def _batch_hint(images: int, world_size: int) -> str:
+    if images % world_size:
+        return f"a process count that divides {images}"
+    per_process = images // world_size
+    return f"train.micro_batch_size={per_process} train.grad_accum_steps=1 with {world_size} process(es)"
+
+
+class StopSignals:
+    """SIGINT/SIGTERM become a stop request honoured at the next optimizer-step boundary.
+
+    Cluster schedulers send SIGTERM before they kill a job; stopping between steps leaves the
+    model and optimizer consistent for the checkpoint written on the way out. A second signal
+    interrupts at once. Several processes agree on the request each step, so they stop together.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def requested(self) -> bool:
+        """Whether any process received a stop signal (a collective call when distributed)."""
+        flag = torch.tensor([float(self.received is not None)])
+        return bool(ds.max_across_ranks(flag))
+
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else "another process"
+
+
+class IntervalMeans:
+    """Sums of named losses since the last log line, averaged over steps and ranks on demand."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self.keys = tuple(keys)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums, self.count = dict.fromkeys(self.keys, 0.0), 0
+
+    def add(self, losses: Mapping[str, torch.Tensor]) -> None:
+        for key in self.keys:
+            self.sums[key] += float(losses[key].detach())
+        self.count += 1
+
+    def means(self) -> dict[str, float]:
+        values = ds.mean_across_ranks(torch.tensor([self.sums[k] / max(self.count, 1) for k in self.keys]))
+        self._reset()
+        return dict(zip(self.keys, values.tolist()))
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """Seed of the global RNG (drop path) for one step: a pure function, so resumes match."""
+    return (seed * 1_000_003 + step * 7_919 + rank) % 2**63
