@@ -132,3 +132,20 @@ def test_superres_folders(tmp_path, tif, data_cfg):
     from_val = cfg.model_copy(update={"splits": {"train": "val", "val": "val", "test": "val"}})
     train = build_finetune_dataset(from_val, "superres", "train", 16, True)
     _check_format(train[0], {"image": ((3, 16, 16), torch.float32), "target": ((3, 64, 64), torch.float32)})
+
+
+def test_dataloader_workers_collate_samples_and_keep_error_types(tmp_path, tif, data_cfg):
+    from torch.utils.data import DataLoader
+
+    from geofm.errors import DataMismatchError
+
+    for i in range(4):
+        tif(tmp_path / "train" / "images" / f"{i}.tif", np.ones((1, 24, 24), dtype=np.uint16))
+        tif(tmp_path / "train" / "masks" / f"{i}.tif", np.full((1, 24, 24), 9 if i == 3 else 1, dtype=np.uint8))
+    ds = build_finetune_dataset(data_cfg(tmp_path, num_classes=2), "segmentation", "train", 16, train=True)
+    loader = DataLoader(ds, batch_size=3, num_workers=1)
+    batches = iter(loader)
+    batch = next(batches)
+    assert batch["image"].shape == (3, 1, 16, 16) and batch["mask"].shape == (3, 16, 16)
+    with pytest.raises(DataMismatchError, match=r"3\.tif: mask values 9"):
+        next(batches)
