@@ -7,6 +7,7 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``geofm predict`` to the geofm command line."""
     parser = subparsers.add_parser(
         "predict",
         help="sliding-window inference of a finetuned model over GeoTIFF scenes of any size",
@@ -27,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    # finetune.predictor (load_predictor: run directory -> Predictor) belongs to the finetuning program.
     from finetune.predict import predict_scene
     from finetune.predictor import load_predictor
     from geofm.errors import ConfigError
