@@ -49,6 +49,15 @@ class DatasetNotFoundError(GeoFMError, FileNotFoundError):
     """A data source points at a folder that is missing or holds no matching image."""
 
 
+class DataMismatchError(GeoFMError, ValueError):
+    """Files of one sample do not fit together or with the config.
+
+    A mask of another size than its image, class ids outside the configured classes, before/after
+    images on different grids, a super-resolution pair off the scale factor, a file without its
+    partner, a dataset delivering other bands than declared.
+    """
+
+
 class CheckpointNotFoundError(GeoFMError, FileNotFoundError):
     """A weights file named in a config is missing."""
 

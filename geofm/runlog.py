@@ -84,14 +84,14 @@ class Throughput:
         self._since, self._images = time.perf_counter(), 0
 
 
-def progress_bar(total: int, initial: int, enabled: bool, desc: str) -> tqdm:
-    """A step progress bar with ETA; plain lines instead of redraws when stderr is no terminal."""
+def progress_bar(total: int, initial: int, enabled: bool, desc: str, unit: str = "step") -> tqdm:
+    """A progress bar with ETA, counting ``unit``; plain lines instead of redraws when stderr is no terminal."""
     return tqdm(
         total=total,
         initial=initial,
         disable=not enabled,
         desc=desc,
-        unit="step",
+        unit=unit,
         dynamic_ncols=True,
         mininterval=0.5 if sys.stderr.isatty() else 10.0,
         file=sys.stderr,

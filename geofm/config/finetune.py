@@ -32,9 +32,10 @@ class FinetuneDataConfig(Section):
 
     With ``torchgeo`` set, ``root`` and ``kwargs`` go to the class's constructor and ``splits``
     gives the value of its ``split`` argument for each of train/val/test. Without it, ``root``
-    holds one folder per split (named by ``splits``) in the task's folder layout. ``dataset_bands``
-    names the bands in the order the dataset delivers them; ``bands`` are the model's inputs, taken
-    by name from them (names from the band vocabulary of :mod:`geofm.data.bands`, or ``custom_bands``).
+    holds one folder per split (named by ``splits``) in the task's folder layout (see
+    :mod:`geofm.data.finetune`; ``folders`` renames its parts). ``dataset_bands`` names the bands
+    in the order the dataset delivers them; ``bands`` are the model's inputs, taken by name from
+    them (names from the band vocabulary of :mod:`geofm.data.bands`, or ``custom_bands``).
     """
 
     torchgeo: str | None = Field(default=None, description="a torchgeo.datasets class name, e.g. UCMerced")
@@ -44,18 +45,52 @@ class FinetuneDataConfig(Section):
         default_factory=lambda: {"train": "train", "val": "val", "test": "test"},
         description="torchgeo: the class's split argument per split; folders: the sub-folder of root per split",
     )
+    folders: dict[str, str] = Field(
+        default_factory=dict,
+        description="folders: names of the parts of a split folder, over the task's defaults, e.g. "
+        "{before: t1, after: t2, mask: mask} for DSIFN-style change data (geofm.data.finetune.FOLDER_LAYOUTS)",
+    )
+    suffixes: list[str] = Field(
+        default_factory=lambda: [".tif", ".tiff", ".png", ".jpg", ".jpeg"],
+        min_length=1,
+        description="folders: file name endings of images and masks (case-insensitive)",
+    )
     bands: list[str] = Field(min_length=1, description="the model's input bands, in order")
     custom_bands: list[str] = Field(default_factory=list)
     dataset_bands: list[str] = Field(min_length=1, description="the bands the dataset delivers, in its order")
     scale: float = Field(default=1.0, gt=0.0, description="multiplies raw values (e.g. 1/255, 1/10000)")
-    nodata: float | None = None
+    nodata: float | None = Field(default=None, description="raw value of missing pixels (folders: default the files' own)")
     mean: list[float] = Field(description="per dataset band, after scale")
     std: list[float] = Field(description="per dataset band, after scale")
     num_classes: int | None = Field(default=None, gt=0, description="classes of the task (not for superres)")
     class_names: list[str] | None = None
     ignore_index: int | None = Field(default=None, description="segmentation: mask value left out of loss and metrics")
     scale_factor: int | None = Field(default=None, gt=1, description="superres: high / low resolution ratio")
+    superres_trim: bool = Field(
+        default=False,
+        description="superres: crop a pair whose high-resolution side misses scale_factor x the low-resolution side "
+        "by less than scale_factor pixels (SpaceNet2: 163 px MS, 650 px PS-MS) to the largest exact fit, "
+        "top-left aligned; off: such a pair is an error",
+    )
+    lr_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="superres with torchgeo: constructor arguments of the low-resolution instance, over kwargs "
+        "(SpaceNet2: {image: MUL})",
+    )
+    hr_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="superres with torchgeo: constructor arguments of the high-resolution instance, over kwargs "
+        "(SpaceNet2: {image: MUL-PanSharpen})",
+    )
     train_fraction: float = Field(default=1.0, gt=0.0, le=1.0, description="share of the train split used (1%: 0.01)")
+    subset_seed: int = Field(
+        default=0, description="seed of the train_fraction subset: the same subset for every run and backbone compared"
+    )
+    crop_scale: tuple[float, float] = Field(
+        default=(0.5, 1.0), description="classification, multilabel: area range of the training RandomResizedCrop"
+    )
+    hflip: bool = Field(default=True, description="training: flip left-right with probability 0.5")
+    vflip: bool = Field(default=True, description="training: flip top-bottom with probability 0.5")
     num_workers: int = Field(default=2, ge=0)
 
     @model_validator(mode="before")
@@ -77,14 +112,33 @@ class FinetuneDataConfig(Section):
     def _check(self) -> FinetuneDataConfig:
         missing = [b for b in self.bands if b not in self.dataset_bands]
         if missing:
-            raise ValueError(f"data.bands {missing} are not among the dataset's bands {self.dataset_bands}")
+            raise ValueError(
+                f"data.bands {missing} are not among the dataset's bands {self.dataset_bands}: "
+                "the dataset cannot provide them"
+            )
         n = len(self.dataset_bands)
         if len(self.mean) != n or len(self.std) != n:
-            raise ValueError(f"data.mean and data.std need one value per dataset band ({n}), got {len(self.mean)} and {len(self.std)}")
+            raise ValueError(
+                f"data.mean and data.std need one value per dataset band ({n}), got {len(self.mean)} and {len(self.std)}"
+            )
         if any(s <= 0 for s in self.std):
             raise ValueError(f"data.std values must be positive, got {self.std}")
         if self.class_names is not None and self.num_classes is not None and len(self.class_names) != self.num_classes:
             raise ValueError(f"data.class_names has {len(self.class_names)} names for num_classes {self.num_classes}")
+        if self.class_names is not None and len(set(self.class_names)) != len(self.class_names):
+            raise ValueError(f"data.class_names repeats names: {self.class_names}")
+        lo, hi = self.crop_scale
+        if not 0 < lo <= hi <= 1:
+            raise ValueError(f"data.crop_scale must satisfy 0 < min <= max <= 1, got {self.crop_scale}")
+        bad = [s for s in self.suffixes if not s.startswith(".") or len(s) < 2]
+        if bad:
+            raise ValueError(f"data.suffixes must be file name endings such as .tif, got {bad}")
+        if self.torchgeo is None and (self.lr_kwargs or self.hr_kwargs):
+            raise ValueError(
+                "data.lr_kwargs and data.hr_kwargs configure torchgeo classes; set data.torchgeo or remove them"
+            )
+        if self.torchgeo is not None and self.folders:
+            raise ValueError("data.folders names the parts of split folders; a torchgeo class reads its own layout")
         return self
 
 

@@ -1,12 +1,15 @@
 """Raster input and output: GeoTIFF, PNG and JPEG through rasterio.
 
-This is the only module of geofm that imports :mod:`rasterio`.
+Whole files (:func:`read_raster`), headers (:func:`raster_info`), windows of scenes of any size
+(:class:`WindowReader`) and GeoTIFFs written whole (:func:`write_geotiff`) or window by window
+(:class:`GeoTiffWriter`). This is the only module of geofm that imports :mod:`rasterio`.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +17,8 @@ import numpy as np
 import rasterio
 from affine import Affine
 from rasterio.errors import NotGeoreferencedWarning, RasterioError
+from rasterio.io import DatasetReader
+from rasterio.windows import Window
 
 from geofm.errors import RasterReadError
 
@@ -26,11 +31,16 @@ class Raster:
         data: array of shape (bands, height, width) in the file's dtype.
         nodata: the file's own nodata value, or None if it declares none.
         dtype: name of the file's dtype, e.g. ``"uint16"``.
+        crs: the file's coordinate reference system (e.g. ``"EPSG:32632"``), or None if it has none.
+        transform: affine coefficients ``(a, b, c, d, e, f)`` from pixel to map coordinates
+            (the identity for files without georeferencing).
     """
 
     data: np.ndarray
     nodata: float | None
     dtype: str
+    crs: str | None = None
+    transform: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
 
     def valid(self, nodata: float | None = None) -> np.ndarray:
         """Bool mask of ``data``'s shape: finite pixels not equal to ``nodata`` (default: the file's own)."""
@@ -41,12 +51,95 @@ class Raster:
         return valid
 
 
+@dataclass(frozen=True)
+class RasterInfo:
+    """The header of an image file: size, bands, dtype and georeferencing.
+
+    Attributes:
+        path: the file.
+        width: columns.
+        height: rows.
+        count: bands.
+        dtype: name of the dtype of its first band, e.g. ``"uint16"``.
+        crs: coordinate reference system, or None if the file has none.
+        transform: affine coefficients ``(a, b, c, d, e, f)`` from pixel to map coordinates.
+        nodata: the file's nodata value, or None.
+    """
+
+    path: str
+    width: int
+    height: int
+    count: int
+    dtype: str
+    crs: str | None
+    transform: tuple[float, ...]
+    nodata: float | None
+
+
+def same_grid(a: RasterInfo | Raster, b: RasterInfo | Raster) -> str | None:
+    """How two rasters' pixel grids differ (CRS, transform, size), or None if they are the same grid."""
+    shape_a = (a.height, a.width) if isinstance(a, RasterInfo) else a.data.shape[1:]
+    shape_b = (b.height, b.width) if isinstance(b, RasterInfo) else b.data.shape[1:]
+    if shape_a != shape_b:
+        return f"size {shape_a[0]}x{shape_a[1]} vs {shape_b[0]}x{shape_b[1]} pixels"
+    if a.crs != b.crs:
+        return f"CRS {a.crs} vs {b.crs}"
+    if not np.allclose(a.transform, b.transform, rtol=0.0, atol=1e-9 * max(1.0, *map(abs, a.transform))):
+        return f"transform {tuple(a.transform)} vs {tuple(b.transform)}"
+    return None
+
+
 def _describe(exc: Exception) -> str:
     """Message of a rasterio error, with the GDAL error that caused it when there is one."""
     message = str(exc).replace(" See previous exception for details.", "")
     if exc.__cause__ is not None:
         message = f"{message} ({exc.__cause__})"
     return message
+
+
+def _open_dataset(path: str | Path) -> DatasetReader:
+    """Open a raster for reading; rasterio errors become :class:`RasterReadError`."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NotGeoreferencedWarning)
+            return rasterio.open(path)
+    except RasterioError as exc:
+        raise RasterReadError(path, f"cannot read raster: {_describe(exc)}") from exc
+
+
+@contextmanager
+def _open(path: str | Path) -> Iterator[DatasetReader]:
+    """An open raster; rasterio errors raised while it is open become :class:`RasterReadError`."""
+    with _open_dataset(path) as src:
+        try:
+            yield src
+        except RasterioError as exc:
+            raise RasterReadError(path, f"cannot read raster: {_describe(exc)}") from exc
+
+
+def _check_layout(
+    src: DatasetReader, path: str | Path, expected_bands: int | None, band_names: Sequence[str] | None
+) -> None:
+    """Refuse a file with another band count than expected or a dtype that is neither integer nor float."""
+    if expected_bands is not None and src.count != expected_bands:
+        declared = f" ({', '.join(band_names)})" if band_names else ""
+        raise RasterReadError(path, f"has {src.count} bands, source declares {expected_bands}{declared}")
+    kinds = {np.dtype(d).kind for d in src.dtypes}
+    if not kinds <= {"i", "u", "f"}:
+        raise RasterReadError(path, f"has dtype {', '.join(sorted(set(src.dtypes)))}; expected an integer or float type")
+
+
+def _info(src: DatasetReader, path: str | Path) -> RasterInfo:
+    return RasterInfo(
+        path=str(path),
+        width=src.width,
+        height=src.height,
+        count=src.count,
+        dtype=str(src.dtypes[0]),
+        crs=src.crs.to_string() if src.crs else None,
+        transform=tuple(src.transform)[:6],
+        nodata=None if src.nodata is None else float(src.nodata),
+    )
 
 
 def read_raster(path: str | Path, expected_bands: int, band_names: Sequence[str] | None = None) -> Raster:
@@ -58,31 +151,82 @@ def read_raster(path: str | Path, expected_bands: int, band_names: Sequence[str]
         band_names: names of the declared bands, only used to word the error.
 
     Returns:
-        The file's pixels, nodata value and dtype.
+        The file's pixels, nodata value, dtype and georeferencing.
 
     Raises:
         RasterReadError: if the file is missing, corrupt or truncated, holds another number of
             bands than expected, or has a dtype that is neither integer nor float.
     """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NotGeoreferencedWarning)
-            with rasterio.open(path) as src:
-                if src.count != expected_bands:
-                    declared = f" ({', '.join(band_names)})" if band_names else ""
-                    raise RasterReadError(
-                        path, f"has {src.count} bands, source declares {expected_bands}{declared}"
-                    )
-                kinds = {np.dtype(d).kind for d in src.dtypes}
-                if not kinds <= {"i", "u", "f"}:
-                    raise RasterReadError(
-                        path, f"has dtype {', '.join(sorted(set(src.dtypes)))}; expected an integer or float type"
-                    )
-                data = src.read()
-                nodata = src.nodata
-    except RasterioError as exc:
-        raise RasterReadError(path, f"cannot read raster: {_describe(exc)}") from exc
-    return Raster(data=data, nodata=None if nodata is None else float(nodata), dtype=str(data.dtype))
+    with _open(path) as src:
+        _check_layout(src, path, expected_bands, band_names)
+        data = src.read()
+        info = _info(src, path)
+    return Raster(data=data, nodata=info.nodata, dtype=str(data.dtype), crs=info.crs, transform=info.transform)
+
+
+def raster_info(path: str | Path) -> RasterInfo:
+    """The header of an image file, without reading its pixels.
+
+    Raises:
+        RasterReadError: if the file is missing or not a raster GDAL reads.
+    """
+    with _open(path) as src:
+        return _info(src, path)
+
+
+class WindowReader:
+    """An open image file whose pixels are read one window at a time (scenes of any size).
+
+    Use it as a context manager; :attr:`info` holds the header.
+    """
+
+    def __init__(self, path: str | Path, expected_bands: int | None = None, band_names: Sequence[str] | None = None) -> None:
+        """Open a raster for windowed reading.
+
+        Args:
+            path: the file.
+            expected_bands: number of bands the file must hold, or None for any.
+            band_names: names of the declared bands, only used to word the error.
+
+        Raises:
+            RasterReadError: if the file cannot be opened, holds another number of bands than
+                expected or has a dtype that is neither integer nor float.
+        """
+        self.path = str(path)
+        self._src = _open_dataset(path)
+        try:
+            _check_layout(self._src, path, expected_bands, band_names)
+        except RasterReadError:
+            self._src.close()
+            raise
+        self.info = _info(self._src, path)
+
+    def read(self, row_off: int, col_off: int, height: int, width: int) -> np.ndarray:
+        """Pixels of a window inside the raster, shape (bands, height, width), in the file's dtype.
+
+        Raises:
+            RasterReadError: if the window leaves the raster or the file cannot be read.
+        """
+        if row_off < 0 or col_off < 0 or row_off + height > self.info.height or col_off + width > self.info.width:
+            raise RasterReadError(
+                self.path,
+                f"window rows {row_off}:{row_off + height}, columns {col_off}:{col_off + width} "
+                f"leaves the {self.info.height}x{self.info.width} raster",
+            )
+        try:
+            return self._src.read(window=Window(col_off, row_off, width, height))
+        except RasterioError as exc:
+            raise RasterReadError(self.path, f"cannot read raster: {_describe(exc)}") from exc
+
+    def close(self) -> None:
+        """Close the file."""
+        self._src.close()
+
+    def __enter__(self) -> WindowReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def write_geotiff(
@@ -126,3 +270,92 @@ def write_geotiff(
         nodata=nodata,
     ) as dst:
         dst.write(array)
+
+
+class GeoTiffWriter:
+    """A GeoTIFF written window by window, so that a scene never has to be held whole in memory.
+
+    The file is tiled (256 x 256 blocks), deflate-compressed and becomes a BigTIFF when it needs
+    to. Use it as a context manager.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        width: int,
+        height: int,
+        count: int,
+        dtype: str | np.dtype,
+        crs: str | None,
+        transform: Sequence[float],
+        nodata: float | None = None,
+    ) -> None:
+        """Create the file.
+
+        Args:
+            path: output file; its parent folder is created if needed.
+            width: columns.
+            height: rows.
+            count: bands.
+            dtype: pixel type, e.g. ``"uint8"``.
+            crs: coordinate reference system, or None.
+            transform: affine coefficients ``(a, b, c, d, e, f)``.
+            nodata: value marking pixels without data, or None.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.shape = (count, height, width)
+        self.dtype = np.dtype(dtype)
+        blocked = width >= 256 and height >= 256
+        self._dst = rasterio.open(
+            path,
+            "w",
+            driver="GTiff",
+            width=width,
+            height=height,
+            count=count,
+            dtype=self.dtype,
+            crs=crs,
+            transform=Affine(*transform[:6]),
+            nodata=nodata,
+            compress="deflate",
+            tiled=blocked,
+            **({"blockxsize": 256, "blockysize": 256} if blocked else {}),
+            BIGTIFF="IF_SAFER",
+        )
+
+    def write(self, array: np.ndarray, row_off: int, col_off: int = 0) -> None:
+        """Write a (bands, rows, columns) block with its top-left pixel at ``(row_off, col_off)``.
+
+        Raises:
+            ValueError: if the block has other bands than the file or leaves it.
+        """
+        count, height, width = self.shape
+        if array.ndim != 3 or array.shape[0] != count:
+            raise ValueError(
+                f"{self.path}: expected a block of {count} bands (bands, rows, columns), got shape {array.shape}"
+            )
+        if row_off < 0 or col_off < 0 or row_off + array.shape[1] > height or col_off + array.shape[2] > width:
+            raise ValueError(
+                f"{self.path}: a {array.shape[1]}x{array.shape[2]} block at ({row_off}, {col_off}) "
+                f"leaves the {height}x{width} raster"
+            )
+        window = Window(col_off, row_off, array.shape[2], array.shape[1])
+        self._dst.write(array.astype(self.dtype, copy=False), window=window)
+
+    def close(self) -> None:
+        """Finish and close the file."""
+        self._dst.close()
+
+    def __enter__(self) -> GeoTiffWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def scaled_transform(transform: Sequence[float], factor: float) -> tuple[float, ...]:
+    """The transform of the same area at ``factor`` times as many pixels per side (pixel size / factor)."""
+    return tuple(Affine(*transform[:6]) @ Affine.scale(1.0 / factor))[:6]

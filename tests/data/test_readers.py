@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from geofm.data.readers import read_raster, write_geotiff
+from geofm.data.readers import (
+    GeoTiffWriter,
+    WindowReader,
+    raster_info,
+    read_raster,
+    same_grid,
+    scaled_transform,
+    write_geotiff,
+)
 from geofm.errors import RasterReadError
 
 
@@ -84,3 +92,44 @@ def test_complex_dtype_rejected(tmp_path: Path, write_tif) -> None:
 def test_write_geotiff_needs_three_dimensions(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="bands, height, width"):
         write_geotiff(tmp_path / "x.tif", np.zeros((4, 4)), transform=(1, 0, 0, 0, -1, 0), crs=32632)
+
+
+def test_georeferencing_is_read(tmp_path: Path, write_tif) -> None:
+    raster = read_raster(write_tif(tmp_path / "a.tif", np.zeros((1, 3, 4), dtype=np.uint8)), 1)
+    assert raster.crs == "EPSG:32632"
+    assert raster.transform == (10.0, 0.0, 500_000.0, 0.0, -10.0, 5_000_000.0)
+    info = raster_info(tmp_path / "a.tif")
+    assert (info.height, info.width, info.count, info.dtype, info.crs) == (3, 4, 1, "uint8", "EPSG:32632")
+
+
+def test_window_reader_reads_windows_and_refuses_leaving_the_raster(tmp_path: Path, write_tif) -> None:
+    data = np.arange(2 * 30 * 40, dtype=np.uint16).reshape(2, 30, 40)
+    path = write_tif(tmp_path / "scene.tif", data, nodata=7)
+    with WindowReader(path, 2) as reader:
+        assert reader.info.nodata == 7.0 and (reader.info.height, reader.info.width) == (30, 40)
+        np.testing.assert_array_equal(reader.read(5, 10, 8, 12), data[:, 5:13, 10:22])
+        with pytest.raises(RasterReadError, match="window rows 25:35, columns 0:4 leaves the 30x40 raster"):
+            reader.read(25, 0, 10, 4)
+    with pytest.raises(RasterReadError, match="has 2 bands, source declares 3"):
+        WindowReader(path, 3)
+
+
+def test_geotiff_writer_writes_blocks(tmp_path: Path) -> None:
+    transform = (2.0, 0.0, 100.0, 0.0, -2.0, 50.0)
+    grid = {"width": 300, "height": 270, "count": 1, "dtype": "uint8", "crs": "EPSG:32632", "transform": transform}
+    with GeoTiffWriter(tmp_path / "out.tif", **grid, nodata=255) as writer:
+        writer.write(np.full((1, 100, 300), 1, dtype=np.uint8), 0)
+        writer.write(np.full((1, 170, 300), 2, dtype=np.uint8), 100)
+        with pytest.raises(ValueError, match="leaves the 270x300 raster"):
+            writer.write(np.zeros((1, 10, 300), dtype=np.uint8), 265)
+    raster = read_raster(tmp_path / "out.tif", 1)
+    assert raster.nodata == 255 and raster.transform == transform and raster.crs == "EPSG:32632"
+    assert (raster.data[0, :100] == 1).all() and (raster.data[0, 100:] == 2).all()
+
+
+def test_same_grid_and_scaled_transform(tmp_path: Path, write_tif) -> None:
+    a = raster_info(write_tif(tmp_path / "a.tif", np.zeros((1, 4, 4), dtype=np.uint8)))
+    assert same_grid(a, raster_info(write_tif(tmp_path / "b.tif", np.ones((1, 4, 4), dtype=np.uint8)))) is None
+    write_geotiff(tmp_path / "c.tif", np.zeros((1, 4, 4), dtype=np.uint8), transform=(10, 0, 0, 0, -10, 0), crs=32632)
+    assert "transform" in same_grid(a, raster_info(tmp_path / "c.tif"))
+    assert scaled_transform((10.0, 0.0, 500.0, 0.0, -10.0, 900.0), 4) == (2.5, 0.0, 500.0, 0.0, -2.5, 900.0)

@@ -1,0 +1,250 @@
+"""Sliding-window inference over whole GeoTIFF scenes of any size (``geofm predict``).
+
+A scene is cut into ``tile`` x ``tile`` windows every ``tile - overlap`` pixels; windows reaching
+past the right or bottom edge are completed by reflection and their outputs cropped back. Each
+tile's output is weighted by a separable window, ``w(i) = sin^2(pi (i + 1/2) / tile)`` along each
+axis (a Hann window shifted by half a pixel, so strictly positive), and overlapping outputs are
+averaged with these weights: tile borders, where a model sees least context, count least, and a
+model whose output at a pixel depends on that pixel alone gives exactly that output everywhere
+(blending makes no seams). Tiles are batched along a row of tiles. Rows are read one strip of
+``tile`` image rows at a time (windowed reads) and written as soon as no later tile reaches them,
+so memory is bounded by a strip of tiles whatever the scene's size.
+
+Outputs keep the input's CRS and transform (super-resolution: the same origin with the pixel
+size divided by the scale factor):
+
+* ``segmentation``: class ids, the argmax of the blended scores (a single score channel is a
+  logit: class 1 where it is above 0), uint8 (uint16 beyond 255 classes), nodata 255 (65535);
+* ``change``: the same from ``model_fn(before, after)``; both scenes must share CRS, transform and size;
+* ``superres``: the model's bands at ``scale_factor`` times as many rows and columns, de-normalised
+  to the input's units and dtype, with the input's nodata value.
+
+Input nodata pixels (every band nodata or not finite, as GDAL's dataset mask; for change, in either
+date) are nodata in the output.
+
+The finetuning program provides ``finetune.predictor.load_predictor(run_dir) -> Predictor``, which
+``geofm predict`` calls to turn a finetuned run directory into a :class:`Predictor`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack, closing
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from geofm.data.finetune.normalise import BandNormaliser
+from geofm.data.readers import GeoTiffWriter, RasterInfo, WindowReader, same_grid, scaled_transform
+from geofm.errors import ConfigError, DataMismatchError
+from geofm.runlog import progress_bar
+
+PREDICTED_TASKS = ("segmentation", "change", "superres")
+
+ModelFn = Callable[..., Tensor]
+
+
+@dataclass(frozen=True)
+class Predictor:
+    """A finetuned model ready for :func:`predict_scene`.
+
+    Attributes:
+        model_fn: normalised tiles, float32 (B, C, tile, tile) on the CPU (change: before and
+            after, two arguments) -> class scores (B, K, tile, tile), or for ``superres`` normalised
+            images (B, C, tile * scale_factor, tile * scale_factor); it moves tiles to its device.
+        task: segmentation, change or superres.
+        normaliser: the model's band spec: its bands taken by name from the scene's, scale, mean, std, nodata.
+        scale_factor: superres: high / low resolution ratio.
+    """
+
+    model_fn: ModelFn
+    task: str
+    normaliser: BandNormaliser
+    scale_factor: int = 1
+
+
+def blend_weights(size: int) -> np.ndarray:
+    """The (size, size) weights of one tile's output: ``sin^2(pi (i + 1/2) / size)`` along each axis."""
+    ramp = np.sin(np.pi * (np.arange(size) + 0.5) / size) ** 2
+    return np.outer(ramp, ramp).astype(np.float32)
+
+
+def tile_origins(length: int, tile: int, overlap: int) -> list[int]:
+    """Offsets of the tiles along one axis: every ``tile - overlap`` pixels until a tile reaches the end."""
+    stride = tile - overlap
+    count = -(-max(length - tile, 0) // stride) + 1
+    return [k * stride for k in range(count)]
+
+
+def _tile(strip: np.ndarray, left: int, tile: int) -> np.ndarray:
+    """The tile of a strip starting at column ``left``, completed to tile x tile by reflection."""
+    part = strip[:, :, left : left + tile]
+    return np.pad(part, ((0, 0), (0, tile - part.shape[1]), (0, tile - part.shape[2])), mode="reflect")
+
+
+def _scores(out: Tensor, batch: int, size: int, task: str, bands: int) -> np.ndarray:
+    """The model's outputs as float32 numpy, after checking their shape."""
+    shape = tuple(out.shape)
+    if len(shape) != 4 or shape[0] != batch or shape[2:] != (size, size) or (task == "superres" and shape[1] != bands):
+        channels = bands if task == "superres" else "K"
+        raise ConfigError(
+            f"model_fn returned shape {shape} for {batch} tiles; task {task} expects ({batch}, {channels}, {size}, {size})"
+        )
+    return out.detach().float().cpu().numpy()
+
+
+class _Output:
+    """Turns blended scores into output pixels and writes them, created once the model's output is known."""
+
+    def __init__(
+        self,
+        path: Path,
+        task: str,
+        normaliser: BandNormaliser,
+        channels: int,
+        info: RasterInfo,
+        factor: int,
+        nodata: float | None,
+    ) -> None:
+        self.task = task
+        self.normaliser = normaliser
+        self.factor = factor
+        if task == "superres":
+            self.dtype = np.dtype(info.dtype)
+            self.fill = nodata if nodata is not None else (np.nan if self.dtype.kind == "f" else None)
+            count, out_nodata = channels, nodata
+        else:
+            self.dtype = np.dtype(np.uint8 if max(channels, 2) <= 255 else np.uint16)
+            self.fill = out_nodata = int(np.iinfo(self.dtype).max)
+            count = 1
+        self.writer = GeoTiffWriter(
+            path,
+            width=info.width * factor,
+            height=info.height * factor,
+            count=count,
+            dtype=self.dtype,
+            crs=info.crs,
+            transform=scaled_transform(info.transform, factor),
+            nodata=out_nodata,
+        )
+
+    def write(self, scores: np.ndarray, weights: np.ndarray, valid: np.ndarray, row_off: int) -> None:
+        """Write blended rows: ``scores`` and ``weights`` summed over tiles, ``valid`` at input resolution."""
+        blended = scores / weights[None]
+        if self.task == "superres":
+            pixels = self.normaliser.denormalise(blended)
+            if self.dtype.kind in "iu":
+                limits = np.iinfo(self.dtype)
+                pixels = np.clip(np.round(pixels), limits.min, limits.max)
+        else:
+            pixels = (blended[0] > 0)[None] if len(blended) == 1 else blended.argmax(axis=0)[None]
+        pixels = pixels.astype(self.dtype)
+        if self.fill is not None:
+            invalid = ~valid.repeat(self.factor, axis=0).repeat(self.factor, axis=1)
+            pixels[:, invalid] = self.fill
+        self.writer.write(pixels, row_off * self.factor)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def predict_scene(
+    model_fn: ModelFn,
+    input_path: str | Path | Sequence[str | Path],
+    output_path: str | Path,
+    *,
+    task: str,
+    normaliser: BandNormaliser,
+    tile: int = 256,
+    overlap: int = 64,
+    batch_size: int = 8,
+    scale_factor: int = 1,
+    progress: bool = True,
+) -> Path:
+    """Run a model over a whole scene in overlapping tiles and write its prediction as a GeoTIFF.
+
+    Args:
+        model_fn: see :class:`Predictor`.
+        input_path: the scene; for ``change`` the pair ``(before, after)``.
+        output_path: the GeoTIFF to write.
+        task: segmentation, change or superres.
+        normaliser: the model's band spec (bands, scale, mean, std, nodata).
+        tile: side of the tiles the model sees, in input pixels.
+        overlap: pixels shared by neighbouring tiles, below ``tile``.
+        batch_size: tiles per model call.
+        scale_factor: superres: high / low resolution ratio.
+        progress: show a progress bar over tiles.
+
+    Returns:
+        The output path.
+
+    Raises:
+        ConfigError: for invalid tiling arguments, an unknown task, or model outputs of the wrong shape.
+        DataMismatchError: if before and after differ in CRS, transform or size.
+        RasterReadError: if an input cannot be read or has other bands than ``normaliser.dataset_bands``.
+    """
+    if task not in PREDICTED_TASKS:
+        raise ConfigError(f"geofm predict writes {', '.join(PREDICTED_TASKS)} outputs, not {task!r}")
+    if tile <= 0 or not 0 <= overlap < tile or batch_size <= 0:
+        raise ConfigError(
+            f"need tile > 0, 0 <= overlap < tile and batch size > 0, got tile {tile}, overlap {overlap}, "
+            f"batch size {batch_size}"
+        )
+    inputs = [Path(input_path)] if isinstance(input_path, (str, Path)) else [Path(p) for p in input_path]
+    if len(inputs) != (2 if task == "change" else 1):
+        wanted = "a before and an after scene" if task == "change" else "one scene"
+        raise ConfigError(f"task {task} takes {wanted}, got {len(inputs)}")
+    factor = scale_factor if task == "superres" else 1
+    if factor < 1:
+        raise ConfigError(f"scale factor must be a positive integer, got {scale_factor}")
+    output_path = Path(output_path)
+
+    with ExitStack() as stack:
+        bands = normaliser.dataset_bands
+        readers = [stack.enter_context(WindowReader(p, len(bands), bands)) for p in inputs]
+        info = readers[0].info
+        if len(readers) == 2 and (difference := same_grid(info, readers[1].info)) is not None:
+            raise DataMismatchError(
+                f"{inputs[0]} and {inputs[1]}: the before and after scenes differ in {difference}; "
+                "they must share CRS, transform and size"
+            )
+        height, width = info.height, info.width
+        rows, cols = tile_origins(height, tile, overlap), tile_origins(width, tile, overlap)
+        size = tile * factor
+        weights = blend_weights(size)
+        weight_sum = np.zeros((size, width * factor), dtype=np.float32)
+        scores: np.ndarray | None = None
+        output: _Output | None = None
+        bar = stack.enter_context(progress_bar(len(rows) * len(cols), 0, progress, output_path.name, unit="tile"))
+        for r, top in enumerate(rows):
+            rows_read = min(tile, height - top)
+            strips, valid = [], np.ones((rows_read, width), dtype=bool)
+            for reader in readers:
+                image, band_valid = normaliser(reader.read(top, 0, rows_read, width), reader.info.nodata, reader.path)
+                strips.append(image.numpy())
+                valid &= band_valid.numpy().any(axis=0)
+            for start in range(0, len(cols), batch_size):
+                lefts = cols[start : start + batch_size]
+                batches = [torch.from_numpy(np.stack([_tile(strip, left, tile) for left in lefts])) for strip in strips]
+                with torch.inference_mode():
+                    out = _scores(model_fn(*batches), len(lefts), size, task, len(normaliser.bands))
+                if output is None:
+                    nodata = normaliser.nodata_for(info.nodata)
+                    output = stack.enter_context(closing(_Output(output_path, task, normaliser, out.shape[1], info, factor, nodata)))
+                    scores = np.zeros((out.shape[1], size, width * factor), dtype=np.float32)
+                for b, left in enumerate(lefts):
+                    h, w = rows_read * factor, min(tile, width - left) * factor
+                    x = left * factor
+                    scores[:, :h, x : x + w] += out[b, :, :h, :w] * weights[:h, :w]
+                    weight_sum[:h, x : x + w] += weights[:h, :w]
+                bar.update(len(lefts))
+            final = rows[r + 1] - top if r + 1 < len(rows) else rows_read
+            done = final * factor
+            output.write(scores[:, :done], weight_sum[:done], valid[:final], top)
+            scores[:, :-done], scores[:, -done:] = scores[:, done:].copy(), 0.0
+            weight_sum[:-done], weight_sum[-done:] = weight_sum[done:].copy(), 0.0
+    return output_path
+

@@ -1,0 +1,30 @@
+"""Downstream datasets of finetuning: torchgeo classes by name or the user's folders, in one sample format.
+
+:func:`build_finetune_dataset` turns the ``data`` section of a finetuning config into one split's
+:class:`FinetuneDataset`. Its samples follow :mod:`geofm.config.finetune`: images in the model's
+bands, ``(raw * scale - mean) / std`` with nodata set to 0; ``label`` int64 (classification) or
+float32 multi-hot (multilabel); ``mask`` int64 (segmentation; change in {0, 1}); ``target`` at
+``scale_factor`` times the size of ``image`` (superres). Folder layouts: :mod:`.folders`; torchgeo
+classes: :mod:`.torchgeo`; augmentation and evaluation views: :mod:`.augment`; train fractions:
+:mod:`.subset`. Files that do not fit together raise :class:`~geofm.errors.DataMismatchError`
+naming them.
+"""
+
+from geofm.data.finetune.dataset import FOLDER_SOURCES, FinetuneDataset, build_finetune_dataset
+from geofm.data.finetune.folders import FOLDER_LAYOUTS
+from geofm.data.finetune.normalise import BandNormaliser
+from geofm.data.finetune.source import SceneSource
+from geofm.data.finetune.subset import subset_indices
+from geofm.data.finetune.torchgeo import KNOWN_BANDS, TorchgeoSource
+
+__all__ = [
+    "FOLDER_LAYOUTS",
+    "FOLDER_SOURCES",
+    "KNOWN_BANDS",
+    "BandNormaliser",
+    "FinetuneDataset",
+    "SceneSource",
+    "TorchgeoSource",
+    "build_finetune_dataset",
+    "subset_indices",
+]

@@ -1,0 +1,158 @@
+"""One split of a downstream dataset, in the sample format of its task, and the entry point that builds it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from geofm.config.finetune import TASKS, FinetuneDataConfig, Split
+from geofm.data.finetune.augment import (
+    ClassificationView,
+    DenseAugmentation,
+    SuperresAugmentation,
+    crop_tile,
+    grid_origins,
+)
+from geofm.data.finetune.change import ChangeFolders
+from geofm.data.finetune.classification import ClassFolders
+from geofm.data.finetune.multilabel import MultilabelFolder
+from geofm.data.finetune.segmentation import SegmentationFolders
+from geofm.data.finetune.source import SceneSource
+from geofm.data.finetune.subset import subset_indices
+from geofm.data.finetune.superres import SuperresFolders
+from geofm.data.finetune.torchgeo import TorchgeoSource
+from geofm.errors import ConfigError
+
+logger = logging.getLogger("geofm.data")
+
+FOLDER_SOURCES: dict[str, Callable[[FinetuneDataConfig, Split], SceneSource]] = {
+    "classification": ClassFolders,
+    "multilabel": MultilabelFolder,
+    "segmentation": SegmentationFolders,
+    "change": ChangeFolders,
+    "superres": SuperresFolders,
+}
+
+
+class FinetuneDataset(Dataset[dict[str, Tensor]]):
+    """Samples of one split, ready for a DataLoader's default collation.
+
+    Training (``train=True``): one random crop per scene and epoch (see
+    :mod:`geofm.data.finetune.augment`). Evaluation: classification scenes resized whole to
+    ``img_size``; segmentation, change and super-resolution scenes cut into a grid of ``img_size``
+    tiles that covers every pixel (the last row and column of tiles are flush with the far edges,
+    overlapping their neighbours), one sample per tile, in scene order. Each sample is a dict in the
+    task's format (:mod:`geofm.config.finetune`), nothing else.
+    """
+
+    def __init__(
+        self,
+        source: SceneSource,
+        cfg: FinetuneDataConfig,
+        img_size: int,
+        train: bool,
+        scenes: list[int] | None = None,
+    ) -> None:
+        """Initialise a new FinetuneDataset instance.
+
+        Args:
+            source: the scenes of the split.
+            cfg: the downstream data section (augmentation switches, ignore_index, scale_factor).
+            img_size: side of the samples (super-resolution: of the low-resolution input).
+            train: random training crops, or the deterministic evaluation views.
+            scenes: the scenes used (a train fraction), default all.
+
+        Raises:
+            RasterReadError: evaluating dense tasks, if a scene's size cannot be read.
+        """
+        self.source = source
+        self.task = source.task
+        self.img_size = img_size
+        self.train = train
+        self.scenes = list(range(len(source))) if scenes is None else list(scenes)
+        self.factor = int(cfg.scale_factor or 1) if self.task == "superres" else 1
+        mask_fill = cfg.ignore_index if cfg.ignore_index is not None else 0
+        self.mask_fill = mask_fill
+        dense = self.task in ("segmentation", "change", "superres")
+        self.tiles: list[tuple[int, int, int]] = []
+        if dense and not train:
+            if isinstance(source, TorchgeoSource):
+                logger.info("reading %d scenes of torchgeo %s once for their sizes", len(self.scenes), source.name)
+            for scene in self.scenes:
+                height, width = source.shape(scene)
+                self.tiles += [(scene, y, x) for y in grid_origins(height, img_size) for x in grid_origins(width, img_size)]
+        else:
+            self.tiles = [(scene, 0, 0) for scene in self.scenes]
+        if not dense:
+            self.view = ClassificationView(img_size, train, cfg.crop_scale, cfg.hflip, cfg.vflip)
+        elif self.task == "superres":
+            self.view = SuperresAugmentation(img_size, self.factor, cfg.hflip, cfg.vflip)
+        else:
+            self.view = DenseAugmentation(img_size, cfg.hflip, cfg.vflip, mask_fill)
+        self._cached: tuple[int, dict[str, Tensor]] | None = None
+
+    def __len__(self) -> int:
+        """Number of samples: scenes, or tiles when evaluating a dense task."""
+        return len(self.tiles)
+
+    def _scene(self, scene: int) -> dict[str, Tensor]:
+        """A scene, kept while consecutive tiles of it are read."""
+        if self._cached is None or self._cached[0] != scene:
+            self._cached = (scene, self.source.load(scene))
+        return self._cached[1]
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        """One sample in the task's format."""
+        scene, top, left = self.tiles[index]
+        if self.train or self.task in ("classification", "multilabel"):
+            return self.view(self.source.load(scene))
+        return crop_tile(self._scene(scene), top, left, self.img_size, self.factor, self.mask_fill)
+
+
+def build_finetune_dataset(
+    data_cfg: FinetuneDataConfig, task: str, split: Split, img_size: int, train: bool
+) -> FinetuneDataset:
+    """One split of a downstream dataset, from a torchgeo class or the user's folders.
+
+    The train split is reduced to ``data_cfg.train_fraction`` (seeded by ``data_cfg.subset_seed``,
+    stratified where labels are known without reading images; see
+    :func:`~geofm.data.finetune.subset.subset_indices`).
+
+    Args:
+        data_cfg: the downstream data section.
+        task: classification, multilabel, segmentation, change or superres.
+        split: train, val or test.
+        img_size: side of the samples (super-resolution: of the low-resolution input).
+        train: random training augmentation (True) or the deterministic evaluation views.
+
+    Returns:
+        The dataset.
+
+    Raises:
+        ConfigError: for an unknown task, a super-resolution task without ``scale_factor``, or
+            torchgeo arguments the class refuses.
+        DatasetNotFoundError: if the data is missing, naming the folder and how to get it.
+        DataMismatchError: if files lack their partners or classes/bands do not fit the config.
+    """
+    if task not in TASKS:
+        raise ConfigError(f"task {task!r} is none of {', '.join(TASKS)}")
+    if task == "superres" and data_cfg.scale_factor is None:
+        raise ConfigError("task superres needs data.scale_factor")
+    if data_cfg.torchgeo is not None:
+        source = TorchgeoSource(data_cfg, task, split)
+    else:
+        source = FOLDER_SOURCES[task](data_cfg, split)
+    scenes = None
+    if split == "train" and data_cfg.train_fraction < 1:
+        labels = source.labels() if task in ("classification", "multilabel") else None
+        if labels is None:
+            logger.info(
+                "train_fraction %s of %s: no labels known without reading images, drawn uniformly",
+                data_cfg.train_fraction,
+                task,
+            )
+        scenes = subset_indices(len(source), data_cfg.train_fraction, data_cfg.subset_seed, labels)
+    return FinetuneDataset(source, data_cfg, img_size, train, scenes)

@@ -1,0 +1,178 @@
+"""What the folder datasets share: the layout of a split folder, and listing and pairing its files.
+
+A split folder ``root/<splits[split]>/`` holds, per task (part names are defaults that
+``data.folders`` overrides):
+
+==================  ========================================================================
+``classification``  one sub-folder of images per class (UC Merced, AID layout)
+``multilabel``      ``images/`` and ``labels.csv``: header ``image,<class>,...``, a row per image
+                    (its file name, then 0 or 1 per class)
+``segmentation``    ``images/`` and ``masks/``, a mask per image with the same file stem
+``change``          ``A/`` (before), ``B/`` (after), ``label/`` (LEVIR-CD layout), same file stems;
+                    DSIFN-style data: ``folders: {before: t1, after: t2, mask: mask}``
+``superres``        ``lr/`` and ``hr/``, same file stems
+==================  ========================================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import Tensor
+
+from geofm.config.finetune import FinetuneDataConfig, Split
+from geofm.data.finetune.normalise import BandNormaliser
+from geofm.data.finetune.source import SceneSource
+from geofm.data.readers import Raster, raster_info, read_raster
+from geofm.errors import ConfigError, DataMismatchError, DatasetNotFoundError
+
+FOLDER_LAYOUTS: dict[str, dict[str, str]] = {
+    "classification": {},
+    "multilabel": {"images": "images", "labels": "labels.csv"},
+    "segmentation": {"images": "images", "masks": "masks"},
+    "change": {"before": "A", "after": "B", "mask": "label"},
+    "superres": {"lr": "lr", "hr": "hr"},
+}
+
+_SHOWN = 5
+
+
+def _some(names: list[str]) -> str:
+    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+    return ", ".join(names[:_SHOWN]) + more
+
+
+def folder_layout(cfg: FinetuneDataConfig, task: str) -> dict[str, str]:
+    """The part names of a split folder of ``task``: the defaults with ``data.folders`` over them.
+
+    Raises:
+        ConfigError: if ``data.folders`` names a part the task's layout does not have.
+    """
+    defaults = FOLDER_LAYOUTS[task]
+    unknown = sorted(set(cfg.folders) - set(defaults))
+    if unknown:
+        parts = ", ".join(defaults) or "none (one sub-folder per class)"
+        raise ConfigError(f"data.folders: {unknown} are not parts of a {task} split folder; its parts are {parts}")
+    return {**defaults, **cfg.folders}
+
+
+def split_folder(cfg: FinetuneDataConfig, split: Split) -> Path:
+    """The folder of a split, ``root/<splits[split]>``.
+
+    Raises:
+        DatasetNotFoundError: if it does not exist.
+    """
+    folder = cfg.root / cfg.splits[split]
+    if not folder.is_dir():
+        raise DatasetNotFoundError(
+            f"the {split} split folder {folder.resolve()} does not exist (data.root {cfg.root}, data.splits.{split} "
+            f"{cfg.splits[split]!r})"
+        )
+    return folder
+
+
+def list_files(folder: Path, suffixes: list[str]) -> dict[str, Path]:
+    """The images of a folder by file stem, sorted (not recursive).
+
+    Raises:
+        DatasetNotFoundError: if the folder is missing or holds no file with one of ``suffixes``.
+        DataMismatchError: if two files share a stem (``a.tif`` and ``a.png``).
+    """
+    if not folder.is_dir():
+        raise DatasetNotFoundError(f"folder {folder.resolve()} does not exist")
+    endings = tuple(s.lower() for s in suffixes)
+    files: dict[str, Path] = {}
+    for path in sorted(folder.iterdir()):
+        if not path.is_file() or not path.name.lower().endswith(endings):
+            continue
+        if path.stem in files:
+            raise DataMismatchError(f"{folder}: {files[path.stem].name} and {path.name} share the stem {path.stem!r}")
+        files[path.stem] = path
+    if not files:
+        raise DatasetNotFoundError(f"folder {folder.resolve()} holds no image ({', '.join(suffixes)})")
+    return files
+
+
+def pair_by_stem(parts: dict[str, Path], suffixes: list[str]) -> list[dict[str, Path]]:
+    """The files of several folders matched by file stem, e.g. images and masks.
+
+    Args:
+        parts: folder of each part, e.g. ``{"images": ..., "masks": ...}``.
+        suffixes: file name endings of images.
+
+    Returns:
+        One dict per stem (sorted), giving each part's file.
+
+    Raises:
+        DatasetNotFoundError: if a folder is missing or empty.
+        DataMismatchError: naming the folders that lack partners of other folders' files.
+    """
+    listed = {name: list_files(folder, suffixes) for name, folder in parts.items()}
+    stems = sorted(set().union(*listed.values()))
+    lacking = [
+        f"{parts[name]} lacks {_some(missing)}"
+        for name, files in listed.items()
+        if (missing := [s for s in stems if s not in files])
+    ]
+    if lacking:
+        raise DataMismatchError(f"files without their partner (matched by file stem): {'; '.join(lacking)}")
+    return [{name: files[stem] for name, files in listed.items()} for stem in stems]
+
+
+class FolderSource(SceneSource):
+    """Base of the folder datasets: the split folder, its layout, and normalised reads."""
+
+    def __init__(self, cfg: FinetuneDataConfig, task: str, split: Split) -> None:
+        """Initialise a new FolderSource instance.
+
+        Args:
+            cfg: the downstream data section.
+            task: the task family, a key of :data:`FOLDER_LAYOUTS`.
+            split: which split.
+
+        Raises:
+            DatasetNotFoundError: if the split folder is missing.
+            ConfigError: if ``data.folders`` names parts the task's layout does not have.
+        """
+        self.cfg = cfg
+        self.task = task
+        self.layout = folder_layout(cfg, task)
+        self.root = split_folder(cfg, split)
+        self.normaliser = BandNormaliser.from_config(cfg)
+        self.items: list[dict[str, Path]] = []
+
+    def part(self, name: str) -> Path:
+        """The folder (or file) of a part of the layout."""
+        return self.root / self.layout[name]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def describe(self, index: int) -> str:
+        return ", ".join(str(p) for p in self.items[index].values() if isinstance(p, Path))
+
+    def shape(self, index: int) -> tuple[int, int]:
+        info = raster_info(next(iter(self.items[index].values())))
+        return info.height, info.width
+
+    def read_image(self, path: Path) -> tuple[Tensor, Raster]:
+        """An image file, normalised in the model's bands, and its raster.
+
+        Raises:
+            RasterReadError: if the file cannot be read or has another band count than ``data.dataset_bands``.
+        """
+        raster = read_raster(path, len(self.cfg.dataset_bands), self.cfg.dataset_bands)
+        image, _ = self.normaliser(raster.data, raster.nodata, str(path))
+        return image, raster
+
+    def read_mask(self, path: Path) -> Raster:
+        """A single-band mask file of integer values.
+
+        Raises:
+            RasterReadError: if the file cannot be read or has more than one band.
+            DataMismatchError: if its values are not integers.
+        """
+        raster = read_raster(path, 1, ["mask"])
+        if raster.data.dtype.kind == "f" and not (raster.data == raster.data.round()).all():
+            raise DataMismatchError(f"{path}: mask of dtype {raster.dtype} holds non-integer values; expected class ids")
+        return raster

@@ -1,0 +1,34 @@
+"""Semantic segmentation from a folder of images and a folder of masks."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from geofm.config.finetune import FinetuneDataConfig, Split
+from geofm.data.finetune.checks import check_same_size, class_mask
+from geofm.data.finetune.folders import FolderSource, pair_by_stem
+
+
+class SegmentationFolders(FolderSource):
+    """``<split>/images/`` and ``<split>/masks/``: a single-band mask of class ids per image, same file stem.
+
+    Mask values are class ids in ``[0, num_classes)`` or ``ignore_index``.
+    """
+
+    def __init__(self, cfg: FinetuneDataConfig, split: Split) -> None:
+        """Initialise a new SegmentationFolders instance.
+
+        Raises:
+            DatasetNotFoundError: if a folder is missing or empty.
+            DataMismatchError: naming images without masks and masks without images.
+        """
+        super().__init__(cfg, "segmentation", split)
+        self.items = pair_by_stem({"image": self.part("images"), "mask": self.part("masks")}, cfg.suffixes)
+
+    def load(self, index: int) -> dict[str, Tensor]:
+        files = self.items[index]
+        image, _ = self.read_image(files["image"])
+        mask = self.read_mask(files["mask"])
+        check_same_size(image.shape[1:], mask.data.shape[1:], f"mask {files['mask'].name}", str(files["image"]))
+        labels = class_mask(mask.data, self.cfg.num_classes, self.cfg.ignore_index, str(files["mask"]))
+        return {"image": image, "mask": labels}

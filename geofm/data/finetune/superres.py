@@ -1,0 +1,62 @@
+"""Super-resolution from folders of low- and high-resolution pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+from torch import Tensor
+
+from geofm.config.finetune import FinetuneDataConfig, Split
+from geofm.data.finetune.checks import superres_extent
+from geofm.data.finetune.folders import FolderSource, pair_by_stem
+from geofm.data.readers import Raster, RasterInfo, raster_info, scaled_transform
+from geofm.errors import DataMismatchError
+
+
+def _check_georeferencing(lr: Raster | RasterInfo, hr: Raster | RasterInfo, factor: int, where: str) -> None:
+    """Refuse a georeferenced pair whose high-resolution pixels are not the low-resolution ones split factor x factor."""
+    if lr.crs is None or hr.crs is None:
+        return
+    if lr.crs != hr.crs:
+        raise DataMismatchError(f"{where}: low resolution in CRS {lr.crs}, high resolution in {hr.crs}")
+    expected = scaled_transform(lr.transform, factor)
+    if not np.allclose(expected, hr.transform, rtol=1e-9, atol=1e-9):
+        raise DataMismatchError(
+            f"{where}: the high-resolution transform {tuple(hr.transform)} is not the low-resolution one at "
+            f"scale_factor {factor}, {expected}"
+        )
+
+
+class SuperresFolders(FolderSource):
+    """``<split>/lr/`` and ``<split>/hr/``: pairs with the same file stem.
+
+    The high-resolution image is ``scale_factor`` times the low-resolution one per side and, when
+    both are georeferenced, covers the same area (pixel size divided by the factor).
+    """
+
+    def __init__(self, cfg: FinetuneDataConfig, split: Split) -> None:
+        """Initialise a new SuperresFolders instance.
+
+        Raises:
+            DatasetNotFoundError: if a folder is missing or empty.
+            DataMismatchError: naming files without their partners.
+        """
+        super().__init__(cfg, "superres", split)
+        self.factor = int(cfg.scale_factor or 0)
+        self.items = pair_by_stem({"image": self.part("lr"), "target": self.part("hr")}, cfg.suffixes)
+
+    def _where(self, index: int) -> str:
+        return f"{self.items[index]['image']} and {self.items[index]['target']}"
+
+    def shape(self, index: int) -> tuple[int, int]:
+        lr, hr = (raster_info(p) for p in self.items[index].values())
+        sizes = (lr.height, lr.width), (hr.height, hr.width)
+        return superres_extent(*sizes, self.factor, self.cfg.superres_trim, self._where(index))
+
+    def load(self, index: int) -> dict[str, Tensor]:
+        files = self.items[index]
+        image, lr = self.read_image(files["image"])
+        target, hr = self.read_image(files["target"])
+        where = self._where(index)
+        h, w = superres_extent(image.shape[1:], target.shape[1:], self.factor, self.cfg.superres_trim, where)
+        _check_georeferencing(lr, hr, self.factor, where)
+        return {"image": image[:, :h, :w], "target": target[:, : h * self.factor, : w * self.factor]}

@@ -1,0 +1,171 @@
+"""Sliding-window inference: georeferencing, blending without seams, windowed reads, streaming writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from finetune.predict import blend_weights, predict_scene, tile_origins
+from geofm.data.finetune import BandNormaliser
+from geofm.data.readers import GeoTiffWriter, WindowReader, read_raster, write_geotiff
+from geofm.errors import ConfigError, DataMismatchError
+
+TRANSFORM = (10.0, 0.0, 600_000.0, 0.0, -10.0, 4_000_000.0)
+BANDS = ["blue", "green", "red"]
+HEIGHT, WIDTH = 219, 301
+
+
+def _normaliser(nodata: float | None = None) -> BandNormaliser:
+    return BandNormaliser(BANDS, ["red", "green", "blue"], 0.001, [0.5, 0.4, 0.3], [0.2, 0.25, 0.3], nodata)
+
+
+def _normalised(data: np.ndarray, norm: BandNormaliser) -> np.ndarray:
+    x = (data[norm.keep].astype(np.float32) * np.float32(norm.scale) - norm.mean) / norm.std
+    x[data[norm.keep] == 0] = 0
+    return x
+
+
+@pytest.fixture
+def scene(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """A 219 x 301 uint16 scene of three bands with a nodata corner."""
+    data = np.random.default_rng(0).integers(1, 1000, (3, HEIGHT, WIDTH)).astype(np.uint16)
+    data[:, 200:, :30] = 0
+    path = tmp_path / "scene.tif"
+    write_geotiff(path, data, transform=TRANSFORM, crs="EPSG:32632", nodata=0)
+    return path, data
+
+
+WEIGHTS = torch.tensor([[1.0, -0.5, 0.2], [-0.3, 0.8, 0.1], [0.2, 0.3, -0.9], [0.05, 0.0, 0.4]])
+
+
+def per_pixel(x: torch.Tensor) -> torch.Tensor:
+    """Four class scores, each a linear function of the pixel's own bands."""
+    return torch.einsum("kc,bchw->bkhw", WEIGHTS, x) + 0.1
+
+
+def test_tiling_helpers():
+    assert tile_origins(219, 64, 16) == [0, 48, 96, 144, 192], "every 48 px until a tile reaches the end"
+    assert tile_origins(50, 64, 16) == [0]
+    assert tile_origins(64, 64, 0) == [0] and tile_origins(65, 64, 0) == [0, 64]
+    weights = blend_weights(8)
+    assert weights.min() > 0 and np.allclose(weights, weights.T) and weights[3, 3] == weights.max()
+
+
+def test_per_pixel_model_gives_its_own_output_everywhere(tmp_path, scene):
+    path, data = scene
+    out = predict_scene(
+        per_pixel, path, tmp_path / "classes.tif", task="segmentation", normaliser=_normaliser(), tile=64, overlap=16, batch_size=3,
+        progress=False,
+    )
+    result = read_raster(out, 1)
+    assert result.crs == "EPSG:32632" and result.transform == TRANSFORM, "the input's georeferencing"
+    assert result.data.shape == (1, HEIGHT, WIDTH) and result.dtype == "uint8" and result.nodata == 255
+    scores = per_pixel(torch.from_numpy(_normalised(data, _normaliser()))[None])[0].numpy()
+    expected = scores.argmax(axis=0)
+    top2 = np.sort(scores, axis=0)[-2:]
+    clear = top2[1] - top2[0] > 1e-4
+    nodata = (data == 0).all(axis=0)
+    assert (result.data[0][nodata] == 255).all(), "input nodata pixels are output nodata"
+    assert nodata.sum() == 19 * 30
+    agree = (result.data[0] == expected) | ~clear | nodata
+    assert agree.all(), f"{(~agree).sum()} pixels differ from the per-pixel prediction (seams?)"
+
+
+def test_scene_within_one_tile_equals_a_single_pass(tmp_path):
+    data = np.random.default_rng(1).integers(1, 1000, (3, 45, 57)).astype(np.uint16)
+    path = tmp_path / "small.tif"
+    write_geotiff(path, data, transform=TRANSFORM, crs="EPSG:32632")
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 5, 5, padding=2)
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return conv(x)
+
+    out = predict_scene(model, path, tmp_path / "out.tif", task="segmentation", normaliser=_normaliser(), tile=64, overlap=16, progress=False)
+    x = np.pad(_normalised(data, _normaliser()), ((0, 0), (0, 64 - 45), (0, 64 - 57)), mode="reflect")
+    with torch.no_grad():
+        single = model(torch.from_numpy(x)[None])[0, :, :45, :57].argmax(0).numpy()
+    assert np.array_equal(read_raster(out, 1).data[0], single), "one reflect-padded pass, cropped back"
+
+
+def test_superres_output_is_finer_and_larger(tmp_path):
+    data = np.random.default_rng(2).uniform(100, 900, (3, 37, 53)).astype(np.float32)
+    data[:, :4, :6] = -9999
+    path = tmp_path / "lowres.tif"
+    write_geotiff(path, data, transform=TRANSFORM, crs="EPSG:32632", nodata=-9999)
+    norm = BandNormaliser(BANDS, ["red", "green", "blue"], 0.001, [0.5, 0.4, 0.3], [0.2, 0.25, 0.3])
+
+    def upsample(x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, scale_factor=3, mode="nearest")
+
+    out = predict_scene(
+        upsample, path, tmp_path / "sr.tif", task="superres", normaliser=norm, tile=16, overlap=6, batch_size=4, scale_factor=3,
+        progress=False,
+    )
+    result = read_raster(out, 3)
+    assert result.data.shape == (3, 37 * 3, 53 * 3) and result.dtype == "float32"
+    assert np.allclose(result.transform, (10.0 / 3, 0.0, 600_000.0, 0.0, -10.0 / 3, 4_000_000.0), rtol=1e-12), "pixel size / 3, same corner"
+    assert result.crs == "EPSG:32632" and result.nodata == -9999
+    expected = data[[2, 1, 0]].repeat(3, axis=1).repeat(3, axis=2)
+    assert (result.data[:, :12, :18] == -9999).all(), "high-resolution pixels of nodata input are nodata"
+    valid = expected != -9999
+    np.testing.assert_allclose(result.data[valid], expected[valid], rtol=1e-4, err_msg="de-normalised, no seams")
+
+
+def test_change_needs_two_scenes_on_one_grid(tmp_path):
+    before = np.full((3, 70, 90), 100, dtype=np.uint16)
+    after = before.copy()
+    after[:, 10:30, 40:80] = 900
+    write_geotiff(tmp_path / "a.tif", before, transform=TRANSFORM, crs="EPSG:32632")
+    write_geotiff(tmp_path / "b.tif", after, transform=TRANSFORM, crs="EPSG:32632")
+
+    def difference(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        return (x2 - x1).abs().sum(1, keepdim=True) - 1.0
+
+    pair = (tmp_path / "a.tif", tmp_path / "b.tif")
+    out = predict_scene(difference, pair, tmp_path / "change.tif", task="change", normaliser=_normaliser(), tile=32, overlap=8, progress=False)
+    result = read_raster(out, 1).data[0]
+    assert result.sum() == 20 * 40 and (result[10:30, 40:80] == 1).all(), "one logit channel: change where it is above 0"
+    write_geotiff(tmp_path / "c.tif", after, transform=(10.0, 0.0, 600_010.0, 0.0, -10.0, 4_000_000.0), crs="EPSG:32632")
+    shifted = (tmp_path / "a.tif", tmp_path / "c.tif")
+    with pytest.raises(DataMismatchError, match=r"a\.tif and .*c\.tif: the before and after scenes differ in transform"):
+        predict_scene(difference, shifted, tmp_path / "x.tif", task="change", normaliser=_normaliser(), progress=False)
+    with pytest.raises(ConfigError, match="takes a before and an after scene"):
+        predict_scene(difference, tmp_path / "a.tif", tmp_path / "x.tif", task="change", normaliser=_normaliser(), progress=False)
+
+
+def test_reads_windows_and_writes_rows_as_they_complete(tmp_path, scene, monkeypatch):
+    path, _ = scene
+    reads, writes = [], []
+    read, write = WindowReader.read, GeoTiffWriter.write
+
+    def counting_read(self, row_off, col_off, height, width):
+        reads.append((row_off, height))
+        return read(self, row_off, col_off, height, width)
+
+    def counting_write(self, array, row_off, col_off=0):
+        writes.append((row_off, array.shape[1]))
+        return write(self, array, row_off, col_off)
+
+    monkeypatch.setattr(WindowReader, "read", counting_read)
+    monkeypatch.setattr(GeoTiffWriter, "write", counting_write)
+    predict_scene(per_pixel, path, tmp_path / "out.tif", task="segmentation", normaliser=_normaliser(), tile=64, overlap=16, progress=False)
+    assert reads == [(0, 64), (48, 64), (96, 64), (144, 64), (192, 27)], "one strip of tile rows per row of tiles"
+    assert writes == [(0, 48), (48, 48), (96, 48), (144, 48), (192, 27)], "rows written once no later tile reaches them"
+
+
+def test_invalid_arguments_and_model_outputs(tmp_path, scene):
+    path, _ = scene
+    with pytest.raises(ConfigError, match="0 <= overlap < tile"):
+        predict_scene(per_pixel, path, tmp_path / "x.tif", task="segmentation", normaliser=_normaliser(), tile=32, overlap=32)
+    with pytest.raises(ConfigError, match="not 'classification'"):
+        predict_scene(per_pixel, path, tmp_path / "x.tif", task="classification", normaliser=_normaliser())
+    with pytest.raises(ConfigError, match=r"returned shape \(2, 4, 16, 16\) for 2 tiles; task segmentation expects \(2, K, 32, 32\)"):
+        predict_scene(
+            lambda x: per_pixel(x)[..., ::2, ::2], path, tmp_path / "x.tif", task="segmentation", normaliser=_normaliser(), tile=32,
+            overlap=0, batch_size=2, progress=False,
+        )
