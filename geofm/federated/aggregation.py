@@ -23,7 +23,7 @@ from geofm.errors import CodecError, ConfigError, LayoutMismatchError
 from geofm.federated.codec import Packet, decode
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Upload:
     """One client's upload of a round.
 
@@ -46,7 +46,7 @@ class Rejection:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Accepted:
     """An upload that passed screening, with its decoded update (float32 CPU vector)."""
 
@@ -79,7 +79,7 @@ class UploadRules:
             raise ConfigError(f"min_uploads_for_norm_rule must be at least 3, got {self.min_uploads_for_norm_rule}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RoundAggregate:
     """The outcome of a round's uploads.
 

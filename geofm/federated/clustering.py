@@ -61,7 +61,7 @@ def count_sketch(vectors: Sequence[Tensor], sketch_dim: int = 4096, seed: int = 
     return (signed[:, :sketch_dim] - signed[:, sketch_dim:]).cpu()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Clustering:
     """Groups of clients and their models.
 

@@ -67,7 +67,7 @@ def payload_nbytes(n: int, bits: int) -> int:
     return (n * bits + 7) // 8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Packet:
     """One encoded update as it travels: packed codes, per-bucket scales and a tiny header.
 

@@ -21,7 +21,7 @@ from geofm.errors import CodecError, ConfigError, LayoutMismatchError
 from geofm.federated.codec import Codec, Packet, decode
 
 
-@dataclass
+@dataclass(eq=False)
 class FeedbackState:
     """A client's error-feedback state, kept between rounds.
 
