@@ -68,3 +68,11 @@ class CheckpointFormatError(GeoFMError, ValueError):
 
 class RunInterrupted(GeoFMError):
     """A run stopped on request (SIGINT/SIGTERM) after checkpointing the step it reached."""
+
+
+class LayoutMismatchError(GeoFMError, ValueError):
+    """A parameter vector, tensor list or module does not match the expected parameter layout."""
+
+
+class CodecError(GeoFMError, ValueError):
+    """An encoded model update or a client's stored codec state is malformed, or an update to encode holds NaN or Inf."""

@@ -18,6 +18,7 @@ import rasterio
 from affine import Affine
 from rasterio.errors import NotGeoreferencedWarning, RasterioError
 from rasterio.io import DatasetReader
+from rasterio.warp import transform_bounds
 from rasterio.windows import Window
 
 from geofm.errors import RasterReadError
@@ -359,3 +360,29 @@ class GeoTiffWriter:
 def scaled_transform(transform: Sequence[float], factor: float) -> tuple[float, ...]:
     """The transform of the same area at ``factor`` times as many pixels per side (pixel size / factor)."""
     return tuple(Affine(*transform[:6]) @ Affine.scale(1.0 / factor))[:6]
+
+
+def read_bounds_lonlat(path: str | Path) -> tuple[float, float, float, float]:
+    """A georeferenced file's footprint in EPSG:4326.
+
+    Args:
+        path: a georeferenced raster (e.g. a GeoTIFF).
+
+    Returns:
+        ``(west, south, east, north)`` in degrees of longitude and latitude, from
+        :func:`rasterio.warp.transform_bounds` of the file's bounds (edges densified, so the box
+        encloses the footprint). A footprint across the antimeridian has ``west > east``.
+
+    Raises:
+        RasterReadError: if the file cannot be read or has no coordinate reference system.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NotGeoreferencedWarning)
+            with rasterio.open(path) as src:
+                if src.crs is None:
+                    raise RasterReadError(path, "has no coordinate reference system; cannot locate it on the globe")
+                west, south, east, north = transform_bounds(src.crs, "EPSG:4326", *src.bounds)
+    except RasterioError as exc:
+        raise RasterReadError(path, f"cannot read raster bounds: {_describe(exc)}") from exc
+    return float(west), float(south), float(east), float(north)

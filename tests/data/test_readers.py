@@ -11,6 +11,7 @@ from geofm.data.readers import (
     GeoTiffWriter,
     WindowReader,
     raster_info,
+    read_bounds_lonlat,
     read_raster,
     same_grid,
     scaled_transform,
@@ -133,3 +134,19 @@ def test_same_grid_and_scaled_transform(tmp_path: Path, write_tif) -> None:
     write_geotiff(tmp_path / "c.tif", np.zeros((1, 4, 4), dtype=np.uint8), transform=(10, 0, 0, 0, -10, 0), crs=32632)
     assert "transform" in same_grid(a, raster_info(tmp_path / "c.tif"))
     assert scaled_transform((10.0, 0.0, 500.0, 0.0, -10.0, 900.0), 4) == (2.5, 0.0, 500.0, 0.0, -2.5, 900.0)
+
+
+def test_bounds_in_lonlat_from_a_projected_file(tmp_path: Path, write_tif) -> None:
+    # 16 x 16 pixels of 10 m from (500000 E, 5000000 N) in UTM zone 32N: the zone's central meridian, 9 E.
+    path = write_tif(tmp_path / "utm.tif", np.zeros((1, 16, 16), dtype=np.uint8))
+    west, south, east, north = read_bounds_lonlat(path)
+    assert west == pytest.approx(9.0, abs=1e-9)
+    assert east == pytest.approx(9.0 + 160 / 78_600, abs=1e-4), "160 m east at 45 N is about 0.002 degrees"
+    assert (south, north) == (pytest.approx(45.15204, abs=1e-5), pytest.approx(45.15348, abs=1e-5))
+
+
+def test_bounds_need_a_crs(tmp_path: Path) -> None:
+    path = tmp_path / "photo.png"
+    Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8)).save(path)
+    with pytest.raises(RasterReadError, match="no coordinate reference system"):
+        read_bounds_lonlat(path)

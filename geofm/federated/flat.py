@@ -1,0 +1,173 @@
+"""The trainable parameters of a module as one flat float32 vector, and back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from geofm.errors import LayoutMismatchError
+
+
+@dataclass(frozen=True)
+class ParameterLayout:
+    """An ordered set of named tensors: the trainable parameters of a module.
+
+    The flat vector of a layout concatenates its tensors in order, each flattened row-major and
+    cast to float32, whatever the parameters' own dtype.
+
+    Attributes:
+        names: parameter names as :meth:`torch.nn.Module.named_parameters` gives them.
+        shapes: the shape of each parameter.
+        dtypes: the dtype of each parameter.
+    """
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+
+    def __post_init__(self) -> None:
+        if not len(self.names) == len(self.shapes) == len(self.dtypes):
+            raise LayoutMismatchError(
+                f"a layout needs one shape and one dtype per name: got {len(self.names)} names, "
+                f"{len(self.shapes)} shapes and {len(self.dtypes)} dtypes"
+            )
+
+    @classmethod
+    def of(cls, module: nn.Module) -> ParameterLayout:
+        """The layout of a module's parameters that require gradients, in registration order."""
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        return cls(
+            names=tuple(name for name, _ in named),
+            shapes=tuple(tuple(p.shape) for _, p in named),
+            dtypes=tuple(p.dtype for _, p in named),
+        )
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Number of values of each tensor."""
+        return tuple(torch.Size(shape).numel() for shape in self.shapes)
+
+    @property
+    def numel(self) -> int:
+        """Length of the flat vector."""
+        return sum(self.sizes)
+
+    def parameters(self, module: nn.Module) -> list[nn.Parameter]:
+        """The module's trainable parameters in layout order.
+
+        Raises:
+            LayoutMismatchError: if the module's trainable parameters differ from the layout in
+                name, order or shape.
+        """
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        names = tuple(name for name, _ in named)
+        if names != self.names:
+            missing = sorted(set(self.names) - set(names))
+            extra = sorted(set(names) - set(self.names))
+            raise LayoutMismatchError(
+                f"module's trainable parameters do not match the layout: missing {missing[:5]}, "
+                f"unexpected {extra[:5]}" + (" (same names, other order)" if not missing and not extra else "")
+            )
+        params = [p for _, p in named]
+        self.check_tensors(params)
+        return params
+
+    def check_tensors(self, tensors: Sequence[Tensor]) -> None:
+        """Check that a list of tensors has the layout's count and shapes.
+
+        Raises:
+            LayoutMismatchError: naming the first tensor whose shape differs, or both counts.
+        """
+        if len(tensors) != len(self.names):
+            raise LayoutMismatchError(f"expected {len(self.names)} tensors for the layout, got {len(tensors)}")
+        for name, shape, tensor in zip(self.names, self.shapes, tensors, strict=True):
+            if tuple(tensor.shape) != shape:
+                raise LayoutMismatchError(f"tensor {name!r} has shape {tuple(tensor.shape)}, layout expects {shape}")
+
+    def check_vector(self, vector: Tensor) -> None:
+        """Check that a vector is one-dimensional and as long as the layout.
+
+        Raises:
+            LayoutMismatchError: naming the expected and the actual length (or shape).
+        """
+        if vector.dim() != 1:
+            raise LayoutMismatchError(f"expected a 1-D vector of {self.numel} values, got shape {tuple(vector.shape)}")
+        if vector.numel() != self.numel:
+            raise LayoutMismatchError(
+                f"vector has {vector.numel()} values, the layout of {len(self.names)} tensors expects {self.numel}"
+            )
+
+    def _ordered(self, tensors: Sequence[Tensor] | Mapping[str, Tensor]) -> list[Tensor]:
+        """The tensors in layout order, from a list or from a name -> tensor mapping."""
+        if isinstance(tensors, Mapping):
+            missing = [name for name in self.names if name not in tensors]
+            extra = sorted(set(tensors) - set(self.names))
+            if missing or extra:
+                raise LayoutMismatchError(
+                    f"tensors do not match the layout: missing {missing[:5]}, unexpected {extra[:5]}"
+                )
+            tensors = [tensors[name] for name in self.names]
+        self.check_tensors(tensors)
+        return list(tensors)
+
+    def flatten(self, tensors: Sequence[Tensor] | Mapping[str, Tensor]) -> Tensor:
+        """Concatenate tensors into a new float32 vector on the first tensor's device.
+
+        Args:
+            tensors: one tensor per layout entry, in order, or a mapping from layout names.
+
+        Returns:
+            A detached float32 vector of length :attr:`numel`.
+
+        Raises:
+            LayoutMismatchError: if the tensors' count, names or shapes differ from the layout.
+        """
+        ordered = self._ordered(tensors)
+        device = ordered[0].device if ordered else torch.device("cpu")
+        vector = torch.empty(self.numel, dtype=torch.float32, device=device)
+        with torch.no_grad():
+            for piece, tensor in zip(self.split(vector), ordered, strict=True):
+                piece.copy_(tensor)
+        return vector
+
+    def flatten_module(self, module: nn.Module) -> Tensor:
+        """The module's trainable parameters as a new float32 vector (see :meth:`flatten`)."""
+        return self.flatten(self.parameters(module))
+
+    def split(self, vector: Tensor) -> list[Tensor]:
+        """Views of a vector, one per layout entry and shaped like it, in the vector's dtype.
+
+        Raises:
+            LayoutMismatchError: if the vector's length differs from :attr:`numel`.
+        """
+        self.check_vector(vector)
+        pieces = torch.split(vector, list(self.sizes))
+        return [piece.view(shape) for piece, shape in zip(pieces, self.shapes, strict=True)]
+
+    def unflatten(self, vector: Tensor) -> dict[str, Tensor]:
+        """A name -> tensor mapping of a vector, in the layout's dtypes.
+
+        Entries whose dtype is the vector's are views of it; the others are cast copies. The
+        mapping suits :func:`torch.func.functional_call` and ``load_state_dict(strict=False)``.
+
+        Raises:
+            LayoutMismatchError: if the vector's length differs from :attr:`numel`.
+        """
+        return {
+            name: piece.to(dtype)
+            for name, piece, dtype in zip(self.names, self.split(vector), self.dtypes, strict=True)
+        }
+
+    def assign(self, module: nn.Module, vector: Tensor) -> None:
+        """Copy a vector into the module's trainable parameters in place (cast to their dtypes).
+
+        Raises:
+            LayoutMismatchError: if the module or the vector does not match the layout.
+        """
+        params = self.parameters(module)
+        with torch.no_grad():
+            for param, piece in zip(params, self.split(vector), strict=True):
+                param.copy_(piece)
