@@ -33,3 +33,7 @@ class CheckpointFormatError(GeoFMError, ValueError):
 
 class RunInterrupted(GeoFMError):
     """A run stopped on request (SIGINT/SIGTERM) after checkpointing the step it reached."""
+
+
+class FederatedRunError(GeoFMError, RuntimeError):
+    """A federated run cannot go on: too few nodes connected or replied, or a program broke the runtime contract."""
