@@ -324,7 +324,7 @@ class _RoundLoop:
             started = self.clock()
             available = self.handshake(rnd)
             if len(available) < plan.min_clients:
-                problem = f"{len(available)} registered nodes connected"
+                problem = f"only {len(available)} registered nodes connected"
             else:
                 selected = select_nodes(available, plan, rnd, attempt)
                 payloads = self.program.configure(rnd, selected)
@@ -345,9 +345,9 @@ class _RoundLoop:
                         log.warning("round %d: node %d failed: %s", rnd, failure.node_id, failure.reason)
                     return
                 reasons = "; ".join(f"node {f.node_id}: {f.reason}" for f in failures) or "none reported"
-                problem = f"{len(replies)} replies (failures: {reasons})"
-            log.warning("round %d attempt %d/%d: %s, fewer than min_clients", rnd, attempt + 1, attempts, problem)
+                problem = f"{len(replies)} of {len(payloads)} selected nodes replied (failures: {reasons})"
+            log.warning("round %d attempt %d/%d below min_clients: %s", rnd, attempt + 1, attempts, problem)
         raise FederatedRunError(
-            f"round {rnd} failed {attempts} times (round_retries={plan.round_retries}); last attempt: {problem}, "
-            f"fewer than min_clients={plan.min_clients}"
+            f"round {rnd}: fewer than min_clients={plan.min_clients} replies in each of {attempts} attempts "
+            f"(round_retries={plan.round_retries}); last attempt: {problem}"
         )
