@@ -76,3 +76,7 @@ class LayoutMismatchError(GeoFMError, ValueError):
 
 class CodecError(GeoFMError, ValueError):
     """An encoded model update or a client's stored codec state is malformed, or an update to encode holds NaN or Inf."""
+
+
+class FederatedRunError(GeoFMError, RuntimeError):
+    """A federated run cannot go on: too few nodes connected or replied, or a program broke the runtime contract."""

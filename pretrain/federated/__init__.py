@@ -1,0 +1,1 @@
+"""Federated pretraining: a runtime contract for federated programs and its Flower adapter."""

@@ -1,0 +1,360 @@
+"""Deployment files and commands: a SuperLink and one SuperNode per institution, with TLS and SuperNode auth.
+
+:func:`write_deployment_files` writes, for a list of institutions and the SuperLink's host name or
+IP, a certificate authority, the SuperLink's TLS certificate and key, one EC P-384 key pair per
+institution in OpenSSH format (SuperNode authentication) and the Flower CLI's connection
+(``flwr-home/config.toml``). :func:`deployment_commands` spells out every command of a
+deployment; the same argument lists start the processes of
+:class:`~pretrain.federated.localdeploy.LocalDeployment`.
+
+Layout of the output folder::
+
+    ca.crt, ca.key                  certificate authority (keep ca.key offline)
+    superlink.crt, superlink.key    the SuperLink's TLS certificate (SAN: host, localhost, 127.0.0.1)
+    supernodes/NAME.key, NAME.pub   each institution's SuperNode key pair (give NAME.key to NAME only)
+    flwr-home/config.toml           the operator's `flwr` connection, used with FLWR_HOME=flwr-home
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import re
+import shlex
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomli_w
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from geofm.errors import ConfigError
+from pretrain.federated.runtime import CLIENT_FACTORY, DATA_ROOT, INSTITUTION, SERVER_FACTORY, Scalar
+
+APP_DIR = Path(__file__).parent / "app"
+"""The Flower App submitted by ``flwr run``: its components are this package's ServerApp and ClientApp."""
+
+DEFAULT_PORT = 9093
+DEFAULT_CONNECTION = "geofm"
+SUPERNODE_BASE_PORT = 9094
+QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+"""Environment for every Flower process: no telemetry, no update check (machines may be offline)."""
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class DeploymentFiles:
+    """Paths of the files :func:`write_deployment_files` writes below ``root``."""
+
+    root: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.root / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.root / "ca.key"
+
+    @property
+    def superlink_cert(self) -> Path:
+        return self.root / "superlink.crt"
+
+    @property
+    def superlink_key(self) -> Path:
+        return self.root / "superlink.key"
+
+    @property
+    def flwr_home(self) -> Path:
+        """FLWR_HOME of the operator's ``flwr`` CLI: holds ``config.toml`` with the connection."""
+        return self.root / "flwr-home"
+
+    def node_key(self, institution: str) -> Path:
+        """An institution's SuperNode private key (OpenSSH format)."""
+        return self.root / "supernodes" / f"{institution}.key"
+
+    def node_public_key(self, institution: str) -> Path:
+        """An institution's SuperNode public key, registered with ``flwr supernode register``."""
+        return self.root / "supernodes" / f"{institution}.pub"
+
+    def institutions(self) -> list[str]:
+        """Institutions with a key pair here, sorted."""
+        return sorted(path.stem for path in (self.root / "supernodes").glob("*.pub"))
+
+    def connection(self) -> tuple[str, str]:
+        """Name and address (``host:port``) of the CLI's default connection in ``flwr-home/config.toml``."""
+        path = self.flwr_home / "config.toml"
+        try:
+            superlink = tomllib.loads(path.read_text())["superlink"]
+            return superlink["default"], superlink[superlink["default"]]["address"]
+        except (OSError, KeyError, tomllib.TOMLDecodeError) as err:
+            raise ConfigError(f"{path}: expected the connection written by write_deployment_files ({err!r})") from err
+
+
+def check_institutions(names: Sequence[str]) -> list[str]:
+    """Institution names usable as file names and node-config values, without duplicates."""
+    bad = [name for name in names if not _NAME.match(name)]
+    if bad or not names or len(set(names)) != len(names):
+        raise ConfigError(
+            f"institutions {list(names)}: expected distinct names of letters, digits, '_', '.' or '-' "
+            f"(not starting with '.', '_' or '-'){'; invalid: ' + str(bad) if bad else ''}"
+        )
+    return list(names)
+
+
+def _subject(common_name: str) -> x509.Name:
+    organization = x509.NameAttribute(NameOID.ORGANIZATION_NAME, "geofm federation")
+    return x509.Name([organization, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _san(host: str) -> x509.SubjectAlternativeName:
+    names: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            names.append(x509.DNSName(host))
+    else:
+        if str(address) != "127.0.0.1":
+            names.append(x509.IPAddress(address))
+    return x509.SubjectAlternativeName(names)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    path.chmod(0o600)
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def write_certificates(files: DeploymentFiles, server_host: str, valid_days: int) -> None:
+    """Write a CA and the SuperLink's TLS certificate for ``server_host`` (plus localhost and 127.0.0.1)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    not_before, not_after = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=valid_days)
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = _subject("geofm federation CA")
+    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ca_ski, critical=False)
+        .sign(ca_key, hashes.SHA384())
+    )
+    server_key = ec.generate_private_key(ec.SECP384R1())
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_subject(server_host))
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_san(server_host), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(server_key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+        .sign(ca_key, hashes.SHA384())
+    )
+    files.root.mkdir(parents=True, exist_ok=True)
+    _write_private(files.ca_key, _pem_key(ca_key))
+    files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(files.superlink_key, _pem_key(server_key))
+    files.superlink_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+
+
+def write_node_keys(files: DeploymentFiles, institution: str) -> None:
+    """Write an institution's SuperNode key pair: EC P-384, OpenSSH format."""
+    key = ec.generate_private_key(ec.SECP384R1())
+    encoding, no_password = serialization.Encoding, serialization.NoEncryption()
+    private = key.private_bytes(encoding.PEM, serialization.PrivateFormat.OpenSSH, no_password)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    _write_private(files.node_key(institution), private)
+    files.node_public_key(institution).write_bytes(public + f" geofm-{institution}\n".encode())
+
+
+def write_connection(files: DeploymentFiles, address: str, connection: str = DEFAULT_CONNECTION) -> Path:
+    """Write the Flower CLI's ``config.toml`` with one connection (the default) to the SuperLink at ``address``."""
+    config = {
+        "superlink": {
+            "default": connection,
+            connection: {"address": address, "root-certificates": str(files.ca_cert.resolve())},
+        }
+    }
+    path = files.flwr_home / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(config))
+    return path
+
+
+def write_deployment_files(
+    out_dir: Path,
+    institutions: Sequence[str],
+    server_host: str,
+    *,
+    port: int = DEFAULT_PORT,
+    connection: str = DEFAULT_CONNECTION,
+    valid_days: int = 365,
+) -> DeploymentFiles:
+    """Write the CA, the SuperLink's certificate and key, every institution's key pair and the CLI's connection.
+
+    Args:
+        out_dir: output folder (created).
+        institutions: one SuperNode per name.
+        server_host: host name or IP address the SuperNodes and the operator reach the SuperLink at.
+        port: the SuperLink's HTTPS port (Fleet, Control and Runtime APIs).
+        connection: name of the connection in the CLI's config.toml.
+        valid_days: certificate validity.
+    """
+    names = check_institutions(institutions)
+    files = DeploymentFiles(Path(out_dir).resolve())
+    write_certificates(files, server_host, valid_days)
+    for name in names:
+        write_node_keys(files, name)
+    write_connection(files, f"{server_host}:{port}", connection)
+    return files
+
+
+def format_config_values(values: Mapping[str, Scalar]) -> str:
+    """``key=value`` pairs as Flower's ``--run-config`` and ``--node-config`` parse them (TOML values)."""
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, bool):
+            text = str(value).lower()
+        elif isinstance(value, int | float):
+            text = repr(value)
+        elif '"' not in value and "\\" not in value:
+            text = json.dumps(value)
+        elif "'" not in value:
+            text = f"'{value}'"
+        else:
+            raise ConfigError(f"config value {key}={value!r}: cannot hold both single and double quotes")
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+def superlink_command(
+    files: DeploymentFiles, *, host: str = "0.0.0.0", port: int = DEFAULT_PORT, database: Path | None = None
+) -> list[str]:
+    """``flower-superlink`` with TLS, SuperNode auth and no runtime dependency installation."""
+    command = [
+        "flower-superlink",
+        "--ssl-ca-certfile", str(files.ca_cert),
+        "--ssl-certfile", str(files.superlink_cert),
+        "--ssl-keyfile", str(files.superlink_key),
+        "--enable-supernode-auth",
+        "--disable-runtime-dependency-installation",
+        "--host", host,
+        "--port", str(port),
+    ]
+    return command + (["--database", str(database)] if database else [])
+
+
+def register_command(public_key: Path, institution: str, connection: str = DEFAULT_CONNECTION) -> list[str]:
+    """``flwr supernode register``: allow the SuperNode holding the matching private key to connect."""
+    return ["flwr", "supernode", "register", str(public_key), connection, "--name", institution]
+
+
+def supernode_command(
+    ca_cert: Path, private_key: Path, superlink_address: str, port: int, node_config: Mapping[str, Scalar]
+) -> list[str]:
+    """``flower-supernode`` for one institution; ``port`` is its own Runtime API (ClientApp) port."""
+    return [
+        "flower-supernode",
+        "--superlink", superlink_address,
+        "--root-certificates", str(ca_cert),
+        "--auth-supernode-private-key", str(private_key),
+        "--node-config", format_config_values(node_config),
+        "--port", str(port),
+    ]
+
+
+def run_command(
+    run_config: Mapping[str, Scalar], connection: str = DEFAULT_CONNECTION, app_dir: Path = APP_DIR
+) -> list[str]:
+    """``flwr run`` of the geofm Flower App with run-config overrides; prints the run id as JSON."""
+    command = ["flwr", "run", str(app_dir), connection, "--format", "json"]
+    return command + (["--run-config", format_config_values(run_config)] if run_config else [])
+
+
+def status_command(run_id: int | str, connection: str = DEFAULT_CONNECTION) -> list[str]:
+    """``flwr ls`` of one run as JSON; its status ends ``finished:completed`` on success."""
+    return ["flwr", "ls", connection, "--run-id", str(run_id), "--format", "json"]
+
+
+def _line(command: list[str], env: Mapping[str, str]) -> str:
+    """A shell line; environment values are double-quoted so that ``$HOME`` expands."""
+    prefix = " ".join(f'{key}="{value}"' for key, value in env.items())
+    return f"{prefix} {shlex.join(command)}"
+
+
+def deployment_commands(
+    files: DeploymentFiles,
+    *,
+    data_roots: Mapping[str, str] | None = None,
+    run_config: Mapping[str, Scalar] | None = None,
+) -> str:
+    """Every command of a deployment, in order and commented, ready to copy.
+
+    The institutions, the SuperLink's address and the connection's name are read from the folder
+    :func:`write_deployment_files` wrote.
+
+    Args:
+        files: that folder.
+        data_roots: each institution's data folder on its own machine (default: a placeholder).
+        run_config: the run's config entries (server-factory, client-factory, config-file, overrides).
+    """
+    names = files.institutions()
+    connection, address = files.connection()
+    port = int(address.rsplit(":", 1)[1])
+    operator_env = {**QUIET_ENV, "FLWR_HOME": str(files.flwr_home)}
+    lines = [
+        "# 1. On the SuperLink machine (the installed geofm environment on PATH, flower-superexec included):",
+        _line(superlink_command(files, port=port, database=files.root / "superlink-state.db"), QUIET_ENV),
+        "",
+        "# 2. Operator (any machine with this folder's flwr-home): allow each institution's SuperNode key:",
+        *[_line(register_command(files.node_public_key(name), name, connection), operator_env) for name in names],
+        "",
+        "# 3. At each institution (copy ca.crt and that institution's supernodes/NAME.key there first;",
+        "#    SuperNodes sharing a machine need their own --port and FLWR_HOME):",
+    ]
+    for index, name in enumerate(names):
+        root = (data_roots or {}).get(name, f"/path/to/{name}/data")
+        node_env = {**QUIET_ENV, "FLWR_HOME": f"$HOME/.flwr-geofm-{name}"}
+        command = supernode_command(
+            files.ca_cert, files.node_key(name), address, SUPERNODE_BASE_PORT + index, {INSTITUTION: name, DATA_ROOT: root}
+        )
+        lines.append(_line(command, node_env))
+    placeholder = {SERVER_FACTORY: "package.module:make_server", CLIENT_FACTORY: "package.module:make_client"}
+    config = dict(run_config or placeholder)
+    lines += [
+        "",
+        "# 4. Operator: launch the run (prints its run-id), follow its logs, then check its final status",
+        "#    (flwr run exits 0 even when the ServerApp fails; the status must read finished:completed):",
+        _line(run_command(config, connection), operator_env),
+        _line(["flwr", "log", "RUN_ID", connection, "--stream"], operator_env),
+        _line(status_command("RUN_ID", connection), operator_env),
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,316 @@
+"""Flower adapter: runs any federated program of :mod:`pretrain.federated.runtime` on Flower's Message API.
+
+The only module of the project that imports ``flwr``. It provides
+
+- ``server_app`` and ``client_app``, the components the shipped Flower App names
+  (``pretrain/federated/app/pyproject.toml``) for deployment with ``flwr run``: their run config
+  comes from Flower (the App's defaults fused with ``flwr run --run-config`` overrides);
+- :func:`build_server_app` / :func:`build_client_app` for apps bound to a run config given in Python;
+- :func:`simulate`, which runs both on one machine with Flower's simulation engine (Ray).
+
+Messages carry a payload as two records: ``arrays`` (an ArrayRecord of numpy arrays, dtypes kept
+exactly: uint8 stays uint8) and ``scalars`` (a ConfigRecord). The server asks each new node for its
+identity with a ``query`` message and sends work with ``train`` messages; the round loop itself is
+:func:`pretrain.federated.runtime.run_server`. A client's per-node state lives in the ClientApp's
+``context.state`` under :data:`STATE_KEY`; Flower keeps it between messages of a run, in the
+simulation engine and on a SuperNode (which starts a fresh ClientApp process per message).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid, ServerApp
+
+from geofm.errors import ConfigError, FederatedRunError
+from pretrain.federated.runtime import (
+    CLIENT_FACTORY,
+    INSTITUTION,
+    RUN_CONFIG_DEFAULTS,
+    SERVER_FACTORY,
+    Arrays,
+    ClientProgram,
+    Failure,
+    Payload,
+    Reply,
+    Scalar,
+    client_program,
+    institutions,
+    load_object,
+    make_server_program,
+    node_identity,
+    run_server,
+)
+
+ARRAYS = "arrays"
+SCALARS = "scalars"
+STATE_KEY = "geofm-client-state"
+_ERROR_NAMES = {code: name.lower().replace("_", " ") for name, code in vars(ErrorCode).items() if name.isupper()}
+
+log = logging.getLogger(__name__)
+
+
+def to_array_record(arrays: Mapping[str, np.ndarray], what: str) -> ArrayRecord:
+    """Numpy arrays -> ArrayRecord, keeping each array's dtype and shape."""
+    if not isinstance(arrays, Mapping):
+        raise FederatedRunError(f"{what}: expected a dict of numpy arrays, got {type(arrays).__name__}")
+    record = ArrayRecord()
+    for key, value in arrays.items():
+        if not isinstance(value, np.ndarray):
+            raise FederatedRunError(f"{what}[{key!r}]: expected a numpy array, got {type(value).__name__}")
+        record[key] = Array(value)
+    return record
+
+
+def from_array_record(record: ArrayRecord) -> Arrays:
+    """ArrayRecord -> dict of numpy arrays."""
+    return {key: array.numpy() for key, array in record.items()}
+
+
+def to_config_record(scalars: Mapping[str, Scalar], what: str) -> ConfigRecord:
+    """A dict of scalars (numpy scalars allowed) -> ConfigRecord."""
+    if not isinstance(scalars, Mapping):
+        raise FederatedRunError(f"{what}: expected a dict of scalars, got {type(scalars).__name__}")
+    plain = {key: value.item() if isinstance(value, np.generic) else value for key, value in scalars.items()}
+    try:
+        return ConfigRecord(plain)
+    except TypeError as err:
+        raise FederatedRunError(f"{what}: values must be bool, int, float, str, bytes or lists of those ({err})") from err
+
+
+def _content(payload: Payload, what: str) -> RecordDict:
+    arrays, scalars = payload
+    return RecordDict(
+        {ARRAYS: to_array_record(arrays, f"{what} arrays"), SCALARS: to_config_record(scalars, f"{what} scalars")}
+    )
+
+
+class GridTransport:
+    """The runtime's :class:`~pretrain.federated.runtime.Transport` over a Flower Grid."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
+
+    def node_ids(self) -> list[int]:
+        """Nodes connected to the SuperLink now (the simulated nodes in simulation)."""
+        return sorted(self.grid.get_node_ids())
+
+    def exchange(
+        self, kind: str, rnd: int, payloads: dict[int, Payload], timeout_s: float | None
+    ) -> tuple[list[Reply], list[Failure]]:
+        """Send ``query`` or ``train`` messages and collect replies; error replies and silence become Failures."""
+        if not payloads:
+            return [], []
+        message_type = MessageType.TRAIN if kind == "train" else MessageType.QUERY
+        messages = [
+            Message(
+                _content(payload, f"round {rnd} payload for node {node}"),
+                dst_node_id=node,
+                message_type=message_type,
+                group_id=str(rnd),
+                ttl=timeout_s,
+            )
+            for node, payload in payloads.items()
+        ]
+        replies: list[Reply] = []
+        failures: list[Failure] = []
+        answered: set[int] = set()
+        for message in self.grid.send_and_receive(messages, timeout=timeout_s):
+            node = message.metadata.src_node_id
+            if node not in payloads or node in answered:
+                continue
+            answered.add(node)
+            if message.has_error():
+                code = _ERROR_NAMES.get(message.error.code, str(message.error.code))
+                failures.append(Failure(node, f"{message.error.reason} ({code})"))
+            else:
+                content = message.content
+                replies.append(Reply(node, from_array_record(content[ARRAYS]), dict(content[SCALARS])))
+        failures += [Failure(node, f"no reply within {timeout_s:g} s") for node in payloads if node not in answered]
+        return replies, failures
+
+
+def _run_config(context: Context, bound: Mapping[str, Scalar]) -> dict[str, Scalar]:
+    return {**RUN_CONFIG_DEFAULTS, **context.run_config, **bound}
+
+
+def _show_round_log() -> None:
+    """Let the round loop's INFO lines reach stderr when nothing configured logging (a ``flwr-serverapp``
+    process, whose output ``flwr log`` shows); the root logger stays as it is, so Flower's own HTTP
+    client logs do not flood the run's log."""
+    logger = logging.getLogger(run_server.__module__)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
+def _server_main(grid: Grid, context: Context, bound: Mapping[str, Scalar]) -> None:
+    _show_round_log()
+    run_server(make_server_program(_run_config(context, bound)), GridTransport(grid))
+
+
+def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar]) -> Message:
+    """Answer a query (identity) or train message with the node's client program.
+
+    An exception becomes an error reply whose reason names the institution and the exception,
+    with the traceback logged on the node; the node's state is then left as it was.
+    """
+    run_config = _run_config(context, bound)
+    name = context.node_config.get(INSTITUTION, f"node {context.node_id}")
+    try:
+        node_config = node_identity(context.node_config, run_config)
+        name = node_config[INSTITUTION]
+        program = client_program(run_config, node_config)
+        if message.metadata.message_type == MessageType.QUERY:
+            return Message(_content(({}, program.identity()), "identity"), reply_to=message)
+        return _train(program, message, context)
+    except Exception as err:
+        log.exception("%s of %s failed", message.metadata.message_type, name)
+        reason = f"{name}: {type(err).__name__}: {err}"
+        return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=message)
+
+
+def _train(program: ClientProgram, message: Message, context: Context) -> Message:
+    state = from_array_record(context.state[STATE_KEY]) if STATE_KEY in context.state else {}
+    result = program.train(from_array_record(message.content[ARRAYS]), dict(message.content[SCALARS]), state)
+    if not (isinstance(result, tuple) and len(result) == 3):
+        name = type(program).__name__
+        raise FederatedRunError(f"{name}.train must return (arrays, metrics, state), got {type(result).__name__}")
+    upload, metrics, new_state = result
+    content = _content((upload, metrics), "upload")
+    context.state[STATE_KEY] = to_array_record(new_state, "client state")
+    return Message(content, reply_to=message)
+
+
+def build_server_app(run_config: Mapping[str, Scalar] | None = None) -> ServerApp:
+    """A ServerApp running the server program of ``run_config`` (entries given here win over Flower's run config)."""
+    bound = dict(run_config or {})
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        _server_main(grid, context, bound)
+
+    return app
+
+
+def build_client_app(run_config: Mapping[str, Scalar] | None = None) -> ClientApp:
+    """A ClientApp answering handshakes (query) and rounds (train) with the client program of ``run_config``."""
+    bound = dict(run_config or {})
+    app = ClientApp()
+
+    @app.query()
+    def query(message: Message, context: Context) -> Message:
+        return _client_reply(message, context, bound)
+
+    @app.train()
+    def train(message: Message, context: Context) -> Message:
+        return _client_reply(message, context, bound)
+
+    return app
+
+
+server_app = build_server_app()
+client_app = build_client_app()
+
+
+class _DropRunSimulationDeprecation(logging.Filter):
+    """Drops the deprecation notice Flower logs on every ``run_simulation`` call (why it is used: :func:`simulate`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`run_simulation` function is deprecated" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_simulation() -> Iterator[None]:
+    """Flower's console handler stays the only printer of Flower's records (no copies, no DEBUG lines through
+    a root handler a command line set up), SQL migration notes of its in-memory state and Ray's
+    accelerator FutureWarning are dropped; everything is restored afterwards."""
+    flower = logging.getLogger("flwr")
+    alembic = logging.getLogger("alembic")
+    notice = _DropRunSimulationDeprecation()
+    propagate, alembic_level = flower.propagate, alembic.level
+    flower.addFilter(notice)
+    flower.propagate = False
+    alembic.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
+            yield
+    finally:
+        flower.removeFilter(notice)
+        flower.propagate = propagate
+        alembic.setLevel(alembic_level)
+
+
+def simulate(
+    run_config: Mapping[str, Scalar],
+    num_nodes: int | None = None,
+    *,
+    cpus_per_node: float = 1.0,
+    gpus_per_node: float = 0.0,
+    num_cpus: int | None = None,
+    verbose: bool = False,
+) -> None:
+    """Run a federated program on this machine: one ServerApp and ``num_nodes`` simulated SuperNodes.
+
+    Uses ``flwr.simulation.run_simulation`` in this process (Flower's simulation engine on Ray),
+    not ``flwr run``: the latter starts a detached local SuperLink on a fixed port that outlives
+    the command and reports a failed ServerApp only through its run status, while here an error
+    raised by the server program is raised by this function. Node ``i`` is the institution at
+    position ``i`` of the ``institutions`` run-config entry.
+
+    Args:
+        run_config: the run config (see :mod:`pretrain.federated.runtime`); keys left out take
+            their defaults.
+        num_nodes: simulated SuperNodes; default: one per name in ``institutions``.
+        cpus_per_node: CPU cores Ray reserves per running ClientApp (how many run at once).
+        gpus_per_node: GPU share per running ClientApp.
+        num_cpus: cores Ray may use in all (default: all of this machine's).
+        verbose: Flower's and Ray's debug logs.
+
+    Raises:
+        ConfigError: the run config or node count is invalid.
+        Exception: whatever the server program raised, e.g. FederatedRunError.
+    """
+    config = {**RUN_CONFIG_DEFAULTS, **run_config}
+    unknown = sorted(set(config) - set(RUN_CONFIG_DEFAULTS))
+    if unknown:
+        raise ConfigError(f"run config: unknown keys {unknown}; expected some of {sorted(RUN_CONFIG_DEFAULTS)}")
+    for key in (SERVER_FACTORY, CLIENT_FACTORY):
+        load_object(config[key], key)
+    names = institutions(config)
+    if num_nodes is None:
+        num_nodes = len(names)
+    if num_nodes < 1 or (names and len(names) != num_nodes):
+        raise ConfigError(f"simulation: {num_nodes} nodes for institutions {names}; give one node per institution")
+    backend_config = {
+        "client_resources": {"num_cpus": cpus_per_node, "num_gpus": gpus_per_node},
+        "init_args": {
+            "num_cpus": num_cpus or os.cpu_count() or 1,
+            "include_dashboard": False,
+            "logging_level": logging.DEBUG if verbose else logging.ERROR,
+        },
+    }
+    with _quiet_simulation():
+        # Imported here: deployed ServerApp and ClientApp processes never need the simulation engine (a
+        # second or more of imports), and importing it logs the SQL migration notes dropped here.
+        from flwr.simulation import run_simulation
+
+        run_simulation(
+            build_server_app(config),
+            build_client_app(config),
+            num_supernodes=num_nodes,
+            backend_config=backend_config,
+            verbose_logging=verbose,
+        )

@@ -1,0 +1,353 @@
+"""The federated runtime contract and the round loop, in plain Python.
+
+A federated algorithm is a :class:`ServerProgram` and a :class:`ClientProgram` that exchange
+payloads: dicts of numpy arrays (uint8 packed bits, float32 tensors, int64 headers) and dicts of
+scalars. :func:`run_server` drives a server program over any :class:`Transport`: it waits for the
+nodes, learns who each one is (handshake), selects nodes every round, collects their replies with
+a timeout, retries a round that got too few, and stops the run with a :class:`FederatedRunError`
+when it cannot go on. The Flower adapter (``pretrain.federated.flower``) provides the transport
+and runs the client programs; nothing here imports Flower.
+
+Both programs are built by factories named in the run config (``module:function`` import paths),
+so any algorithm runs on the same runtime:
+
+``server-factory``
+    ``make_server(run_config) -> ServerProgram``
+``client-factory``
+    ``make_client(run_config, node_config) -> ClientProgram``
+``config-file``, ``overrides``
+    a YAML file and space-separated ``key.path=value`` overrides, for the factories to read (in
+    deployment the file is read where the program runs: the ServerApp on the SuperLink's machine)
+``institutions``
+    simulation only: comma-separated institution names, one per simulated node
+
+A node's config names its institution (``institution``, and e.g. ``data-root``): set by
+``flower-supernode --node-config`` in deployment, derived from ``partition-id`` and
+``institutions`` in simulation (see :func:`node_identity`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import random
+import shlex
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from geofm.errors import ConfigError, FederatedRunError
+
+Scalar = bool | int | float | str
+Arrays = dict[str, np.ndarray]
+Scalars = dict[str, Scalar]
+Payload = tuple[Arrays, Scalars]
+
+SERVER_FACTORY = "server-factory"
+CLIENT_FACTORY = "client-factory"
+CONFIG_FILE = "config-file"
+OVERRIDES = "overrides"
+INSTITUTIONS = "institutions"
+RUN_CONFIG_DEFAULTS: dict[str, Scalar] = {
+    SERVER_FACTORY: "",
+    CLIENT_FACTORY: "",
+    CONFIG_FILE: "",
+    OVERRIDES: "",
+    INSTITUTIONS: "",
+}
+"""Every run-config key the runtime reads; the shipped Flower App declares the same keys."""
+
+INSTITUTION = "institution"
+DATA_ROOT = "data-root"
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a node sent back: its upload and its metrics."""
+
+    node_id: int
+    arrays: Arrays
+    metrics: Scalars
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A selected node that raised, crashed or did not answer in time."""
+
+    node_id: int
+    reason: str
+
+
+class ServerProgram(Protocol):
+    """The server side of a federated algorithm.
+
+    Plan attributes: ``num_rounds``, ``min_clients`` (fewest replies a round needs), ``fraction``
+    (share of connected nodes selected per round, at least ``min_clients``), ``round_timeout_s``
+    (per-round reply timeout, None waits until every node answered or went offline) and
+    ``expected_clients`` (nodes to wait for before round 1). Optional: ``connect_timeout_s``
+    (how long to wait for them, default 600) and ``round_retries`` (attempts after a round that got
+    fewer than ``min_clients`` replies, default 2).
+    """
+
+    num_rounds: int
+    min_clients: int
+    fraction: float
+    round_timeout_s: float | None
+    expected_clients: int
+
+    def start_round(self) -> int:
+        """First round to run: 1, or the round after a server checkpoint."""
+
+    def register(self, node_id: int, identity: Scalars) -> None:
+        """Learn which institution a node is (its :meth:`ClientProgram.identity`)."""
+
+    def configure(self, rnd: int, node_ids: list[int]) -> dict[int, Payload]:
+        """What each selected node receives; nodes left out get nothing this round."""
+
+    def aggregate(self, rnd: int, replies: list[Reply], failures: list[Failure]) -> None:
+        """Fold a round's replies (at least ``min_clients`` of them) into the server's model."""
+
+    def finish(self) -> None:
+        """Called once after the last round."""
+
+
+class ClientProgram(Protocol):
+    """The client side of a federated algorithm, built once per node and process."""
+
+    def identity(self) -> Scalars:
+        """Who this node is, e.g. ``{"client": "institution_a", "num_examples": 1234}``."""
+
+    def train(self, arrays: Arrays, config: Scalars, state: Arrays) -> tuple[Arrays, Scalars, Arrays]:
+        """One round of local work: returns (upload arrays, metrics, new per-client state)."""
+
+
+class Transport(Protocol):
+    """How :func:`run_server` reaches the nodes (Flower's Grid in the adapter)."""
+
+    def node_ids(self) -> list[int]:
+        """Nodes connected now."""
+
+    def exchange(
+        self, kind: Literal["query", "train"], rnd: int, payloads: dict[int, Payload], timeout_s: float | None
+    ) -> tuple[list[Reply], list[Failure]]:
+        """Send each node its payload and collect replies; a node without a reply is a Failure."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A server program's plan attributes, validated."""
+
+    num_rounds: int
+    min_clients: int
+    fraction: float
+    round_timeout_s: float | None
+    expected_clients: int
+    connect_timeout_s: float = 600.0
+    round_retries: int = 2
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.num_rounds < 1:
+            problems.append(f"num_rounds={self.num_rounds} (expected >= 1)")
+        if self.min_clients < 1:
+            problems.append(f"min_clients={self.min_clients} (expected >= 1)")
+        if not 0.0 < self.fraction <= 1.0:
+            problems.append(f"fraction={self.fraction} (expected 0 < fraction <= 1)")
+        if self.round_timeout_s is not None and self.round_timeout_s <= 0:
+            problems.append(f"round_timeout_s={self.round_timeout_s} (expected > 0 or None)")
+        if self.expected_clients < self.min_clients:
+            problems.append(f"expected_clients={self.expected_clients} (expected >= min_clients={self.min_clients})")
+        if self.connect_timeout_s <= 0:
+            problems.append(f"connect_timeout_s={self.connect_timeout_s} (expected > 0)")
+        if self.round_retries < 0:
+            problems.append(f"round_retries={self.round_retries} (expected >= 0)")
+        if problems:
+            raise ConfigError("invalid federated plan: " + "; ".join(problems))
+
+    @classmethod
+    def of(cls, program: ServerProgram) -> Plan:
+        """Read and validate the plan attributes of a server program."""
+        optional = {"connect_timeout_s", "round_retries"}
+        names = [f.name for f in fields(cls)]
+        missing = [name for name in names if name not in optional and not hasattr(program, name)]
+        if missing:
+            raise FederatedRunError(f"server program {type(program).__name__} lacks the plan attributes {missing}")
+        return cls(**{name: getattr(program, name) for name in names if hasattr(program, name)})
+
+
+def load_object(path: Scalar, key: str) -> Any:
+    """Import the object a run-config entry names as ``package.module:attribute``."""
+    if not isinstance(path, str) or path.count(":") != 1:
+        raise ConfigError(f"run config {key!r}: expected 'package.module:function', got {path!r}")
+    module_name, attribute = path.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"run config {key!r}: cannot import module {module_name!r} ({err})") from err
+    if not hasattr(module, attribute):
+        raise ConfigError(f"run config {key!r}: module {module_name!r} has no attribute {attribute!r}")
+    return getattr(module, attribute)
+
+
+def config_overrides(run_config: Mapping[str, Scalar]) -> list[str]:
+    """The ``overrides`` entry as a list of ``key.path=value`` strings (shell-style quoting allowed)."""
+    return shlex.split(str(run_config.get(OVERRIDES, "")))
+
+
+def institutions(run_config: Mapping[str, Scalar]) -> list[str]:
+    """The ``institutions`` entry as a list of names."""
+    return [name.strip() for name in str(run_config.get(INSTITUTIONS, "")).split(",") if name.strip()]
+
+
+def node_identity(node_config: Mapping[str, Scalar], run_config: Mapping[str, Scalar]) -> Scalars:
+    """The node config a client factory sees, with ``institution`` always set.
+
+    A deployed SuperNode names its institution itself (``--node-config 'institution="a" ...'``); a
+    simulated node has only ``partition-id`` and ``num-partitions`` and takes the name at that
+    position in ``institutions`` (``node<partition-id>`` when that list is empty).
+    """
+    config = dict(node_config)
+    if INSTITUTION in config:
+        return config
+    if PARTITION_ID not in config:
+        raise ConfigError(
+            f"node config {config}: expected {INSTITUTION!r} (flower-supernode --node-config "
+            f"'{INSTITUTION}=\"name\" {DATA_ROOT}=\"/path\"') or {PARTITION_ID!r} (simulation)"
+        )
+    names = institutions(run_config)
+    index = int(config[PARTITION_ID])
+    if names and index >= len(names):
+        raise ConfigError(f"run config {INSTITUTIONS!r} names {len(names)} institutions, but node {PARTITION_ID}={index}")
+    config[INSTITUTION] = names[index] if names else f"node{index}"
+    return config
+
+
+def make_server_program(run_config: Mapping[str, Scalar]) -> ServerProgram:
+    """Build the server program with the factory the run config names."""
+    return load_object(run_config.get(SERVER_FACTORY, ""), SERVER_FACTORY)(dict(run_config))
+
+
+_client_programs: dict[tuple, ClientProgram] = {}
+
+
+def client_program(run_config: Mapping[str, Scalar], node_config: Mapping[str, Scalar]) -> ClientProgram:
+    """The client program for this run and node, built on first use and kept for the process's lifetime."""
+    key = (tuple(sorted(run_config.items())), tuple(sorted(node_config.items())))
+    if key not in _client_programs:
+        factory = load_object(run_config.get(CLIENT_FACTORY, ""), CLIENT_FACTORY)
+        _client_programs[key] = factory(dict(run_config), dict(node_config))
+    return _client_programs[key]
+
+
+def select_nodes(node_ids: list[int], plan: Plan, rnd: int, attempt: int) -> list[int]:
+    """A reproducible random ``fraction`` of the nodes, at least ``min_clients`` of them (fewer only if fewer exist)."""
+    count = min(len(node_ids), max(plan.min_clients, math.ceil(plan.fraction * len(node_ids))))
+    return sorted(random.Random(rnd * 1009 + attempt).sample(sorted(node_ids), count))
+
+
+def run_server(
+    program: ServerProgram, transport: Transport, *, poll_s: float = 1.0, clock: Callable[[], float] = time.monotonic
+) -> None:
+    """Run a server program from its start round to its last, then call its ``finish``.
+
+    Raises:
+        FederatedRunError: too few nodes connected within ``connect_timeout_s``, a round got fewer
+            than ``min_clients`` replies on every attempt, or ``configure`` addressed unselected nodes.
+        ConfigError: the program's plan is invalid.
+    """
+    plan = Plan.of(program)
+    loop = _RoundLoop(program, transport, plan, poll_s, clock)
+    loop.await_nodes(plan.expected_clients, "before round 1")
+    first = program.start_round()
+    if first < 1:
+        raise FederatedRunError(f"{type(program).__name__}.start_round() returned {first}, expected >= 1")
+    for rnd in range(first, plan.num_rounds + 1):
+        loop.run_round(rnd)
+    program.finish()
+
+
+class _RoundLoop:
+    """State of one server run: which nodes are registered, and how to run a round."""
+
+    def __init__(
+        self, program: ServerProgram, transport: Transport, plan: Plan, poll_s: float, clock: Callable[[], float]
+    ) -> None:
+        self.program = program
+        self.transport = transport
+        self.plan = plan
+        self.poll_s = poll_s
+        self.clock = clock
+        self.registered: set[int] = set()
+
+    def await_nodes(self, count: int, when: str) -> None:
+        """Wait until ``count`` nodes are connected, at most ``connect_timeout_s``."""
+        deadline = self.clock() + self.plan.connect_timeout_s
+        while len(connected := self.transport.node_ids()) < count:
+            if self.clock() >= deadline:
+                raise FederatedRunError(
+                    f"{when}: {len(connected)} of {count} nodes connected after connect_timeout_s="
+                    f"{self.plan.connect_timeout_s:g}; check that the SuperNodes run, reach the SuperLink and "
+                    "have their public keys registered (flwr supernode register)"
+                )
+            time.sleep(self.poll_s)
+        log.info("%s: %d nodes connected", when, len(connected))
+
+    def handshake(self, rnd: int) -> list[int]:
+        """Register connected nodes not seen before; returns the registered nodes connected now."""
+        connected = self.transport.node_ids()
+        new = {node: ({}, {}) for node in connected if node not in self.registered}
+        if new:
+            replies, failures = self.transport.exchange("query", rnd, new, self.plan.round_timeout_s)
+            for reply in replies:
+                self.program.register(reply.node_id, reply.metrics)
+                self.registered.add(reply.node_id)
+                log.info("node %d registered: %s", reply.node_id, reply.metrics)
+            for failure in failures:
+                log.warning("node %d did not answer the handshake: %s", failure.node_id, failure.reason)
+        return sorted(self.registered.intersection(connected))
+
+    def run_round(self, rnd: int) -> None:
+        """Run one round, retrying it while it gets fewer than ``min_clients`` replies."""
+        plan = self.plan
+        attempts = plan.round_retries + 1
+        for attempt in range(attempts):
+            if attempt:
+                self.await_nodes(plan.min_clients, f"round {rnd} attempt {attempt + 1}")
+            started = self.clock()
+            available = self.handshake(rnd)
+            if len(available) < plan.min_clients:
+                problem = f"only {len(available)} registered nodes connected"
+            else:
+                selected = select_nodes(available, plan, rnd, attempt)
+                payloads = self.program.configure(rnd, selected)
+                stray = sorted(set(payloads) - set(selected))
+                if stray:
+                    raise FederatedRunError(
+                        f"round {rnd}: {type(self.program).__name__}.configure returned payloads for nodes "
+                        f"{stray} that were not selected (selected: {selected})"
+                    )
+                replies, failures = self.transport.exchange("train", rnd, payloads, plan.round_timeout_s)
+                if len(replies) >= plan.min_clients:
+                    self.program.aggregate(rnd, replies, failures)
+                    log.info(
+                        "round %d/%d: %d replies, %d failures (%.1f s)",
+                        rnd, plan.num_rounds, len(replies), len(failures), self.clock() - started,
+                    )
+                    for failure in failures:
+                        log.warning("round %d: node %d failed: %s", rnd, failure.node_id, failure.reason)
+                    return
+                reasons = "; ".join(f"node {f.node_id}: {f.reason}" for f in failures) or "none reported"
+                problem = f"{len(replies)} of {len(payloads)} selected nodes replied (failures: {reasons})"
+            log.warning("round %d attempt %d/%d below min_clients: %s", rnd, attempt + 1, attempts, problem)
+        raise FederatedRunError(
+            f"round {rnd}: fewer than min_clients={plan.min_clients} replies in each of {attempts} attempts "
+            f"(round_retries={plan.round_retries}); last attempt: {problem}"
+        )

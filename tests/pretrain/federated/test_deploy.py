@@ -1,0 +1,106 @@
+"""Deployment files (CA, SuperLink certificate, SuperNode keys, CLI connection), commands and ``geofm fed``."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+from flwr.cli.flower_config import parse_superlink_connection
+from flwr.common.config import parse_config_args
+
+from geofm.errors import ConfigError
+from pretrain.federated.cli import register
+from pretrain.federated.deploy import deployment_commands, format_config_values, write_deployment_files
+
+
+def test_files_hold_a_ca_signed_superlink_certificate_p384_openssh_keys_and_the_cli_connection(tmp_path):
+    files = write_deployment_files(tmp_path / "fed", ["esa", "ign"], "fl.example.org", port=9443)
+    ca = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
+    cert = x509.load_pem_x509_certificate(files.superlink_cert.read_bytes())
+    cert.verify_directly_issued_by(ca)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.DNSName)) == {"fl.example.org", "localhost"}
+    local = [ipaddress.ip_address("127.0.0.1")]
+    assert san.get_values_for_type(x509.IPAddress) == local, "the SuperLink's own SuperExec connects to 127.0.0.1"
+    assert files.superlink_key.stat().st_mode & 0o077 == 0 and files.ca_key.stat().st_mode & 0o077 == 0, "keys private"
+    assert files.institutions() == ["esa", "ign"]
+    for name in files.institutions():
+        private = load_ssh_private_key(files.node_key(name).read_bytes(), None)
+        public = load_ssh_public_key(files.node_public_key(name).read_bytes())
+        assert isinstance(private.curve, ec.SECP384R1) and private.public_key() == public, f"{name}: P-384 OpenSSH pair"
+    name, address = files.connection()
+    assert (name, address) == ("geofm", "fl.example.org:9443")
+    table = tomllib.loads((files.flwr_home / "config.toml").read_text())["superlink"][name]
+    connection = parse_superlink_connection(table, name)
+    assert connection.root_certificates == str(files.ca_cert) and not connection.insecure, "Flower reads the connection"
+    with pytest.raises(ConfigError, match=r"invalid: \['-bad'\]"):
+        write_deployment_files(tmp_path / "x", ["ok", "-bad"], "h")
+    san_ip = write_deployment_files(tmp_path / "ip", ["a"], "10.0.0.5").superlink_cert.read_bytes()
+    ips = x509.load_pem_x509_certificate(san_ip).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("10.0.0.5") in ips.get_values_for_type(x509.IPAddress)
+
+
+def test_config_values_are_formatted_as_flower_parses_them():
+    values = {"institution": "esa", "data-root": "/data/my archive", "overrides": 'a=1 b="x"', "n": 3, "f": 0.5, "ok": True}
+    assert parse_config_args([format_config_values(values)]) == values
+    with pytest.raises(ConfigError, match="both single and double quotes"):
+        format_config_values({"x": "it's \"odd\""})
+
+
+def test_commands_cover_superlink_registration_supernodes_and_the_run(tmp_path):
+    files = write_deployment_files(tmp_path / "fed", ["esa", "ign"], "fl.example.org")
+    run_config = {"server-factory": "m:s", "client-factory": "m:c"}
+    text = deployment_commands(files, data_roots={"esa": "/archive/esa"}, run_config=run_config)
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    superlink = shlex.split(lines[0])
+    tls = ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile")
+    for flag in (*tls, "--enable-supernode-auth", "--disable-runtime-dependency-installation"):
+        assert flag in superlink, f"{flag} missing from {lines[0]}"
+    registers = [shlex.split(line) for line in lines if " supernode register " in line]
+    assert [r[r.index("register") + 1 :][:2] for r in registers] == [
+        [str(files.node_public_key(name)), "geofm"] for name in ("esa", "ign")
+    ], "every institution's public key is registered over the CLI connection"
+    nodes = [shlex.split(line) for line in lines if "flower-supernode" in line]
+    assert len(nodes) == 2 and len({node[node.index("--port") + 1] for node in nodes}) == 2, "one Runtime API port each"
+    configs = [parse_config_args([node[node.index("--node-config") + 1]]) for node in nodes]
+    assert configs[0] == {"institution": "esa", "data-root": "/archive/esa"} and configs[1]["institution"] == "ign"
+    assert all(node[node.index("--superlink") + 1] == "fl.example.org:9093" for node in nodes)
+    run = shlex.split(next(line for line in lines if " flwr run " in line))
+    assert parse_config_args([run[run.index("--run-config") + 1]]) == {"server-factory": "m:s", "client-factory": "m:c"}
+    assert any("flwr ls geofm --run-id RUN_ID --format json" in line for line in lines), "the final status is checked"
+
+
+def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="geofm")
+    register(parser.add_subparsers(dest="command", required=True))
+    out = tmp_path / "fed"
+    args = parser.parse_args(
+        ["fed", "certs", "--out", str(out), "--institutions", "esa,ign", "--host", "10.1.2.3", "--port", "9000"]
+    )
+    args.handler(args)
+    printed = capsys.readouterr().out
+    assert (out / "supernodes" / "ign.key").exists() and "--superlink 10.1.2.3:9000" in printed
+    program = ["--server-factory", "m:s", "--client-factory", "m:c", "--config", "fed.yaml", "rounds=3", "name=a b"]
+    args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign=/srv/ign", *program])
+    args.handler(args)
+    printed = capsys.readouterr().out
+    run = shlex.split(next(line for line in printed.splitlines() if " flwr run " in line))
+    assert parse_config_args([run[run.index("--run-config") + 1]]) == {
+        "server-factory": "m:s", "client-factory": "m:c", "config-file": str(Path("fed.yaml").resolve()),
+        "overrides": "rounds=3 'name=a b'",
+    }
+    assert 'data-root="/srv/ign"' in printed, printed
+    args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign"])
+    with pytest.raises(ConfigError, match="expected NAME=PATH"):
+        args.handler(args)
+    args = parser.parse_args(
+        ["fed", "simulate", "--server-factory", "m:s", "--client-factory", "m:c", "--institutions", "a,b", "x=1"]
+    )
+    assert args.handler.__name__ == "_simulate" and args.institutions == ["a", "b"] and args.overrides == ["x=1"]

@@ -1,0 +1,81 @@
+"""The Flower adapter: payload records, the shipped Flower App, and whole runs in Flower's simulation engine."""
+
+from __future__ import annotations
+
+import tomllib
+
+import numpy as np
+import pytest
+import toy_federated_program as toy
+
+from geofm.errors import ConfigError, FederatedRunError
+from pretrain.federated.deploy import APP_DIR
+from pretrain.federated.flower import from_array_record, simulate, to_array_record, to_config_record
+from pretrain.federated.runtime import RUN_CONFIG_DEFAULTS, load_object
+
+
+def test_array_records_keep_dtype_shape_and_bits_exactly():
+    arrays = {
+        "bits": np.array([[0, 1, 127], [128, 254, 255]], dtype=np.uint8),
+        "weights": np.linspace(-1, 1, 6, dtype=np.float32).reshape(3, 2)[::2],
+        "header": np.array(7, dtype=np.int64),
+    }
+    back = from_array_record(to_array_record(arrays, "test"))
+    assert back.keys() == arrays.keys()
+    for key, value in arrays.items():
+        assert back[key].dtype == value.dtype and back[key].shape == value.shape, key
+        assert np.array_equal(back[key], value), f"{key} changed on the way: {back[key]} != {value}"
+    with pytest.raises(FederatedRunError, match=r"upload\['x'\]: expected a numpy array, got list"):
+        to_array_record({"x": [1, 2]}, "upload")
+    metrics = to_config_record({"loss": np.float32(0.5), "n": np.int64(3), "ok": True}, "metrics")
+    assert metrics == {"loss": 0.5, "n": 3, "ok": True} and type(metrics["n"]) is int, "numpy scalars become Python ones"
+    with pytest.raises(FederatedRunError, match="metrics: values must be bool, int, float, str"):
+        to_config_record({"x": {"nested": 1}}, "metrics")
+
+
+def test_flower_app_names_the_adapter_components_and_declares_every_run_config_key():
+    app = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert app["config"] == RUN_CONFIG_DEFAULTS, "flwr run refuses overrides of keys the App does not declare"
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import ServerApp
+
+    assert isinstance(load_object(app["components"]["serverapp"], "serverapp"), ServerApp)
+    assert isinstance(load_object(app["components"]["clientapp"], "clientapp"), ClientApp)
+
+
+def test_simulation_rounds_keep_bits_and_client_state_and_go_on_past_a_failing_client(tmp_path, toy_run_config):
+    config_file = tmp_path / "toy.yaml"
+    config_file.write_text("rounds: 3\nmin_clients: 2\nexpected_clients: 3\n")
+    run_config = toy_run_config("fail=b@2", **{"config-file": str(config_file), "institutions": "a,b,c"})
+    simulate(run_config, num_cpus=2)
+    *rounds, end = toy.read_records(tmp_path / "records.jsonl")
+    assert [r["round"] for r in rounds] == [1, 2, 3] and end["finished"], f"3 rounds then finish: {rounds + [end]}"
+    assert set(rounds[0]["replies"]) == set(rounds[2]["replies"]) == {"a", "b", "c"}, "rounds 1 and 3 hear every node"
+    assert set(rounds[1]["replies"]) == {"a", "c"}, "round 2 goes on without the failing client"
+    assert "b: RuntimeError: toy failure of b in round 2" in rounds[1]["failures"]["b"], rounds[1]["failures"]
+    counts = {r["round"]: {name: reply["count"] for name, reply in r["replies"].items()} for r in rounds}
+    assert counts == {1: dict(a=1, b=1, c=1), 2: dict(a=2, c=2), 3: dict(a=3, b=2, c=3)}, (
+        f"per-client state counts the rounds a client completed: {counts}"
+    )
+    for record in rounds:
+        for name, reply in record["replies"].items():
+            assert reply["bits_dtype"] == "uint8" and reply["bits"] == toy.expected_bits(reply["count"]), (name, reply)
+            assert reply["value_dtype"] == "float32" and reply["value"] == [0.5 * reply["count"]] * 3, (name, reply)
+            assert reply["header"] == f"[{record['round']}, 3]", "the server's int64 header reached the client"
+
+
+def test_simulation_below_min_clients_fails_with_a_clear_error(tmp_path, toy_run_config):
+    run_config = toy_run_config("rounds=2 min_clients=3 expected_clients=3 round_retries=1 fail=c@2", institutions="a,b,c")
+    expected = r"round 2: fewer than min_clients=3 replies in each of 2 attempts .*c: RuntimeError: toy failure"
+    with pytest.raises(FederatedRunError, match=expected):
+        simulate(run_config, num_cpus=2)
+    assert [r["round"] for r in toy.read_records(tmp_path / "records.jsonl")] == [1], "nothing aggregated after round 1"
+
+
+def test_simulation_checks_its_arguments_before_starting(toy_run_config):
+    with pytest.raises(ConfigError, match="give one node per institution"):
+        simulate(toy_run_config(institutions="a,b"), num_nodes=3)
+    with pytest.raises(ConfigError, match=r"unknown keys \['rounds'\]"):
+        simulate({**toy_run_config(), "rounds": 2}, num_nodes=1)
+    with pytest.raises(ConfigError, match="run config 'client-factory': cannot import module 'nope'"):
+        simulate({**toy_run_config(), "client-factory": "nope:make"}, num_nodes=1)

@@ -1,0 +1,49 @@
+"""A real deployment on this machine: SuperLink and SuperNodes with TLS and SuperNode authentication."""
+
+from __future__ import annotations
+
+import os
+
+import toy_federated_program as toy
+
+from pretrain.federated.localdeploy import COMPLETED, LocalDeployment
+
+
+def _alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if os.path.exists(f"/proc/{pid}")}
+
+
+def test_deployment_with_tls_and_node_auth_runs_rounds_keeps_state_and_refuses_unregistered_nodes(
+    tmp_path, toy_run_config, toy_pythonpath
+):
+    records = tmp_path / "records.jsonl"
+    with LocalDeployment(tmp_path / "fed", ["a", "b"], env={"PYTHONPATH": toy_pythonpath}) as deployment:
+        run_id = deployment.launch(toy_run_config("rounds=2 min_clients=2 expected_clients=2"))
+        deployment.start_supernode("intruder")
+        assert deployment.wait_for_exit("intruder") != 0, "a SuperNode whose key was never registered must not stay up"
+        run = deployment.wait(run_id)
+        assert run["status"] == COMPLETED, f"run {run_id} ended {run['status']}:\n{deployment.logs(run_id)}"
+        seen = deployment.process_ids()
+        superlink_log = deployment.processes["superlink"].text()
+        intruder_log = deployment.processes["intruder"].text()
+        failed = deployment.launch(toy_run_config("rounds=1 round_timeout_s=-1"))
+        failed_run = deployment.wait(failed)
+        failed_log = deployment.logs(failed)
+        started = {process.popen.pid for process in deployment.processes.values()}
+    assert "Failed to activate SuperNode" in intruder_log, intruder_log
+    assert "No SuperNode found with the given public key" in superlink_log, "the SuperLink refused the unknown key"
+    assert "Receiving:" not in intruder_log, "the unregistered SuperNode never received a message"
+    *rounds, end = toy.read_records(records)
+    assert [r["round"] for r in rounds] == [1, 2] and end["finished"], rounds
+    for record in rounds:
+        assert set(record["replies"]) == {"a", "b"}, f"round {record['round']} heard {set(record['replies'])}"
+        for name, reply in record["replies"].items():
+            assert reply["count"] == record["round"], f"{name}'s state did not carry over between ClientApp processes"
+            assert reply["bits_dtype"] == "uint8" and reply["bits"] == toy.expected_bits(reply["count"]), reply
+    assert failed_run["status"] == "finished:failed", f"a ServerApp error must fail the run: {failed_run}"
+    assert "round_timeout_s=-1" in failed_log, f"the program's error is in the run's log:\n{failed_log}"
+    assert seen >= started - {deployment.processes["intruder"].popen.pid}, "the process scan finds every started process"
+    assert len(seen) > len(started), "and the processes they started (SuperExec, ServerApp...)"
+    assert not _alive(seen | started) and not deployment.process_ids(), f"left running: {_alive(seen | started)}"
+    startup = sorted(reply["process_age_s"] for record in rounds for reply in record["replies"].values())
+    print(f"ClientApp process start-up before train(): {', '.join(f'{s:.2f}' for s in startup)} s")

@@ -1,0 +1,149 @@
+"""The round loop and the contract functions, over a transport that needs no Flower."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from geofm.errors import ConfigError, FederatedRunError
+from pretrain.federated.runtime import (
+    Failure,
+    Plan,
+    Reply,
+    client_program,
+    config_overrides,
+    load_object,
+    node_identity,
+    run_server,
+    select_nodes,
+)
+
+
+class Server:
+    """Records what the loop asked of it."""
+
+    def __init__(self, **plan) -> None:
+        self.num_rounds, self.min_clients, self.fraction = 2, 2, 1.0
+        self.round_timeout_s, self.expected_clients, self.round_retries = 5.0, 3, 0
+        self.__dict__.update(plan)
+        self.registered: dict[int, dict] = {}
+        self.rounds: list[tuple[int, list[int], list[int]]] = []
+        self.finished = False
+        self.stray = False
+
+    def start_round(self) -> int:
+        return 1
+
+    def register(self, node_id, identity) -> None:
+        self.registered[node_id] = identity
+
+    def configure(self, rnd, node_ids):
+        payloads = {node: ({"w": np.full(2, rnd, dtype=np.uint8)}, {"round": rnd}) for node in node_ids}
+        if self.stray:
+            payloads[999] = ({}, {})
+        return payloads
+
+    def aggregate(self, rnd, replies, failures) -> None:
+        self.rounds.append((rnd, sorted(r.node_id for r in replies), sorted(f.node_id for f in failures)))
+
+    def finish(self) -> None:
+        self.finished = True
+
+
+class Transport:
+    """Nodes 1..n; ``down[(rnd, attempt)]`` lists nodes that fail that train attempt."""
+
+    def __init__(self, nodes=(1, 2, 3), down=None) -> None:
+        self.nodes = list(nodes)
+        self.down = down or {}
+        self.trains: dict[int, int] = {}
+        self.sent: list[tuple[str, int, list[int]]] = []
+
+    def node_ids(self):
+        return list(self.nodes)
+
+    def exchange(self, kind, rnd, payloads, timeout_s):
+        self.sent.append((kind, rnd, sorted(payloads)))
+        if kind == "query":
+            return [Reply(node, {}, {"client": f"inst{node}"}) for node in payloads], []
+        attempt = self.trains.get(rnd, 0)
+        self.trains[rnd] = attempt + 1
+        failing = set(self.down.get((rnd, attempt), ()))
+        replies = [Reply(node, payload[0], {}) for node, payload in payloads.items() if node not in failing]
+        return replies, [Failure(node, "boom") for node in payloads if node in failing]
+
+
+def test_rounds_run_with_handshake_first_and_a_failure_does_not_stop_a_round():
+    server, transport = Server(), Transport(down={(2, 0): [3]})
+    run_server(server, transport, poll_s=0)
+    assert server.registered == {n: {"client": f"inst{n}"} for n in (1, 2, 3)}, "every node registered from its query reply"
+    assert transport.sent[0] == ("query", 1, [1, 2, 3]), f"the handshake comes before any training: {transport.sent}"
+    assert server.rounds == [(1, [1, 2, 3], []), (2, [1, 2], [3])], f"round 2 goes on without node 3: {server.rounds}"
+    assert server.finished
+
+
+def test_a_round_below_min_clients_is_retried_then_stops_the_run_naming_the_failures():
+    server, transport = Server(round_retries=1), Transport(down={(1, 0): [2, 3]})
+    run_server(server, transport, poll_s=0)
+    assert server.rounds[0] == (1, [1, 2, 3], []), "the retried round aggregates the second attempt only"
+    server, transport = Server(round_retries=1), Transport(down={(1, 0): [2, 3], (1, 1): [1, 3]})
+    expected = r"round 1: fewer than min_clients=2 replies in each of 2 attempts .*1 of 3 selected nodes replied .*node 1: boom"
+    with pytest.raises(FederatedRunError, match=expected):
+        run_server(server, transport, poll_s=0)
+    assert server.rounds == [] and not server.finished
+
+
+def test_too_few_nodes_within_the_connect_timeout_is_a_clear_error():
+    clock = itertools.count(0.0, 10.0)
+    server = Server(expected_clients=4, connect_timeout_s=30.0)
+    with pytest.raises(FederatedRunError, match=r"before round 1: 3 of 4 nodes connected after connect_timeout_s=30"):
+        run_server(server, Transport(), poll_s=0, clock=lambda: next(clock))
+
+
+def test_configure_may_address_selected_nodes_only():
+    server = Server()
+    server.stray = True
+    with pytest.raises(FederatedRunError, match=r"payloads for nodes \[999\] that were not selected"):
+        run_server(server, Transport(), poll_s=0)
+
+
+def test_selection_takes_the_fraction_but_at_least_min_clients_reproducibly():
+    plan = Plan(num_rounds=1, min_clients=2, fraction=0.3, round_timeout_s=None, expected_clients=2)
+    nodes = list(range(10, 20))
+    picked = select_nodes(nodes, plan, rnd=4, attempt=0)
+    assert len(picked) == 3 and set(picked) <= set(nodes) and picked == select_nodes(nodes, plan, 4, 0)
+    assert len(select_nodes(nodes[:3], plan, 1, 0)) == 2, "ceil(0.3 * 3) = 1 is raised to min_clients"
+
+
+def test_plan_errors_name_every_bad_value():
+    with pytest.raises(ConfigError, match=r"fraction=1.5 .*expected_clients=1 \(expected >= min_clients=2\)"):
+        Plan(num_rounds=1, min_clients=2, fraction=1.5, round_timeout_s=None, expected_clients=1)
+    with pytest.raises(FederatedRunError, match=r"lacks the plan attributes \['num_rounds'"):
+        Plan.of(object())
+
+
+def test_node_identity_in_deployment_and_simulation():
+    deployed = {"institution": "esa", "data-root": "/data"}
+    assert node_identity(deployed, {}) == deployed
+    simulated = node_identity({"partition-id": 1, "num-partitions": 2}, {"institutions": "esa, ign"})
+    assert simulated["institution"] == "ign"
+    assert node_identity({"partition-id": 0, "num-partitions": 1}, {})["institution"] == "node0"
+    with pytest.raises(ConfigError, match="names 2 institutions, but node partition-id=2"):
+        node_identity({"partition-id": 2, "num-partitions": 3}, {"institutions": "esa,ign"})
+    with pytest.raises(ConfigError, match="expected 'institution'"):
+        node_identity({}, {})
+
+
+def test_factories_load_by_import_path_and_client_programs_are_built_once_per_process():
+    assert load_object("numpy:uint8", "x") is np.uint8
+    for path, message in [("numpy.uint8", "expected 'package.module:function'"), ("nope_mod:f", "cannot import"),
+                          ("numpy:nope", "has no attribute 'nope'")]:
+        with pytest.raises(ConfigError, match=message):
+            load_object(path, "server-factory")
+    run_config = {"client-factory": "toy_federated_program:make_client"}
+    first = client_program(run_config, {"institution": "a"})
+    assert client_program(run_config, {"institution": "a"}) is first
+    assert client_program(run_config, {"institution": "b"}) is not first
+    assert config_overrides({"overrides": "a=1 'b=x y'"}) == ["a=1", "b=x y"]
