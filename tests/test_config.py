@@ -107,6 +107,24 @@ def test_band_aliases_resolve_and_custom_bands_are_declared(demo_tree):
     assert cfg.data.bands[-1] == "ndvi"
 
 
+def test_a_config_builds_on_its_base_section_by_section(demo_tree, tmp_path):
+    path, _ = demo_tree
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base: {path}\ntrain: {{epochs: 3}}\nrun: {{output_dir: runs/child}}\n")
+    cfg = PretrainConfig.from_file(child, ["train.base_lr=0.5"])
+    parent = PretrainConfig.from_file(path)
+    assert (cfg.train.epochs, cfg.train.base_lr, cfg.train.micro_batch_size) == (3, 0.5, parent.train.micro_batch_size)
+    assert cfg.data == parent.data and str(cfg.run.output_dir) == "runs/child" and cfg.run.seed == parent.run.seed
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("base: loop.yaml\n")
+    with pytest.raises(ConfigError, match="base configs form a cycle"):
+        PretrainConfig.from_file(loop)
+    orphan = tmp_path / "orphan.yaml"
+    orphan.write_text("base: missing.yaml\n")
+    with pytest.raises(ConfigError, match=r"missing\.yaml does not exist \(base of"):
+        PretrainConfig.from_file(orphan)
+
+
 def test_malformed_override_and_missing_file(demo_tree):
     path, _ = demo_tree
     with pytest.raises(ConfigError, match="key.path=value"):

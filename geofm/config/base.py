@@ -87,17 +87,44 @@ def _format_validation_error(err: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def read_config_tree(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict:
-    """The parsed YAML mapping of a config file with the overrides applied (not yet validated)."""
-    path = Path(path)
+BASE_KEY = "base"
+
+
+def _merged(base: dict, override: dict) -> dict:
+    """``override`` on top of ``base``: mappings merge key by key, anything else (lists too) is replaced."""
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = _merged(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
+
+
+def _read_yaml_tree(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """A YAML file's mapping, on top of the file its ``base`` key names (relative to the file), recursively."""
     if not path.is_file():
-        raise ConfigError(f"config file {path.resolve()} does not exist")
+        raise ConfigError(f"config file {path.resolve()} does not exist" + (f" (base of {chain[-1]})" if chain else ""))
+    if path.resolve() in chain:
+        raise ConfigError(f"{path}: base configs form a cycle: {' -> '.join(str(p) for p in (*chain, path.resolve()))}")
     try:
         tree = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    base = tree.pop(BASE_KEY, None)
+    if base is None:
+        return tree
+    return _merged(_read_yaml_tree(path.parent / str(base), (*chain, path.resolve())), tree)
+
+
+def read_config_tree(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """The parsed mapping of a config file with the overrides applied (not yet validated).
+
+    A file may start from another: ``base: other.yaml`` (relative to the file) is read first and
+    the file's own keys are merged on top of it, section by section, so a baseline or an ablation
+    is a few lines over the setting it varies.
+    """
+    path = Path(path)
+    tree = _read_yaml_tree(path)
     for key, value in parse_overrides(overrides):
         set_dotted(tree, key, value, str(path))
     return tree
