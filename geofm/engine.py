@@ -36,7 +36,7 @@ from timm.optim import param_groups_weight_decay
 from torch import nn
 
 from geofm.checkpoints.io import load_training_file
-from geofm.config import TrainConfig
+from geofm.config import OptimizerConfig, TrainConfig
 
 log = logging.getLogger("geofm.engine")
 # Start-up noise with no bearing on a run: torch's extension loader looks for CUDA on CPU machines,
@@ -59,7 +59,7 @@ class Schedule:
     warmup_steps: int
 
 
-def global_batch(train: TrainConfig, world_size: int) -> int:
+def global_batch(train: OptimizerConfig, world_size: int) -> int:
     """Images per optimizer step: micro-batch x accumulation steps x processes."""
     return train.micro_batch_size * train.grad_accum_steps * world_size
 
@@ -133,7 +133,7 @@ def device() -> torch.device:
     return torch.device(accel.device_name(local_rank))
 
 
-def use_bf16(train: TrainConfig) -> bool:
+def use_bf16(train: OptimizerConfig) -> bool:
     """bf16 when asked for, or with ``auto`` on an accelerator that supports it."""
     if train.precision == "auto":
         accel = get_accelerator()
@@ -141,17 +141,20 @@ def use_bf16(train: TrainConfig) -> bool:
     return train.precision == "bf16"
 
 
-def zero_stage(train: TrainConfig, world_size: int) -> int:
+def zero_stage(train: OptimizerConfig, world_size: int) -> int:
     """The ZeRO stage a run uses: the configured one across processes, 0 on one process."""
     return train.zero_stage if world_size > 1 else 0
 
 
-def deepspeed_config(train: TrainConfig, world_size: int, schedule: Schedule) -> dict[str, Any]:
+def deepspeed_config(
+    train: OptimizerConfig, world_size: int, schedule: Schedule | None, lr: float | None = None
+) -> dict[str, Any]:
     """The DeepSpeed config of a run: AdamW, warmup + cosine, clipping, accumulation, ZeRO, bf16.
 
     The learning rate scales linearly with the global batch: ``base_lr * batch / lr_reference_batch``.
+    Without a ``schedule`` (a federated client's round) the learning rate is the constant ``lr``.
     """
-    return {
+    config: dict[str, Any] = {
         "train_batch_size": global_batch(train, world_size),
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.grad_accum_steps,
@@ -161,7 +164,7 @@ def deepspeed_config(train: TrainConfig, world_size: int, schedule: Schedule) ->
         "optimizer": {
             "type": "AdamW",
             "params": {
-                "lr": scaled_lr(train, world_size),
+                "lr": scaled_lr(train, world_size) if lr is None else lr,
                 "betas": list(train.betas),
                 "eps": train.eps,
                 "weight_decay": train.weight_decay,
@@ -169,7 +172,11 @@ def deepspeed_config(train: TrainConfig, world_size: int, schedule: Schedule) ->
                 "adam_w_mode": True,
             },
         },
-        "scheduler": {
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if schedule is not None:
+        config["scheduler"] = {
             "type": "WarmupCosineLR",
             "params": {
                 "total_num_steps": schedule.total_steps,
@@ -178,13 +185,11 @@ def deepspeed_config(train: TrainConfig, world_size: int, schedule: Schedule) ->
                 "cos_min_ratio": train.min_lr_ratio,
                 "warmup_type": "linear",
             },
-        },
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
+        }
+    return config
 
 
-def scaled_lr(train: TrainConfig, world_size: int) -> float:
+def scaled_lr(train: OptimizerConfig, world_size: int) -> float:
     """Peak learning rate: ``base_lr`` scaled by global batch / ``lr_reference_batch``."""
     return train.base_lr * global_batch(train, world_size) / train.lr_reference_batch
 
@@ -215,14 +220,21 @@ class _QuietSchedulerProbe(logging.Filter):
 deepspeed_logger.addFilter(_QuietSchedulerProbe())
 
 
-def initialize(model: nn.Module, train: TrainConfig, world_size: int, schedule: Schedule):
-    """Wrap ``model`` in a DeepSpeed engine (optimizer and scheduler come from the config)."""
+def initialize(
+    model: nn.Module, train: OptimizerConfig, world_size: int, schedule: Schedule | None, lr: float | None = None
+):
+    """Wrap ``model`` in a DeepSpeed engine (optimizer and scheduler come from the config).
+
+    Without a ``schedule`` the learning rate stays ``lr`` (see :func:`deepspeed_config`). The process
+    joins its process group first if it has not yet (see :func:`init_distributed`).
+    """
+    init_distributed()
     if train.zero_stage != zero_stage(train, world_size) and dist.get_rank() == 0:
         log.info("one process: ZeRO stage 0 (train.zero_stage=%d applies across processes)", train.zero_stage)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=parameter_groups(model, train.weight_decay),
-        config=deepspeed_config(train, world_size, schedule),
+        config=deepspeed_config(train, world_size, schedule, lr),
     )
     if type(engine.checkpoint_engine) is not TorchCheckpointEngine:
         raise RuntimeError(f"unexpected DeepSpeed checkpoint engine {type(engine.checkpoint_engine).__name__}")

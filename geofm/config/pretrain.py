@@ -30,8 +30,3 @@ class PretrainConfig(ProgramConfig):
     def _check_combination(self) -> PretrainConfig:
         check_masked_pretraining(self.model, self.masking, self.teacher, self.data)
         return self
-
-    @property
-    def teacher_band_indices(self) -> list[int]:
-        """Input bands the teacher sees: red, green, blue (or the three bands of a 3-band model)."""
-        return self.data.rgb_indices or [0, 1, 2]

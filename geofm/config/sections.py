@@ -183,6 +183,11 @@ class DataConfig(Section):
         return self
 
     @property
+    def teacher_band_indices(self) -> list[int]:
+        """Input bands a teacher sees: red, green, blue (or the three bands of a 3-band model)."""
+        return self.rgb_indices or [0, 1, 2]
+
+    @property
     def rgb_indices(self) -> list[int] | None:
         """Positions of red, green, blue in :attr:`bands`, or None if any is missing."""
         if all(b in self.bands for b in RGB):
@@ -190,23 +195,28 @@ class DataConfig(Section):
         return None
 
 
-class TrainConfig(Section):
-    """Optimisation on the DeepSpeed engine."""
+class OptimizerConfig(Section):
+    """AdamW on the DeepSpeed engine: batch, learning rate, regularisation, clipping, precision."""
 
-    epochs: int = Field(gt=0)
     micro_batch_size: int = Field(gt=0, description="images per device per forward pass")
     grad_accum_steps: int = Field(default=1, gt=0)
     base_lr: float = Field(default=2e-4, gt=0.0, description="learning rate per lr_reference_batch images")
     lr_reference_batch: int = Field(default=512, gt=0)
-    warmup_epochs: float = Field(default=10, ge=0.0)
-    warmup_start_ratio: float = Field(default=0.005, ge=0.0, le=1.0)
-    min_lr_ratio: float = Field(default=0.05, ge=0.0, le=1.0)
+    min_lr_ratio: float = Field(default=0.05, ge=0.0, le=1.0, description="the cosine decays to base lr x this")
     weight_decay: float = Field(default=0.05, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(default=1e-8, gt=0.0)
     grad_clip: float = Field(default=5.0, gt=0.0)
     zero_stage: Literal[0, 1, 2] = 0
     precision: Literal["auto", "bf16", "fp32"] = Field(default="auto", description="auto: bf16 on GPU, fp32 on CPU")
+
+
+class TrainConfig(OptimizerConfig):
+    """Optimisation over epochs: linear warm-up, then cosine decay."""
+
+    epochs: int = Field(gt=0)
+    warmup_epochs: float = Field(default=10, ge=0.0)
+    warmup_start_ratio: float = Field(default=0.005, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _check_warmup(self) -> TrainConfig:

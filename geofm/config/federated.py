@@ -1,0 +1,179 @@
+"""The config of federated pretraining (``geofm fed simulate``, ``geofm fed launch``).
+
+It reuses central pretraining's sections (``run``, ``model``, ``masking``, ``teacher``, ``data``)
+with the same meaning; ``train`` is the clients' local optimisation (AdamW, clipping, precision)
+with a learning-rate schedule over rounds; ``federation`` says who the clients are and how rounds
+run; ``algorithm`` says what each side does and what travels each way. FedAvg, FedProx and FedSense
+(with every component switchable, for its ablations and the quantised baselines) are runs of the
+same program with different ``algorithm`` sections.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from geofm.config.base import ProgramConfig, Section
+from geofm.config.sections import (
+    DataConfig,
+    MaskingConfig,
+    OptimizerConfig,
+    RunConfig,
+    StudentConfig,
+    TeacherConfig,
+    check_masked_pretraining,
+)
+
+ALGORITHMS = ("fedavg", "fedprox", "fedsense")
+
+
+class LocalTrainConfig(OptimizerConfig):
+    """A client's local optimisation each round; the learning rate follows a schedule over rounds."""
+
+    local_epochs: float | None = Field(default=1.0, gt=0.0, description="passes over the client's images per round")
+    local_steps: int | None = Field(default=None, gt=0, description="a fixed number of optimizer steps per round instead")
+    lr_schedule: Literal["constant", "cosine"] = Field(default="constant", description="over rounds, after the warm-up")
+    warmup_rounds: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> LocalTrainConfig:
+        if (self.local_epochs is None) == (self.local_steps is None):
+            raise ValueError("set exactly one of train.local_epochs and train.local_steps (the other to null)")
+        return self
+
+
+class CodecConfig(Section):
+    """Quantisation of what travels: ``bits`` 32 sends raw float32 (no compression)."""
+
+    bits: Literal[1, 2, 4, 8, 32] = 32
+    bucket_size: int | None = Field(default=512, gt=0, description="values sharing one scale; null: one scale per update")
+    scale_norm: Literal["linf", "l2"] = Field(
+        default="linf",
+        description="the norm scaling each bucket (b >= 2); l2 is the paper's literal choice, kept for ablations: "
+        "with error feedback it diverges at low bit widths",
+    )
+    stochastic: bool = Field(default=True, description="unbiased stochastic rounding; false: round to nearest")
+
+
+class UplinkConfig(CodecConfig):
+    """The clients' uploads: quantisation plus optional error feedback."""
+
+    error_feedback: bool = False
+    feedback_alpha: float = Field(default=0.0, ge=0.0, lt=1.0, description="e <- alpha e + (1 - alpha)(G - deq(Q))")
+    feedback_reset_every: int | None = Field(default=None, gt=0, description="reset the error buffer every T rounds")
+    feedback_guard: float = Field(
+        default=10.0, gt=1.0, description="reset (and log) when ||e|| exceeds this multiple of the update's norm"
+    )
+
+
+class AlgorithmConfig(Section):
+    """The federated algorithm: client update rule, server update rule and what travels each way.
+
+    ``fedavg``: local AdamW steps, data-weighted averaging. ``fedprox``: plus the proximal term
+    ``proximal_beta / 2 ||theta - Theta||^2``. ``fedsense``: plus drift-aware perturbed local steps
+    (``perturbation_radius``, server-to-client guidance), the proximal term if ``proximal_beta``,
+    K-means of client models (``clusters``) and similarity distillation on the server's public data
+    (``distill_steps``). Every algorithm can quantise the uplink (with error feedback) and downlink.
+    """
+
+    name: Literal["fedavg", "fedprox", "fedsense"] = "fedsense"
+    perturbation_radius: float = Field(default=0.0, ge=0.0, description="fedsense: lambda of eps = lambda d / ||d||")
+    proximal_beta: float = Field(default=0.0, ge=0.0, description="fedprox, fedsense: weight of the proximal term")
+    clusters: int | None = Field(default=None, gt=0, description="fedsense: K groups of client models; null: one per client")
+    distill_steps: int = Field(default=0, ge=0, description="fedsense: server similarity-distillation steps per round")
+    distill_lr: float = Field(default=1e-5, gt=0.0, description="fedsense: AdamW learning rate of the distillation")
+    distill_batch_size: int = Field(default=16, gt=1, description="fedsense: public images p per distillation step")
+    uplink: UplinkConfig = UplinkConfig()
+    downlink: CodecConfig = Field(
+        default_factory=lambda: CodecConfig(bits=32),
+        description="the global model's change since a client's last copy; bits 32 (default) sends the model as is",
+    )
+    norm_factor: float = Field(default=10.0, gt=1.0, description="reject uploads above this multiple of the median norm")
+
+    @model_validator(mode="after")
+    def _check_components(self) -> AlgorithmConfig:
+        used = {
+            "fedavg": set(),
+            "fedprox": {"proximal_beta"},
+            "fedsense": {"perturbation_radius", "proximal_beta", "clusters", "distill_steps"},
+        }[self.name]
+        defaults = AlgorithmConfig.model_fields
+        foreign = [
+            key
+            for key in ("perturbation_radius", "proximal_beta", "clusters", "distill_steps")
+            if key not in used and getattr(self, key) != defaults[key].default
+        ]
+        if foreign:
+            raise ValueError(f"algorithm {self.name} has no {', '.join(foreign)}; use fedprox or fedsense")
+        if self.name == "fedprox" and self.proximal_beta == 0:
+            raise ValueError("fedprox needs a positive proximal_beta (with 0 it is fedavg)")
+        return self
+
+
+class FederationConfig(Section):
+    """Who the clients are and how rounds run.
+
+    Clients: ``by_source`` makes each private source one client (an institution's or a sensor's
+    archive; deployed SuperNodes name their source as their institution); ``by_region`` and
+    ``dirichlet`` split the private sources' files among ``clients`` clients (simulations of other
+    splits). ``public_sources`` stay with the server for its similarity distillation.
+    """
+
+    rounds: int = Field(gt=0)
+    partition: Literal["by_source", "by_region", "dirichlet"] = "by_source"
+    clients: int | None = Field(default=None, gt=0, description="by_region, dirichlet: number of clients")
+    dirichlet_alpha: float = Field(default=0.5, gt=0.0)
+    public_sources: list[str] = Field(default_factory=list, description="source names held by the server only")
+    fraction: float = Field(default=1.0, gt=0.0, le=1.0, description="share of the clients selected each round")
+    min_clients: int = Field(default=1, gt=0, description="fewest replies a round needs")
+    round_timeout_s: float | None = Field(default=None, gt=0.0, description="null: wait for every selected client")
+    connect_timeout_s: float = Field(default=600.0, gt=0.0, description="how long to wait for the clients to connect")
+    round_retries: int = Field(default=2, ge=0, description="attempts after a round below min_clients")
+    stop_after_rounds: int | None = Field(default=None, gt=0, description="end this invocation early; a rerun resumes")
+
+
+class FederatedConfig(ProgramConfig):
+    """Federated continual pretraining: GFM (SimMIM without a teacher) on every client, FedSense around it."""
+
+    run: RunConfig
+    model: StudentConfig
+    masking: MaskingConfig = MaskingConfig()
+    teacher: TeacherConfig | None = None
+    data: DataConfig
+    train: LocalTrainConfig
+    federation: FederationConfig
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+
+    @model_validator(mode="after")
+    def _check_combination(self) -> FederatedConfig:
+        check_masked_pretraining(self.model, self.masking, self.teacher, self.data)
+        fed, names = self.federation, [s.name for s in self.data.sources]
+        unknown = [n for n in fed.public_sources if n not in names]
+        if unknown:
+            raise ValueError(f"federation.public_sources {unknown} are not sources of data.sources {names}")
+        private = [n for n in names if n not in fed.public_sources]
+        if not private:
+            raise ValueError("every source is public: no imagery is left for the clients")
+        if fed.partition == "by_source" and fed.clients not in (None, len(private)):
+            raise ValueError(
+                f"federation.clients {fed.clients}: by_source makes one client per private source ({len(private)})"
+            )
+        if fed.partition != "by_source" and fed.clients is None:
+            raise ValueError(f"federation.partition {fed.partition} needs federation.clients")
+        if fed.min_clients > self.num_clients:
+            raise ValueError(f"federation.min_clients {fed.min_clients} exceeds the {self.num_clients} clients")
+        if self.algorithm.distill_steps and not fed.public_sources:
+            raise ValueError("algorithm.distill_steps needs a public source for the server (federation.public_sources)")
+        return self
+
+    @property
+    def client_names(self) -> list[str]:
+        """The clients: private source names (``by_source``) or ``client0``, ``client1``, ..."""
+        if self.federation.partition == "by_source":
+            return [s.name for s in self.data.sources if s.name not in self.federation.public_sources]
+        return [f"client{i}" for i in range(self.federation.clients)]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_names)

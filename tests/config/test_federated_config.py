@@ -1,0 +1,51 @@
+from pathlib import Path
+
+import pytest
+
+from geofm.config.federated import FederatedConfig
+from geofm.errors import ConfigError
+
+CONFIGS = sorted(Path(__file__).parents[2].joinpath("configs", "federated").glob("*.yaml"))
+DEMO = Path(__file__).parents[2] / "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_federated_configs_validate_and_are_named_after_their_run(path):
+    cfg = FederatedConfig.from_file(path)
+    assert cfg.run.output_dir.name == path.stem
+
+
+def test_the_paper_setting_and_its_baselines_differ_only_in_their_algorithm():
+    folder = DEMO.parent
+    fedavg = FederatedConfig.from_file(folder / "fedavg_swin_tiny__10clients__100rounds.yaml")
+    fedsense = FederatedConfig.from_file(folder / "fedsense_swin_tiny__10clients__100rounds__1bit_ef.yaml")
+    assert (fedavg.model.arch, fedavg.num_clients, fedavg.federation.rounds) == ("swin_tiny_patch4_window7_224", 10, 100)
+    assert (fedavg.train.local_epochs, fedavg.train.base_lr, fedavg.train.lr_reference_batch) == (1, 1e-4, 64)
+    for section in ("model", "masking", "teacher", "data", "train", "federation"):
+        assert getattr(fedavg, section) == getattr(fedsense, section), section
+    assert (fedsense.algorithm.uplink.bits, fedsense.algorithm.uplink.error_feedback) == (1, True)
+    assert fedsense.algorithm.uplink.scale_norm == "linf", "L-infinity scales by default (L2 diverges with feedback)"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algorithm.name=fedavg", "algorithm fedavg has no perturbation_radius, clusters, distill_steps"),
+        ("federation.clients=5", "by_source makes one client per private source"),
+        ("federation.partition=dirichlet", "federation.partition dirichlet needs federation.clients"),
+        ("federation.public_sources=[archive_x]", r"public_sources \['archive_x'\] are not sources"),
+        ("federation.public_sources=[]", "distill_steps needs a public source"),
+        ("train.local_steps=4", "set exactly one of train.local_epochs and train.local_steps"),
+        ("algorithm.uplink.bits=3", r"algorithm\.uplink\.bits"),
+        ("federation.min_clients=4", "min_clients 4 exceeds the 3 clients"),
+    ],
+)
+def test_federated_config_errors_name_the_field(override, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        FederatedConfig.from_file(DEMO, [override])
+    assert str(DEMO) in str(info.value)
+
+
+def test_partitions_other_than_by_source_name_their_clients():
+    cfg = FederatedConfig.from_file(DEMO, ["federation.partition=dirichlet", "federation.clients=4"])
+    assert cfg.client_names == ["client0", "client1", "client2", "client3"]
