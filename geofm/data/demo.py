@@ -1,15 +1,19 @@
-"""Built-in demo archive: small synthetic, georeferenced scenes from two made-up sensors.
+"""Built-in demo archive: small synthetic, georeferenced scenes from three made-up sensors.
 
 The archive is smoke-test data for the pipeline, not real imagery. Its scenes are procedurally
 generated (smooth fields, parcels, roads, buildings, a river, noise) so that a masked-image model
 has spatial structure to learn, and the same seed always gives the same pixels.
 
-Two pretraining sources are written below the root:
+Pretraining sources written below the root (three institutions' archives and a public set):
 
 * ``aerial_rgb/``: 24 GeoTIFFs, 3 bands (red, green, blue) uint8, 96 x 96 pixels of 0.5 m,
   EPSG:32632 (UTM 32N).
 * ``satellite_4band/``: 24 GeoTIFFs, 4 bands (blue, green, red, nir) uint16 reflectance x 10000,
   64 x 64 pixels of 10 m, EPSG:32632, nodata 0; every third scene has a no-data swath edge.
+* ``uav_rgbn/``: 24 GeoTIFFs, 4 bands (red, green, blue, nir) uint8, 80 x 80 pixels of 0.1 m,
+  EPSG:32632.
+* ``public_rgb/``: 16 GeoTIFFs like ``aerial_rgb`` at 1 m, elsewhere: the public data a
+  federation's server holds.
 
 and labelled downstream data below ``finetune/``, one folder per task family in the folder layouts
 of :mod:`geofm.data.finetune.folders`, each with ``train/``, ``val/`` and ``test/`` splits (see
@@ -25,8 +29,9 @@ import numpy as np
 from geofm.data.readers import write_geotiff
 
 SCENES = 24
+PUBLIC_SCENES = 16
 CRS = "EPSG:32632"
-_VERSION = 2
+_VERSION = 3
 _MARKER = ".complete"
 
 SCENE_CLASSES = ("farmland", "forest", "residential", "water")
@@ -65,6 +70,10 @@ aerial_rgb/        {scenes} GeoTIFFs, bands red, green, blue, uint8, 96 x 96 pix
 satellite_4band/   {scenes} GeoTIFFs, bands blue, green, red, nir, uint16 reflectance
                    x 10000 (1..10000), 64 x 64 pixels, 10 m pixels, {crs},
                    nodata 0 (every third scene has a no-data swath edge).
+uav_rgbn/          {scenes} GeoTIFFs, bands red, green, blue, nir, uint8, 80 x 80 pixels,
+                   0.1 m pixels, {crs}, no nodata.
+public_rgb/        {public} GeoTIFFs like aerial_rgb at 1 m pixels, elsewhere: the public set
+                   of a federated demo's server.
 
 finetune/          labelled downstream data, one folder per task, each with train/ val/ test/:
   classification/  <split>/<class>/scene_*.tif, RGB uint8, 64 x 64 px of 0.5 m; classes
@@ -184,6 +193,20 @@ def aerial_scene(rng: np.random.Generator, size: int = 96) -> np.ndarray:
     for _ in range(rng.integers(0, 5)):
         _add_building(rng, rgb, size)
     return _finish_rgb(rng, rgb)
+
+
+def uav_scene(rng: np.random.Generator, size: int = 80) -> np.ndarray:
+    """One synthetic very-high-resolution drone scene: red, green, blue and near infrared.
+
+    Near infrared is bright on vegetation (green above red) and dark on roofs, roads and soil.
+
+    Returns:
+        uint8 array of shape (4, size, size).
+    """
+    rgb = aerial_scene(rng, size).astype(np.float64)
+    red, green = rgb[0], rgb[1]
+    nir = 60.0 + 2.2 * np.clip(green - red, 0.0, None) + 0.25 * green + rng.normal(0.0, 3.0, red.shape)
+    return np.concatenate([rgb, np.clip(nir, 0, 255)[None]]).round().astype(np.uint8)
 
 
 def satellite_scene(rng: np.random.Generator, size: int = 64, swath_edge: bool = False) -> np.ndarray:
@@ -364,15 +387,15 @@ def make_demo_archive(root: str | Path, seed: int = 0) -> dict[str, Path]:
         seed: generation seed; the same seed gives the same pixels.
 
     Returns:
-        Folder of each pretraining source (``aerial_rgb``, ``satellite_4band``) and of each
-        downstream family (``classification``, ``multilabel``, ``segmentation``, ``change``,
-        ``superres``, below ``finetune/``).
+        Folder of each pretraining source (``aerial_rgb``, ``satellite_4band``, ``uav_rgbn``,
+        ``public_rgb``) and of each downstream family (``classification``, ``multilabel``,
+        ``segmentation``, ``change``, ``superres``, below ``finetune/``).
     """
     root = Path(root)
-    paths = {"aerial_rgb": root / "aerial_rgb", "satellite_4band": root / "satellite_4band"}
+    paths = {name: root / name for name in ("aerial_rgb", "satellite_4band", "uav_rgbn", "public_rgb")}
     paths.update({family: root / "finetune" / family for family in FINETUNE_SPLITS})
     marker = root / _MARKER
-    stamp = f"version={_VERSION} seed={seed} scenes={SCENES}\n"
+    stamp = f"version={_VERSION} seed={seed} scenes={SCENES} public={PUBLIC_SCENES}\n"
     if marker.is_file() and marker.read_text() == stamp:
         return paths
     marker.unlink(missing_ok=True)
@@ -392,6 +415,15 @@ def make_demo_archive(root: str | Path, seed: int = 0) -> dict[str, Path]:
             crs=CRS,
             nodata=0,
         )
+
+        uav = uav_scene(np.random.default_rng([seed, 2, i]))
+        x0, y0 = 490_000.0 + col * 8.0, 5_320_000.0 - row * 8.0
+        write_geotiff(paths["uav_rgbn"] / f"scene_{i:03d}.tif", uav, transform=(0.1, 0, x0, 0, -0.1, y0), crs=CRS)
+    for i in range(PUBLIC_SCENES):
+        row, col = divmod(i, 4)
+        public = aerial_scene(np.random.default_rng([seed, 3, i]))
+        x0, y0 = 500_000.0 + col * 96.0, 5_300_000.0 - row * 96.0
+        write_geotiff(paths["public_rgb"] / f"scene_{i:03d}.tif", public, transform=(1.0, 0, x0, 0, -1.0, y0), crs=CRS)
     _write_finetune(root / "finetune", seed)
 
     counts = {family: "/".join(str(n) for n in splits.values()) for family, splits in FINETUNE_SPLITS.items()}
@@ -400,6 +432,7 @@ def make_demo_archive(root: str | Path, seed: int = 0) -> dict[str, Path]:
             version=_VERSION,
             seed=seed,
             scenes=SCENES,
+            public=PUBLIC_SCENES,
             crs=CRS,
             classes=", ".join(SCENE_CLASSES),
             cover=", ".join(LAND_COVER),

@@ -13,7 +13,10 @@ from geofm.data.readers import read_raster
 SOURCES = {
     "aerial_rgb": (["red", "green", "blue"], 1 / 255, None, "uint8", 96, 0.5),
     "satellite_4band": (["blue", "green", "red", "nir"], 1e-4, 0, "uint16", 64, 10.0),
+    "uav_rgbn": (["red", "green", "blue", "nir"], 1 / 255, None, "uint8", 80, 0.1),
+    "public_rgb": (["red", "green", "blue"], 1 / 255, None, "uint8", 96, 1.0),
 }
+COUNTS = {"aerial_rgb": 24, "satellite_4band": 24, "uav_rgbn": 24, "public_rgb": 16}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,7 @@ def test_layout_and_metadata(archive: dict[str, Path]) -> None:
     assert "not real imagery" in (root / "README.txt").read_text().lower()
     for name, (bands, _, nodata, dtype, size, _) in SOURCES.items():
         files = sorted(archive[name].glob("*.tif"))
-        assert len(files) == 24
+        assert len(files) == COUNTS[name]
         raster = read_raster(files[0], len(bands))
         assert raster.data.shape == (len(bands), size, size)
         assert raster.dtype == dtype
@@ -65,6 +68,11 @@ def test_content(archive: dict[str, Path]) -> None:
     aerial = np.stack([v for k, v in pixels.items() if k.startswith("aerial")])
     assert aerial.std() > 10
     assert len({v.tobytes() for v in aerial}) == 24
+    uav = np.stack([v for k, v in pixels.items() if k.startswith("uav")]).astype(float)
+    vegetation = uav[:, 1] > uav[:, 0] + 10
+    assert uav[:, 3][vegetation].mean() > uav[:, 3][~vegetation].mean() + 20, "drone nir is bright on vegetation"
+    public = {v.tobytes() for k, v in pixels.items() if k.startswith("public")}
+    assert len(public) == 16 and not public & {v.tobytes() for v in aerial}, "the public set is its own scenes"
 
 
 def test_deterministic_and_seeded(archive: dict[str, Path], tmp_path: Path) -> None:
@@ -113,9 +121,14 @@ def test_demo_configs_carry_the_archive_statistics(tmp_path):
     from geofm.data.stats import compute_band_stats
 
     roots = make_demo_archive(tmp_path / "demo")
-    configs = Path(__file__).parents[2] / "configs" / "pretrain"
-    for path in configs.glob("demo_*.yaml"):
-        for source in PretrainConfig.from_file(path).data.sources:
+    from geofm.config.federated import FederatedConfig
+
+    configs = Path(__file__).parents[2] / "configs"
+    demos = [(path, PretrainConfig) for path in configs.glob("pretrain/demo_*.yaml")]
+    demos += [(path, FederatedConfig) for path in configs.glob("federated/demo_*.yaml")]
+    assert len(demos) == 3
+    for path, schema in demos:
+        for source in schema.from_file(path).data.sources:
             stats = compute_band_stats(
                 root=roots[source.name], pattern=source.pattern, bands=source.bands, scale=source.scale, nodata=source.nodata
             )
