@@ -4,8 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_ENV := DS_ACCELERATOR=cpu OMP_NUM_THREADS=2
+DEMO_TEACHER := configs/pretrain/demo_simmim_swin_micro__img64_win4__rgb_teacher.yaml
+DEMO_FEDERATED := configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml
+DEMO_CENTRAL := configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml
 
-.PHONY: setup demo test clean-demo
+.PHONY: setup demo demo-central test clean-demo
 
 setup: $(STAMP)
 
@@ -15,14 +18,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e ".[test]"
 	touch $(STAMP)
 
-# Synthetic archive -> stage 1: plain SimMIM makes a small RGB teacher -> stage 2: GFM with that teacher.
+# Synthetic archive -> a small RGB teacher (plain SimMIM) -> FedSense across three institutions.
 demo: setup
 	$(BIN)/geofm demo-data --out data/demo
-	$(DEMO_ENV) $(BIN)/geofm pretrain --config configs/pretrain/demo_simmim_swin_micro__img64_win4__rgb_teacher.yaml
-	$(DEMO_ENV) $(BIN)/geofm pretrain --config configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml
+	$(DEMO_ENV) $(BIN)/geofm pretrain --config $(DEMO_TEACHER)
+	$(DEMO_ENV) OMP_NUM_THREADS=1 $(BIN)/geofm fed simulate --config $(DEMO_FEDERATED) --num-cpus 2
+
+# The same archive and teacher, GFM pretraining on one machine instead.
+demo-central: setup
+	$(BIN)/geofm demo-data --out data/demo
+	$(DEMO_ENV) $(BIN)/geofm pretrain --config $(DEMO_TEACHER)
+	$(DEMO_ENV) $(BIN)/geofm pretrain --config $(DEMO_CENTRAL)
 
 test: setup
 	DS_ACCELERATOR=cpu $(BIN)/python -m pytest -q
 
 clean-demo:
-	rm -rf runs/demo_simmim_swin_micro__img64_win4__rgb_teacher runs/demo_gfm_swin_micro__img64_win4__4band
+	rm -rf runs/demo_*

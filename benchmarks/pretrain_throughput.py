@@ -29,8 +29,8 @@ from pretrain.central import build_student, train_micro_step
 def measure(cfg, steps: int, warmup: int) -> dict:
     _, world = ds.init_distributed()
     dev = ds.device()
-    teacher = build_teacher(cfg.teacher, cfg.teacher_band_indices) if cfg.teacher else None
-    model = build_student(cfg, teacher)
+    teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices) if cfg.teacher else None
+    model = build_student(cfg)
     engine = ds.initialize(model, cfg.train, world, ds.make_schedule(cfg.train, 10**6, world))
     dtype = torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
     if teacher is not None:

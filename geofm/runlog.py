@@ -18,16 +18,16 @@ LOSS_KEYS = ("loss", "loss_mim", "loss_distill")
 
 
 class MetricsLog:
-    """Appends one JSON object per logged step to ``metrics.jsonl``.
+    """Appends one JSON object per logged step (or round: ``key``) to a JSON-lines file.
 
     On resume, records beyond the resumed step (written after the last checkpoint by a run that
     was then killed) are dropped, so the file reads as one uninterrupted run.
     """
 
-    def __init__(self, path: Path, resume_step: int = 0) -> None:
+    def __init__(self, path: Path, resume_step: int = 0, key: str = "step") -> None:
         self.path = path
         if path.exists():
-            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
+            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)[key] <= resume_step]
             path.write_text("".join(line + "\n" for line in kept))
 
     def write(self, record: dict) -> None:
@@ -59,6 +59,36 @@ def plot_loss_curve(records: list[dict], path: Path, title: str = "") -> None:
     lines = ax.get_legend_handles_labels()[0] + lr_ax.get_legend_handles_labels()[0]
     ax.legend(lines, [line.get_label() for line in lines], loc="upper right", fontsize=8)
     ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_rounds(records: list[dict], path: Path, title: str = "") -> None:
+    """A federated run's losses and cumulative traffic (uplink, downlink) against round, as a PNG."""
+    if not records:
+        return
+    rounds = [r["round"] for r in records]
+    fig, (loss_ax, bytes_ax) = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
+    for key in (*LOSS_KEYS, "loss_similarity"):
+        values = [r.get(key) for r in records]
+        if any(v is not None and v != 0 for v in values):
+            loss_ax.plot(rounds, values, label=key, linewidth=1.4, marker=".")
+    loss_ax.set_xlabel("round")
+    loss_ax.set_ylabel("loss (clients' mean; server distillation)")
+    loss_ax.grid(alpha=0.3)
+    loss_ax.legend(fontsize=8)
+    for key, label in (("uplink_bytes", "uplink"), ("downlink_bytes", "downlink")):
+        total, cumulative = 0, []
+        for r in records:
+            total += r.get(key, 0)
+            cumulative.append(total / 2**20)
+        bytes_ax.plot(rounds, cumulative, label=label, linewidth=1.4, marker=".")
+    bytes_ax.set_xlabel("round")
+    bytes_ax.set_ylabel("cumulative MiB on the wire")
+    bytes_ax.grid(alpha=0.3)
+    bytes_ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

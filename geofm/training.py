@@ -93,10 +93,16 @@ class Progress:
 
 
 class RunCheckpoints:
-    """Periodic DeepSpeed checkpoints under ``run_dir/checkpoints``, ``last`` pointing at the newest."""
+    """Periodic checkpoints under ``run_dir/checkpoints`` (``step_*``, or ``round_*`` for a federated
+    server), ``last`` pointing at the newest."""
 
-    def __init__(self, run_dir: Path, keep: int, rank: int) -> None:
+    def __init__(self, run_dir: Path, keep: int, rank: int, unit: str = "step") -> None:
         self.run_dir, self.directory, self.keep, self.rank = run_dir, run_dir / "checkpoints", keep, rank
+        self.unit = unit
+
+    def tag(self, count: int) -> str:
+        """The folder name of the checkpoint after ``count`` steps (rounds)."""
+        return f"{self.unit}_{count:07d}"
 
     def latest(self) -> Path | None:
         last = self.directory / LAST_CHECKPOINT
@@ -128,18 +134,22 @@ class RunCheckpoints:
 
     def save(self, engine, progress: Progress, client_state: dict) -> None:
         """Save a checkpoint of ``engine`` (all ranks call this) with its progress record; prune old ones."""
-        tag = f"step_{progress.step:07d}"
+        tag = self.tag(progress.step)
         ds.save_checkpoint(engine, self.directory, tag, client_state)
         ds.barrier()
         if self.rank == 0:
-            (self.directory / tag / PROGRESS_FILE).write_text(json.dumps(asdict(progress)) + "\n")
-            link = self.directory / f".{LAST_CHECKPOINT}.tmp"
-            link.unlink(missing_ok=True)
-            link.symlink_to(tag)
-            os.replace(link, self.directory / LAST_CHECKPOINT)
-            for old in sorted(self.directory.glob("step_*"))[: -self.keep]:
-                shutil.rmtree(old)
+            self.commit(tag, progress)
         ds.barrier()
+
+    def commit(self, tag: str, progress: Progress) -> None:
+        """Make the written checkpoint ``tag`` the newest: its progress record, ``last``, old ones pruned."""
+        (self.directory / tag / PROGRESS_FILE).write_text(json.dumps(asdict(progress)) + "\n")
+        link = self.directory / f".{LAST_CHECKPOINT}.tmp"
+        link.unlink(missing_ok=True)
+        link.symlink_to(tag)
+        os.replace(link, self.directory / LAST_CHECKPOINT)
+        for old in sorted(self.directory.glob(f"{self.unit}_*"))[: -self.keep]:
+            shutil.rmtree(old)
 
 
 def _lookup(tree: Mapping | None, dotted: str) -> Any:

@@ -9,7 +9,10 @@ config again resumes from ``checkpoints/last`` at the step it reached, with the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
@@ -20,12 +23,13 @@ from geofm.checkpoints import export_backbone, load_backbone_for_bands
 from geofm.checkpoints.infer import gsd_range
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config import PretrainConfig, config_to_dict
+from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile, SkippedFiles
 from geofm.errors import GeoFMError, RunInterrupted
 from geofm.models.backbones import backbone_kwargs, create_backbone
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
-from geofm.models.teacher import FrozenTeacher, build_teacher
+from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels
 from geofm.runlog import LOSS_KEYS, MetricsLog, Throughput, final_metrics, is_finite, plot_loss_curve, progress_bar
 from geofm.training import (
     InputPath,
@@ -41,7 +45,7 @@ from geofm.training import (
 log = logging.getLogger("geofm.pretrain")
 
 
-def student_kwargs(cfg: PretrainConfig) -> dict:
+def student_kwargs(cfg: PretrainConfig | FederatedConfig) -> dict:
     """timm kwargs of the student backbone (recorded in the exported sidecar)."""
     m = cfg.model
     return backbone_kwargs(
@@ -49,20 +53,21 @@ def student_kwargs(cfg: PretrainConfig) -> dict:
     )
 
 
-def build_student(cfg: PretrainConfig, teacher: FrozenTeacher | None) -> MaskedImageModel:
-    """Student backbone (random, or from ``model.init_checkpoint``) with mask token, decoder, projector."""
+def build_student(cfg: PretrainConfig | FederatedConfig) -> MaskedImageModel:
+    """Student backbone (random, or from ``model.init_checkpoint``) with mask token, decoder and, with a
+    teacher, the projector onto the teacher's feature width."""
     encoder = create_backbone(cfg.model.arch, student_kwargs(cfg), drop_path_rate=cfg.model.drop_path_rate)
     if cfg.model.init_checkpoint is not None:
         report = load_backbone_for_bands(encoder, cfg.model.init_checkpoint, cfg.data.bands)
         log.info("student initialised from %s: %s", cfg.model.init_checkpoint, report)
-    if teacher is None:
+    if cfg.teacher is None:
         return MaskedImageModel(encoder, len(cfg.data.bands))
     if cfg.model.family == "swin":
         tap = Tap(cfg.teacher.stage, cfg.teacher.include_merging)
     else:
         tap = Tap(cfg.model.distill_block) if cfg.model.distill_block else default_vit_tap(encoder)
     return MaskedImageModel(
-        encoder, len(cfg.data.bands), tap, teacher.out_channels, cfg.teacher.alpha, cfg.teacher.distill_loss
+        encoder, len(cfg.data.bands), tap, teacher_channels(cfg.teacher), cfg.teacher.alpha, cfg.teacher.distill_loss
     )
 
 
@@ -90,12 +95,29 @@ def pretrain_inputs(cfg: PretrainConfig) -> list[InputPath]:
     return paths
 
 
-def train_micro_step(engine, teacher: FrozenTeacher | None, batch: dict, dev: torch.device, dtype: torch.dtype) -> dict:
-    """Forward and backward of one micro-batch; the engine steps the optimizer at accumulation boundaries."""
+def train_micro_step(
+    engine,
+    teacher: FrozenTeacher | None,
+    batch: dict,
+    dev: torch.device,
+    dtype: torch.dtype,
+    around_gradient: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+    regulariser: Callable[[], torch.Tensor] | None = None,
+) -> dict:
+    """Forward and backward of one micro-batch; the engine steps the optimizer at accumulation boundaries.
+
+    Every pretraining mode trains with this step: central runs as is; a federated client passes its
+    algorithm's hooks (``around_gradient`` wraps the forward/backward, e.g. FedSense's perturbation;
+    ``regulariser`` is added to the loss, e.g. FedProx's proximal term).
+    """
     images = batch["image"].to(dev, dtype, non_blocking=True)
     targets = teacher(images) if teacher is not None else None
-    losses = engine(images, batch["mask"].to(dev, non_blocking=True), batch["valid"].to(dev, non_blocking=True), targets)
-    engine.backward(losses["loss"])
+    with around_gradient():
+        losses = engine(
+            images, batch["mask"].to(dev, non_blocking=True), batch["valid"].to(dev, non_blocking=True), targets
+        )
+        loss = losses["loss"] if regulariser is None else losses["loss"] + regulariser()
+        engine.backward(loss)
     engine.step()
     return losses
 
@@ -133,8 +155,8 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
         )
 
     torch.manual_seed(cfg.run.seed)
-    teacher = build_teacher(cfg.teacher, cfg.teacher_band_indices) if cfg.teacher else None
-    model = build_student(cfg, teacher)
+    teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices) if cfg.teacher else None
+    model = build_student(cfg)
     masks = MaskGenerator(
         cfg.model.img_size, cfg.masking.mask_patch_size, model.patch_size, cfg.masking.mask_ratio
     )
@@ -249,12 +271,22 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
             bar.close()
 
     if step >= schedule.total_steps and rank == 0:
-        _export(cfg, engine.module, run_dir, step, final_metrics(metrics.read()))
+        export_student(cfg, engine.module, run_dir, step, final_metrics(metrics.read()))
     return run_dir
 
 
-def _export(cfg: PretrainConfig, model: MaskedImageModel, run_dir: Path, step: int, final: dict | None) -> Path:
-    """Write the student backbone (timm layout) with its sidecar and model card next to the run."""
+def export_student(
+    cfg: PretrainConfig | FederatedConfig,
+    model: MaskedImageModel,
+    run_dir: Path,
+    step: int,
+    final: dict | None,
+    extra: dict | None = None,
+) -> Path:
+    """Write the student backbone (timm layout) with its sidecar and model card next to the run.
+
+    ``extra`` adds sidecar entries (a federated run's ``federation`` record).
+    """
     metadata = {
         "method": "gfm" if cfg.teacher is not None else "simmim",
         "bands": list(cfg.data.bands),
@@ -269,6 +301,7 @@ def _export(cfg: PretrainConfig, model: MaskedImageModel, run_dir: Path, step: i
         "steps": step,
         "metrics": final,
         "config": config_to_dict(cfg),
+        **(extra or {}),
     }
     path = export_backbone(model.encoder, run_dir, arch=cfg.model.arch, create_kwargs=student_kwargs(cfg), metadata=metadata)
     log.info("exported backbone to %s", path)

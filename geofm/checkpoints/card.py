@@ -68,6 +68,11 @@ def model_card(sidecar: Mapping[str, Any], weights_file: str = "backbone.safeten
                   f"`{origin.get('sha256')}`; architecture from {origin.get('architecture_from')})."]
         for note in [*origin.get("adapted", []), *origin.get("notes", [])]:
             lines.append(f"- {note}")
+    federation = sidecar.get("federation")
+    if federation:
+        lines += ["", "## Federation", "", "Pretrained across institutions that kept their imagery; only model updates "
+                  "travelled.", "", "| federation | value |", "| --- | --- |"]
+        lines += [f"| {k} | {_value(v)} |" for k, v in federation.items()]
     lines += ["", "## Metrics", ""]
     metrics = sidecar.get("metrics")
     if metrics:

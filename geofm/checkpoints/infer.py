@@ -78,7 +78,8 @@ IMAGENET_NORMALISATION = {
 }
 # Sidecar entries that tell where an export comes from.
 _SIDECAR_PROVENANCE = (
-    "method", "data", "steps", "epoch", "teacher", "gsd", "normalisation", "metrics", "converted_from", "config",
+    "method", "data", "steps", "epoch", "teacher", "gsd", "normalisation", "metrics", "federation", "converted_from",
+    "config",
 )
 # Config entries of GFM/SimMIM checkpoints worth showing (besides the model's own section).
 _CONFIG_SUMMARY = (

@@ -29,8 +29,8 @@ from safetensors.torch import load_file as load_safetensors
 from torch import nn
 from torchvision.models import Weights, WeightsEnum
 
-from geofm.checkpoints.layouts import read_export_sidecar
 from geofm.checkpoints.io import EXPORT_WEIGHTS, resolve_checkpoint_path
+from geofm.checkpoints.layouts import read_export_sidecar
 from geofm.errors import CheckpointFormatError, ConfigError
 
 PUBLICATIONS = {

@@ -10,7 +10,8 @@ content do not depend on the number of DataLoader workers, and a run can resume 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -172,6 +173,7 @@ class PretrainPile(Dataset[dict[str, Tensor | int]]):
         cfg: DataConfig,
         img_size: int,
         mask_fn: Callable[[torch.Generator], Tensor] | None = None,
+        files: Sequence[Sequence[Path]] | None = None,
     ) -> None:
         """Initialise a new PretrainPile instance.
 
@@ -179,12 +181,15 @@ class PretrainPile(Dataset[dict[str, Tensor | int]]):
             cfg: the data configuration.
             img_size: side of the square samples, in pixels.
             mask_fn: draws a sample's mask from a generator seeded with its ``sample_seed``.
+            files: per source of ``cfg.sources``, the files to use (a federated client's share);
+                default every file matching each source's pattern.
 
         Raises:
             DatasetNotFoundError: if a source's folder is missing or empty.
         """
         self.cfg = cfg
-        self.sources = [ImageSource(s, cfg.bands) for s in cfg.sources]
+        shares = files if files is not None else [None] * len(cfg.sources)
+        self.sources = [ImageSource(s, cfg.bands, share) for s, share in zip(cfg.sources, shares, strict=True)]
         self.augment = PretrainAugmentation(img_size, scale=cfg.crop_scale, hflip=cfg.hflip, vflip=cfg.vflip)
         self.mask_fn = mask_fn
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,12 +44,14 @@ class ImageSource:
     bands of the source that the model does not use are dropped.
     """
 
-    def __init__(self, cfg: SourceConfig, model_bands: list[str]) -> None:
+    def __init__(self, cfg: SourceConfig, model_bands: list[str], files: Sequence[Path] | None = None) -> None:
         """Initialise a new ImageSource instance.
 
         Args:
             cfg: the source's configuration.
             model_bands: the model's input bands, in order.
+            files: the source's files to use (a federated client's share), default every file
+                matching the pattern.
 
         Raises:
             DatasetNotFoundError: if the source's folder is missing or no file matches its pattern.
@@ -59,7 +62,7 @@ class ImageSource:
             raise ValueError(f"source {cfg.name!r} has none of the model bands {model_bands}: {cfg.bands}")
         self.cfg = cfg
         self.model_bands = list(model_bands)
-        self.files = list_images(cfg.root, cfg.pattern)
+        self.files = list_images(cfg.root, cfg.pattern) if files is None else list(files)
         self._keep = keep
         self._positions = torch.tensor([self.model_bands.index(cfg.bands[i]) for i in keep])
         self._mean = np.asarray(cfg.mean, dtype=np.float32)[keep, None, None]

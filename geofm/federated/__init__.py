@@ -20,8 +20,8 @@
 
 from geofm.federated.aggregation import (
     Accepted,
-    RoundAggregate,
     Rejection,
+    RoundAggregate,
     Upload,
     UploadRules,
     aggregate_uploads,

@@ -89,6 +89,14 @@ def teacher_tap(cfg: TeacherConfig, backbone: nn.Module) -> Tap:
     return Tap(cfg.block) if cfg.block is not None else default_vit_tap(backbone)
 
 
+def teacher_channels(cfg: TeacherConfig) -> int:
+    """Width of the configured teacher's features at its tap, from its architecture alone (no weights read)."""
+    kwargs = backbone_kwargs(in_chans=3, img_size=cfg.img_size, window_size=cfg.window_size, timm_kwargs=cfg.timm_kwargs)
+    with torch.device("meta"):
+        backbone = create_backbone(cfg.arch, kwargs)
+    return tap_channels(backbone, teacher_tap(cfg, backbone))
+
+
 def build_teacher(cfg: TeacherConfig, band_indices: list[int]) -> FrozenTeacher:
     """Build the teacher from its local weights file (timm or Microsoft layout, or a geofm export).
 

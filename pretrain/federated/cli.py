@@ -1,42 +1,69 @@
-"""``geofm fed``: federated runs on Flower, registered with the geofm command line through an entry point.
+"""``geofm fed``: federated pretraining on Flower, registered with the geofm command line through an entry point.
 
-``geofm fed simulate``  runs a federated program on this machine (Flower's simulation engine);
+``geofm fed simulate``  runs a federated pretraining config on this machine (Flower's simulation
+                        engine, one simulated SuperNode per institution);
 ``geofm fed certs``     writes a deployment's certificates, SuperNode keys and CLI connection, then
                         prints its commands;
-``geofm fed commands``  prints those commands again for a folder ``geofm fed certs`` wrote.
+``geofm fed commands``  prints those commands again for a folder ``geofm fed certs`` wrote;
+``geofm fed launch``    starts a run on a deployment's SuperLink and follows it to its final status.
+
+The federated pretraining program is the default; ``--server-factory``/``--client-factory`` run
+another program written for the same runtime (:mod:`pretrain.federated.runtime`).
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 from pathlib import Path
 
+from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
 from pretrain.federated.deploy import (
     DEFAULT_CONNECTION,
     DEFAULT_PORT,
     DeploymentFiles,
     deployment_commands,
+    launch_run,
     write_deployment_files,
 )
-from pretrain.federated.runtime import CLIENT_FACTORY, CONFIG_FILE, INSTITUTIONS, OVERRIDES, SERVER_FACTORY, Scalar
+from pretrain.federated.runtime import CLIENT_FACTORY, CONFIG, INSTITUTIONS, SERVER_FACTORY, Scalar, config_entry
+
+PROGRAM = {SERVER_FACTORY: "pretrain.federated.program:make_server", CLIENT_FACTORY: "pretrain.federated.program:make_client"}
+
+EXAMPLES = """\
+examples:
+  geofm fed simulate --config configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml
+  geofm fed simulate --config configs/federated/fedavg_swin_tiny__10clients__100rounds.yaml federation.rounds=5
+  geofm fed certs --out deploy --institutions naip,sentinel2,aerial_fr --host superlink.example.org
+  geofm fed launch --deployment deploy --config configs/federated/fedsense_swin_tiny__10clients__100rounds.yaml
+
+Rerunning the same config resumes from the server's last checkpoint.
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     fed = subparsers.add_parser(
-        "fed", help="federated pretraining on Flower: simulation, deployment certificates and commands"
+        "fed",
+        help="federated pretraining on Flower: simulation, deployment certificates, commands and launch",
+        description="Federated continual pretraining (FedAvg, FedProx, FedSense) on Flower, simulated on this "
+        "machine or deployed with one SuperNode per institution.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = fed.add_subparsers(dest="fed_command", required=True, metavar="COMMAND")
 
     simulate = commands.add_parser(
         "simulate",
-        help="run a federated program on this machine, one simulated SuperNode per institution",
+        help="run a federated config on this machine, one simulated SuperNode per institution",
         description="Run the ServerApp and one simulated SuperNode per institution with Flower's simulation engine. "
-        "Exits non-zero when the server program fails.",
+        "Exits non-zero when the server fails.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_program_args(simulate, required=True)
-    simulate.add_argument("--institutions", type=_names, required=True, metavar="A,B,...", help="one simulated node each")
+    _add_program_args(simulate)
+    simulate.add_argument(
+        "--institutions", type=_names, metavar="A,B,...", help="another program's institutions (default: the config's clients)"
+    )
     simulate.add_argument("--cpus-per-node", type=float, default=1.0, help="cores per running ClientApp (default 1)")
     simulate.add_argument("--gpus-per-node", type=float, default=0.0, help="GPU share per running ClientApp (default 0)")
     simulate.add_argument("--num-cpus", type=int, help="cores the simulation may use (default: all)")
@@ -55,40 +82,56 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     certs.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"SuperLink HTTPS port (default {DEFAULT_PORT})")
     certs.add_argument("--connection", default=DEFAULT_CONNECTION, help="name of the flwr CLI connection")
     certs.add_argument("--valid-days", type=int, default=365, help="certificate validity (default 365)")
-    _add_command_args(certs)
+    _add_data_roots(certs)
     certs.set_defaults(handler=_certs)
 
     show = commands.add_parser("commands", help="print the deployment commands for a folder written by `geofm fed certs`")
     show.add_argument("--out", type=Path, required=True, help="folder written by geofm fed certs")
-    _add_command_args(show)
+    _add_data_roots(show)
     show.set_defaults(handler=_commands)
+
+    launch = commands.add_parser(
+        "launch",
+        help="start a run on a deployment's SuperLink and follow it until it finishes",
+        description="Submit the config to the SuperLink of a deployment folder (`flwr run`), stream the run's log, "
+        "and exit 0 only if the run's final status is finished:completed.",
+    )
+    launch.add_argument("--deployment", type=Path, required=True, help="folder written by geofm fed certs")
+    _add_program_args(launch)
+    launch.set_defaults(handler=_launch)
 
 
 def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def _add_program_args(parser: argparse.ArgumentParser, required: bool) -> None:
-    parser.add_argument("--server-factory", required=required, metavar="MODULE:FUNCTION", help="builds the ServerProgram")
-    parser.add_argument("--client-factory", required=required, metavar="MODULE:FUNCTION", help="builds a ClientProgram")
-    parser.add_argument("--config", help="YAML config of the program")
+def _add_program_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, type=Path, help="YAML config, e.g. configs/federated/*.yaml")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="override config values")
+    parser.add_argument("--server-factory", metavar="MODULE:FUNCTION", help="another program's ServerProgram factory")
+    parser.add_argument("--client-factory", metavar="MODULE:FUNCTION", help="another program's ClientProgram factory")
 
 
-def _add_command_args(parser: argparse.ArgumentParser) -> None:
-    _add_program_args(parser, required=False)
+def _add_data_roots(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-root", action="append", default=[], metavar="NAME=PATH", help="an institution's data folder (repeatable)"
     )
 
 
-def _run_config(args: argparse.Namespace) -> dict[str, Scalar]:
-    config: dict[str, Scalar] = {SERVER_FACTORY: args.server_factory, CLIENT_FACTORY: args.client_factory}
-    if args.config:
-        config[CONFIG_FILE] = str(Path(args.config).resolve())
-    if args.overrides:
-        config[OVERRIDES] = shlex.join(args.overrides)
-    return {key: value for key, value in config.items() if value}
+def program_run_config(args: argparse.Namespace) -> dict[str, Scalar]:
+    """The run config of a command's program: its factories and its config (checked now, not on the nodes)."""
+    tree = read_config_tree(args.config, args.overrides)
+    if bool(args.server_factory) != bool(args.client_factory):
+        raise ConfigError("--server-factory and --client-factory go together")
+    if args.server_factory:
+        run_config = {SERVER_FACTORY: args.server_factory, CLIENT_FACTORY: args.client_factory}
+        names = getattr(args, "institutions", None) or []
+    else:
+        from geofm.config.federated import FederatedConfig
+
+        run_config = dict(PROGRAM)
+        names = FederatedConfig.from_tree(tree, str(args.config)).client_names
+    return {**run_config, CONFIG: config_entry(tree), INSTITUTIONS: ",".join(names)}
 
 
 def _data_roots(items: list[str]) -> dict[str, str]:
@@ -104,13 +147,14 @@ def _data_roots(items: list[str]) -> dict[str, str]:
 def _simulate(args: argparse.Namespace) -> None:
     from pretrain.federated.flower import simulate  # imports flwr: only this command needs it
 
-    run_config = {**_run_config(args), INSTITUTIONS: ",".join(args.institutions)}
+    run_config = program_run_config(args)
+    if not run_config[INSTITUTIONS]:
+        raise ConfigError("--institutions names the simulated nodes of another program")
     simulate(run_config, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node, num_cpus=args.num_cpus)
 
 
 def _print_commands(out: Path, args: argparse.Namespace) -> None:
-    files = DeploymentFiles(out.resolve())
-    print(deployment_commands(files, data_roots=_data_roots(args.data_root), run_config=_run_config(args) or None), end="")
+    print(deployment_commands(DeploymentFiles(out.resolve()), data_roots=_data_roots(args.data_root)), end="")
 
 
 def _certs(args: argparse.Namespace) -> None:
@@ -123,3 +167,9 @@ def _certs(args: argparse.Namespace) -> None:
 
 def _commands(args: argparse.Namespace) -> None:
     _print_commands(args.out, args)
+
+
+def _launch(args: argparse.Namespace) -> None:
+    run_config = program_run_config(args)
+    run_config.pop(INSTITUTIONS)  # deployed SuperNodes name their institution themselves
+    launch_run(DeploymentFiles(args.deployment.resolve()), run_config)

@@ -20,8 +20,11 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
+import os
 import re
 import shlex
+import subprocess
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,8 +36,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from geofm.errors import ConfigError
-from pretrain.federated.runtime import CLIENT_FACTORY, DATA_ROOT, INSTITUTION, SERVER_FACTORY, Scalar
+from geofm.errors import ConfigError, FederatedRunError
+from pretrain.federated.runtime import DATA_ROOT, INSTITUTION, Scalar
 
 APP_DIR = Path(__file__).parent / "app"
 """The Flower App submitted by ``flwr run``: its components are this package's ServerApp and ClientApp."""
@@ -43,6 +46,7 @@ DEFAULT_PORT = 9093
 DEFAULT_CONNECTION = "geofm"
 SUPERNODE_BASE_PORT = 9094
 QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+COMPLETED = "finished:completed"
 """Environment for every Flower process: no telemetry, no update check (machines may be offline)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -292,11 +296,22 @@ def supernode_command(
 
 
 def run_command(
-    run_config: Mapping[str, Scalar], connection: str = DEFAULT_CONNECTION, app_dir: Path = APP_DIR
+    run_config_file: Path | None, connection: str = DEFAULT_CONNECTION, app_dir: Path = APP_DIR
 ) -> list[str]:
-    """``flwr run`` of the geofm Flower App with run-config overrides; prints the run id as JSON."""
+    """``flwr run`` of the geofm Flower App, its run config from a TOML file; prints the run id as JSON.
+
+    A file (written by :func:`write_run_config`) rather than ``key=value`` arguments: a program's
+    config travels as JSON text, which Flower's argument parser cannot take inside quotes.
+    """
     command = ["flwr", "run", str(app_dir), connection, "--format", "json"]
-    return command + (["--run-config", format_config_values(run_config)] if run_config else [])
+    return command + (["--run-config", str(run_config_file)] if run_config_file else [])
+
+
+def write_run_config(path: Path, run_config: Mapping[str, Scalar]) -> Path:
+    """Write run-config entries as the TOML file ``flwr run --run-config`` reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(dict(run_config)))
+    return path
 
 
 def status_command(run_id: int | str, connection: str = DEFAULT_CONNECTION) -> list[str]:
@@ -310,12 +325,7 @@ def _line(command: list[str], env: Mapping[str, str]) -> str:
     return f"{prefix} {shlex.join(command)}"
 
 
-def deployment_commands(
-    files: DeploymentFiles,
-    *,
-    data_roots: Mapping[str, str] | None = None,
-    run_config: Mapping[str, Scalar] | None = None,
-) -> str:
+def deployment_commands(files: DeploymentFiles, *, data_roots: Mapping[str, str] | None = None) -> str:
     """Every command of a deployment, in order and commented, ready to copy.
 
     The institutions, the SuperLink's address and the connection's name are read from the folder
@@ -324,7 +334,6 @@ def deployment_commands(
     Args:
         files: that folder.
         data_roots: each institution's data folder on its own machine (default: a placeholder).
-        run_config: the run's config entries (server-factory, client-factory, config-file, overrides).
     """
     names = files.institutions()
     connection, address = files.connection()
@@ -347,14 +356,50 @@ def deployment_commands(
             files.ca_cert, files.node_key(name), address, SUPERNODE_BASE_PORT + index, {INSTITUTION: name, DATA_ROOT: root}
         )
         lines.append(_line(command, node_env))
-    placeholder = {SERVER_FACTORY: "package.module:make_server", CLIENT_FACTORY: "package.module:make_client"}
-    config = dict(run_config or placeholder)
     lines += [
         "",
-        "# 4. Operator: launch the run (prints its run-id), follow its logs, then check its final status",
-        "#    (flwr run exits 0 even when the ServerApp fails; the status must read finished:completed):",
-        _line(run_command(config, connection), operator_env),
-        _line(["flwr", "log", "RUN_ID", connection, "--stream"], operator_env),
+        "# 4. Operator: launch a run, follow its log and check its final status (exit 0 only if it completed):",
+        _line(["geofm", "fed", "launch", "--deployment", str(files.root), "--config", "CONFIG.yaml"], {}),
+        "#    or by hand: flwr run, flwr log RUN_ID --stream, and flwr ls --run-id RUN_ID (status finished:completed):",
         _line(status_command("RUN_ID", connection), operator_env),
     ]
     return "\n".join(lines) + "\n"
+
+
+def launch_run(files: DeploymentFiles, run_config: Mapping[str, Scalar], poll_s: float = 5.0) -> dict:
+    """Submit a run to a deployment's SuperLink, stream its log, and check how it ended.
+
+    ``flwr run --stream`` exits 0 even when the ServerApp fails, so the run's final status is read
+    with ``flwr ls`` and anything but ``finished:completed`` is an error.
+
+    Returns:
+        The run's final record from ``flwr ls``.
+
+    Raises:
+        FederatedRunError: the run could not be submitted, or did not complete.
+    """
+    connection, _ = files.connection()
+    env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(files.flwr_home)}
+    stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+    config_file = write_run_config(files.root / "runs" / f"run_config_{stamp}.toml", run_config)
+    run_id = int(flwr_json(run_command(config_file, connection), env)["run-id"])
+    print(f"run {run_id} submitted; following its log (Ctrl-C stops following, not the run)", flush=True)
+    subprocess.run(["flwr", "log", str(run_id), connection, "--stream"], env=env, stdin=subprocess.DEVNULL)
+    while not (record := flwr_json(status_command(run_id, connection), env)["runs"][0])["status"].startswith("finished"):
+        time.sleep(poll_s)
+    if record["status"] != COMPLETED:
+        raise FederatedRunError(f"run {run_id} ended {record['status']}: {record.get('status-details', '')}")
+    print(f"run {run_id}: {record['status']}")
+    return record
+
+
+def flwr_json(command: list[str], env: Mapping[str, str]) -> dict:
+    """Run a ``flwr`` command that prints JSON; a failure is an error quoting its output."""
+    result = subprocess.run(command, env=dict(env), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    try:
+        answer = json.loads(result.stdout)
+    except ValueError:
+        answer = {"success": False}
+    if result.returncode != 0 or not answer.get("success"):
+        raise FederatedRunError(f"{' '.join(command)} failed (exit {result.returncode}): {result.stdout}{result.stderr}")
+    return answer

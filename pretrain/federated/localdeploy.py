@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -36,6 +35,7 @@ from pretrain.federated.deploy import (
     DEFAULT_CONNECTION,
     QUIET_ENV,
     DeploymentFiles,
+    flwr_json,
     register_command,
     run_command,
     status_command,
@@ -43,11 +43,11 @@ from pretrain.federated.deploy import (
     supernode_command,
     write_deployment_files,
     write_node_keys,
+    write_run_config,
 )
 from pretrain.federated.runtime import DATA_ROOT, INSTITUTION, Scalar
 
 MARKER = "GEOFM_LOCAL_DEPLOYMENT"
-COMPLETED = "finished:completed"
 HOST = "127.0.0.1"
 
 
@@ -106,6 +106,7 @@ class LocalDeployment:
         self.token = uuid.uuid4().hex
         self.processes: dict[str, Process] = {}
         self.node_ids: dict[str, int] = {}
+        self.launched: list[Path] = []  # run-config files of the runs launched
         self._env = {
             **os.environ,
             **QUIET_ENV,
@@ -169,15 +170,7 @@ class LocalDeployment:
         )
 
     def _cli_json(self, command: list[str]) -> dict:
-        result = self.cli(command)
-        try:
-            answer = json.loads(result.stdout)
-        except ValueError:
-            answer = {"success": False}
-        if result.returncode != 0 or not answer.get("success"):
-            output = result.stdout + result.stderr
-            raise FederatedRunError(f"{' '.join(command)} failed (exit {result.returncode}): {output}")
-        return answer
+        return flwr_json(command, {**self._env, "FLWR_HOME": str(self.files.flwr_home)})
 
     def register(self, institution: str) -> int:
         """Register an institution's SuperNode public key with the SuperLink; returns its node id."""
@@ -223,7 +216,9 @@ class LocalDeployment:
 
     def launch(self, run_config: Mapping[str, Scalar], app_dir: Path = APP_DIR) -> int:
         """Submit a run of the Flower App with these run-config entries; returns its run id."""
-        return int(self._cli_json(run_command(run_config, DEFAULT_CONNECTION, app_dir))["run-id"])
+        config_file = write_run_config(self.root / f"run_config_{len(self.launched)}.toml", run_config)
+        self.launched.append(config_file)
+        return int(self._cli_json(run_command(config_file, DEFAULT_CONNECTION, app_dir))["run-id"])
 
     def status(self, run_id: int) -> dict:
         """The run's record from ``flwr ls`` (``status`` reads e.g. ``running`` or ``finished:completed``)."""

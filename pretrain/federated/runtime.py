@@ -15,9 +15,10 @@ so any algorithm runs on the same runtime:
     ``make_server(run_config) -> ServerProgram``
 ``client-factory``
     ``make_client(run_config, node_config) -> ClientProgram``
-``config-file``, ``overrides``
-    a YAML file and space-separated ``key.path=value`` overrides, for the factories to read (in
-    deployment the file is read where the program runs: the ServerApp on the SuperLink's machine)
+``config``
+    the program's config as JSON text (a YAML file with its overrides applied, see
+    :func:`config_entry`): Flower hands the run config to the ServerApp and to every ClientApp, so
+    the server and all institutions read the same config whatever machine they run on
 ``institutions``
     simulation only: comma-separated institution names, one per simulated node
 
@@ -29,10 +30,10 @@ A node's config names its institution (``institution``, and e.g. ``data-root``):
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import math
 import random
-import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -49,14 +50,12 @@ Payload = tuple[Arrays, Scalars]
 
 SERVER_FACTORY = "server-factory"
 CLIENT_FACTORY = "client-factory"
-CONFIG_FILE = "config-file"
-OVERRIDES = "overrides"
+CONFIG = "config"
 INSTITUTIONS = "institutions"
 RUN_CONFIG_DEFAULTS: dict[str, Scalar] = {
     SERVER_FACTORY: "",
     CLIENT_FACTORY: "",
-    CONFIG_FILE: "",
-    OVERRIDES: "",
+    CONFIG: "",
     INSTITUTIONS: "",
 }
 """Every run-config key the runtime reads; the shipped Flower App declares the same keys."""
@@ -93,8 +92,11 @@ class ServerProgram(Protocol):
     (share of connected nodes selected per round, at least ``min_clients``), ``round_timeout_s``
     (per-round reply timeout, None waits until every node answered or went offline) and
     ``expected_clients`` (nodes to wait for before round 1). Optional: ``connect_timeout_s``
-    (how long to wait for them, default 600) and ``round_retries`` (attempts after a round that got
-    fewer than ``min_clients`` replies, default 2).
+    (how long to wait for them, default 600), ``round_retries`` (attempts after a round that got
+    fewer than ``min_clients`` replies, default 2) and a method ``select(rnd, attempt, node_ids)``
+    choosing the round's nodes among the registered ones (default :func:`select_nodes`; a program
+    that must select the same institutions after a restart, when Flower's node ids change,
+    selects by the identities it registered).
     """
 
     num_rounds: int
@@ -197,9 +199,27 @@ def load_object(path: Scalar, key: str) -> Any:
     return getattr(module, attribute)
 
 
-def config_overrides(run_config: Mapping[str, Scalar]) -> list[str]:
-    """The ``overrides`` entry as a list of ``key.path=value`` strings (shell-style quoting allowed)."""
-    return shlex.split(str(run_config.get(OVERRIDES, "")))
+def config_entry(tree: Mapping[str, Any]) -> str:
+    """A program's config tree as the run config's ``config`` entry (compact JSON)."""
+    return json.dumps(tree, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def program_config(run_config: Mapping[str, Scalar]) -> dict[str, Any]:
+    """The program's config tree from the run config's ``config`` entry (empty when there is none).
+
+    Raises:
+        ConfigError: if the entry is not a JSON object.
+    """
+    text = str(run_config.get(CONFIG, "") or "")
+    if not text:
+        return {}
+    try:
+        tree = json.loads(text)
+    except ValueError as err:
+        raise ConfigError(f"run config {CONFIG!r} is not JSON: {err}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"run config {CONFIG!r}: expected a JSON object, got {type(tree).__name__}")
+    return tree
 
 
 def institutions(run_config: Mapping[str, Scalar]) -> list[str]:
@@ -286,6 +306,7 @@ class _RoundLoop:
         self.poll_s = poll_s
         self.clock = clock
         self.registered: set[int] = set()
+        self.refused: dict[int, str] = {}  # nodes whose handshake failed, and why
 
     def await_nodes(self, count: int, when: str) -> None:
         """Wait until ``count`` nodes are connected, at most ``connect_timeout_s``."""
@@ -295,7 +316,7 @@ class _RoundLoop:
                 raise FederatedRunError(
                     f"{when}: {len(connected)} of {count} nodes connected after connect_timeout_s="
                     f"{self.plan.connect_timeout_s:g}; check that the SuperNodes run, reach the SuperLink and "
-                    "have their public keys registered (flwr supernode register)"
+                    f"have their public keys registered (flwr supernode register){self._refusals()}"
                 )
             time.sleep(self.poll_s)
         log.info("%s: %d nodes connected", when, len(connected))
@@ -309,10 +330,18 @@ class _RoundLoop:
             for reply in replies:
                 self.program.register(reply.node_id, reply.metrics)
                 self.registered.add(reply.node_id)
+                self.refused.pop(reply.node_id, None)
                 log.info("node %d registered: %s", reply.node_id, reply.metrics)
             for failure in failures:
+                self.refused[failure.node_id] = failure.reason
                 log.warning("node %d did not answer the handshake: %s", failure.node_id, failure.reason)
         return sorted(self.registered.intersection(connected))
+
+    def _refusals(self) -> str:
+        """The handshake failures so far, for an error message."""
+        if not self.refused:
+            return ""
+        return "; handshake failures: " + "; ".join(f"node {node}: {reason}" for node, reason in sorted(self.refused.items()))
 
     def run_round(self, rnd: int) -> None:
         """Run one round, retrying it while it gets fewer than ``min_clients`` replies."""
@@ -324,9 +353,10 @@ class _RoundLoop:
             started = self.clock()
             available = self.handshake(rnd)
             if len(available) < plan.min_clients:
-                problem = f"only {len(available)} registered nodes connected"
+                problem = f"only {len(available)} registered nodes connected{self._refusals()}"
             else:
-                selected = select_nodes(available, plan, rnd, attempt)
+                select = getattr(self.program, "select", None)
+                selected = sorted(select(rnd, attempt, available) if select else select_nodes(available, plan, rnd, attempt))
                 payloads = self.program.configure(rnd, selected)
                 stray = sorted(set(payloads) - set(selected))
                 if stray:

@@ -11,6 +11,7 @@ import torch
 from geofm.checkpoints import LAYOUTS, build_backbone, convert_checkpoint, export_backbone, read_export_sidecar
 from geofm.errors import CheckpointFormatError, ConfigError
 
+
 def _case(name, kit, save, save_with_yacs, tmp_path):
     """(path, source model, in_chans, img, expected layout, expected arch, architecture from) for one input."""
     if name in ("simmim_vit_pretrain", "simmim_vit_finetune"):

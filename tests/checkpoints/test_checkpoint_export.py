@@ -136,7 +136,7 @@ def test_run_export_records_gsd_range_metrics_and_a_card(kit, tmp_path):
     from types import SimpleNamespace
 
     from geofm.config import PretrainConfig
-    from pretrain.central import _export
+    from pretrain.central import export_student
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -146,7 +146,7 @@ def test_run_export_records_gsd_range_metrics_and_a_card(kit, tmp_path):
     tree["data"]["sources"].append({**tree["data"]["sources"][1], "name": "l8", "gsd": 30.0})
     final = {"step": 12, "loss": 1 / 12}
 
-    _export(PretrainConfig.from_tree(tree), SimpleNamespace(encoder=kit.make_swin(in_chans=4)), run_dir, 12, final)
+    export_student(PretrainConfig.from_tree(tree), SimpleNamespace(encoder=kit.make_swin(in_chans=4)), run_dir, 12, final)
 
     sidecar = read_export_sidecar(run_dir)
     assert sidecar["gsd"] == [10.0, 30.0] and sidecar["metrics"] == {"step": 12, "loss": 1 / 12}

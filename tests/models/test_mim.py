@@ -93,8 +93,9 @@ def test_any_window_and_image_size(tiny_swin):
 )
 def test_full_size_backbones_build_with_any_band_count(arch, tap_channels):
     """Swin-T/S/B/L and ViT-S/B/L at the paper's 192 px (window 6) with 4 bands, built on the meta device."""
-    from geofm.models.backbones import backbone_kwargs, backbone_family, create_backbone
-    from geofm.models.mim import default_vit_tap, tap_channels as channels_at
+    from geofm.models.backbones import backbone_family, backbone_kwargs, create_backbone
+    from geofm.models.mim import default_vit_tap
+    from geofm.models.mim import tap_channels as channels_at
 
     swin = backbone_family(arch) == "swin"
     kwargs = backbone_kwargs(in_chans=4, img_size=192, window_size=6 if swin else None)

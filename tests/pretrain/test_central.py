@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from geofm.config import PretrainConfig
-from geofm.errors import CheckpointFormatError, ConfigError, RasterReadError
+from geofm.errors import CheckpointFormatError, ConfigError
 from pretrain.central import pretrain
 
 
@@ -45,9 +45,9 @@ def test_teacher_never_changes_and_gets_no_optimizer_state(tiny_tree):
     from pretrain.central import build_student
 
     cfg = PretrainConfig.from_tree(tiny_tree())
-    teacher = build_teacher(cfg.teacher, cfg.teacher_band_indices)
+    teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices)
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
-    model = build_student(cfg, teacher)
+    model = build_student(cfg)
     schedule = ds.make_schedule(cfg.train, 24, 1)
     engine = ds.initialize(model, cfg.train, 1, schedule)
     masks = MaskGenerator(32, 8, 4, 0.6)
@@ -208,7 +208,7 @@ def test_student_starts_from_an_rgb_export_with_kernels_following_band_names(tin
     exported = load_file(rgb_run / "backbone.safetensors")["patch_embed.proj.weight"]
     tree = tiny_tree(model={"init_checkpoint": str(rgb_run)})
     torch.manual_seed(0)
-    student = build_student(PretrainConfig.from_tree(tree), teacher=None)
+    student = build_student(PretrainConfig.from_tree(tree))
     kernel = student.encoder.patch_embed.proj.weight.detach()
     assert torch.equal(kernel[:, [0, 1, 2]], exported[:, [2, 1, 0]])  # model bands red, green, blue, nir
     assert not torch.equal(kernel[:, 3], torch.zeros_like(kernel[:, 3]))

@@ -6,6 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from pretrain.federated.runtime import config_entry
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[2]
@@ -18,13 +21,13 @@ TOY_PYTHONPATH = f"{REPO}:{HERE}"
 
 @pytest.fixture
 def toy_run_config(tmp_path):
-    """A run config of the toy program writing its records to ``tmp_path/records.jsonl``, with extra overrides."""
+    """A run config of the toy program writing its records to ``tmp_path/records.jsonl``, with more config values."""
 
-    def make(overrides: str = "", **entries) -> dict:
+    def make(config: dict | None = None, **entries) -> dict:
         return {
             "server-factory": f"{TOY}:make_server",
             "client-factory": f"{TOY}:make_client",
-            "overrides": f"out={tmp_path / 'records.jsonl'} {overrides}",
+            "config": config_entry({"out": str(tmp_path / "records.jsonl"), **(config or {})}),
             **entries,
         }
 
@@ -35,3 +38,28 @@ def toy_run_config(tmp_path):
 def toy_pythonpath() -> str:
     """PYTHONPATH for Flower's processes: this checkout first, then the toy program's folder."""
     return TOY_PYTHONPATH
+
+
+DEMO = REPO / "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml"
+TINY_SWIN = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [1, 2, 4, 8]}
+
+
+@pytest.fixture
+def fed_tree(archive, teacher_file, tmp_path):
+    """The federated demo config at 32 px with a tiny Swin, 2 local steps, 3 rounds, pointing at this test's files."""
+
+    def make(name: str = "fed", **sections) -> dict:
+        tree = yaml.safe_load(DEMO.read_text())
+        tree["run"] = {"output_dir": str(tmp_path / name), "seed": 0}
+        tree["model"].update(img_size=32, timm_kwargs=TINY_SWIN)
+        tree["masking"]["mask_patch_size"] = 8
+        tree["teacher"].update(checkpoint=str(teacher_file), img_size=32, timm_kwargs=TINY_SWIN)
+        for source in tree["data"]["sources"]:
+            source["root"] = str(archive[source["name"]])
+        tree["train"].update(micro_batch_size=4, local_epochs=None, local_steps=2)
+        tree["federation"]["rounds"] = 3
+        for key, values in sections.items():
+            tree[key] = None if values is None else {**(tree.get(key) or {}), **values}
+        return tree
+
+    return make

@@ -6,7 +6,6 @@ import argparse
 import ipaddress
 import shlex
 import tomllib
-from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -16,8 +15,9 @@ from flwr.cli.flower_config import parse_superlink_connection
 from flwr.common.config import parse_config_args
 
 from geofm.errors import ConfigError
-from pretrain.federated.cli import register
+from pretrain.federated.cli import program_run_config, register
 from pretrain.federated.deploy import deployment_commands, format_config_values, write_deployment_files
+from pretrain.federated.runtime import config_entry
 
 
 def test_files_hold_a_ca_signed_superlink_certificate_p384_openssh_keys_and_the_cli_connection(tmp_path):
@@ -48,7 +48,7 @@ def test_files_hold_a_ca_signed_superlink_certificate_p384_openssh_keys_and_the_
 
 
 def test_config_values_are_formatted_as_flower_parses_them():
-    values = {"institution": "esa", "data-root": "/data/my archive", "overrides": 'a=1 b="x"', "n": 3, "f": 0.5, "ok": True}
+    values = {"institution": "esa", "data-root": "/data/my archive", "label": 'a=1 b="x"', "n": 3, "f": 0.5, "ok": True}
     assert parse_config_args([format_config_values(values)]) == values
     with pytest.raises(ConfigError, match="both single and double quotes"):
         format_config_values({"x": "it's \"odd\""})
@@ -56,8 +56,7 @@ def test_config_values_are_formatted_as_flower_parses_them():
 
 def test_commands_cover_superlink_registration_supernodes_and_the_run(tmp_path):
     files = write_deployment_files(tmp_path / "fed", ["esa", "ign"], "fl.example.org")
-    run_config = {"server-factory": "m:s", "client-factory": "m:c"}
-    text = deployment_commands(files, data_roots={"esa": "/archive/esa"}, run_config=run_config)
+    text = deployment_commands(files, data_roots={"esa": "/archive/esa"})
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     superlink = shlex.split(lines[0])
     tls = ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile")
@@ -72,8 +71,8 @@ def test_commands_cover_superlink_registration_supernodes_and_the_run(tmp_path):
     configs = [parse_config_args([node[node.index("--node-config") + 1]]) for node in nodes]
     assert configs[0] == {"institution": "esa", "data-root": "/archive/esa"} and configs[1]["institution"] == "ign"
     assert all(node[node.index("--superlink") + 1] == "fl.example.org:9093" for node in nodes)
-    run = shlex.split(next(line for line in lines if " flwr run " in line))
-    assert parse_config_args([run[run.index("--run-config") + 1]]) == {"server-factory": "m:s", "client-factory": "m:c"}
+    launch = shlex.split(next(line for line in lines if " fed launch " in line))
+    assert launch[launch.index("--deployment") + 1] == str(files.root), "the run is launched and followed by geofm"
     assert any("flwr ls geofm --run-id RUN_ID --format json" in line for line in lines), "the final status is checked"
 
 
@@ -87,20 +86,21 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
     args.handler(args)
     printed = capsys.readouterr().out
     assert (out / "supernodes" / "ign.key").exists() and "--superlink 10.1.2.3:9000" in printed
-    program = ["--server-factory", "m:s", "--client-factory", "m:c", "--config", "fed.yaml", "rounds=3", "name=a b"]
-    args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign=/srv/ign", *program])
+    args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign=/srv/ign"])
     args.handler(args)
     printed = capsys.readouterr().out
-    run = shlex.split(next(line for line in printed.splitlines() if " flwr run " in line))
-    assert parse_config_args([run[run.index("--run-config") + 1]]) == {
-        "server-factory": "m:s", "client-factory": "m:c", "config-file": str(Path("fed.yaml").resolve()),
-        "overrides": "rounds=3 'name=a b'",
-    }
     assert 'data-root="/srv/ign"' in printed, printed
     args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign"])
     with pytest.raises(ConfigError, match="expected NAME=PATH"):
         args.handler(args)
+    config = tmp_path / "toy.yaml"
+    config.write_text("rounds: 3\nname: a\n")
     args = parser.parse_args(
-        ["fed", "simulate", "--server-factory", "m:s", "--client-factory", "m:c", "--institutions", "a,b", "x=1"]
+        ["fed", "simulate", "--config", str(config), "--server-factory", "m:s", "--client-factory", "m:c",
+         "--institutions", "a,b", "name=a b", "rounds=4"]
     )
-    assert args.handler.__name__ == "_simulate" and args.institutions == ["a", "b"] and args.overrides == ["x=1"]
+    assert args.handler.__name__ == "_simulate"
+    assert program_run_config(args) == {
+        "server-factory": "m:s", "client-factory": "m:c", "institutions": "a,b",
+        "config": config_entry({"rounds": 4, "name": "a b"}),
+    }

@@ -44,9 +44,9 @@ def test_flower_app_names_the_adapter_components_and_declares_every_run_config_k
 
 
 def test_simulation_rounds_keep_bits_and_client_state_and_go_on_past_a_failing_client(tmp_path, toy_run_config):
-    config_file = tmp_path / "toy.yaml"
-    config_file.write_text("rounds: 3\nmin_clients: 2\nexpected_clients: 3\n")
-    run_config = toy_run_config("fail=b@2", **{"config-file": str(config_file), "institutions": "a,b,c"})
+    run_config = toy_run_config(
+        {"rounds": 3, "min_clients": 2, "expected_clients": 3, "fail": "b@2"}, institutions="a,b,c"
+    )
     simulate(run_config, num_cpus=2)
     *rounds, end = toy.read_records(tmp_path / "records.jsonl")
     assert [r["round"] for r in rounds] == [1, 2, 3] and end["finished"], f"3 rounds then finish: {rounds + [end]}"
@@ -65,7 +65,9 @@ def test_simulation_rounds_keep_bits_and_client_state_and_go_on_past_a_failing_c
 
 
 def test_simulation_below_min_clients_fails_with_a_clear_error(tmp_path, toy_run_config):
-    run_config = toy_run_config("rounds=2 min_clients=3 expected_clients=3 round_retries=1 fail=c@2", institutions="a,b,c")
+    run_config = toy_run_config(
+        {"rounds": 2, "min_clients": 3, "expected_clients": 3, "round_retries": 1, "fail": "c@2"}, institutions="a,b,c"
+    )
     expected = r"round 2: fewer than min_clients=3 replies in each of 2 attempts .*c: RuntimeError: toy failure"
     with pytest.raises(FederatedRunError, match=expected):
         simulate(run_config, num_cpus=2)

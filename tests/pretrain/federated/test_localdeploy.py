@@ -6,7 +6,8 @@ import os
 
 import toy_federated_program as toy
 
-from pretrain.federated.localdeploy import COMPLETED, LocalDeployment
+from pretrain.federated.deploy import COMPLETED
+from pretrain.federated.localdeploy import LocalDeployment
 
 
 def _alive(pids: set[int]) -> set[int]:
@@ -18,7 +19,7 @@ def test_deployment_with_tls_and_node_auth_runs_rounds_keeps_state_and_refuses_u
 ):
     records = tmp_path / "records.jsonl"
     with LocalDeployment(tmp_path / "fed", ["a", "b"], env={"PYTHONPATH": toy_pythonpath}) as deployment:
-        run_id = deployment.launch(toy_run_config("rounds=2 min_clients=2 expected_clients=2"))
+        run_id = deployment.launch(toy_run_config({"rounds": 2, "min_clients": 2, "expected_clients": 2}))
         deployment.start_supernode("intruder")
         assert deployment.wait_for_exit("intruder") != 0, "a SuperNode whose key was never registered must not stay up"
         run = deployment.wait(run_id)
@@ -26,7 +27,7 @@ def test_deployment_with_tls_and_node_auth_runs_rounds_keeps_state_and_refuses_u
         seen = deployment.process_ids()
         superlink_log = deployment.processes["superlink"].text()
         intruder_log = deployment.processes["intruder"].text()
-        failed = deployment.launch(toy_run_config("rounds=1 round_timeout_s=-1"))
+        failed = deployment.launch(toy_run_config({"rounds": 1, "round_timeout_s": -1}))
         failed_run = deployment.wait(failed)
         failed_log = deployment.logs(failed)
         started = {process.popen.pid for process in deployment.processes.values()}

@@ -13,9 +13,10 @@ from pretrain.federated.runtime import (
     Plan,
     Reply,
     client_program,
-    config_overrides,
+    config_entry,
     load_object,
     node_identity,
+    program_config,
     run_server,
     select_nodes,
 )
@@ -146,4 +147,7 @@ def test_factories_load_by_import_path_and_client_programs_are_built_once_per_pr
     first = client_program(run_config, {"institution": "a"})
     assert client_program(run_config, {"institution": "a"}) is first
     assert client_program(run_config, {"institution": "b"}) is not first
-    assert config_overrides({"overrides": "a=1 'b=x y'"}) == ["a=1", "b=x y"]
+    tree = {"federation": {"rounds": 3}, "data": {"sources": [{"root": "/archive/a b"}]}}
+    assert program_config({"config": config_entry(tree)}) == tree and program_config({}) == {}
+    with pytest.raises(ConfigError, match="'config' is not JSON"):
+        program_config({"config": "rounds: 3"})

@@ -5,7 +5,7 @@ including 0, 127, 128 and 255, XOR-ed with the count) plus a float32 array; the 
 arrives and appends a record per round to the JSON-lines file ``out`` of its config, so a test
 can check what crossed the wire even when the server runs in another process.
 
-The config is the YAML file ``config-file`` (optional) updated by ``overrides``; its keys:
+The config is the run config's ``config`` entry (JSON); its keys:
 rounds, min_clients, fraction, round_timeout_s, expected_clients, connect_timeout_s,
 round_retries, out, and ``fail`` (``institution@round,...``: that client raises in that round).
 """
@@ -17,9 +17,8 @@ import os
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from pretrain.federated.runtime import CONFIG_FILE, config_overrides
+from pretrain.federated.runtime import program_config
 
 BITS = np.array([0, 1, 127, 128, 254, 255], dtype=np.uint8)
 DEFAULTS = {
@@ -36,13 +35,7 @@ DEFAULTS = {
 
 
 def load_toy_config(run_config: dict) -> dict:
-    config = dict(DEFAULTS)
-    if run_config.get(CONFIG_FILE):
-        config.update(yaml.safe_load(Path(run_config[CONFIG_FILE]).read_text()))
-    for item in config_overrides(run_config):
-        key, _, value = item.partition("=")
-        config[key] = yaml.safe_load(value)
-    return config
+    return {**DEFAULTS, **program_config(run_config)}
 
 
 def process_age_s() -> float:

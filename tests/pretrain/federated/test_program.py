@@ -1,0 +1,193 @@
+"""Federated pretraining end to end, with the runtime's round loop over an in-process transport.
+
+Flower itself is exercised by test_flower.py, test_localdeploy.py and test_simulate_demo.py; here
+the server and client programs run in this process so that resume, rejection and compression
+can be checked quickly and exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from geofm.checkpoints import inspect_checkpoint
+from geofm.config.federated import FederatedConfig
+from geofm.errors import ConfigError, DatasetNotFoundError, FederatedRunError
+from geofm.federated.codec import Codec
+from pretrain.federated.program import FederatedClient, FederatedServer, client_shares, local_config, round_lr
+from pretrain.federated.runtime import Failure, Reply, run_server
+
+
+class InProcess:
+    """A transport that calls the client programs directly, keeping each node's state as Flower does."""
+
+    def __init__(self, clients: dict[int, FederatedClient]) -> None:
+        self.clients = clients
+        self.states: dict[int, dict] = {}
+
+    def node_ids(self) -> list[int]:
+        return sorted(self.clients)
+
+    def exchange(self, kind, rnd, payloads, timeout_s):
+        replies, failures = [], []
+        for node, (arrays, scalars) in payloads.items():
+            try:
+                if kind == "query":
+                    replies.append(Reply(node, {}, self.clients[node].identity()))
+                else:
+                    upload, metrics, state = self.clients[node].train(arrays, scalars, self.states.get(node, {}))
+                    self.states[node] = state
+                    replies.append(Reply(node, upload, metrics))
+            except Exception as err:  # noqa: BLE001 - a node's failure, as the Flower adapter reports it
+                failures.append(Failure(node, f"{type(err).__name__}: {err}"))
+        return replies, failures
+
+
+def _run(tree: dict, clients: dict[int, FederatedClient] | None = None) -> Path:
+    cfg = FederatedConfig.from_tree(tree)
+    if clients is None:
+        clients = {i + 1: FederatedClient(cfg, {"institution": name}) for i, name in enumerate(cfg.client_names)}
+    run_server(FederatedServer(cfg), InProcess(clients), poll_s=0)
+    return cfg.run.output_dir
+
+
+def _rounds(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+
+
+def test_a_fedsense_run_logs_every_round_and_exports_the_global_backbone(fed_tree):
+    run_dir = _run(fed_tree())
+    rounds = _rounds(run_dir)
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert all(r["clients"] == ["aerial_rgb", "satellite_4band", "uav_rgbn"] for r in rounds)
+    for key in ("loss", "loss_mim", "loss_distill", "loss_similarity", "uplink_bytes", "downlink_bytes", "seconds"):
+        assert all(key in r for r in rounds), f"rounds.jsonl lacks {key}"
+    cfg = FederatedConfig.from_tree(fed_tree())
+    server = FederatedServer(cfg.model_copy(update={"run": cfg.run.model_copy(update={"output_dir": run_dir.parent / "x"})}))
+    values = server.global_model.numel()
+    one_bit = Codec(bits=1).packet_nbytes(values) + 16  # payload, scales and header; 16 bytes of array framing
+    assert rounds[0]["uplink_bytes"] <= 3 * one_bit and rounds[0]["downlink_bytes"] == 3 * (4 * values + 32)
+    assert rounds[0]["uplink_bytes"] * 28 < rounds[0]["downlink_bytes"], "1-bit uploads are >28x smaller than fp32"
+    assert [r["lr"] for r in rounds] == [pytest.approx(round_lr(cfg, n)) for n in (1, 2, 3)]
+    assert (run_dir / "rounds.png").stat().st_size > 0
+
+    sidecar = json.loads((run_dir / "backbone.json").read_text())
+    assert sidecar["federation"]["clients"] == ["aerial_rgb", "satellite_4band", "uav_rgbn"]
+    assert sidecar["federation"]["uplink_bits"] == 1 and sidecar["federation"]["uplink_bytes"] == sum(
+        r["uplink_bytes"] for r in rounds
+    )
+    assert "## Federation" in (run_dir / "MODEL_CARD.md").read_text()
+    info = inspect_checkpoint(run_dir)
+    assert info["layout"] == "geofm_export" and info["provenance"]["federation"]["algorithm"] == "fedsense"
+    assert inspect_checkpoint(run_dir / "checkpoints/last")["layout"] == "geofm_train"
+
+
+def test_a_stopped_server_resumes_to_the_same_result(fed_tree):
+    """The server checkpoints each round; clients recover their error-feedback and downlink state from disk."""
+    compressed = {"downlink": {"bits": 8}}
+    straight = _run(fed_tree("straight", algorithm=compressed))
+    first = _run(fed_tree("resumed", algorithm=compressed, federation={"rounds": 3, "stop_after_rounds": 1}))
+    assert [r["round"] for r in _rounds(first)] == [1] and not (first / "backbone.safetensors").exists()
+    resumed = _run(fed_tree("resumed", algorithm=compressed))  # new client programs: empty Flower state
+    a, b = _rounds(straight), _rounds(resumed)
+    assert [r["round"] for r in b] == [1, 2, 3]
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("loss", "uplink_bytes", "downlink_bytes"):
+            assert ra[key] == pytest.approx(rb[key], rel=1e-6), f"round {ra['round']} {key}"
+    assert b[1]["downlink_bytes"] < a[0]["downlink_bytes"] / 3, "8-bit changes travel down from round 2 on"
+    wa, wb = load_file(straight / "backbone.safetensors"), load_file(resumed / "backbone.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "the resumed run ends with the same weights"
+
+
+class _Faulty:
+    """A client that uploads what the server must refuse: a NaN update, a wrong bit width, then raises."""
+
+    def __init__(self, client: FederatedClient, fault: str) -> None:
+        self.client, self.fault = client, fault
+
+    def identity(self):
+        return self.client.identity()
+
+    def train(self, arrays, config, state):
+        upload, metrics, state = self.client.train(arrays, config, state)
+        if self.fault == "raise":
+            raise RuntimeError("disk full")
+        n = int(upload["header"][0])
+        vector = torch.full((n,), float("nan")) if self.fault == "nan" else torch.ones(n)
+        bits = 32 if self.fault == "nan" else 8
+        packet = Codec(bits=bits).encode(torch.zeros(n)) if self.fault == "nan" else Codec(bits=bits).encode(vector)
+        arrays = packet.to_arrays()
+        if self.fault == "nan":
+            arrays["payload"] = vector.numpy().view(np.uint8)
+        return arrays, metrics, state
+
+
+def test_malformed_uploads_are_rejected_with_the_client_named_and_the_round_goes_on(fed_tree):
+    tree = fed_tree("faulty", algorithm={"uplink": {"bits": 32}}, federation={"rounds": 2})
+    cfg = FederatedConfig.from_tree(tree)
+    clients = {i + 1: FederatedClient(cfg, {"institution": name}) for i, name in enumerate(cfg.client_names)}
+    clients[1] = _Faulty(clients[1], "nan")
+    clients[2] = _Faulty(clients[2], "raise")
+    run_dir = _run(tree, clients)
+    rounds = _rounds(run_dir)
+    assert [r["clients"] for r in rounds] == [["uav_rgbn"], ["uav_rgbn"]]
+    assert "NaN or Inf values" in rounds[0]["rejected"]["aerial_rgb"], rounds[0]["rejected"]
+    assert "disk full" in rounds[0]["failed"]["satellite_4band"]
+    assert (run_dir / "backbone.safetensors").exists()
+
+    tree = fed_tree("wrong_bits", federation={"rounds": 1})
+    cfg = FederatedConfig.from_tree(tree)
+    clients = {i + 1: FederatedClient(cfg, {"institution": name}) for i, name in enumerate(cfg.client_names)}
+    clients[3] = _Faulty(clients[3], "bits")
+    rounds = _rounds(_run(tree, clients))
+    assert rounds[0]["rejected"] == {"uav_rgbn": "update is encoded with 8 bits; the round expects 1"}
+    assert rounds[0]["clients"] == ["aerial_rgb", "satellite_4band"]
+
+
+def test_a_client_without_its_data_is_an_error_naming_it_and_the_path(fed_tree, tmp_path):
+    tree = fed_tree()
+    tree["data"]["sources"][2]["root"] = str(tmp_path / "nowhere")
+    cfg = FederatedConfig.from_tree(tree)
+    with pytest.raises(DatasetNotFoundError, match=f"client uav_rgbn: image folder {tmp_path / 'nowhere'} does not exist"):
+        FederatedClient(cfg, {"institution": "uav_rgbn"})
+    clients = {1: FederatedClient(cfg, {"institution": "aerial_rgb"})}
+    server = FederatedServer(cfg.model_copy(update={"federation": cfg.federation.model_copy(update={"connect_timeout_s": 0.01})}))
+    with pytest.raises(FederatedRunError, match="1 of 3 nodes connected"):
+        run_server(server, InProcess(clients), poll_s=0)
+
+
+@pytest.mark.parametrize("seed", [0])
+def test_error_feedback_brings_1_bit_uploads_close_to_full_precision(fed_tree, seed):
+    """FedAvg on one batch per round, 8 rounds: 1-bit with error feedback ends nearer fp32 than without."""
+    plain = {"name": "fedavg", "perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
+    rounds = {"rounds": 8}
+    final = {}
+    for label, uplink in (("fp32", {"bits": 32}), ("ef", {"bits": 1, "error_feedback": True}), ("no_ef", {"bits": 1})):
+        run_dir = _run(fed_tree(label, algorithm={**plain, "uplink": uplink}, federation=rounds, teacher=None, run={"seed": seed}))
+        final[label] = np.mean([r["loss"] for r in _rounds(run_dir)[-3:]])
+    assert abs(final["ef"] - final["fp32"]) < abs(final["no_ef"] - final["fp32"]), final
+
+
+@pytest.mark.parametrize("partition", ["by_region", "dirichlet"])
+def test_every_private_file_goes_to_exactly_one_client_and_public_files_to_none(fed_tree, partition):
+    cfg = FederatedConfig.from_tree(fed_tree(federation={"partition": partition, "clients": 4}))
+    shares = [client_shares(cfg, name) for name in cfg.client_names]
+    given = [path for client in shares for files in client for path in files]
+    assert len(given) == len(set(given)) == 72, "24 files of each of the 3 private sources, once each"
+    assert not any("public_rgb" in str(path) for path in given)
+    assert all(any(files) for files in shares), "no client is left empty"
+
+
+def test_an_institution_points_the_config_at_its_own_machine(fed_tree, tmp_path):
+    cfg = FederatedConfig.from_tree(fed_tree())
+    local = local_config(cfg, {"institution": "uav_rgbn", "data-root": "/srv/drone", "teacher": "/srv/w/teacher.pth"})
+    roots = {s.name: str(s.root) for s in local.data.sources}
+    assert roots["uav_rgbn"] == "/srv/drone" and roots["aerial_rgb"] == str(cfg.data.sources[0].root)
+    assert str(local.teacher.checkpoint) == "/srv/w/teacher.pth"
+    with pytest.raises(ConfigError, match=r"institution 'esa' is not a client of this federation; its clients are"):
+        client_shares(cfg, "esa")
