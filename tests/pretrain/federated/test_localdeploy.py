@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import toy_federated_program as toy
 
+from pretrain.federated.cli import PROGRAM
 from pretrain.federated.deploy import COMPLETED
 from pretrain.federated.localdeploy import LocalDeployment
+from pretrain.federated.runtime import CONFIG, config_entry
 
 
 def _alive(pids: set[int]) -> set[int]:
@@ -48,3 +51,21 @@ def test_deployment_with_tls_and_node_auth_runs_rounds_keeps_state_and_refuses_u
     assert not _alive(seen | started) and not deployment.process_ids(), f"left running: {_alive(seen | started)}"
     startup = sorted(reply["process_age_s"] for record in rounds for reply in record["replies"].values())
     print(f"ClientApp process start-up before train(): {', '.join(f'{s:.2f}' for s in startup)} s")
+
+
+def test_fedsense_deployed_trains_each_institution_on_the_data_its_node_config_names(tmp_path, fed_tree, archive):
+    """The real program on a real deployment: the config travels in the run config, data roots in node configs."""
+    tree = fed_tree("deployed", federation={"rounds": 2})
+    tree["data"]["sources"] = [s for s in tree["data"]["sources"] if s["name"] != "uav_rgbn"]
+    for source in tree["data"]["sources"][:2]:
+        source["root"] = f"/nonexistent/{source['name']}"  # only each SuperNode's data-root knows the way
+    run_config = {**PROGRAM, CONFIG: config_entry(tree)}
+    roots = {name: str(archive[name]) for name in ("aerial_rgb", "satellite_4band")}
+    with LocalDeployment(tmp_path / "fed", list(roots), data_roots=roots) as deployment:
+        run_id = deployment.launch(run_config)
+        run = deployment.wait(run_id)
+        log = deployment.logs(run_id)
+    assert run["status"] == COMPLETED, f"run {run_id} ended {run['status']}:\n{log}"
+    rounds = [json.loads(line) for line in (tmp_path / "deployed/rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2] and all(r["clients"] == sorted(roots) for r in rounds)
+    assert json.loads((tmp_path / "deployed/backbone.json").read_text())["federation"]["uplink_bits"] == 1
