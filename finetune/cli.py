@@ -1,34 +1,156 @@
-"""``geofm predict``: registered with the geofm command line through an entry point."""
+"""``geofm finetune``, ``geofm eval``, ``geofm report`` and ``geofm predict``: registered with the geofm command
+line through an entry point."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 from pathlib import Path
+
+FINETUNE_EXAMPLES = """\
+examples:
+  geofm finetune --config configs/finetune/ucmerced__swin_base__img256_win8__100ep.yaml checkpoint=exports/gfm
+  geofm finetune --config my.yaml checkpoint=runs/my_pretraining model.frozen=true     # linear probe
+  geofm finetune --config my.yaml checkpoint=null run.output_dir=runs/random_init      # random-init baseline
+  torchrun --nproc_per_node 8 -m geofm.cli finetune --config my.yaml
+
+checkpoint is anything geofm checkpoint reads: an export, a pretraining run directory, a released
+GFM/SimMIM file, ImageNet Swin/ViT weights. Bands are matched by name; task bands the checkpoint
+lacks start fresh and are reported in the log and in eval.json. Rerunning the same command resumes.
+"""
+
+EVAL_EXAMPLES = """\
+examples:
+  geofm eval checkpoint=runs/ucmerced__swin_base__img256_win8__100ep              # the run's own config, test split
+  geofm eval --config my.yaml checkpoint=runs/my_run split=val data.root=/data/ucm_copy
+"""
+
+REPORT_EXAMPLES = """\
+examples:
+  geofm report runs/gfm_*/eval.json --baseline runs/in22k_*/eval.json --out reports/gfm_vs_in22k
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``geofm predict`` to the geofm command line."""
-    parser = subparsers.add_parser(
+    """Add ``geofm finetune``, ``geofm eval``, ``geofm report`` and ``geofm predict`` to the geofm command line."""
+    finetune = subparsers.add_parser(
+        "finetune",
+        help="finetune (or linearly probe) a backbone on a downstream task on the DeepSpeed engine",
+        description="Train the task's head (and the backbone unless model.frozen) as configured, keep the weights with "
+        "the best validation metric and write their test metrics to eval.json in the run directory.",
+        epilog=FINETUNE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    finetune.add_argument(
+        "--config", required=True, help="YAML file, e.g. configs/finetune/ucmerced__swin_base__img256_win8__100ep.yaml"
+    )
+    finetune.add_argument(
+        "overrides", nargs="*", metavar="key.path=value", help="override config values (YAML values), e.g. checkpoint=PATH"
+    )
+    finetune.set_defaults(handler=_finetune)
+
+    evaluate = subparsers.add_parser(
+        "eval",
+        help="evaluate a finetuned run's kept weights on a split and print the metrics JSON",
+        description="Evaluate the weights a geofm finetune run kept (best/) on a split of its data; write the record "
+        "to RUN/eval_<split>.json (or --out) and print it.",
+        epilog=EVAL_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    evaluate.add_argument("--config", help="config giving the model and data (default: the run's own config.yaml)")
+    evaluate.add_argument("--out", type=Path, help="where to write the record (default: RUN/eval_<split>.json)")
+    evaluate.add_argument(
+        "overrides",
+        nargs="+",
+        metavar="key=value",
+        help="checkpoint=RUN (required), split=train|val|test (default test), and config overrides",
+    )
+    evaluate.set_defaults(handler=_eval)
+
+    report = subparsers.add_parser(
+        "report",
+        help="average relative performance (ARP) of a model against a baseline over tasks",
+        description="Compare evaluation records (eval.json) of a model and a baseline task by task (matched by task, "
+        "dataset and train fraction) and write report.md, arp.json and arp.png.",
+        epilog=REPORT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    report.add_argument("evals", nargs="+", type=Path, metavar="EVAL.json", help="the model's evaluation records")
+    report.add_argument("--baseline", nargs="+", required=True, type=Path, metavar="EVAL.json", help="the baseline's")
+    report.add_argument("--out", type=Path, default=Path("arp_report"), help="folder to write into (default: arp_report)")
+    report.add_argument("--name", default="model", help="the model's name in the report")
+    report.add_argument("--baseline-name", default="baseline", help="the baseline's name in the report")
+    report.set_defaults(handler=_report)
+
+    predict = subparsers.add_parser(
         "predict",
         help="sliding-window inference of a finetuned model over GeoTIFF scenes of any size",
         description="Predict a whole scene with a finetuned run in overlapping, blended tiles and write a GeoTIFF "
         "with the scene's CRS, transform and nodata: class ids (segmentation), a change mask (change, from "
         "--before and --after) or a finer image (super-resolution, pixel size / scale factor).",
     )
-    parser.add_argument("--model", required=True, type=Path, metavar="RUN", help="run directory of geofm finetune")
-    parser.add_argument("--input", type=Path, metavar="SCENE.tif", help="the scene (segmentation, super-resolution)")
-    parser.add_argument("--before", type=Path, metavar="A.tif", help="change detection: the earlier scene")
-    parser.add_argument("--after", type=Path, metavar="B.tif", help="change detection: the later scene, on the same grid")
-    parser.add_argument("--output", required=True, type=Path, metavar="OUT.tif", help="GeoTIFF to write")
-    parser.add_argument("--tile", type=int, default=256, help="side of the tiles the model sees, in pixels (default 256)")
-    parser.add_argument("--overlap", type=int, default=64, help="pixels shared by neighbouring tiles (default 64)")
-    parser.add_argument("--batch-size", type=int, default=8, help="tiles per model call (default 8)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    parser.set_defaults(handler=_run)
+    predict.add_argument("--model", required=True, type=Path, metavar="RUN", help="run directory of geofm finetune")
+    predict.add_argument("--input", type=Path, metavar="SCENE.tif", help="the scene (segmentation, super-resolution)")
+    predict.add_argument("--before", type=Path, metavar="A.tif", help="change detection: the earlier scene")
+    predict.add_argument("--after", type=Path, metavar="B.tif", help="change detection: the later scene, on the same grid")
+    predict.add_argument("--output", required=True, type=Path, metavar="OUT.tif", help="GeoTIFF to write")
+    predict.add_argument("--tile", type=int, default=256, help="side of the tiles the model sees, in pixels (default 256)")
+    predict.add_argument("--overlap", type=int, default=64, help="pixels shared by neighbouring tiles (default 64)")
+    predict.add_argument("--batch-size", type=int, default=8, help="tiles per model call (default 8)")
+    predict.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    predict.set_defaults(handler=_predict)
 
 
-def _run(args: argparse.Namespace) -> None:
-    # finetune.predictor (load_predictor: run directory -> Predictor) belongs to the finetuning program.
+def _finetune(args: argparse.Namespace) -> None:
+    from finetune.run import finetune
+    from geofm.config.finetune import FinetuneConfig
+
+    cfg = FinetuneConfig.from_file(args.config, args.overrides)
+    run_dir = finetune(cfg, source=str(args.config))
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"run directory: {run_dir}")
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from finetune.evaluate import evaluate_run, write_json
+    from geofm.config import read_config_tree
+    from geofm.config.finetune import FinetuneConfig
+    from geofm.errors import ConfigError
+    from geofm.training import CONFIG_FILE
+
+    settings = {"checkpoint": None, "split": "test"}
+    overrides = []
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if sep and key in settings:
+            settings[key] = value
+        else:
+            overrides.append(item)
+    if not settings["checkpoint"]:
+        raise ConfigError("geofm eval needs checkpoint=RUN, the run directory of geofm finetune")
+    if settings["split"] not in ("train", "val", "test"):
+        raise ConfigError(f"split={settings['split']!r}: expected train, val or test")
+    run_dir = Path(settings["checkpoint"])
+    source = Path(args.config) if args.config else run_dir / CONFIG_FILE
+    cfg = FinetuneConfig.from_tree(read_config_tree(source, overrides), str(source))
+    record = evaluate_run(run_dir, settings["split"], cfg)
+    write_json(record, args.out or run_dir / f"eval_{settings['split']}.json")
+    print(json.dumps(record, indent=2, default=str))
+
+
+def _report(args: argparse.Namespace) -> None:
+    from finetune.report import average_relative_performance, compare, read_eval, write_report
+
+    rows, unmatched = compare([read_eval(p) for p in args.evals], [read_eval(p) for p in args.baseline])
+    paths = write_report(rows, args.out, model=args.name, baseline=args.baseline_name, unmatched=unmatched)
+    for note in unmatched:
+        print(f"not compared, {note}")
+    print(f"ARP of {args.name} against {args.baseline_name} over {len(rows)} tasks: {average_relative_performance(rows):+.2f}%")
+    print(f"wrote {', '.join(str(p) for p in paths.values())}")
+
+
+def _predict(args: argparse.Namespace) -> None:
     from finetune.predict import predict_scene
     from finetune.predictor import load_predictor
     from geofm.errors import ConfigError

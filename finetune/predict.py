@@ -22,16 +22,17 @@ size divided by the scale factor):
 Input nodata pixels (every band nodata or not finite, as GDAL's dataset mask; for change, in either
 date) are nodata in the output.
 
-The finetuning program provides ``finetune.predictor.load_predictor(run_dir) -> Predictor``, which
-``geofm predict`` calls to turn a finetuned run directory into a :class:`Predictor`.
+``finetune.predictor.load_predictor(run_dir) -> Predictor`` turns a finetuned run directory into a
+:class:`Predictor` (``geofm predict`` calls it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack, closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,12 +59,14 @@ class Predictor:
         task: segmentation, change or superres.
         normaliser: the model's band spec: its bands taken by name from the scene's, scale, mean, std, nodata.
         scale_factor: superres: high / low resolution ratio.
+        info: what else the model was trained with (classes, bands, the kept weights' record...).
     """
 
     model_fn: ModelFn
     task: str
     normaliser: BandNormaliser
     scale_factor: int = 1
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 def blend_weights(size: int) -> np.ndarray:

@@ -220,20 +220,45 @@ class _QuietSchedulerProbe(logging.Filter):
 deepspeed_logger.addFilter(_QuietSchedulerProbe())
 
 
+def scaled_groups(groups: list[dict], peak_lr: float) -> list[dict]:
+    """Parameter groups with their own peak ``lr``: ``peak_lr`` times each group's ``lr_scale`` (default 1).
+
+    DeepSpeed's WarmupCosineLR records every group's ``lr`` when it is built and multiplies each by
+    the same warmup/cosine ratio at every step, so per-group scales (layer-wise lr decay) hold
+    throughout the schedule, and on resume (the scheduler's state is its step only).
+    """
+    return [{**group, "lr": peak_lr * group.get("lr_scale", 1.0)} for group in groups]
+
+
 def initialize(
-    model: nn.Module, train: OptimizerConfig, world_size: int, schedule: Schedule | None, lr: float | None = None
+    model: nn.Module,
+    train: OptimizerConfig,
+    world_size: int,
+    schedule: Schedule | None,
+    lr: float | None = None,
+    param_groups: list[dict] | None = None,
 ):
     """Wrap ``model`` in a DeepSpeed engine (optimizer and scheduler come from the config).
 
-    Without a ``schedule`` the learning rate stays ``lr`` (see :func:`deepspeed_config`). The process
-    joins its process group first if it has not yet (see :func:`init_distributed`).
+    The process joins its process group first if it has not yet (see :func:`init_distributed`).
+
+    Args:
+        model: the module to train.
+        train: the optimisation settings.
+        world_size: processes training together.
+        schedule: step counts of the run; None keeps the learning rate at ``lr`` (a federated
+            client's round, see :func:`deepspeed_config`).
+        lr: the peak learning rate, default the config's scaled to the global batch.
+        param_groups: the program's own AdamW groups (``params``, ``weight_decay``, optional
+            ``lr_scale``); default :func:`parameter_groups`, all at the peak learning rate.
     """
     init_distributed()
     if train.zero_stage != zero_stage(train, world_size) and dist.get_rank() == 0:
         log.info("one process: ZeRO stage 0 (train.zero_stage=%d applies across processes)", train.zero_stage)
+    groups = parameter_groups(model, train.weight_decay) if param_groups is None else param_groups
     engine, _, _, _ = deepspeed.initialize(
         model=model,
-        model_parameters=parameter_groups(model, train.weight_decay),
+        model_parameters=scaled_groups(groups, scaled_lr(train, world_size) if lr is None else lr),
         config=deepspeed_config(train, world_size, schedule, lr),
     )
     if type(engine.checkpoint_engine) is not TorchCheckpointEngine:

@@ -41,7 +41,8 @@ class MetricsLog:
 
 
 def plot_loss_curve(records: list[dict], path: Path, title: str = "") -> None:
-    """Loss components and learning rate against step, as a PNG."""
+    """Loss components and learning rate against step, as a PNG (records without ``lr`` are skipped)."""
+    records = [r for r in records if "lr" in r]
     if not records:
         return
     steps = [r["step"] for r in records]
@@ -89,6 +90,25 @@ def plot_rounds(records: list[dict], path: Path, title: str = "") -> None:
     bytes_ax.grid(alpha=0.3)
     bytes_ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_metric_curve(records: list[dict], section: str, keys: list[str], path: Path, title: str = "") -> None:
+    """Metrics logged under ``record[section]`` (e.g. the validation metrics) against step, as a PNG."""
+    records = [r for r in records if section in r]
+    if not records:
+        return
+    steps = [r["step"] for r in records]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    for key in keys:
+        ax.plot(steps, [r[section].get(key) for r in records], marker="o", markersize=3, linewidth=1.4, label=key)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(section)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -30,6 +30,15 @@ from geofm.errors import ConfigError, GeoFMError
 
 PROGRESS_FILE = "progress.json"
 CONFIG_FILE = "config.yaml"
+# The ``train`` settings that define a run's learning-rate schedule and its length (see check_resume).
+TRAIN_SCHEDULE_KEYS = (
+    "train.epochs",
+    "train.warmup_epochs",
+    "train.warmup_start_ratio",
+    "train.min_lr_ratio",
+    "train.base_lr",
+    "train.lr_reference_batch",
+)
 
 
 @dataclass(frozen=True)

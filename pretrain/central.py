@@ -32,6 +32,7 @@ from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
 from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels
 from geofm.runlog import LOSS_KEYS, MetricsLog, Throughput, final_metrics, is_finite, plot_loss_curve, progress_bar
 from geofm.training import (
+    TRAIN_SCHEDULE_KEYS,
     InputPath,
     IntervalMeans,
     Progress,
@@ -74,15 +75,7 @@ def build_student(cfg: PretrainConfig | FederatedConfig) -> MaskedImageModel:
 # What a resumed run must share with the run that wrote its checkpoints.
 RESUME_INVARIANTS = ("model", "masking", "teacher", "data.bands", "data.custom_bands", "run.seed")
 # What defines the learning-rate schedule and its length: fixed for a run, except --extend's epochs.
-SCHEDULE_KEYS = (
-    "train.epochs",
-    "train.warmup_epochs",
-    "train.warmup_start_ratio",
-    "train.min_lr_ratio",
-    "train.base_lr",
-    "train.lr_reference_batch",
-    "data.samples_per_epoch",
-)
+SCHEDULE_KEYS = (*TRAIN_SCHEDULE_KEYS, "data.samples_per_epoch")
 
 
 def pretrain_inputs(cfg: PretrainConfig) -> list[InputPath]:

@@ -43,3 +43,41 @@ def test_no_weight_decay_on_norms_biases_mask_token_and_position_tables(tiny_swi
     assert any("relative_position_bias_table" in n for n in groups[0.0])
     assert all(not n.endswith(".bias") and "norm" not in n for n in groups[0.05])
     assert "encoder.patch_embed.proj.weight" in groups[0.05]
+
+
+def test_per_group_lr_scales_hold_through_warmup_cosine_and_resume(tmp_path):
+    import torch
+
+    from geofm.engine import init_distributed, initialize, load_checkpoint, save_checkpoint
+
+    init_distributed()
+    train = _train(epochs=4, micro_batch_size=2, base_lr=1e-3, lr_reference_batch=2, warmup_epochs=1, min_lr_ratio=0.1)
+    schedule = make_schedule(train, samples_per_epoch=6, world_size=1)
+
+    def engine():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+        groups = [
+            {"params": list(model[0].parameters()), "weight_decay": 0.0, "lr_scale": 0.25},
+            {"params": list(model[1].parameters()), "weight_decay": 0.05},
+        ]
+        return initialize(model, train, 1, schedule, param_groups=groups)
+
+    first = engine()
+    peaks = []
+    for step in range(schedule.total_steps):
+        loss = first(torch.randn(2, 3)).sum()
+        first.backward(loss)
+        first.step()
+        low, high = first.get_lr()
+        assert low == pytest.approx(0.25 * high), f"step {step + 1}: the group scale is lost ({low} vs {high})"
+        assert high == pytest.approx(1e-3 * first.lr_scheduler.get_lr_ratio()), "the unscaled group follows the schedule"
+        peaks.append(high)
+        if step + 1 == 6:
+            save_checkpoint(first, tmp_path, "mid", {"step": 6})
+    assert peaks[0] < peaks[1] < peaks[2] and peaks[-1] == pytest.approx(1e-4), "warmup, then cosine to min_lr_ratio"
+
+    resumed = engine()
+    load_checkpoint(resumed, tmp_path, "mid")
+    low, high = resumed.get_lr()
+    assert (low, high) == pytest.approx((0.25 * peaks[5], peaks[5])), "a resumed scheduler keeps each group's own lr"

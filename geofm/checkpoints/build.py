@@ -105,6 +105,7 @@ def build_backbone(
         path=facts.path,
     )
     apply_state_dict(model, state, report, strict=strict)
+    report.fresh_bands = _fresh_bands(target, band_sources)
     info = {
         "path": str(facts.path),
         "layout": facts.layout,
@@ -138,6 +139,7 @@ def load_backbone_for_bands(
     band_sources = _band_sources(named, list(bands), have, None)
     state, report = backbone_state_dict(facts.raw, model, band_sources=band_sources, path=facts.path)
     apply_state_dict(model, state, report, strict=strict)
+    report.fresh_bands = _fresh_bands(list(bands), band_sources)
     return report
 
 
@@ -169,6 +171,13 @@ def _band_sources(
             "rgb_positions to place an RGB checkpoint's kernels"
         )
     return sources
+
+
+def _fresh_bands(target: list[str] | None, band_sources: list[int | None] | None) -> list[str]:
+    """The model bands that no checkpoint band feeds (band mapping by name)."""
+    if target is None or band_sources is None:
+        return []
+    return [band for band, source in zip(target, band_sources) if source is None]
 
 
 def export_metadata(info: dict[str, Any], report: LoadReport) -> dict[str, Any]:

@@ -44,6 +44,8 @@ class LoadReport:
         unexpected: converted keys the model does not have.
         adapted: notes on tensors that were changed to fit the model.
         path: the file the weights came from, when loaded from a file.
+        fresh_bands: model bands the checkpoint has no kernel for (matched by name), left at their
+            fresh initialisation.
     """
 
     layout: str
@@ -53,6 +55,7 @@ class LoadReport:
     unexpected: list[str] = field(default_factory=list)
     adapted: list[str] = field(default_factory=list)
     path: str | None = None
+    fresh_bands: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         source = f" from {self.path}" if self.path else ""
@@ -65,6 +68,8 @@ class LoadReport:
         for note in self.adapted:  # one line for the same change in every block
             notes[_BLOCK_INDEX.sub("*", note)] += 1
         lines += [f"  adapted {note}" + (f" (x{n})" if n > 1 else "") for note, n in notes.items()]
+        if self.fresh_bands:
+            lines.append(f"  fresh bands (not in the checkpoint, newly initialised): {', '.join(self.fresh_bands)}")
         return "\n".join(lines)
 
 

@@ -9,6 +9,10 @@ Task families and the sample each dataset yields (after band selection and norma
 ``change``          ``image1``, ``image2`` (C, H, W) float (before, after), ``mask`` int64 (H, W) 0/1
 ``superres``        ``image`` (C, h, w) float low resolution, ``target`` (C, h*s, w*s) high resolution
 ==================  =====================================================================
+
+Besides ``data`` (the downstream dataset), a config has ``model`` (the backbone, frozen or not),
+``head`` (the task head), ``finetune`` (layer decay, Mixup/CutMix, label smoothing, validation and
+best-weights selection), ``train`` (the optimisation shared with pretraining) and ``run``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pydantic import Field, model_validator
 from geofm.config.base import ProgramConfig, Section
 from geofm.config.sections import BackboneConfig, RunConfig, TrainConfig
 from geofm.data.bands import UnknownBandError, canonical_bands
+from geofm.models.backbones import arch_info
 
 TASKS = ("classification", "multilabel", "segmentation", "change", "superres")
 Task = Literal["classification", "multilabel", "segmentation", "change", "superres"]
@@ -148,8 +153,100 @@ class FinetuneModelConfig(BackboneConfig):
     ``img_size`` is also the side of the training crops (for ``superres``: of the low-resolution input).
     """
 
-    drop_path_rate: float = Field(default=0.1, ge=0.0, lt=1.0)
-    frozen: bool = Field(default=False, description="freeze the backbone and train the head only (linear probe)")
+    drop_path_rate: float = Field(default=0.1, ge=0.0, lt=1.0, description="stochastic depth of the backbone")
+    frozen: bool = Field(
+        default=False,
+        description="freeze the backbone (eval mode, no gradients) and train the head only: a linear probe for "
+        "classification, a frozen-encoder score for dense tasks",
+    )
+
+
+class HeadConfig(Section):
+    """The task head on the backbone's features.
+
+    ``classification``/``multilabel``: timm's own linear classifier on pooled features.
+    ``segmentation``/``change``: UperNet (segmentation_models_pytorch's decoder) on features at strides
+    4, 8, 16, 32; Swin gives them by stage, a ViT's block outputs go through a simple feature pyramid.
+    ``superres``: a SimMIM-style decoder (1x1 convolution and PixelShuffle to the input resolution),
+    then a convolutional upsampler (PixelShuffle by ``data.scale_factor``).
+    """
+
+    decoder_channels: int = Field(default=256, gt=0, description="segmentation, change: UperNet width")
+    feature_blocks: list[int] | None = Field(
+        default=None,
+        min_length=4,
+        max_length=4,
+        description="segmentation, change with a ViT: the 4 blocks (1-based) feeding strides 4, 8, 16, 32 "
+        "(default: at 1/4, 1/2, 3/4 and all of the depth)",
+    )
+    superres_channels: int = Field(default=16, gt=0, description="superres: channels at the input resolution")
+    superres_residual: bool = Field(
+        default=True, description="superres: add the bicubically upsampled input to the output (learn the residual)"
+    )
+
+
+class FinetuneOptimConfig(Section):
+    """What finetuning adds to the optimisation of ``train``: layer decay, label mixing, validation."""
+
+    layer_decay: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description="layer-wise lr decay over timm's layer groups: the head trains at the full lr, each group "
+        "below at this factor of the one above",
+    )
+    label_smoothing: float = Field(default=0.0, ge=0.0, lt=1.0, description="classification: cross-entropy label smoothing")
+    mixup: float = Field(default=0.0, ge=0.0, description="classification: Mixup alpha (0: off)")
+    cutmix: float = Field(default=0.0, ge=0.0, description="classification: CutMix alpha (0: off)")
+    mix_prob: float = Field(default=1.0, gt=0.0, le=1.0, description="probability of mixing a batch")
+    mix_switch_prob: float = Field(default=0.5, ge=0.0, le=1.0, description="with both on: chance of CutMix instead of Mixup")
+    eval_every: int = Field(default=1, gt=0, description="epochs between validations")
+    val_split: Split | None = Field(
+        default="val",
+        description="split that selects the best weights; none: no validation, the final weights are kept",
+    )
+    best_metric: str | None = Field(default=None, description="validation metric to maximise (default: the task's own)")
+    eval_batch_size: int | None = Field(default=None, gt=0, description="default: train.micro_batch_size")
+    superres_data_range: float = Field(
+        default=1.0, gt=0.0, description="superres: value range of scaled pixels (raw x data.scale) for PSNR and SSIM"
+    )
+
+    @property
+    def mixing(self) -> bool:
+        """Whether Mixup or CutMix is on."""
+        return self.mixup > 0 or self.cutmix > 0
+
+
+PRIMARY_METRIC = {
+    "classification": "accuracy",
+    "multilabel": "map_micro",
+    "segmentation": "miou",
+    "change": "f1",
+    "superres": "psnr",
+}
+
+
+def class_labels(num_classes: int, class_names: list[str] | None) -> list[str]:
+    """Names of the classes in metric keys: ``data.class_names``, or ``class_0``, ``class_1``..."""
+    return list(class_names) if class_names is not None else [f"class_{i}" for i in range(num_classes)]
+
+
+def metric_names(task: str, num_classes: int | None, class_names: list[str] | None) -> list[str]:
+    """The keys of a task's metrics, the task's own (``PRIMARY_METRIC``) first.
+
+    ``classification``: overall accuracy. ``multilabel``: micro and macro mAP, micro F1.
+    ``segmentation``: mIoU, pixel accuracy and ``iou/<class>`` per class. ``change``: F1, precision,
+    recall and IoU of the change class. ``superres``: PSNR and SSIM.
+    """
+    if task == "classification":
+        return ["accuracy"]
+    if task == "multilabel":
+        return ["map_micro", "map_macro", "f1_micro"]
+    if task == "segmentation":
+        return ["miou", "accuracy"] + [f"iou/{name}" for name in class_labels(num_classes or 0, class_names)]
+    if task == "change":
+        return ["f1", "precision", "recall", "iou"]
+    return ["psnr", "ssim"]
 
 
 class FinetuneConfig(ProgramConfig):
@@ -161,14 +258,59 @@ class FinetuneConfig(ProgramConfig):
     )
     run: RunConfig
     model: FinetuneModelConfig
+    head: HeadConfig = HeadConfig()
+    finetune: FinetuneOptimConfig = FinetuneOptimConfig()
     data: FinetuneDataConfig
     train: TrainConfig
-    layer_decay: float = Field(default=0.9, gt=0.0, le=1.0, description="layer-wise learning-rate decay")
 
     @model_validator(mode="after")
     def _check_task(self) -> FinetuneConfig:
-        if self.task != "superres" and self.data.num_classes is None:
-            raise ValueError(f"task {self.task} needs data.num_classes")
-        if self.task == "superres" and self.data.scale_factor is None:
+        task, data, opt = self.task, self.data, self.finetune
+        if task != "superres" and data.num_classes is None:
+            raise ValueError(f"task {task} needs data.num_classes")
+        if task == "superres" and data.scale_factor is None:
             raise ValueError("task superres needs data.scale_factor")
+        if task == "change" and data.num_classes != 2:
+            raise ValueError(f"task change has 2 classes (no change, change), got data.num_classes {data.num_classes}")
+        if task != "classification" and (opt.mixing or opt.label_smoothing):
+            raise ValueError(f"finetune.mixup, cutmix and label_smoothing apply to classification, not {task}")
+        if opt.mixing and self.train.micro_batch_size % 2:
+            raise ValueError(
+                f"Mixup/CutMix pair images in a batch: train.micro_batch_size must be even, got {self.train.micro_batch_size}"
+            )
+        names = metric_names(task, data.num_classes, data.class_names)
+        if opt.best_metric is not None and opt.best_metric not in names:
+            raise ValueError(f"finetune.best_metric {opt.best_metric!r} is not a {task} metric; choose one of {names}")
+        self._check_head()
         return self
+
+    def _check_head(self) -> None:
+        info = arch_info(self.model.arch, self.model.timm_kwargs)
+        dense = self.task in ("segmentation", "change")
+        blocks = self.head.feature_blocks
+        if blocks is not None:
+            if not dense or info.family != "vit":
+                raise ValueError("head.feature_blocks choose the ViT blocks of a segmentation or change head")
+            if sorted(set(blocks)) != blocks or not 1 <= blocks[0] <= blocks[-1] <= info.depth:
+                raise ValueError(f"head.feature_blocks must be 4 increasing blocks in [1, {info.depth}], got {blocks}")
+        if dense and self.train.micro_batch_size < 2:
+            raise ValueError(
+                "UperNet's pooling branch normalises over the batch: segmentation and change need train.micro_batch_size >= 2"
+            )
+        if dense and self.model.img_size % 32:
+            raise ValueError(f"model.img_size {self.model.img_size}: UperNet's features at strides 4-32 need a multiple of 32")
+        if dense and info.family == "vit" and (info.patch_size & (info.patch_size - 1) or info.patch_size < 4):
+            raise ValueError(
+                f"a ViT's features reach strides 4-32 by factors of 2 from its patch size; "
+                f"{info.patch_size} is not a power of 2 >= 4"
+            )
+
+    @property
+    def primary_metric(self) -> str:
+        """The validation metric that selects the best weights."""
+        return self.finetune.best_metric or PRIMARY_METRIC[self.task]
+
+    @property
+    def dataset_name(self) -> str:
+        """The dataset's name in reports: the torchgeo class, or the data folder's name."""
+        return self.data.torchgeo or self.data.root.resolve().name

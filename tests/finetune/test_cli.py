@@ -1,66 +1,51 @@
-"""``geofm predict``: argument handling around the finetuning program's load_predictor."""
+"""``geofm finetune`` and ``geofm eval`` through their registered handlers."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-import types
+import json
 
-import numpy as np
 import pytest
-import torch
+import yaml
 
 from finetune.cli import register
-from finetune.predict import Predictor
-from geofm.data.finetune import BandNormaliser
-from geofm.data.readers import read_raster, write_geotiff
 from geofm.errors import ConfigError
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
+@pytest.fixture
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="geofm")
     register(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    return parser
 
 
-@pytest.fixture
-def fake_program(monkeypatch):
-    """Stands in for the finetuning program's ``finetune.predictor`` module; records the run directory asked for."""
-
-    def install(task: str) -> list:
-        asked = []
-        norm = BandNormaliser(["red"], ["red"], 1.0, [0.0], [1.0])
-
-        def load_predictor(run_dir):
-            asked.append(run_dir)
-            return Predictor(model_fn=lambda *x: torch.cat([-x[-1], x[-1]], dim=1), task=task, normaliser=norm)
-
-        monkeypatch.setitem(sys.modules, "finetune.predictor", types.SimpleNamespace(load_predictor=load_predictor))
-        return asked
-
-    return install
-
-
-def test_predict_segmentation_scene(tmp_path, fake_program, capsys):
-    asked = fake_program("segmentation")
-    data = np.where(np.arange(40 * 50).reshape(1, 40, 50) % 3 == 0, 5.0, -5.0).astype(np.float32)
-    write_geotiff(tmp_path / "scene.tif", data, transform=(1, 0, 0, 0, -1, 0), crs=32632)
-    args = _parse(
-        ["predict", "--model", str(tmp_path / "run"), "--input", str(tmp_path / "scene.tif"), "--output", str(tmp_path / "out.tif")]
-        + ["--tile", "32", "--overlap", "8", "--no-progress"]
-    )
+def test_eval_reevaluates_the_kept_weights_on_a_split(parser, classification_run, capsys):
+    args = parser.parse_args(["eval", f"checkpoint={classification_run}", "split=val"])
     args.handler(args)
-    assert asked == [tmp_path / "run"]
-    assert np.array_equal(read_raster(tmp_path / "out.tif", 1).data[0], (data[0] > 0).astype(np.uint8))
-    assert "wrote" in capsys.readouterr().out
+    printed = json.loads(capsys.readouterr().out)
+    written = json.loads((classification_run / "eval_val.json").read_text())
+    assert printed == written and written["split"] == "val"
+    selected = json.loads((classification_run / "best/best.json").read_text())
+    assert written["metrics"]["accuracy"] == pytest.approx(selected["metrics"]["accuracy"]), (
+        "the kept weights score on val what they scored when they were selected"
+    )
 
 
-def test_inputs_must_fit_the_task(tmp_path, fake_program):
-    fake_program("change")
-    args = _parse(["predict", "--model", "run", "--input", "scene.tif", "--output", "out.tif"])
-    with pytest.raises(ConfigError, match="change detection model: give --before A.tif and --after B.tif"):
+def test_eval_needs_the_run(parser, classification_run):
+    args = parser.parse_args(["eval", "split=test"])
+    with pytest.raises(ConfigError, match="needs checkpoint=RUN"):
         args.handler(args)
-    fake_program("segmentation")
-    args = _parse(["predict", "--model", "run", "--before", "a.tif", "--after", "b.tif", "--output", "out.tif"])
-    with pytest.raises(ConfigError, match="segmentation model: give --input SCENE.tif"):
+    args = parser.parse_args(["eval", f"checkpoint={classification_run}", "split=dev"])
+    with pytest.raises(ConfigError, match="expected train, val or test"):
         args.handler(args)
+
+
+def test_finetune_command_runs_a_config_file_with_overrides(parser, task_tree, class_folders, tmp_path, capsys):
+    config = tmp_path / "cls.yaml"
+    config.write_text(yaml.safe_dump(task_tree("classification", "from_cli", data={"root": str(class_folders)})))
+    out = tmp_path / "cli_run"
+    overrides = [f"run.output_dir={out}", "train.epochs=1", "train.warmup_epochs=0.5"]
+    args = parser.parse_args(["finetune", "--config", str(config), *overrides])
+    args.handler(args)
+    assert f"run directory: {out}" in capsys.readouterr().out
+    assert json.loads((out / "eval.json").read_text())["steps"] == 6

@@ -1,0 +1,94 @@
+"""Evaluating a finetuned model on a split, and the evaluation record (``eval.json``) that reports compare.
+
+An evaluation record holds ``task``, ``dataset``, ``train_fraction``, ``split``, ``metrics`` (see
+:mod:`finetune.metrics`), ``primary_metric`` and its value as ``score``, plus provenance the
+caller adds (checkpoint, selection, epochs, seconds...).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from finetune.best import load_finetuned
+from finetune.metrics import TaskMetrics
+from finetune.objective import batch_target, model_inputs
+from geofm import engine as ds
+from geofm.config.finetune import FinetuneConfig, Split
+from geofm.data.finetune import build_finetune_dataset
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    dataset: Dataset,
+    cfg: FinetuneConfig,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict[str, float]:
+    """The task's metrics of ``model`` on ``dataset`` (each process takes every ``world_size``-th sample).
+
+    The model is put in eval mode for the pass and returned to its previous mode.
+    """
+    was_training = model.training
+    model.eval()
+    loader = DataLoader(
+        dataset,
+        batch_size=cfg.finetune.eval_batch_size or cfg.train.micro_batch_size,
+        sampler=range(rank, len(dataset), world_size),
+        num_workers=cfg.data.num_workers,
+        pin_memory=device.type == "cuda",
+    )
+    metrics = TaskMetrics(cfg, device)
+    for batch in loader:
+        outputs = model(*model_inputs(cfg.task, batch, device, dtype))
+        metrics.update(outputs, batch_target(cfg.task, batch, device))
+    result = metrics.compute()
+    model.train(was_training)
+    return result
+
+
+def eval_record(cfg: FinetuneConfig, split: str, metrics: dict[str, float], **provenance: Any) -> dict[str, Any]:
+    """An evaluation record: what was evaluated on which data, the metrics, and ``provenance``."""
+    return {
+        "task": cfg.task,
+        "dataset": cfg.dataset_name,
+        "train_fraction": cfg.data.train_fraction,
+        "split": split,
+        "primary_metric": cfg.primary_metric,
+        "score": metrics[cfg.primary_metric],
+        "metrics": metrics,
+        **provenance,
+    }
+
+
+def write_json(record: dict[str, Any], path: Path) -> Path:
+    """Write a record as indented JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return path
+
+
+def evaluate_run(run_dir: Path, split: Split = "test", cfg: FinetuneConfig | None = None) -> dict[str, Any]:
+    """Evaluate a finetuned run's kept weights on a split (``geofm eval``).
+
+    Args:
+        run_dir: the finetuning run directory.
+        split: train, val or test (evaluation views, no augmentation).
+        cfg: the config giving the model and the data (default: the run's own).
+
+    Returns:
+        The evaluation record, with ``run_dir`` and the record of the weights (``selected``).
+    """
+    model, cfg, record = load_finetuned(run_dir, cfg)
+    dev = ds.device()
+    model.to(dev)
+    dataset = build_finetune_dataset(cfg.data, cfg.task, split, cfg.model.img_size, train=False)
+    metrics = evaluate(model, dataset, cfg, dev)
+    return eval_record(cfg, split, metrics, run_dir=str(run_dir), samples=len(dataset), selected=record)

@@ -1,0 +1,115 @@
+"""A task's evaluation metrics, from torchmetrics, accumulated over batches and synchronised across processes.
+
+==================  ========================================================================================
+``classification``  ``accuracy``: overall (micro) accuracy
+``multilabel``      ``map_micro``, ``map_macro``: average precision over all (label, image) pairs and mean
+                    per label; ``f1_micro`` at probability 0.5
+``segmentation``    ``miou``: mean IoU over the classes present in predictions or targets; ``accuracy``:
+                    pixel accuracy; ``iou/<class>`` per class (0 for a class in neither). Pixels at
+                    ``data.ignore_index`` are left out.
+``change``          ``f1``, ``precision``, ``recall``, ``iou`` of the change class (the argmax of the logits)
+``superres``        ``psnr`` (mean over images) and ``ssim``, in scaled units (``raw * data.scale``) over
+                    ``[0, finetune.superres_data_range]``
+==================  ========================================================================================
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric, MetricCollection
+from torchmetrics.classification import (
+    BinaryF1Score,
+    BinaryJaccardIndex,
+    BinaryPrecision,
+    BinaryRecall,
+    MulticlassAccuracy,
+    MulticlassJaccardIndex,
+    MultilabelAveragePrecision,
+    MultilabelF1Score,
+)
+from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
+
+from geofm.config.finetune import FinetuneConfig, class_labels, metric_names
+
+
+def _metrics(cfg: FinetuneConfig) -> dict[str, Metric]:
+    k, ignore = cfg.data.num_classes, cfg.data.ignore_index
+    if cfg.task == "classification":
+        return {"accuracy": MulticlassAccuracy(k, average="micro")}
+    if cfg.task == "multilabel":
+        return {
+            "map_micro": MultilabelAveragePrecision(k, average="micro"),
+            "map_macro": MultilabelAveragePrecision(k, average="macro"),
+            "f1_micro": MultilabelF1Score(k, average="micro"),
+        }
+    if cfg.task == "segmentation":
+        return {
+            "miou": MulticlassJaccardIndex(k, average="macro", ignore_index=ignore),
+            "accuracy": MulticlassAccuracy(k, average="micro", ignore_index=ignore),
+            "iou": MulticlassJaccardIndex(k, average="none", ignore_index=ignore),
+        }
+    if cfg.task == "change":
+        return {
+            "f1": BinaryF1Score(ignore_index=ignore),
+            "precision": BinaryPrecision(ignore_index=ignore),
+            "recall": BinaryRecall(ignore_index=ignore),
+            "iou": BinaryJaccardIndex(ignore_index=ignore),
+        }
+    data_range = (0.0, cfg.finetune.superres_data_range)
+    return {
+        "psnr": PeakSignalNoiseRatio(data_range=data_range, dim=(1, 2, 3)),
+        "ssim": StructuralSimilarityIndexMeasure(data_range=data_range),
+    }
+
+
+class TaskMetrics:
+    """The metrics of a task: :meth:`update` with each batch's outputs and targets, then :meth:`compute`.
+
+    Under several processes, :meth:`compute` gathers every process's state (torchmetrics), so each
+    process returns the metrics of the whole evaluation set.
+    """
+
+    def __init__(self, cfg: FinetuneConfig, device: torch.device | str = "cpu") -> None:
+        """Initialise a new TaskMetrics instance.
+
+        Args:
+            cfg: the finetuning config (task, classes, ignore index, normalisation of superres).
+            device: where the metric states live (that of the outputs).
+        """
+        self.task = cfg.task
+        self.names = metric_names(cfg.task, cfg.data.num_classes, cfg.data.class_names)
+        self.classes = class_labels(cfg.data.num_classes or 0, cfg.data.class_names)
+        self.collection = MetricCollection(_metrics(cfg)).to(device)
+        if cfg.task == "superres":
+            keep = [cfg.data.dataset_bands.index(b) for b in cfg.data.bands]
+            shape = (1, len(keep), 1, 1)
+            self.mean = torch.tensor([cfg.data.mean[i] for i in keep], device=device).reshape(shape)
+            self.std = torch.tensor([cfg.data.std[i] for i in keep], device=device).reshape(shape)
+
+    def update(self, outputs: Tensor, target: Tensor) -> None:
+        """Add a batch: the model's outputs (logits, or normalised images) and the batch's target."""
+        outputs = outputs.detach().float()
+        if self.task in ("segmentation", "change"):
+            self.collection.update(outputs.argmax(dim=1), target)
+        elif self.task == "multilabel":
+            self.collection.update(outputs, target.long())
+        elif self.task == "superres":
+            self.collection.update(outputs * self.std + self.mean, target.float() * self.std + self.mean)
+        else:
+            self.collection.update(outputs, target)
+
+    def compute(self) -> dict[str, float]:
+        """The metrics of everything added, in :func:`~geofm.config.finetune.metric_names` order."""
+        values = self.collection.compute()
+        flat: dict[str, float] = {}
+        for name, value in values.items():
+            if value.ndim:
+                flat.update({f"{name}/{label}": float(v) for label, v in zip(self.classes, value.tolist())})
+            else:
+                flat[name] = float(value)
+        return {name: flat[name] for name in self.names}
+
+    def reset(self) -> None:
+        """Forget every batch added."""
+        self.collection.reset()

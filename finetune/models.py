@@ -1,0 +1,220 @@
+"""Finetuning models: a timm backbone under ``backbone`` with the head of a task family.
+
+Every model keeps the backbone as one plain timm model (its state dict is exactly what
+:mod:`geofm.checkpoints` loads and exports), exposes timm's ``group_matcher`` and
+``no_weight_decay`` of that backbone under the ``backbone.`` prefix, and so gets layer-wise lr decay
+from timm's own ``param_groups_layer_decay``. Heads and decoders match none of the backbone's groups:
+timm puts them in the top group, at the full learning rate.
+
+==================  ==============================================================================
+``classification``  timm's own classifier (``reset_classifier``) on pooled features: logits (B, K)
+``multilabel``      the same, one logit per label
+``segmentation``    UperNet on features at strides 4-32: logits (B, K, H, W)
+``change``          one shared (siamese) backbone on both dates, per-scale ``|f1 - f2|``, UperNet
+``superres``        SimMIM-style decoder to the input resolution, then a PixelShuffle upsampler
+==================  ==============================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from timm.optim import param_groups_layer_decay
+from torch import Tensor, nn
+
+from finetune.heads import PYRAMID_STRIDES, SimpleFeaturePyramid, SuperresHead, UperNetHead
+from geofm.checkpoints import LoadReport, load_backbone_for_bands
+from geofm.checkpoints.convert import model_family
+from geofm.config.finetune import FinetuneConfig
+from geofm.models.backbones import backbone_kwargs, create_backbone
+
+BACKBONE = "backbone"
+
+
+def _prefixed(pattern: str) -> str:
+    """A timm group regex anchored under ``backbone.`` (a non-capturing group keeps its group numbers)."""
+    return rf"^{BACKBONE}\.(?:{pattern.removeprefix('^')})"
+
+
+class FinetuneModel(nn.Module):
+    """A timm backbone and a task head; a frozen backbone gets no gradients and stays in eval mode."""
+
+    def __init__(self, backbone: nn.Module, frozen: bool) -> None:
+        """Initialise a new FinetuneModel instance.
+
+        Args:
+            backbone: a timm Swin or ViT.
+            frozen: freeze the backbone (linear probing, frozen-encoder evaluation).
+        """
+        super().__init__()
+        self.backbone = backbone
+        self.frozen = frozen
+        if frozen:
+            backbone.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> FinetuneModel:
+        """Set training mode; a frozen backbone stays in eval mode (no drop path, fixed statistics)."""
+        super().train(mode)
+        if self.frozen:
+            self.backbone.eval()
+        return self
+
+    def _backbone_grad(self) -> torch.set_grad_enabled:
+        """Gradient mode for running the backbone: off when it is frozen."""
+        return torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen)
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's layer groups of the backbone, under ``backbone.``; the head matches none (top group)."""
+        groups = self.backbone.group_matcher(coarse=coarse)
+        return {
+            name: _prefixed(spec) if isinstance(spec, str) else [(_prefixed(p), suffix) for p, suffix in spec]
+            for name, spec in groups.items()
+        }
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """The backbone's position tables and tokens (timm's list), under ``backbone.``."""
+        return {f"{BACKBONE}.{name}" for name in self.backbone.no_weight_decay()}
+
+    def param_groups(self, weight_decay: float, layer_decay: float) -> list[dict]:
+        """AdamW groups from timm's ``param_groups_layer_decay``: each group's ``lr_scale`` is
+        ``layer_decay ** (top - layer)``; no weight decay on norms, biases and position tables.
+
+        timm's grouping puts the stem (patch embedding, and a ViT's tokens and position embedding)
+        in layer 0, each transformer block in its own layer (a Swin stage's patch merging with its
+        first block, the final norm with the last block) and the head above them: with ``n``
+        blocks, the patch embedding trains at ``layer_decay ** (n + 1)`` times the head's rate.
+        Frozen parameters are left out.
+        """
+        return param_groups_layer_decay(
+            self, weight_decay=weight_decay, no_weight_decay_list=self.no_weight_decay(), layer_decay=layer_decay
+        )
+
+
+class Classifier(FinetuneModel):
+    """timm's own classifier head on pooled backbone features: logits (B, num_classes)."""
+
+    def __init__(self, backbone: nn.Module, num_classes: int, frozen: bool) -> None:
+        super().__init__(backbone, frozen)
+        backbone.reset_classifier(num_classes)
+        if frozen:
+            backbone.get_classifier().requires_grad_(True)
+
+    def forward(self, image: Tensor) -> Tensor:
+        with self._backbone_grad():
+            features = self.backbone.forward_features(image)
+        return self.backbone.forward_head(features)
+
+
+class DenseFeatures(FinetuneModel):
+    """A backbone giving multi-scale features: a Swin's stages (strides 4-32 with patch size 4), or
+    four of a ViT's blocks through a :class:`~finetune.heads.SimpleFeaturePyramid` (strides 4-32)."""
+
+    def __init__(self, backbone: nn.Module, frozen: bool, feature_blocks: list[int] | None) -> None:
+        super().__init__(backbone, frozen)
+        info = backbone.feature_info
+        if model_family(backbone) == "swin":
+            self.indices, self.neck = None, None
+            self.channels = [f["num_chs"] for f in info]
+            self.first_stride = info[0]["reduction"]
+        else:
+            depth = len(info)
+            blocks = feature_blocks or [depth // 4, depth // 2, 3 * depth // 4, depth]
+            self.indices = [b - 1 for b in blocks]
+            self.neck = SimpleFeaturePyramid(info[0]["num_chs"], info[0]["reduction"])
+            self.channels = [info[0]["num_chs"]] * len(PYRAMID_STRIDES)
+            self.first_stride = PYRAMID_STRIDES[0]
+
+    def features(self, image: Tensor) -> list[Tensor]:
+        """Feature maps at strides 4, 8, 16, 32, NCHW."""
+        with self._backbone_grad():
+            maps = self.backbone.forward_intermediates(image, indices=self.indices, intermediates_only=True)
+        return maps if self.neck is None else self.neck(maps)
+
+
+class Segmenter(DenseFeatures):
+    """UperNet on the backbone's multi-scale features: logits (B, num_classes, H, W)."""
+
+    def __init__(
+        self, backbone: nn.Module, num_classes: int, frozen: bool, feature_blocks: list[int] | None, decoder_channels: int
+    ) -> None:
+        super().__init__(backbone, frozen, feature_blocks)
+        self.head = UperNetHead(self.channels, num_classes, decoder_channels, self.first_stride)
+
+    def forward(self, image: Tensor) -> Tensor:
+        return self.head(self.features(image))
+
+
+class ChangeDetector(DenseFeatures):
+    """A siamese backbone: both dates go through the same backbone (one batch), and UperNet decodes
+    the absolute feature difference at every scale: logits (B, num_classes, H, W)."""
+
+    def __init__(
+        self, backbone: nn.Module, num_classes: int, frozen: bool, feature_blocks: list[int] | None, decoder_channels: int
+    ) -> None:
+        super().__init__(backbone, frozen, feature_blocks)
+        self.head = UperNetHead(self.channels, num_classes, decoder_channels, self.first_stride)
+
+    def forward(self, image1: Tensor, image2: Tensor) -> Tensor:
+        both = self.features(torch.cat([image1, image2]))
+        n = image1.shape[0]
+        return self.head([(f[:n] - f[n:]).abs() for f in both])
+
+
+class SuperResolver(FinetuneModel):
+    """The backbone's last (normed) features through :class:`~finetune.heads.SuperresHead`: (B, C, H*s, W*s)."""
+
+    def __init__(self, backbone: nn.Module, bands: int, scale_factor: int, hidden: int, residual: bool, frozen: bool) -> None:
+        super().__init__(backbone, frozen)
+        last = backbone.feature_info[-1]
+        self.head = SuperresHead(last["num_chs"], last["reduction"], bands, hidden, scale_factor, residual)
+
+    def forward(self, image: Tensor) -> Tensor:
+        with self._backbone_grad():
+            features = self.backbone.forward_intermediates(image, indices=1, norm=True, intermediates_only=True)[-1]
+        return self.head(features, image)
+
+
+def finetune_backbone_kwargs(cfg: FinetuneConfig) -> dict[str, Any]:
+    """``timm.create_model`` kwargs of the headless backbone of a finetuning config."""
+    m = cfg.model
+    return backbone_kwargs(
+        in_chans=len(cfg.data.bands), img_size=m.img_size, window_size=m.window_size, timm_kwargs=m.timm_kwargs
+    )
+
+
+def build_finetune_model(cfg: FinetuneConfig, load_weights: bool = True) -> tuple[FinetuneModel, LoadReport | None]:
+    """The task's model, its backbone loaded from ``cfg.checkpoint`` (bands mapped by name).
+
+    Args:
+        cfg: the finetuning config.
+        load_weights: load ``cfg.checkpoint`` into the backbone (False: leave it random, e.g. to load
+            a finetuned model's own weights next).
+
+    Returns:
+        The model and the load report of the checkpoint (None without one). The report's
+        ``fresh_bands`` are the task's bands the checkpoint has no kernel for.
+
+    Raises:
+        ConfigError: if none of the task's bands is among the checkpoint's.
+        CheckpointFormatError: if the checkpoint does not fit the configured architecture.
+    """
+    backbone = create_backbone(cfg.model.arch, finetune_backbone_kwargs(cfg), drop_path_rate=cfg.model.drop_path_rate)
+    report = None
+    if load_weights and cfg.checkpoint is not None:
+        report = load_backbone_for_bands(backbone, cfg.checkpoint, cfg.data.bands)
+    frozen, head, data = cfg.model.frozen, cfg.head, cfg.data
+    if cfg.task in ("classification", "multilabel"):
+        model: FinetuneModel = Classifier(backbone, data.num_classes, frozen)
+    elif cfg.task == "segmentation":
+        model = Segmenter(backbone, data.num_classes, frozen, head.feature_blocks, head.decoder_channels)
+    elif cfg.task == "change":
+        model = ChangeDetector(backbone, data.num_classes, frozen, head.feature_blocks, head.decoder_channels)
+    else:
+        model = SuperResolver(
+            backbone, len(data.bands), data.scale_factor, head.superres_channels, head.superres_residual, frozen
+        )
+    return model, report
+

@@ -1,0 +1,317 @@
+"""The finetuning program (``geofm finetune``): a pretrained backbone and a task head trained on the DeepSpeed engine.
+
+One program for every task family and for linear probing (``model.frozen``), on one CPU, one GPU or
+several processes under ``deepspeed``/``torchrun``. The backbone starts from ``checkpoint`` (any
+layout :mod:`geofm.checkpoints` reads, bands matched by name; a task band the checkpoint lacks starts
+fresh and is reported) or at random. AdamW with layer-wise lr decay over timm's layer groups, warmup
+then cosine (DeepSpeed's WarmupCosineLR scales every group's own lr), gradient clipping.
+
+A run directory holds, as in pretraining, ``config.yaml``, ``metrics.jsonl`` (the training loss per
+logged step; ``{"step", "epoch", "val": {...}}`` per validation), ``loss_curve.png`` and
+``val_curve.png``, ``checkpoints/step_*`` with ``checkpoints/last``; then ``best/model.safetensors``
+and ``best/best.json`` (the weights with the best validation metric, or the final ones without a
+validation split) and, at the end, ``eval.json``: the test metrics of those weights. Running the
+same config again resumes from ``checkpoints/last``; a finished run only re-evaluates. Each
+checkpoint holds the kept weights of its time (hard links under ``checkpoints/step_*/best``), so a
+resume undoes a selection made after its checkpoint, whose steps it replays.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from finetune.best import load_best_weights, read_best, restore_best, save_best, snapshot_best
+from finetune.evaluate import eval_record, evaluate, write_json
+from finetune.models import build_finetune_model
+from finetune.objective import batch_target, build_criterion, build_mixing, model_inputs
+from geofm import engine as ds
+from geofm.checkpoints import LoadReport
+from geofm.checkpoints.io import LAST_CHECKPOINT
+from geofm.config import config_to_dict
+from geofm.config.finetune import FinetuneConfig
+from geofm.data.finetune import build_finetune_dataset
+from geofm.errors import GeoFMError, RunInterrupted
+from geofm.runlog import MetricsLog, Throughput, is_finite, plot_loss_curve, plot_metric_curve, progress_bar
+from geofm.training import (
+    TRAIN_SCHEDULE_KEYS,
+    InputPath,
+    IntervalMeans,
+    Progress,
+    RunCheckpoints,
+    StopSignals,
+    check_inputs,
+    check_resume,
+    step_seed,
+)
+
+log = logging.getLogger("geofm.finetune")
+
+EVAL_FILE = "eval.json"
+# What a resumed run must share with the run that wrote its checkpoints.
+RESUME_INVARIANTS = (
+    "task",
+    "checkpoint",
+    "model",
+    "head",
+    "finetune",
+    "data.root",
+    "data.torchgeo",
+    "data.bands",
+    "data.custom_bands",
+    "data.dataset_bands",
+    "data.num_classes",
+    "data.train_fraction",
+    "run.seed",
+)
+
+
+def finetune_inputs(cfg: FinetuneConfig) -> list[InputPath]:
+    """The checkpoint a finetuning config reads (its data is checked when the datasets are built)."""
+    return [InputPath("checkpoint", cfg.checkpoint)] if cfg.checkpoint is not None else []
+
+
+def checkpoint_provenance(cfg: FinetuneConfig, report: LoadReport | None) -> dict | None:
+    """What the backbone started from, for ``eval.json`` (None: random initialisation)."""
+    if report is None:
+        return None
+    return {
+        "path": str(cfg.checkpoint),
+        "layout": report.layout,
+        "tensors_loaded": len(report.used),
+        "adapted": report.adapted,
+        "fresh_bands": report.fresh_bands,
+    }
+
+
+def train_micro_step(engine, cfg: FinetuneConfig, criterion, mixing, batch: dict, dev: torch.device, dtype: torch.dtype):
+    """Forward and backward of one micro-batch; the engine steps the optimizer at accumulation boundaries."""
+    inputs = model_inputs(cfg.task, batch, dev, dtype)
+    target = batch_target(cfg.task, batch, dev)
+    if mixing is not None:
+        inputs[0], target = mixing(inputs[0], target)
+    loss = criterion(engine(*inputs).float(), target.float() if cfg.task in ("multilabel", "superres") else target)
+    engine.backward(loss)
+    engine.step()
+    return loss
+
+
+def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
+    """Run (or resume) finetuning as configured and evaluate the kept weights on the test split.
+
+    Args:
+        cfg: the validated config.
+        source: the config's file name, for errors.
+
+    Returns:
+        The run directory.
+
+    Raises:
+        ConfigError: a missing checkpoint, a resume that would change the run, a checkpoint without
+            any of the task's bands.
+        DatasetNotFoundError: missing downstream data (before the run directory is created).
+    """
+    check_inputs(finetune_inputs(cfg), source)
+    rank, world = ds.init_distributed()
+    dev = ds.device()
+    run_dir = cfg.run.output_dir
+    checkpoints = RunCheckpoints(run_dir, cfg.run.keep_checkpoints, rank)
+    progress = checkpoints.progress()
+    if progress is not None:
+        check_resume(
+            run_dir,
+            checkpoints.saved_config(),
+            config_to_dict(cfg),
+            progress,
+            invariants=RESUME_INVARIANTS,
+            schedule_keys=TRAIN_SCHEDULE_KEYS,
+            global_batch=ds.global_batch(cfg.train, world),
+            world_size=world,
+            zero_stage=ds.zero_stage(cfg.train, world),
+            extend=False,
+        )
+
+    img, task, opt = cfg.model.img_size, cfg.task, cfg.finetune
+    train_set = build_finetune_dataset(cfg.data, task, "train", img, train=True)
+    val_set = build_finetune_dataset(cfg.data, task, opt.val_split, img, train=False) if opt.val_split else None
+    test_set = build_finetune_dataset(cfg.data, task, "test", img, train=False)
+
+    torch.manual_seed(cfg.run.seed)
+    model, report = build_finetune_model(cfg)
+    if rank == 0:
+        log.info("backbone: %s", report if report is not None else "random initialisation (no checkpoint)")
+        if report is not None and report.fresh_bands:
+            log.warning(
+                "bands %s are not in the checkpoint %s: their patch-embedding kernels start fresh",
+                report.fresh_bands,
+                cfg.checkpoint,
+            )
+    schedule = ds.make_schedule(cfg.train, len(train_set), world)
+    groups = model.param_groups(cfg.train.weight_decay, opt.layer_decay)
+    engine = ds.initialize(model, cfg.train, world, schedule, param_groups=groups)
+    dtype = torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
+    criterion, mixing = build_criterion(cfg), build_mixing(cfg)
+    checkpoints.start(cfg)
+
+    step, seconds_before = 0, 0.0
+    if progress is not None:
+        client = ds.load_checkpoint(engine, checkpoints.directory, LAST_CHECKPOINT)
+        step, seconds_before = progress.step, float(client.get("seconds", 0.0))
+        if rank == 0:
+            log.info("resumed from %s at step %d", checkpoints.latest().resolve(), step)
+    best = read_best(run_dir)
+    if best is not None and best["step"] > step:
+        # selected after the checkpoint resumed from: back to the selection as of that checkpoint
+        if rank == 0:
+            restore_best(run_dir, checkpoints.latest().resolve())
+        ds.barrier()
+        best = read_best(run_dir)
+    stop_at = schedule.total_steps
+    if cfg.run.stop_after_steps is not None:
+        stop_at = min(stop_at, step + cfg.run.stop_after_steps)
+
+    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step) if rank == 0 else None
+    bar = progress_bar(schedule.total_steps, step, rank == 0 and cfg.run.progress, run_dir.name)
+    interval, speed = IntervalMeans(("loss",)), Throughput()
+    micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
+    saved_step, started = step, time.perf_counter()
+    metric = cfg.primary_metric
+
+    def seconds() -> float:
+        return seconds_before + time.perf_counter() - started
+
+    def save() -> None:
+        nonlocal saved_step
+        record = Progress(
+            step=step,
+            total_steps=schedule.total_steps,
+            global_batch=ds.global_batch(cfg.train, world),
+            world_size=world,
+            zero_stage=ds.zero_stage(cfg.train, world),
+        )
+        checkpoints.save(engine, record, {"step": step, "seconds": seconds()})
+        saved_step = step
+        if rank == 0:
+            snapshot_best(run_dir, checkpoints.latest().resolve())
+            plot(metrics.read())
+
+    def plot(records: list[dict]) -> None:
+        plot_loss_curve(records, run_dir / "loss_curve.png", run_dir.name)
+        plot_metric_curve(records, "val", [metric], run_dir / "val_curve.png", f"{run_dir.name}: {opt.val_split}")
+
+    def validate(epoch: float) -> None:
+        nonlocal best
+        values = evaluate(engine.module, val_set, cfg, dev, dtype, rank, world)
+        if metrics is not None:
+            metrics.write({"step": step, "epoch": epoch, "val": values})
+            log.info("step %d (epoch %g): %s %s", step, epoch, opt.val_split, _format(values))
+        if best is None or values[metric] > best["value"]:
+            best = {"step": step, "epoch": epoch, "split": opt.val_split, "metric": metric, "value": values[metric]}
+            best["metrics"] = values
+            if rank == 0:
+                save_best(engine.module, run_dir, best)
+
+    with StopSignals() as stop:
+        try:
+            while step < stop_at:
+                epoch, done = divmod(step, schedule.steps_per_epoch)
+                sampler = DistributedSampler(
+                    train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg.run.seed, drop_last=True
+                )
+                sampler.set_epoch(epoch)
+                torch.manual_seed(step_seed(cfg.run.seed, step, rank))
+                batches = iter(
+                    DataLoader(
+                        train_set,
+                        batch_size=micro,
+                        sampler=list(sampler)[done * micro * accum :],
+                        num_workers=cfg.data.num_workers,
+                        drop_last=True,
+                        pin_memory=dev.type == "cuda",
+                    )
+                )
+                for _ in range(done, schedule.steps_per_epoch):
+                    seed = step_seed(cfg.run.seed, step, rank)
+                    torch.manual_seed(seed)
+                    np.random.seed(seed % 2**32)  # timm's Mixup draws from numpy
+                    for _ in range(accum):
+                        loss = train_micro_step(engine, cfg, criterion, mixing, next(batches), dev, dtype)
+                        interval.add({"loss": loss})
+                        speed.add(micro * world)
+                    step += 1
+                    bar.update(1)
+                    epoch_now = round(step / schedule.steps_per_epoch, 4)
+                    if step % cfg.run.log_every == 0 or step == stop_at:
+                        record = {
+                            "step": step,
+                            "epoch": epoch_now,
+                            **interval.means(),
+                            "lr": max(engine.get_lr()),
+                            "images_per_s": round(speed.rate(), 2),
+                        }
+                        if not is_finite(record):
+                            raise FloatingPointError(
+                                f"step {step}: loss is not finite ({record}); checkpoints up to step {saved_step} are intact"
+                            )
+                        if metrics is not None:
+                            metrics.write(record)
+                            bar.set_postfix(loss=f"{record['loss']:.4f}")
+                    epochs_done, in_epoch = divmod(step, schedule.steps_per_epoch)
+                    last = step == schedule.total_steps
+                    if val_set is not None and not in_epoch and (epochs_done % opt.eval_every == 0 or last):
+                        validate(epoch_now)
+                        speed.restart()
+                    stopping = stop.requested()
+                    if step % cfg.run.checkpoint_every == 0 or step == stop_at or stopping:
+                        save()
+                        speed.restart()
+                    if stopping:
+                        raise RunInterrupted(
+                            f"stopped by {stop.name()} at step {step}; saved a checkpoint, rerun the same command to resume"
+                        )
+                    if step >= stop_at:
+                        break
+        except (GeoFMError, OSError):
+            if world == 1 and step > saved_step:
+                save()
+                log.warning("stopped at step %d: saved a checkpoint; fix the input and rerun to resume", step)
+            raise
+        finally:
+            bar.close()
+
+    if step < schedule.total_steps:
+        return run_dir
+    if val_set is None and rank == 0:
+        final = {"step": step, "epoch": float(cfg.train.epochs), "split": None, "metric": None, "value": None, "metrics": {}}
+        save_best(engine.module, run_dir, final)
+    ds.barrier()
+    selected = load_best_weights(engine.module, run_dir)
+    test_metrics = evaluate(engine.module, test_set, cfg, dev, dtype, rank, world)
+    if rank == 0:
+        record = eval_record(
+            cfg,
+            "test",
+            test_metrics,
+            checkpoint=checkpoint_provenance(cfg, report),
+            arch=cfg.model.arch,
+            bands=list(cfg.data.bands),
+            frozen=cfg.model.frozen,
+            epochs=cfg.train.epochs,
+            steps=step,
+            seconds=round(seconds(), 1),
+            selected=selected,
+            run_dir=str(run_dir),
+        )
+        write_json(record, run_dir / EVAL_FILE)
+        plot(metrics.read())
+        log.info("test %s (weights of step %d): %s", cfg.dataset_name, selected["step"], _format(test_metrics))
+    return run_dir
+
+
+def _format(values: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in values.items())

@@ -1,0 +1,100 @@
+"""Tiny finetuning setups: generated class folders of 4-band GeoTIFFs and in-memory datasets of every task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from geofm.data.readers import write_geotiff
+
+CLASSES = ["field", "forest", "water"]
+TRANSFORM = (10.0, 0.0, 500_000.0, 0.0, -10.0, 4_000_000.0)
+
+
+@pytest.fixture(scope="session")
+def class_folders(tmp_path_factory) -> Path:
+    """train/val/test split folders, one sub-folder per class, of 40 px 4-band (blue, green, red, nir) uint16 GeoTIFFs."""
+    root = tmp_path_factory.mktemp("classes")
+    rng = np.random.default_rng(0)
+    for split, per_class in (("train", 8), ("val", 3), ("test", 3)):
+        for label, name in enumerate(CLASSES):
+            for i in range(per_class):
+                pixels = rng.normal(1000 + 800 * label, 150, (4, 40, 40)).clip(1, 60000).astype(np.uint16)
+                write_geotiff(root / split / name / f"{i}.tif", pixels, transform=TRANSFORM, crs=32632, nodata=0)
+    return root
+
+
+class RandomTaskData(Dataset):
+    """``n`` random samples in a task's sample format (see geofm.config.finetune), fixed by ``seed``."""
+
+    def __init__(self, task: str, n: int, size: int = 32, bands: int = 4, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.samples = []
+        for _ in range(n):
+            image = torch.randn(bands, size, size, generator=g)
+            if task == "classification":
+                sample = {"image": image, "label": torch.randint(0, 3, (), generator=g)}
+            elif task == "multilabel":
+                sample = {"image": image, "label": (torch.rand(3, generator=g) > 0.5).float()}
+            elif task == "segmentation":
+                mask = torch.randint(0, 3, (size, size), generator=g)
+                mask[:4] = 255
+                sample = {"image": image, "mask": mask}
+            elif task == "change":
+                after = torch.randn(bands, size, size, generator=g)
+                sample = {"image1": image, "image2": after, "mask": torch.randint(0, 2, (size, size), generator=g)}
+            else:
+                sample = {"image": image, "target": torch.randn(bands, 2 * size, 2 * size, generator=g)}
+            self.samples.append(sample)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.samples[index]
+
+
+@pytest.fixture
+def random_datasets(monkeypatch):
+    """Make the finetuning program read :class:`RandomTaskData` (8 train, 4 val, 4 test samples)."""
+    import finetune.evaluate
+    import finetune.run
+
+    def build(data_cfg, task, split, img_size, train):
+        size, seed = {"train": (8, 0), "val": (4, 1), "test": (4, 2)}[split]
+        return RandomTaskData(task, size, img_size, len(data_cfg.bands), seed=seed)
+
+    monkeypatch.setattr(finetune.run, "build_finetune_dataset", build)
+    monkeypatch.setattr(finetune.evaluate, "build_finetune_dataset", build)
+    return build
+
+
+@pytest.fixture(scope="session")
+def classification_run(class_folders, finetune_tree, tmp_path_factory) -> Path:
+    """A finished 2-epoch classification run on :func:`class_folders` (12 steps, validation each epoch)."""
+    from finetune.run import finetune
+    from geofm.config.finetune import FinetuneConfig
+
+    tree = finetune_tree("classification", tmp_path_factory.mktemp("runs") / "cls", data={"root": str(class_folders)})
+    return finetune(FinetuneConfig.from_tree(tree))
+
+
+@pytest.fixture
+def rgb_export(task_config, tmp_path) -> Path:
+    """A geofm export of a random tiny Swin (that of :func:`task_config`) on red, green, blue."""
+    from finetune.models import finetune_backbone_kwargs
+    from geofm.checkpoints import export_backbone
+    from geofm.models.backbones import create_backbone
+
+    rgb = ["red", "green", "blue"]
+    cfg = task_config("classification", data={"bands": rgb, "dataset_bands": rgb, "mean": [0.3] * 3, "std": [0.1] * 3})
+    kwargs = finetune_backbone_kwargs(cfg)
+    torch.manual_seed(7)
+    out = tmp_path / "export"
+    model = create_backbone(cfg.model.arch, kwargs)
+    export_backbone(model, out, arch=cfg.model.arch, create_kwargs=kwargs, metadata={"bands": rgb})
+    return out
