@@ -48,6 +48,9 @@ from pretrain.federated.deploy import (
 from pretrain.federated.runtime import DATA_ROOT, INSTITUTION, Scalar
 
 MARKER = "GEOFM_LOCAL_DEPLOYMENT"
+# A process group's variables (set by a launcher, or by a program in this process): not passed on, or
+# every ClientApp would join this process's group instead of making its own.
+PROCESS_GROUP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 HOST = "127.0.0.1"
 
 
@@ -108,7 +111,7 @@ class LocalDeployment:
         self.node_ids: dict[str, int] = {}
         self.launched: list[Path] = []  # run-config files of the runs launched
         self._env = {
-            **os.environ,
+            **{key: value for key, value in os.environ.items() if key not in PROCESS_GROUP_ENV},
             **QUIET_ENV,
             **(env or {}),
             "HOME": str(self.root / "home"),
