@@ -91,10 +91,12 @@ BASE_KEY = "base"
 
 
 def _merged(base: dict, override: dict) -> dict:
-    """``override`` on top of ``base``: mappings merge key by key, anything else (lists too) is replaced."""
+    """``override`` on top of ``base``: mappings merge key by key; anything else (lists too, and an
+    empty mapping, which clears the base's) is replaced."""
     merged = dict(base)
     for key, value in override.items():
-        merged[key] = _merged(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+        nested = isinstance(value, dict) and value and isinstance(merged.get(key), dict)
+        merged[key] = _merged(merged[key], value) if nested else value
     return merged
 
 
@@ -120,8 +122,8 @@ def read_config_tree(path: str | Path, overrides: list[str] | tuple[str, ...] = 
     """The parsed mapping of a config file with the overrides applied (not yet validated).
 
     A file may start from another: ``base: other.yaml`` (relative to the file) is read first and
-    the file's own keys are merged on top of it, section by section, so a baseline or an ablation
-    is a few lines over the setting it varies.
+    the file's own keys are merged on top of it, section by section (``{}`` clears a mapping), so a
+    baseline or an ablation is a few lines over the setting it varies.
     """
     path = Path(path)
     tree = _read_yaml_tree(path)
