@@ -33,7 +33,6 @@ from finetune.objective import batch_target, build_criterion, build_mixing, mode
 from geofm import engine as ds
 from geofm.checkpoints import LoadReport
 from geofm.checkpoints.io import LAST_CHECKPOINT
-from geofm.config import config_to_dict
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune import build_finetune_dataset
 from geofm.errors import GeoFMError, RunInterrupted
@@ -43,10 +42,8 @@ from geofm.training import (
     InputPath,
     IntervalMeans,
     Progress,
-    RunCheckpoints,
     StopSignals,
-    check_inputs,
-    check_resume,
+    start_run,
     step_seed,
 )
 
@@ -116,25 +113,12 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
             any of the task's bands.
         DatasetNotFoundError: missing downstream data (before the run directory is created).
     """
-    check_inputs(finetune_inputs(cfg), source)
-    rank, world = ds.init_distributed()
-    dev = ds.device()
+    start = start_run(
+        cfg, cfg.train, cfg.run, finetune_inputs(cfg),
+        invariants=RESUME_INVARIANTS, schedule_keys=TRAIN_SCHEDULE_KEYS, source=source,
+    )
+    rank, world, dev, checkpoints, progress = start.rank, start.world_size, start.device, start.checkpoints, start.progress
     run_dir = cfg.run.output_dir
-    checkpoints = RunCheckpoints(run_dir, cfg.run.keep_checkpoints, rank)
-    progress = checkpoints.progress()
-    if progress is not None:
-        check_resume(
-            run_dir,
-            checkpoints.saved_config(),
-            config_to_dict(cfg),
-            progress,
-            invariants=RESUME_INVARIANTS,
-            schedule_keys=TRAIN_SCHEDULE_KEYS,
-            global_batch=ds.global_batch(cfg.train, world),
-            world_size=world,
-            zero_stage=ds.zero_stage(cfg.train, world),
-            extend=False,
-        )
 
     img, task, opt = cfg.model.img_size, cfg.task, cfg.finetune
     train_set = build_finetune_dataset(cfg.data, task, "train", img, train=True)

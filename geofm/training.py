@@ -24,7 +24,7 @@ import yaml
 
 from geofm import engine as ds
 from geofm.checkpoints.io import LAST_CHECKPOINT, resolve_checkpoint_path
-from geofm.config import Section, config_to_dict
+from geofm.config import OptimizerConfig, RunConfig, Section, config_to_dict
 from geofm.data.sources import list_images
 from geofm.errors import ConfigError, GeoFMError
 
@@ -229,6 +229,64 @@ def check_resume(
             f"{progress.zero_stage}; this start would use {world_size} process(es) at stage {zero_stage}. Resume with "
             f"{progress.world_size} process(es) and train.zero_stage={progress.zero_stage}, or choose a new run.output_dir"
         )
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """A training run about to build its model: who this process is, and where the run stands.
+
+    Attributes:
+        rank, world_size: this process's rank and the number of processes.
+        device: this process's device.
+        checkpoints: the run's checkpoints (the run directory is created by ``checkpoints.start``).
+        progress: the progress of the last checkpoint, or None for a new run.
+    """
+
+    rank: int
+    world_size: int
+    device: torch.device
+    checkpoints: RunCheckpoints
+    progress: Progress | None
+
+
+def start_run(
+    cfg: Section,
+    train: OptimizerConfig,
+    run: RunConfig,
+    inputs: Iterable[InputPath],
+    *,
+    invariants: Iterable[str],
+    schedule_keys: Iterable[str],
+    source: str,
+    extend: bool = False,
+) -> RunStart:
+    """What every program on the DeepSpeed engine does before building anything.
+
+    Check every input path (all problems at once), join the process group, and, when the run
+    directory holds checkpoints, check that this start would continue the same run
+    (:func:`check_resume`).
+
+    Raises:
+        ConfigError: a missing input, or a resume that would change the run.
+    """
+    check_inputs(inputs, source)
+    rank, world = ds.init_distributed()
+    checkpoints = RunCheckpoints(run.output_dir, run.keep_checkpoints, rank)
+    progress = checkpoints.progress()
+    if progress is not None:
+        check_resume(
+            run.output_dir,
+            checkpoints.saved_config(),
+            config_to_dict(cfg),
+            progress,
+            invariants=invariants,
+            schedule_keys=schedule_keys,
+            global_batch=ds.global_batch(train, world),
+            world_size=world,
+            zero_stage=ds.zero_stage(train, world),
+            extend=extend,
+        )
+    return RunStart(rank, world, ds.device(), checkpoints, progress)
 
 
 def _describe(changed: list[tuple[str, Any, Any]]) -> str:

@@ -36,10 +36,8 @@ from geofm.training import (
     InputPath,
     IntervalMeans,
     Progress,
-    RunCheckpoints,
     StopSignals,
-    check_inputs,
-    check_resume,
+    start_run,
     step_seed,
 )
 
@@ -127,25 +125,12 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     Raises:
         ConfigError: a missing input (all of them listed at once), or a resume that would change the run.
     """
-    check_inputs(pretrain_inputs(cfg), source)
-    rank, world = ds.init_distributed()
-    dev = ds.device()
+    start = start_run(
+        cfg, cfg.train, cfg.run, pretrain_inputs(cfg),
+        invariants=RESUME_INVARIANTS, schedule_keys=SCHEDULE_KEYS, source=source, extend=extend,
+    )
+    rank, world, dev, checkpoints, progress = start.rank, start.world_size, start.device, start.checkpoints, start.progress
     run_dir = cfg.run.output_dir
-    checkpoints = RunCheckpoints(run_dir, cfg.run.keep_checkpoints, rank)
-    progress = checkpoints.progress()
-    if progress is not None:
-        check_resume(
-            run_dir,
-            checkpoints.saved_config(),
-            config_to_dict(cfg),
-            progress,
-            invariants=RESUME_INVARIANTS,
-            schedule_keys=SCHEDULE_KEYS,
-            global_batch=ds.global_batch(cfg.train, world),
-            world_size=world,
-            zero_stage=ds.zero_stage(cfg.train, world),
-            extend=extend,
-        )
 
     torch.manual_seed(cfg.run.seed)
     teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices) if cfg.teacher else None

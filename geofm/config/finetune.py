@@ -23,8 +23,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from geofm.config.base import ProgramConfig, Section
-from geofm.config.sections import BackboneConfig, RunConfig, TrainConfig
-from geofm.data.bands import UnknownBandError, canonical_bands
+from geofm.config.sections import BackboneConfig, RunConfig, TrainConfig, canonical_band_lists
 from geofm.models.backbones import arch_info
 
 TASKS = ("classification", "multilabel", "segmentation", "change", "superres")
@@ -101,17 +100,10 @@ class FinetuneDataConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _canonical_band_names(cls, data: Any) -> Any:
+        """Resolve aliases and refuse unknown band names before the fields are checked."""
         if not isinstance(data, dict):
             return data
-        data = dict(data)
-        custom = data.get("custom_bands") or []
-        try:
-            for key in ("bands", "dataset_bands"):
-                if isinstance(data.get(key), list):
-                    data[key] = canonical_bands(data[key], custom, f"data.{key}")
-        except UnknownBandError as err:
-            raise ValueError(str(err)) from None
-        return data
+        return canonical_band_lists(data, ("bands", "dataset_bands"), data.get("custom_bands") or [], "data")
 
     @model_validator(mode="after")
     def _check(self) -> FinetuneDataConfig:

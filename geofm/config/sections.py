@@ -93,6 +93,25 @@ class TeacherConfig(BackboneConfig):
         return self
 
 
+def canonical_band_lists(
+    section: dict, keys: tuple[str, ...], custom: list[str], where: str, label: str = ""
+) -> dict:
+    """A copy of a raw config section with its band-name lists under ``keys`` resolved through the
+    band vocabulary (aliases to canonical names) and ``custom``, for a ``mode="before"`` validator.
+
+    Raises:
+        ValueError: an unknown or duplicated band, naming ``where.key`` (and ``label``).
+    """
+    section = dict(section)
+    for key in keys:
+        if isinstance(section.get(key), list):
+            try:
+                section[key] = canonical_bands(section[key], custom, f"{where}.{key}{label}")
+            except UnknownBandError as err:
+                raise ValueError(str(err)) from None
+    return section
+
+
 class SourceConfig(Section):
     """One imagery source of the pretraining pile."""
 
@@ -146,20 +165,15 @@ class DataConfig(Section):
         """Resolve aliases and refuse unknown band names before the fields are checked."""
         if not isinstance(data, dict):
             return data
-        data = dict(data)
         custom = data.get("custom_bands") or []
-        try:
-            if isinstance(data.get("bands"), list):
-                data["bands"] = canonical_bands(data["bands"], custom, "data.bands")
-            if isinstance(data.get("sources"), list):
-                data["sources"] = [
-                    {**s, "bands": canonical_bands(s["bands"], custom, f"data.sources.{i}.bands ({s.get('name')})")}
-                    if isinstance(s, dict) and isinstance(s.get("bands"), list)
-                    else s
-                    for i, s in enumerate(data["sources"])
-                ]
-        except UnknownBandError as err:
-            raise ValueError(str(err)) from None
+        data = canonical_band_lists(data, ("bands",), custom, "data")
+        if isinstance(data.get("sources"), list):
+            data["sources"] = [
+                canonical_band_lists(s, ("bands",), custom, f"data.sources.{i}", f" ({s.get('name')})")
+                if isinstance(s, dict)
+                else s
+                for i, s in enumerate(data["sources"])
+            ]
         return data
 
     @model_validator(mode="after")

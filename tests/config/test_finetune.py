@@ -33,7 +33,11 @@ def test_gfm_ucmerced_recipe():
 def test_bigearthnet_fractions():
     root = Path(__file__).parents[2] / "configs/finetune"
     fractions = {p.name: FinetuneConfig.from_file(p).data.train_fraction for p in root.glob("bigearthnet_*.yaml")}
-    assert sorted(fractions.values()) == [0.01, 0.1]
+    assert fractions == {
+        "bigearthnet_1pct__swin_base__img128_win4__100ep.yaml": 0.01,
+        "bigearthnet_10pct__swin_base__img128_win4__100ep.yaml": 0.1,
+        "bigearthnet_v2_10pct__swin_base__img128_win4__100ep.yaml": 0.1,
+    }
 
 
 def test_defaults_are_the_finetuning_recipe(task_config):
