@@ -404,12 +404,13 @@ class FederatedServer:
         if self.cfg.algorithm.downlink.bits != 32:
             for reply in replies:
                 self.synced[self.clients[reply.node_id][0]] = rnd
-        metrics = {r.metrics["client"]: r.metrics for r in replies if r.metrics["client"] in accepted}
+        # Keyed by the institution each node registered as, never by what a reply claims to be.
+        metrics = {self.clients[r.node_id][0]: r.metrics for r in replies if self.clients[r.node_id][0] in accepted}
         weights = {a.client: w for a, w in zip(aggregate.accepted, aggregate.weights, strict=True)}
         record = {
             "round": rnd,
             "clients": sorted(accepted),
-            **{key: sum(weights[c] * float(m[key]) for c, m in metrics.items()) for key in LOSS_KEYS},
+            **{key: sum(weights[c] * float(m.get(key, "nan")) for c, m in metrics.items()) for key in LOSS_KEYS},
             **server_metrics,
             "lr": round_lr(self.cfg, rnd),
             "uplink_bytes": sum(sum(a.nbytes for a in r.arrays.values()) for r in replies),
@@ -417,9 +418,11 @@ class FederatedServer:
             "seconds": round(time.perf_counter() - self._round_started, 3),
             "rejected": {r.client: r.reason for r in aggregate.rejected},
             "failed": {str(self.clients.get(f.node_id, (f.node_id,))[0]): f.reason for f in failures},
-            "feedback_resets": {c: m["feedback_reset"] for c, m in metrics.items() if m["feedback_reset"]},
+            "feedback_resets": {c: m["feedback_reset"] for c, m in metrics.items() if m.get("feedback_reset")},
         }
         self.rounds_log.write(record)
+        for client, kind in record["feedback_resets"].items():
+            log.warning("round %d: %s reset its error-feedback buffer (%s)", rnd, client, kind)
         log.info(
             "round %d/%d: loss %.4f (mim %.4f, distill %.4f), %d clients, up %.1f KiB, down %.1f KiB",
             rnd, self.cfg.federation.rounds, record["loss"], record["loss_mim"], record["loss_distill"],
