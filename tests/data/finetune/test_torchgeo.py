@@ -59,6 +59,16 @@ def test_vaihingen_delivers_nir_red_green(tmp_path, data_cfg, torchgeo_layouts):
         build_finetune_dataset(wrong, "segmentation", "train", 36, train=False)
 
 
+@pytest.mark.parametrize("train", [True, False])
+def test_a_split_without_the_tasks_target_is_an_error_when_built(tmp_path, data_cfg, torchgeo_layouts, train):
+    """LoveDA withholds its test masks: reading its test split fails before any training, saying what to do."""
+    fields = torchgeo_layouts.loveda(tmp_path)
+    cfg = data_cfg(tmp_path, **{**fields, "splits": {"train": "train", "val": "val", "test": "test"}})
+    message = r"torchgeo LoveDA split 'test' delivers \['image'\] without the segmentation target 'mask'.*data\.splits"
+    with pytest.raises(DataMismatchError, match=message):
+        build_finetune_dataset(cfg, "segmentation", "test", 32, train=train)
+
+
 @pytest.mark.parametrize("name", ["LEVIRCD", "LEVIRCDPlus"])
 def test_levircd_change(tmp_path, data_cfg, torchgeo_layouts, name):
     write = torchgeo_layouts.levircd_plus if name == "LEVIRCDPlus" else torchgeo_layouts.levircd
