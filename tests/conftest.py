@@ -1,12 +1,16 @@
-"""Shared fixtures: tiny backbones so the suite stays fast on two CPU cores."""
+"""Shared fixtures: tiny backbones and finetuning configs so the suite stays fast on two CPU cores, and
+tiny downstream datasets written in the on-disk layouts of torchgeo's dataset classes."""
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -103,3 +107,191 @@ def task_config(task_tree):
         return FinetuneConfig.from_tree(task_tree(task, name, family, **sections))
 
     return make
+
+
+RGB = ["red", "green", "blue"]
+S2_FILES = ["B01", "B02", "B03", "B04", "B05", "B06", "B07", "B08", "B8A", "B09", "B11", "B12"]
+"""BigEarthNet's Sentinel-2 band files, in the order torchgeo stacks them."""
+BIGEARTHNET_LABELS = [["Pastures", "Coniferous forest"], ["Sea and ocean"], ["Discontinuous urban fabric", "Pastures"]]
+"""Label sets of BigEarthNet patches 0, 1, 2 (then again): 43-class ids [17, 23], [42], [1, 17]."""
+LEVIRCD_CHANGE = (slice(4, 12), slice(20, 30))
+"""Where every LEVIR-CD pair changes (255 in its label): 80 pixels."""
+OSCD_FILES = ["B01", "B02", "B03", "B04", "B05", "B06", "B07", "B08", "B8A", "B09", "B10", "B11", "B12"]
+VAIHINGEN_COLOURS = np.array([(255, 0, 0), (255, 255, 255), (0, 0, 255), (0, 255, 255), (0, 255, 0), (255, 255, 0)], np.uint8)
+"""ISPRS Vaihingen label colours, indexed by class id."""
+
+
+def _image(path: Path, array: np.ndarray) -> None:
+    """Save a (H, W) or (H, W, 3) array with PIL, in the format of the path's ending."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path)
+
+
+class TorchgeoLayouts:
+    """Writers of tiny datasets in torchgeo classes' on-disk layouts (as their releases unpack).
+
+    Each method, named after its class (``ucmerced(root, ...)``, ``bigearthnet``...), fills ``root``
+    and returns the ``data`` fields that read it (``torchgeo``, ``kwargs``, ``splits``,
+    ``dataset_bands``, ``scale``, classes...), without ``root``, ``bands`` and normalisation statistics.
+    """
+
+    @staticmethod
+    def ucmerced(root: Path, classes=("agricultural", "beach"), per_split=None, size: int = 24) -> dict:
+        """UCMerced_LandUse/Images/<class>/<class>NN.tif and uc_merced-<split>.txt listing each split's files.
+
+        ``per_split`` images per class and split (default train 2, val 1, test 1), random RGB.
+        """
+        rng = np.random.default_rng(0)
+        per_split = per_split or {"train": 2, "val": 1, "test": 1}
+        names: dict[str, list[str]] = {split: [] for split in per_split}
+        for name in classes:
+            splits = [split for split, n in per_split.items() for _ in range(n)]
+            for i, split in enumerate(splits):
+                file = f"{name}{i:02d}.tif"
+                _image(root / "UCMerced_LandUse" / "Images" / name / file, rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
+                names[split].append(file)
+        for split, files in names.items():
+            (root / f"uc_merced-{split}.txt").write_text("\n".join(files) + "\n")
+        return {"torchgeo": "UCMerced", "dataset_bands": RGB, "scale": 1 / 255, "num_classes": len(classes)}
+
+    @staticmethod
+    def bigearthnet(root: Path, per_split=None, size: int = 20) -> dict:
+        """BigEarthNet-v1.0/<patch>/<patch>_<band>.tif (uint16), <patch>_labels_metadata.json, bigearthnet-<split>.csv.
+
+        Patch i of a split (default 2 per split) holds ``100 * (b + 1) + i`` in band file b and
+        the labels ``BIGEARTHNET_LABELS[i % 3]``; torchgeo resamples every band to 120 px.
+        """
+        per_split = per_split or {"train": 2, "val": 2, "test": 2}
+        folder = root / "BigEarthNet-v1.0"
+        for split, n in per_split.items():
+            patches = [f"S2A_MSIL2A_{split}_{i}" for i in range(n)]
+            for i, patch in enumerate(patches):
+                (folder / patch).mkdir(parents=True)
+                for b, band in enumerate(S2_FILES):
+                    _image(folder / patch / f"{patch}_{band}.tif", np.full((size, size), 100 * (b + 1) + i, dtype=np.uint16))
+                labels = BIGEARTHNET_LABELS[i % len(BIGEARTHNET_LABELS)]
+                (folder / patch / f"{patch}_labels_metadata.json").write_text(json.dumps({"labels": labels}))
+            (root / f"bigearthnet-{split}.csv").write_text("".join(f"{patch},S1_{patch}\n" for patch in patches))
+        return {
+            "torchgeo": "BigEarthNet",
+            "kwargs": {"bands": "s2", "num_classes": 43},
+            "dataset_bands": S2_FILES,
+            "scale": 1e-4,
+            "num_classes": 43,
+        }
+
+    @staticmethod
+    def loveda(root: Path, per_split=None, size: int = 40) -> dict:
+        """<Split>/Urban/images_png/<i>.png and masks_png/<i>.png (0 no-data, 1-7 classes); Test has no masks.
+
+        LoveDA withholds its test labels, so the returned ``splits`` evaluate on the val split.
+        """
+        rng = np.random.default_rng(1)
+        for split, n in (per_split or {"train": 2, "val": 1, "test": 1}).items():
+            scene = root / split.capitalize() / "Urban"
+            for i in range(n):
+                _image(scene / "images_png" / f"{i}.png", rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
+                if split != "test":
+                    _image(scene / "masks_png" / f"{i}.png", rng.integers(0, 8, (size, size), dtype=np.uint8))
+        return {
+            "torchgeo": "LoveDA",
+            "kwargs": {"scene": ["urban"]},
+            "splits": {"train": "train", "val": "val", "test": "val"},
+            "dataset_bands": RGB,
+            "scale": 1 / 255,
+            "num_classes": 8,
+            "ignore_index": 0,
+        }
+
+    @staticmethod
+    def vaihingen2d(root: Path, truth: np.ndarray, areas=("area1", "area3"), pixel=(90, 60, 30)) -> dict:
+        """top/top_mosaic_09cm_<area>.tif (IR-R-G, every pixel ``pixel``) and top_mosaic_09cm_<area>.tif in label colours.
+
+        ``truth`` holds the class id of each pixel; the areas must be in the class's train list
+        (area1, area3, area5...) or test list (area2, area4, area6...).
+        """
+        for area in areas:
+            _image(root / "top" / f"top_mosaic_09cm_{area}.tif", np.full((*truth.shape, 3), pixel, dtype=np.uint8))
+            _image(root / f"top_mosaic_09cm_{area}.tif", VAIHINGEN_COLOURS[truth])
+        return {"torchgeo": "Vaihingen2D", "dataset_bands": ["nir", "red", "green"], "num_classes": 6}
+
+    @staticmethod
+    def levircd(root: Path, per_split=None, size: int = 32) -> dict:
+        """A/<split>_<i>.png (before, every value ``10 * i``), B/ (after: before + 50), label/ (255 at LEVIRCD_CHANGE)."""
+        for split, n in (per_split or {"train": 1, "val": 1, "test": 1}).items():
+            for i in range(1, n + 1):
+                _levircd_pair(root, f"{split}_{i}.png", size, i)
+        return {"torchgeo": "LEVIRCD", "dataset_bands": RGB, "scale": 1 / 255, "num_classes": 2}
+
+    @staticmethod
+    def levircd_plus(root: Path, per_split=None, size: int = 32) -> dict:
+        """LEVIR-CD+/<split>/{A,B,label}/<i>.png, pairs as in :meth:`levircd`; splits train and test."""
+        for split, n in (per_split or {"train": 1, "test": 0}).items():
+            (root / "LEVIR-CD+" / split).mkdir(parents=True, exist_ok=True)
+            for i in range(1, n + 1):
+                _levircd_pair(root / "LEVIR-CD+" / split, f"{i}.png", size, i)
+        return {"torchgeo": "LEVIRCDPlus", "dataset_bands": RGB, "scale": 1 / 255, "num_classes": 2}
+
+    @staticmethod
+    def oscd(root: Path, size: int = 24, city: str = "paris", label_rows: int = 3) -> dict:
+        """One train city: imgs_<date>_rect/<band>.tif holding ``100 * b + date`` per band file b, and cm/cm.png."""
+        images = root / "Onera Satellite Change Detection dataset - Images" / city
+        for date in (1, 2):
+            for b, band in enumerate(OSCD_FILES):
+                _image(images / f"imgs_{date}_rect" / f"{band}.tif", np.full((size, size), 100 * b + date, dtype=np.uint16))
+        (images / "dates.txt").write_text("date_1: 20160101\ndate_2: 20180101\n")
+        change = np.zeros((size, size), dtype=np.uint8)
+        change[:label_rows] = 255
+        _image(root / "Onera Satellite Change Detection dataset - Train Labels" / city / "cm" / "cm.png", change)
+        return {"torchgeo": "OSCD", "num_classes": 2}
+
+    @staticmethod
+    def spacenet2(root: Path, per_split=None) -> dict:
+        """SN2_buildings/<split>/AOI_2_Vegas_*/MUL (163 px) and MUL-PanSharpen (650 px) 4-band chips, train geojson.
+
+        ``per_split`` lists the chip ids of each split (default train 3 and 7); a chip's PS-MS
+        pixels all hold its id. SpaceNet2 has train and test splits: the returned ``splits``
+        validate on test.
+        """
+        from geofm.data.readers import write_geotiff
+
+        rng = np.random.default_rng(2)
+        transform = (1.24, 0.0, 500_000.0, 0.0, -1.24, 4_000_000.0)
+        sharp = (0.31, 0.0, 500_000.0, 0.0, -0.31, 4_000_000.0)
+        for split, chips in (per_split or {"train": [3, 7]}).items():
+            area = root / "SN2_buildings" / split / ("AOI_2_Vegas_Train" if split == "train" else "AOI_2_Vegas_Test_public")
+            for chip in chips:
+                ms = rng.integers(1, 2000, (4, 163, 163)).astype(np.uint16)
+                write_geotiff(area / "MUL" / f"MUL_AOI_2_Vegas_img{chip}.tif", ms, transform=transform, crs=32611)
+                ps = np.full((4, 650, 650), chip, dtype=np.uint16)
+                write_geotiff(area / "MUL-PanSharpen" / f"MUL-PanSharpen_AOI_2_Vegas_img{chip}.tif", ps, transform=sharp, crs=32611)
+                if split == "train":
+                    geojson = area / "geojson" / "buildings" / f"buildings_AOI_2_Vegas_img{chip}.geojson"
+                    geojson.parent.mkdir(parents=True, exist_ok=True)
+                    geojson.write_text(json.dumps({"type": "FeatureCollection", "features": []}))
+        return {
+            "torchgeo": "SpaceNet2",
+            "kwargs": {"aois": [2]},
+            "lr_kwargs": {"image": "MUL"},
+            "hr_kwargs": {"image": "MUL-PanSharpen"},
+            "splits": {"train": "train", "val": "test", "test": "test"},
+            "dataset_bands": ["blue", "green", "red", "nir"],
+            "scale": 1 / 2047,
+            "scale_factor": 4,
+            "superres_trim": True,
+        }
+
+
+def _levircd_pair(folder: Path, name: str, size: int, value: int) -> None:
+    before = np.full((size, size, 3), 10 * value, dtype=np.uint8)
+    change = np.zeros((size, size), dtype=np.uint8)
+    change[LEVIRCD_CHANGE] = 255
+    _image(folder / "A" / name, before)
+    _image(folder / "B" / name, before + 50)
+    _image(folder / "label" / name, change)
+
+
+@pytest.fixture(scope="session")
+def torchgeo_layouts() -> type[TorchgeoLayouts]:
+    """:class:`TorchgeoLayouts`: ``torchgeo_layouts.<class>(root, ...)`` writes a tiny dataset, returns its data fields."""
+    return TorchgeoLayouts

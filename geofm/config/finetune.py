@@ -18,9 +18,9 @@ best-weights selection), ``train`` (the optimisation shared with pretraining) an
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from geofm.config.base import ProgramConfig, Section
 from geofm.config.sections import BackboneConfig, RunConfig, TrainConfig, canonical_band_lists
@@ -47,7 +47,8 @@ class FinetuneDataConfig(Section):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="more constructor arguments of the torchgeo class")
     splits: dict[Split, str] = Field(
         default_factory=lambda: {"train": "train", "val": "val", "test": "test"},
-        description="torchgeo: the class's split argument per split; folders: the sub-folder of root per split",
+        description="torchgeo: the class's split argument per split; folders: the sub-folder of root per split; "
+        "a split not given keeps its own name ({val: test} changes val only)",
     )
     folders: dict[str, str] = Field(
         default_factory=dict,
@@ -96,6 +97,11 @@ class FinetuneDataConfig(Section):
     hflip: bool = Field(default=True, description="training: flip left-right with probability 0.5")
     vflip: bool = Field(default=True, description="training: flip top-bottom with probability 0.5")
     num_workers: int = Field(default=2, ge=0)
+
+    @field_validator("splits")
+    @classmethod
+    def _complete_splits(cls, splits: dict[str, str]) -> dict[str, str]:
+        return {**{split: split for split in get_args(Split)}, **splits}
 
     @model_validator(mode="before")
     @classmethod

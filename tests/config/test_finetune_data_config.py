@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
-from geofm.config.finetune import FinetuneDataConfig
+from geofm.config.finetune import FinetuneConfig, FinetuneDataConfig
 
 BASE = {"root": "data/x", "bands": ["red"], "dataset_bands": ["b04"], "mean": [0.0], "std": [1.0]}
 
@@ -32,3 +34,14 @@ def test_defaults_and_band_aliases():
 def test_invalid_fields(fields, message):
     with pytest.raises(ValidationError, match=message):
         FinetuneDataConfig(**{**BASE, **fields})
+
+
+def test_splits_not_given_keep_their_own_names():
+    cfg = FinetuneDataConfig(**BASE, splits={"val": "test"})
+    assert cfg.splits == {"train": "train", "val": "test", "test": "test"}, f"splits {cfg.splits}"
+
+
+def test_a_split_override_changes_that_split_only():
+    config = Path(__file__).parents[2] / "configs/finetune/demo_segmentation__swin_micro.yaml"
+    cfg = FinetuneConfig.from_file(config, ["data.splits.test=val"])
+    assert cfg.data.splits == {"train": "train", "val": "val", "test": "val"}, f"splits {cfg.data.splits}"

@@ -60,6 +60,8 @@ KNOWN_BANDS: dict[str, tuple[str, ...]] = {
 """Bands that torchgeo classes without a band choice deliver, in their order."""
 
 _BIGEARTHNET = {"s1": _S1, "s2": _S2, "all": _S1 + _S2}
+# The key of each task's target in torchgeo's samples (super-resolution pairs two images).
+_TARGETS = {"classification": "label", "multilabel": "label", "segmentation": "mask", "change": "mask"}
 _LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, IndexError)
 
 
@@ -124,8 +126,9 @@ class TorchgeoSource(SceneSource):
         Raises:
             ConfigError: for an unknown class, arguments it refuses or a missing optional dependency.
             DatasetNotFoundError: if the data is not in ``data.root``, saying how to get it.
-            DataMismatchError: if it delivers other bands than ``data.dataset_bands``, or
-                super-resolution chips lack their partner.
+            DataMismatchError: if it delivers other bands than ``data.dataset_bands``, its first
+                sample lacks the task's target (a split whose labels are withheld, e.g. LoveDA's
+                test split), or super-resolution chips lack their partner.
         """
         if "download" in cfg.kwargs:
             raise ConfigError("data.kwargs.download: geofm never downloads; fetch the dataset beforehand and set data.root")
@@ -144,6 +147,8 @@ class TorchgeoSource(SceneSource):
             self.pairs = [(i,) for i in range(len(self.datasets[0]))]
         for dataset in self.datasets:
             self._check_bands(dataset)
+        if task in _TARGETS and len(self.pairs):
+            self._check_target(*self._get(0, 0))
 
     def _open(self, cls: type[Dataset], kwargs: dict[str, Any]) -> Dataset:
         split = self.cfg.splits[self.split]
@@ -173,6 +178,15 @@ class TorchgeoSource(SceneSource):
             f"torchgeo {self.name} delivers the bands {delivered}, data.dataset_bands declares "
             f"{self.cfg.dataset_bands}{consequence}"
         )
+
+    def _check_target(self, sample: dict[str, Tensor], where: str) -> None:
+        key = _TARGETS[self.task]
+        if key not in sample:
+            raise DataMismatchError(
+                f"torchgeo {self.name} split {self.cfg.splits[self.split]!r} delivers {sorted(sample)} without the "
+                f"{self.task} target {key!r} ({where}): its labels are withheld or kept elsewhere; map "
+                f"data.splits.{self.split} to a split of the class that has them (e.g. data.splits.{self.split}=val)"
+            )
 
     def _pair(self, low: Dataset, high: Dataset) -> list[tuple[int, int]]:
         """Indices of the low- and high-resolution instances that show the same chip."""
@@ -240,6 +254,7 @@ class TorchgeoSource(SceneSource):
             s = int(cfg.scale_factor or 0)
             h, w = superres_extent(image.shape[1:], target.shape[1:], s, cfg.superres_trim, f"{where} and {where_high}")
             return {"image": image[:, :h, :w], "target": target[:, : h * s, : w * s]}
+        self._check_target(sample, where)
         if self.task == "change":
             if "image" in sample and sample["image"].ndim == 4:
                 before, after = sample["image"][0], sample["image"][1]
