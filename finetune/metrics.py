@@ -5,8 +5,8 @@
 ``multilabel``      ``map_micro``, ``map_macro``: average precision over all (label, image) pairs and mean
                     per label; ``f1_micro`` at probability 0.5
 ``segmentation``    ``miou``: mean IoU over the classes present in predictions or targets; ``accuracy``:
-                    pixel accuracy; ``iou/<class>`` per class (0 for a class in neither). Pixels at
-                    ``data.ignore_index`` are left out.
+                    pixel accuracy; ``iou/<class>`` per class (0 for a class in neither), but the
+                    ignored one. Pixels at ``data.ignore_index`` are left out.
 ``change``          ``f1``, ``precision``, ``recall``, ``iou`` of the change class (the argmax of the logits)
 ``superres``        ``psnr`` (mean over images) and ``ssim``, in scaled units (``raw * data.scale``) over
                     ``[0, finetune.superres_data_range]``
@@ -78,7 +78,7 @@ class TaskMetrics:
             device: where the metric states live (that of the outputs).
         """
         self.task = cfg.task
-        self.names = metric_names(cfg.task, cfg.data.num_classes, cfg.data.class_names)
+        self.names = metric_names(cfg.task, cfg.data.num_classes, cfg.data.class_names, cfg.data.ignore_index)
         self.classes = class_labels(cfg.data.num_classes or 0, cfg.data.class_names)
         self.collection = MetricCollection(_metrics(cfg)).to(device)
         if cfg.task == "superres":

@@ -229,19 +229,22 @@ def class_labels(num_classes: int, class_names: list[str] | None) -> list[str]:
     return list(class_names) if class_names is not None else [f"class_{i}" for i in range(num_classes)]
 
 
-def metric_names(task: str, num_classes: int | None, class_names: list[str] | None) -> list[str]:
+def metric_names(
+    task: str, num_classes: int | None, class_names: list[str] | None, ignore_index: int | None = None
+) -> list[str]:
     """The keys of a task's metrics, the task's own (``PRIMARY_METRIC``) first.
 
     ``classification``: overall accuracy. ``multilabel``: micro and macro mAP, micro F1.
-    ``segmentation``: mIoU, pixel accuracy and ``iou/<class>`` per class. ``change``: F1, precision,
-    recall and IoU of the change class. ``superres``: PSNR and SSIM.
+    ``segmentation``: mIoU, pixel accuracy and ``iou/<class>`` per class (but the ignored one).
+    ``change``: F1, precision, recall and IoU of the change class. ``superres``: PSNR and SSIM.
     """
     if task == "classification":
         return ["accuracy"]
     if task == "multilabel":
         return ["map_micro", "map_macro", "f1_micro"]
     if task == "segmentation":
-        return ["miou", "accuracy"] + [f"iou/{name}" for name in class_labels(num_classes or 0, class_names)]
+        labels = class_labels(num_classes or 0, class_names)
+        return ["miou", "accuracy"] + [f"iou/{name}" for i, name in enumerate(labels) if i != ignore_index]
     if task == "change":
         return ["f1", "precision", "recall", "iou"]
     return ["psnr", "ssim"]
@@ -276,7 +279,7 @@ class FinetuneConfig(ProgramConfig):
             raise ValueError(
                 f"Mixup/CutMix pair images in a batch: train.micro_batch_size must be even, got {self.train.micro_batch_size}"
             )
-        names = metric_names(task, data.num_classes, data.class_names)
+        names = metric_names(task, data.num_classes, data.class_names, data.ignore_index)
         if opt.best_metric is not None and opt.best_metric not in names:
             raise ValueError(f"finetune.best_metric {opt.best_metric!r} is not a {task} metric; choose one of {names}")
         self._check_head()

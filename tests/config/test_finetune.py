@@ -49,6 +49,7 @@ def test_defaults_are_the_finetuning_recipe(task_config):
 def test_metric_names_per_task():
     assert metric_names("segmentation", 2, ["background", "building"]) == ["miou", "accuracy", "iou/background", "iou/building"]
     assert metric_names("segmentation", 2, None)[2:] == ["iou/class_0", "iou/class_1"]
+    assert metric_names("segmentation", 3, None, ignore_index=0)[2:] == ["iou/class_1", "iou/class_2"], "no IoU of the ignored class"
     assert metric_names("change", 2, None) == ["f1", "precision", "recall", "iou"]
 
 

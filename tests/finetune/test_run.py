@@ -105,7 +105,7 @@ def test_every_task_family_trains_and_writes_its_metrics(task, family, task_conf
     cfg = task_config(task, f"{task}_{family}", family)
     run_dir = finetune(cfg)
     evaluation = json.loads((run_dir / "eval.json").read_text())
-    expected = metric_names(task, cfg.data.num_classes, cfg.data.class_names)
+    expected = metric_names(task, cfg.data.num_classes, cfg.data.class_names, cfg.data.ignore_index)
     assert list(evaluation["metrics"]) == expected, f"{task}: metrics {list(evaluation['metrics'])}"
     assert evaluation["primary_metric"] == expected[0]
     losses = [r["loss"] for r in _records(run_dir) if "loss" in r]

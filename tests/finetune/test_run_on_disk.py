@@ -52,7 +52,7 @@ def _records(run_dir: Path) -> list[dict]:
 
 def _check_run(run_dir: Path, cfg: FinetuneConfig) -> dict:
     """Check a finished run's outputs; return its eval.json."""
-    expected = metric_names(cfg.task, cfg.data.num_classes, cfg.data.class_names)
+    expected = metric_names(cfg.task, cfg.data.num_classes, cfg.data.class_names, cfg.data.ignore_index)
     assert (run_dir / "eval.json").is_file(), f"{cfg.task}: no eval.json in {run_dir}"
     evaluation = json.loads((run_dir / "eval.json").read_text())
     assert list(evaluation["metrics"]) == expected, f"{cfg.task}: eval.json has {list(evaluation['metrics'])}, not {expected}"
