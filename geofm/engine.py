@@ -2,8 +2,12 @@
 
 On one CPU or GPU it runs ZeRO stage 0 whatever the config says (ZeRO only pays when optimizer
 state is sharded over several processes; on one process its optimizer wrapper costs time and
-memory); under ``deepspeed`` or ``torchrun`` it runs data parallel with the configured ZeRO stage.
-bf16 is used on GPUs, float32 on CPUs. Set ``DS_ACCELERATOR=cpu`` to force the CPU accelerator.
+memory) and skips the gradient all-reduce (with nobody to reduce with, DeepSpeed would still
+flatten and copy back every gradient each step); under ``deepspeed`` or ``torchrun`` it runs data
+parallel with the configured ZeRO stage. bf16 is used on GPUs, float32 on CPUs. AdamW is torch's
+fused implementation on CPUs and CUDA GPUs (one kernel over all parameters instead of a loop of
+per-tensor operations; the same update up to float rounding). Set ``DS_ACCELERATOR=cpu`` to force
+the CPU accelerator.
 
 Resuming reads DeepSpeed's checkpoint files through :func:`geofm.checkpoints.io.load_training_file`:
 weights-only unpickling, as for every checkpoint geofm reads, so a crafted file cannot run code.
@@ -170,6 +174,7 @@ def deepspeed_config(
                 "weight_decay": train.weight_decay,
                 "torch_adam": True,
                 "adam_w_mode": True,
+                "fused": fused_adamw(),
             },
         },
         "steps_per_print": 10**9,
@@ -187,6 +192,11 @@ def deepspeed_config(
             },
         }
     return config
+
+
+def fused_adamw() -> bool:
+    """Whether torch's fused AdamW kernel serves this accelerator (CPUs and CUDA GPUs)."""
+    return get_accelerator().device_name() in ("cpu", "cuda")
 
 
 def scaled_lr(train: OptimizerConfig, world_size: int) -> float:
@@ -239,6 +249,8 @@ def initialize(
     if type(engine.checkpoint_engine) is not TorchCheckpointEngine:
         raise RuntimeError(f"unexpected DeepSpeed checkpoint engine {type(engine.checkpoint_engine).__name__}")
     engine.checkpoint_engine = _SafeCheckpointEngine(engine._config)
+    if dist.get_world_size() == 1:
+        engine.enable_backward_allreduce = False
     return engine
 
 

@@ -26,10 +26,10 @@ from geofm.config import PretrainConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile, SkippedFiles
 from geofm.errors import GeoFMError, RunInterrupted
-from geofm.models.backbones import backbone_kwargs, create_backbone
+from geofm.models.backbones import backbone_kwargs, create_backbone, prefer_fused_attention
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
-from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels
+from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels, teacher_dtype
 from geofm.runlog import LOSS_KEYS, MetricsLog, Throughput, final_metrics, is_finite, plot_loss_curve, progress_bar
 from geofm.training import (
     InputPath,
@@ -39,6 +39,7 @@ from geofm.training import (
     StopSignals,
     check_inputs,
     check_resume,
+    leave_cores_to_workers,
     step_seed,
 )
 
@@ -83,6 +84,16 @@ SCHEDULE_KEYS = (
     "train.lr_reference_batch",
     "data.samples_per_epoch",
 )
+
+
+def prepare_models(
+    model: MaskedImageModel, teacher: FrozenTeacher | None, cfg: PretrainConfig | FederatedConfig, dev: torch.device
+) -> None:
+    """The device's choices for the step: the attention kernel, and the teacher's device and precision."""
+    prefer_fused_attention(model, dev)
+    if teacher is not None:
+        prefer_fused_attention(teacher, dev)
+        teacher.to(dev, teacher_dtype(cfg.teacher.precision, dev))
 
 
 def pretrain_inputs(cfg: PretrainConfig) -> list[InputPath]:
@@ -137,6 +148,8 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     check_inputs(pretrain_inputs(cfg), source)
     rank, world = ds.init_distributed()
     dev = ds.device()
+    if dev.type == "cpu":
+        leave_cores_to_workers(cfg.data.num_workers)
     run_dir = cfg.run.output_dir
     checkpoints = RunCheckpoints(run_dir, cfg.run.keep_checkpoints, rank)
     progress = checkpoints.progress()
@@ -165,10 +178,9 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
         pile.source_sizes, pile.weights, pile.samples_per_epoch, seed=cfg.run.seed, rank=rank, world_size=world
     )
     schedule = ds.make_schedule(cfg.train, pile.samples_per_epoch, world)
+    prepare_models(model, teacher, cfg, dev)
     engine = ds.initialize(model, cfg.train, world, schedule)
     dtype = torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
-    if teacher is not None:
-        teacher.to(dev, dtype)
     checkpoints.start(cfg)
 
     step, skipped = 0, SkippedFiles(pile.source_sizes)
@@ -205,22 +217,24 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
         checkpoints.save(engine, record, {"step": step})
         saved_step = step
 
+    # One loader for the run: its workers persist from epoch to epoch, and each epoch's iterator
+    # reads the sampler's epoch and start position as set just before.
+    loader = DataLoader(
+        pile,
+        batch_size=micro,
+        sampler=sampler,
+        num_workers=cfg.data.num_workers,
+        drop_last=True,
+        pin_memory=dev.type == "cuda",
+        persistent_workers=cfg.data.num_workers > 0,
+    )
     with StopSignals() as stop:
         try:
             while step < stop_at:
                 epoch, done = divmod(step, schedule.steps_per_epoch)
                 sampler.set_epoch(epoch)
                 sampler.set_start(done * micro * accum)
-                batches = iter(
-                    DataLoader(
-                        pile,
-                        batch_size=micro,
-                        sampler=sampler,
-                        num_workers=cfg.data.num_workers,
-                        drop_last=True,
-                        pin_memory=dev.type == "cuda",
-                    )
-                )
+                batches = iter(loader)
                 for _ in range(done, schedule.steps_per_epoch):
                     torch.manual_seed(step_seed(cfg.run.seed, step, rank))
                     for _ in range(accum):

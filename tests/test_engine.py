@@ -43,3 +43,12 @@ def test_no_weight_decay_on_norms_biases_mask_token_and_position_tables(tiny_swi
     assert any("relative_position_bias_table" in n for n in groups[0.0])
     assert all(not n.endswith(".bias") and "norm" not in n for n in groups[0.05])
     assert "encoder.patch_embed.proj.weight" in groups[0.05]
+
+
+def test_one_process_engine_uses_fused_adamw_and_skips_the_gradient_all_reduce(tiny_swin):
+    from geofm.engine import initialize
+
+    assert deepspeed_config(_train(), 1, None, 1e-3)["optimizer"]["params"]["fused"] is True
+    engine = initialize(MaskedImageModel(tiny_swin(3), in_chans=3), _train(), 1, None, 1e-3)
+    assert all(group["fused"] for group in engine.optimizer.param_groups), "AdamW is not the fused kernel"
+    assert engine.enable_backward_allreduce is False, "one process still flattens and all-reduces every gradient"
