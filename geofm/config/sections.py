@@ -114,6 +114,12 @@ class SourceConfig(Section):
     std: list[float]
     weight: float = Field(default=1.0, gt=0.0, description="relative sampling weight in the pile")
     gsd: float | None = Field(default=None, gt=0.0, description="ground sample distance in metres per pixel")
+    chip_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="files larger than this (pixels per side) are cut into a grid of chip_size windows, each a sample "
+        "read on its own (large scenes are never read whole); every file's header is read when the source is indexed",
+    )
 
     @model_validator(mode="after")
     def _check_stats(self) -> SourceConfig:
