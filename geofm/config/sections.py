@@ -221,6 +221,11 @@ class OptimizerConfig(Section):
     grad_clip: float = Field(default=5.0, gt=0.0)
     zero_stage: Literal[0, 1, 2] = 0
     precision: Literal["auto", "bf16", "fp32"] = Field(default="auto", description="auto: bf16 on GPU, fp32 on CPU")
+    compile: bool = Field(
+        default=False,
+        description="torch.compile the model: a one-off compilation (minutes for Swin-B) for faster steps, for long "
+        "GPU runs; on a 2-core CPU Swin-B trained at most 8% faster after 80-135 s of compilation",
+    )
 
 
 class TrainConfig(OptimizerConfig):
