@@ -374,12 +374,12 @@ class FederatedServer:
         generator = torch.Generator().manual_seed(_stable_id(self.cfg.run.seed, rnd, "downlink"))
         previous = self.reference
         change, self.reference = self.algorithm.downlink(self.global_model, previous, generator)
-        whole = self.algorithm.downlink(self.reference, None, generator)[0]
+        synced = {node for node in node_ids if previous is not None and self.synced.get(self.clients[node][0]) == rnd - 1}
+        # The whole model only for clients without the previous copy (first round, missed rounds).
+        whole = self.algorithm.downlink(self.reference, None, generator)[0] if len(synced) < len(node_ids) else None
         payloads, nbytes = {}, 0
         for node in node_ids:
-            name = self.clients[node][0]
-            packet = change if previous is not None and self.synced.get(name) == rnd - 1 else whole
-            kind = "change" if packet is change else "model"
+            packet, kind = (change, "change") if node in synced else (whole, "model")
             payloads[node] = (packet.to_arrays(), {"round": rnd, "lr": lr, "downlink": kind, "reference_round": rnd})
             nbytes += packet.nbytes
         self._round_downlink = nbytes
