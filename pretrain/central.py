@@ -30,7 +30,16 @@ from geofm.models.backbones import backbone_kwargs, create_backbone, prefer_fuse
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
 from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels, teacher_dtype
-from geofm.runlog import LOSS_KEYS, MetricsLog, Throughput, final_metrics, is_finite, plot_loss_curve, progress_bar
+from geofm.runlog import (
+    LOSS_KEYS,
+    MetricsLog,
+    Phases,
+    Throughput,
+    final_metrics,
+    is_finite,
+    plot_loss_curve,
+    progress_bar,
+)
 from geofm.training import (
     InputPath,
     IntervalMeans,
@@ -145,9 +154,12 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     Raises:
         ConfigError: a missing input (all of them listed at once), or a resume that would change the run.
     """
+    startup = Phases()
     check_inputs(pretrain_inputs(cfg), source)
+    startup.lap("inputs")
     rank, world = ds.init_distributed()
     dev = ds.device()
+    startup.lap("distributed")
     if dev.type == "cpu":
         leave_cores_to_workers(cfg.data.num_workers)
     run_dir = cfg.run.output_dir
@@ -169,7 +181,9 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
 
     torch.manual_seed(cfg.run.seed)
     teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices) if cfg.teacher else None
+    startup.lap("teacher")
     model = build_student(cfg)
+    startup.lap("student")
     masks = MaskGenerator(
         cfg.model.img_size, cfg.masking.mask_patch_size, model.patch_size, cfg.masking.mask_ratio
     )
@@ -177,17 +191,20 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     sampler = PileSampler(
         pile.source_sizes, pile.weights, pile.samples_per_epoch, seed=cfg.run.seed, rank=rank, world_size=world
     )
+    startup.lap("data_index")
     schedule = ds.make_schedule(cfg.train, pile.samples_per_epoch, world)
     prepare_models(model, teacher, cfg, dev)
     engine = ds.initialize(model, cfg.train, world, schedule)
     dtype = torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
     checkpoints.start(cfg)
+    startup.lap("engine")
 
     step, skipped = 0, SkippedFiles(pile.source_sizes)
     if progress is not None:
         ds.load_checkpoint(engine, checkpoints.directory, LAST_CHECKPOINT)
         step = progress.step
         skipped.update(progress.skipped_files)
+        startup.lap("resume")
         if rank == 0:
             log.info("resumed from %s at step %d", checkpoints.latest().resolve(), step)
     stop_at = schedule.total_steps
@@ -239,11 +256,19 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
                     torch.manual_seed(step_seed(cfg.run.seed, step, rank))
                     for _ in range(accum):
                         batch = next(batches)
+                        if startup is not None and "first_batch" not in startup.seconds:
+                            startup.lap("first_batch")
                         losses = train_micro_step(engine, teacher, batch, dev, dtype)
                         interval.add(losses)
                         speed.add(micro * world)
                         skipped.add_batch(batch)
                     step += 1
+                    if startup is not None:
+                        startup.lap("first_step")
+                        if rank == 0:
+                            seconds = startup.seconds
+                            log.info("first optimizer step after %s", startup.describe(), extra={"startup": seconds})
+                        startup = None  # timed once per invocation
                     bar.update(1)
                     if step % cfg.run.log_every == 0 or step == stop_at:
                         record = {
