@@ -167,6 +167,9 @@ def deepspeed_config(
         "gradient_clipping": train.grad_clip,
         "zero_optimization": {"stage": zero_stage(train, world_size)},
         "bf16": {"enabled": use_bf16(train)},
+        # Floating buffers follow the parameters into bf16: DeepSpeed keeps them in fp32 otherwise,
+        # and Swin's fp32 attention mask would promote bf16 attention scores to fp32.
+        **({"data_types": {"buffer_dtype": "bf16"}} if use_bf16(train) else {}),
         "optimizer": {
             "type": "AdamW",
             "params": {

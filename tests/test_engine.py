@@ -80,3 +80,21 @@ def test_compiled_engine_computes_the_same_losses_and_saves_plain_keys(tiny_swin
     ds.save_checkpoint(engine, tmp_path, "t", {})
     saved = torch.load(tmp_path / "t" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
     assert not any("_orig_mod" in key for key in saved), "a compiled run's checkpoint keys are not the module's"
+
+
+def test_bf16_engine_trains_a_swin_with_its_buffers_in_bf16(tiny_swin):
+    """bf16 as GPUs run it (forced here on a CPU): Swin's attention mask must follow the weights into bf16."""
+    import torch
+
+    from geofm import engine as ds
+    from geofm.models.masking import MaskGenerator
+
+    model = MaskedImageModel(tiny_swin(3, img_size=128), in_chans=3)  # stage 3 (8 x 8) has shifted windows
+    engine = ds.initialize(model, _train(precision="bf16"), 1, None, 1e-3)
+    masks = [b for name, b in engine.module.named_buffers() if name.endswith("attn_mask") and b is not None]
+    assert masks and all(b.dtype == torch.bfloat16 for b in masks), "the shifted windows' masks stayed fp32"
+    generator = MaskGenerator(128, 16, 4, 0.6)
+    loss = engine(torch.randn(2, 3, 128, 128, dtype=torch.bfloat16), torch.stack([generator() for _ in range(2)]))["loss"]
+    engine.backward(loss)
+    engine.step()
+    assert torch.isfinite(loss)
