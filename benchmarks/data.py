@@ -99,19 +99,23 @@ class WorkerJob:
 
 
 class Pipeline:
-    """The training step fed by a DataLoader as configured (persistent workers, one long epoch)."""
+    """The training step fed by a DataLoader as a run sets it up: persistent workers, one long epoch,
+    and torch's threads leaving a core to each worker (:func:`geofm.training.threads_beside_workers`)."""
 
     def __init__(self, pile, step, micro: int, workers: int, steps: int) -> None:
         from geofm.data.pile import PileSampler
+        from geofm.training import threads_beside_workers
 
         sampler = PileSampler(pile.source_sizes, pile.weights, 10**6, seed=0)
         loader = DataLoader(pile, batch_size=micro, sampler=sampler, num_workers=workers, drop_last=True, persistent_workers=workers > 0)
         self.batches, self.step, self.steps = iter(loader), step, steps
+        self.threads = threads_beside_workers(workers)
 
     def __call__(self) -> None:
-        for _ in range(self.steps):
-            self.step.batch = next(self.batches)
-            self.step()
+        with torch_threads(self.threads):
+            for _ in range(self.steps):
+                self.step.batch = next(self.batches)
+                self.step()
 
 
 def run(settings: dict[str, Any]) -> Report:

@@ -297,6 +297,17 @@ class IntervalMeans:
         return dict(zip(self.keys, values.tolist()))
 
 
+def threads_beside_workers(num_workers: int) -> int:
+    """torch threads that leave one core to each of ``num_workers`` DataLoader workers (at least one).
+
+    An explicit ``OMP_NUM_THREADS``, or no workers, keeps torch's current number.
+    """
+    if num_workers <= 0 or "OMP_NUM_THREADS" in os.environ:
+        return torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(torch.get_num_threads(), cores - num_workers))
+
+
 def leave_cores_to_workers(num_workers: int) -> int:
     """On a CPU, keep torch's threads to the cores that ``num_workers`` DataLoader workers leave free.
 
@@ -307,9 +318,7 @@ def leave_cores_to_workers(num_workers: int) -> int:
     Returns:
         The number of torch threads now.
     """
-    if num_workers > 0 and "OMP_NUM_THREADS" not in os.environ:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        torch.set_num_threads(max(1, min(torch.get_num_threads(), cores - num_workers)))
+    torch.set_num_threads(threads_beside_workers(num_workers))
     return torch.get_num_threads()
 
 
