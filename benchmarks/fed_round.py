@@ -71,8 +71,11 @@ class Server:
     """The server's per-round work for M clients, timed piece by piece (as FederatedServer.aggregate runs it)."""
 
     def __init__(self, cfg, algorithm, model, layout, uploads) -> None:
+        from geofm import engine as ds
         from geofm.federated.similarity import distill_similarity
         from pretrain.federated.program import pooled_features
+
+        ds.keep_freed_memory()  # as FederatedServer does
 
         self.cfg, self.algorithm, self.model, self.layout, self.uploads = cfg, algorithm, model, layout, uploads
         self.global_model = layout.flatten_module(model)
