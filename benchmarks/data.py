@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from benchmarks.common import Report, Target, alternate, current_rss_mib, paired_ratio, repo_path, summary
+from benchmarks.common import Report, Target, alternate, current_rss_mib, paired_ratio, summary
 from benchmarks.pretrain_step import build, synthetic_batch
 
 DEFAULTS: dict[str, Any] = {

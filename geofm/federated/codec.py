@@ -277,7 +277,15 @@ class Codec:
         except _NonFinite as err:
             raise CodecError(f"update values {err.args[0]} hold NaN or Inf, or values too large for float32 norms") from None
 
-    def _encode(self, n, values, generator, dropped, device) -> Packet:
+    def _encode(
+        self,
+        n: int,
+        values: Callable[[int, int, Tensor], Tensor],
+        generator: torch.Generator | None,
+        dropped: Callable[[int, int, Tensor, Tensor], None] | None,
+        device: torch.device,
+    ) -> Packet:
+        """The chunk loop of :meth:`encode` and :meth:`encode_chunks`; raises :class:`_NonFinite`."""
         bucket = None if self.bits == 32 else self.bucket_size
         coder = _Coder(n, self.bits, bucket, self.wire_scale_norm, self.stochastic, device)
         payload = torch.empty(payload_nbytes(n, self.bits), dtype=torch.uint8, device=device)
