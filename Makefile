@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEMO_ENV := DS_ACCELERATOR=cpu OMP_NUM_THREADS=2
+DEMO_ENV := DS_ACCELERATOR=cpu
 DEMO_TEACHER := configs/pretrain/demo_simmim_swin_micro__img64_win4__rgb_teacher.yaml
 DEMO_FEDERATED := configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml
 DEMO_CENTRAL := configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml

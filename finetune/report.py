@@ -19,12 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
 from geofm.errors import ConfigError
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from geofm.runlog import figure
 
 REQUIRED_KEYS = ("task", "dataset", "train_fraction", "primary_metric", "score")
 
@@ -159,7 +155,8 @@ def _chart(rows: Sequence[TaskComparison], arp: float, path: Path, title: str) -
     labels = [f"{r.name} ({r.metric})" for r in rows] + ["ARP"]
     values = [100 * r.relative for r in rows] + [arp]
     colours = ["tab:green" if v >= 0 else "tab:red" for v in values[:-1]] + ["black"]
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(labels) + 1.2), dpi=120)
+    fig = figure(7, 0.45 * len(labels) + 1.2)
+    ax = fig.subplots()
     ax.barh(labels[::-1], values[::-1], color=colours[::-1])
     ax.axvline(0, color="grey", linewidth=0.8)
     ax.set_xlabel("relative to baseline (%)")
@@ -167,4 +164,3 @@ def _chart(rows: Sequence[TaskComparison], arp: float, path: Path, title: str) -
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)

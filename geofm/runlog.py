@@ -8,11 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
 LOSS_KEYS = ("loss", "loss_mim", "loss_distill")
 
@@ -40,13 +36,22 @@ class MetricsLog:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line]
 
 
+def figure(width: float, height: float):
+    """A matplotlib figure drawn off screen, without pyplot: imported only when a plot is drawn
+    (half a second of start-up otherwise) and never registered with a GUI backend."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=120)
+
+
 def plot_loss_curve(records: list[dict], path: Path, title: str = "") -> None:
     """Loss components and learning rate against step, as a PNG (records without ``lr`` are skipped)."""
     records = [r for r in records if "lr" in r]
     if not records:
         return
     steps = [r["step"] for r in records]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    fig = figure(7, 4)
+    ax = fig.subplots()
     for key in LOSS_KEYS:
         values = [r.get(key) for r in records]
         if any(v is not None and v != 0 for v in values):
@@ -62,7 +67,6 @@ def plot_loss_curve(records: list[dict], path: Path, title: str = "") -> None:
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def plot_rounds(records: list[dict], path: Path, title: str = "") -> None:
@@ -70,7 +74,8 @@ def plot_rounds(records: list[dict], path: Path, title: str = "") -> None:
     if not records:
         return
     rounds = [r["round"] for r in records]
-    fig, (loss_ax, bytes_ax) = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
+    fig = figure(10, 4)
+    loss_ax, bytes_ax = fig.subplots(1, 2)
     for key in (*LOSS_KEYS, "loss_similarity"):
         values = [r.get(key) for r in records]
         if any(v is not None and v != 0 for v in values):
@@ -92,7 +97,6 @@ def plot_rounds(records: list[dict], path: Path, title: str = "") -> None:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def plot_metric_curve(records: list[dict], section: str, keys: list[str], path: Path, title: str = "") -> None:
@@ -101,7 +105,8 @@ def plot_metric_curve(records: list[dict], section: str, keys: list[str], path: 
     if not records:
         return
     steps = [r["step"] for r in records]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    fig = figure(7, 4)
+    ax = fig.subplots()
     for key in keys:
         ax.plot(steps, [r[section].get(key) for r in records], marker="o", markersize=3, linewidth=1.4, label=key)
     ax.set_xlabel("optimizer step")
@@ -111,7 +116,6 @@ def plot_metric_curve(records: list[dict], section: str, keys: list[str], path: 
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 class Throughput:
@@ -132,6 +136,25 @@ class Throughput:
     def restart(self) -> None:
         """Start a new interval (e.g. after time spent writing a checkpoint)."""
         self._since, self._images = time.perf_counter(), 0
+
+
+class Phases:
+    """Seconds spent in the named phases of a start-up, in the order they ran."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Close ``phase``: the time since the previous lap (or the start) is its time."""
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._mark
+        self._mark = now
+
+    def describe(self) -> str:
+        """``total s: phase s, phase s, ...`` for a log line."""
+        parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in self.seconds.items())
+        return f"{sum(self.seconds.values()):.1f} s ({parts})"
 
 
 def progress_bar(total: int, initial: int, enabled: bool, desc: str, unit: str = "step") -> tqdm:

@@ -26,17 +26,27 @@ from geofm.config import PretrainConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile, SkippedFiles
 from geofm.errors import GeoFMError, RunInterrupted
-from geofm.models.backbones import backbone_kwargs, create_backbone
+from geofm.models.backbones import backbone_kwargs, create_backbone, prefer_fused_attention
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
-from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels
-from geofm.runlog import LOSS_KEYS, MetricsLog, Throughput, final_metrics, is_finite, plot_loss_curve, progress_bar
+from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels, teacher_dtype
+from geofm.runlog import (
+    LOSS_KEYS,
+    MetricsLog,
+    Phases,
+    Throughput,
+    final_metrics,
+    is_finite,
+    plot_loss_curve,
+    progress_bar,
+)
 from geofm.training import (
     TRAIN_SCHEDULE_KEYS,
     InputPath,
     IntervalMeans,
     Progress,
     StopSignals,
+    leave_cores_to_workers,
     start_run,
     step_seed,
 )
@@ -74,6 +84,16 @@ def build_student(cfg: PretrainConfig | FederatedConfig) -> MaskedImageModel:
 RESUME_INVARIANTS = ("model", "masking", "teacher", "data.bands", "data.custom_bands", "run.seed")
 # What defines the learning-rate schedule and its length: fixed for a run, except --extend's epochs.
 SCHEDULE_KEYS = (*TRAIN_SCHEDULE_KEYS, "data.samples_per_epoch")
+
+
+def prepare_models(
+    model: MaskedImageModel, teacher: FrozenTeacher | None, cfg: PretrainConfig | FederatedConfig, dev: torch.device
+) -> None:
+    """The device's choices for the step: the attention kernel, and the teacher's device and precision."""
+    prefer_fused_attention(model, dev)
+    if teacher is not None:
+        prefer_fused_attention(teacher, dev)
+        teacher.to(dev, teacher_dtype(cfg.teacher.precision, dev))
 
 
 def pretrain_inputs(cfg: PretrainConfig) -> list[InputPath]:
@@ -125,16 +145,21 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     Raises:
         ConfigError: a missing input (all of them listed at once), or a resume that would change the run.
     """
+    startup = Phases()
     start = start_run(
         cfg, cfg.train, cfg.run, pretrain_inputs(cfg),
-        invariants=RESUME_INVARIANTS, schedule_keys=SCHEDULE_KEYS, source=source, extend=extend,
+        invariants=RESUME_INVARIANTS, schedule_keys=SCHEDULE_KEYS, source=source, extend=extend, phases=startup,
     )
     rank, world, dev, checkpoints, progress = start.rank, start.world_size, start.device, start.checkpoints, start.progress
+    if dev.type == "cpu":
+        leave_cores_to_workers(cfg.data.num_workers)
     run_dir = cfg.run.output_dir
 
     torch.manual_seed(cfg.run.seed)
     teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices) if cfg.teacher else None
+    startup.lap("teacher")
     model = build_student(cfg)
+    startup.lap("student")
     masks = MaskGenerator(
         cfg.model.img_size, cfg.masking.mask_patch_size, model.patch_size, cfg.masking.mask_ratio
     )
@@ -142,18 +167,20 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     sampler = PileSampler(
         pile.source_sizes, pile.weights, pile.samples_per_epoch, seed=cfg.run.seed, rank=rank, world_size=world
     )
+    startup.lap("data_index")
     schedule = ds.make_schedule(cfg.train, pile.samples_per_epoch, world)
+    prepare_models(model, teacher, cfg, dev)
     engine = ds.initialize(model, cfg.train, world, schedule)
     dtype = torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
-    if teacher is not None:
-        teacher.to(dev, dtype)
     checkpoints.start(cfg)
+    startup.lap("engine")
 
     step, skipped = 0, SkippedFiles(pile.source_sizes)
     if progress is not None:
         ds.load_checkpoint(engine, checkpoints.directory, LAST_CHECKPOINT)
         step = progress.step
         skipped.update(progress.skipped_files)
+        startup.lap("resume")
         if rank == 0:
             log.info("resumed from %s at step %d", checkpoints.latest().resolve(), step)
     stop_at = schedule.total_steps
@@ -183,31 +210,41 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
         checkpoints.save(engine, record, {"step": step})
         saved_step = step
 
+    # One loader for the run: its workers persist from epoch to epoch, and each epoch's iterator
+    # reads the sampler's epoch and start position as set just before.
+    loader = DataLoader(
+        pile,
+        batch_size=micro,
+        sampler=sampler,
+        num_workers=cfg.data.num_workers,
+        drop_last=True,
+        pin_memory=dev.type == "cuda",
+        persistent_workers=cfg.data.num_workers > 0,
+    )
     with StopSignals() as stop:
         try:
             while step < stop_at:
                 epoch, done = divmod(step, schedule.steps_per_epoch)
                 sampler.set_epoch(epoch)
                 sampler.set_start(done * micro * accum)
-                batches = iter(
-                    DataLoader(
-                        pile,
-                        batch_size=micro,
-                        sampler=sampler,
-                        num_workers=cfg.data.num_workers,
-                        drop_last=True,
-                        pin_memory=dev.type == "cuda",
-                    )
-                )
+                batches = iter(loader)
                 for _ in range(done, schedule.steps_per_epoch):
                     torch.manual_seed(step_seed(cfg.run.seed, step, rank))
                     for _ in range(accum):
                         batch = next(batches)
+                        if startup is not None and "first_batch" not in startup.seconds:
+                            startup.lap("first_batch")
                         losses = train_micro_step(engine, teacher, batch, dev, dtype)
                         interval.add(losses)
                         speed.add(micro * world)
                         skipped.add_batch(batch)
                     step += 1
+                    if startup is not None:
+                        startup.lap("first_step")
+                        if rank == 0:
+                            seconds = startup.seconds
+                            log.info("first optimizer step after %s", startup.describe(), extra={"startup": seconds})
+                        startup = None  # timed once per invocation
                     bar.update(1)
                     if step % cfg.run.log_every == 0 or step == stop_at:
                         record = {

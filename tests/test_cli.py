@@ -50,7 +50,9 @@ def test_a_single_process_start_is_quiet_and_builds_no_extension(tmp_path):
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line.split(" ", 1)[-1] for line in done.stderr.splitlines()]  # without the time stamp
-    assert lines == [
+    startup = "INFO geofm.pretrain: first optimizer step after "
+    assert len(lines) == 3 and lines[1].startswith(startup), done.stderr
+    assert [lines[0], lines[2]] == [
         "INFO geofm.engine: one process: ZeRO stage 0 (train.zero_stage=1 applies across processes)",
         "INFO geofm.pretrain: exported backbone to runs/demo_simmim_swin_micro__img64_win4__rgb_teacher/backbone.safetensors",
     ], done.stderr

@@ -81,3 +81,58 @@ def test_per_group_lr_scales_hold_through_warmup_cosine_and_resume(tmp_path):
     load_checkpoint(resumed, tmp_path, "mid")
     low, high = resumed.get_lr()
     assert (low, high) == pytest.approx((0.25 * peaks[5], peaks[5])), "a resumed scheduler keeps each group's own lr"
+
+
+def test_one_process_engine_uses_fused_adamw_and_skips_the_gradient_all_reduce(tiny_swin):
+    from geofm.engine import initialize
+
+    assert deepspeed_config(_train(), 1, None, 1e-3)["optimizer"]["params"]["fused"] is True
+    engine = initialize(MaskedImageModel(tiny_swin(3), in_chans=3), _train(), 1, None, 1e-3)
+    assert all(group["fused"] for group in engine.optimizer.param_groups), "AdamW is not the fused kernel"
+    assert engine.enable_backward_allreduce is False, "one process still flattens and all-reduces every gradient"
+
+
+def test_compiled_engine_computes_the_same_losses_and_saves_plain_keys(tiny_swin, monkeypatch, tmp_path):
+    import torch
+
+    from geofm import engine as ds
+    from geofm.models.masking import MaskGenerator
+
+    monkeypatch.setattr(ds, "COMPILE_BACKEND", "eager")  # dynamo's tracing without code generation: fast on CPU
+    torch.manual_seed(0)
+    state = MaskedImageModel(tiny_swin(3), in_chans=3).state_dict()
+    masks = MaskGenerator(64, 16, 4, 0.6)
+    images, mask = torch.randn(2, 3, 64, 64), torch.stack([masks() for _ in range(2)])
+    losses = []
+    for compile_model in (False, True):
+        model = MaskedImageModel(tiny_swin(3), in_chans=3)
+        model.load_state_dict(state)
+        engine = ds.initialize(model, _train(compile=compile_model), 1, None, 1e-3)
+        assert engine.is_compiled == compile_model, "train.compile did not decide whether the engine compiles"
+        for _ in range(2):
+            loss = engine(images, mask)["loss"]
+            engine.backward(loss)
+            engine.step()
+        losses.append(float(loss.detach()))
+    assert abs(losses[0] - losses[1]) < 1e-5, f"compiled {losses[1]} vs eager {losses[0]}"
+    ds.save_checkpoint(engine, tmp_path, "t", {})
+    saved = torch.load(tmp_path / "t" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    assert not any("_orig_mod" in key for key in saved), "a compiled run's checkpoint keys are not the module's"
+
+
+def test_bf16_engine_trains_a_swin_with_its_buffers_in_bf16(tiny_swin):
+    """bf16 as GPUs run it (forced here on a CPU): Swin's attention mask must follow the weights into bf16."""
+    import torch
+
+    from geofm import engine as ds
+    from geofm.models.masking import MaskGenerator
+
+    model = MaskedImageModel(tiny_swin(3, img_size=128), in_chans=3)  # stage 3 (8 x 8) has shifted windows
+    engine = ds.initialize(model, _train(precision="bf16"), 1, None, 1e-3)
+    masks = [b for name, b in engine.module.named_buffers() if name.endswith("attn_mask") and b is not None]
+    assert masks and all(b.dtype == torch.bfloat16 for b in masks), "the shifted windows' masks stayed fp32"
+    generator = MaskGenerator(128, 16, 4, 0.6)
+    loss = engine(torch.randn(2, 3, 128, 128, dtype=torch.bfloat16), torch.stack([generator() for _ in range(2)]))["loss"]
+    engine.backward(loss)
+    engine.step()
+    assert torch.isfinite(loss)

@@ -241,7 +241,9 @@ class PretrainPile(Dataset[dict[str, Tensor | int]]):
         source, file, sample_seed = index
         image, valid, skipped = self._load(source, file)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_mix(_AUGMENT, sample_seed))
+            # The CPU generator alone: torch.manual_seed would also queue seeds for every GPU
+            # (recording a stack trace each time in a CUDA build), a large part of a small sample's cost.
+            torch.default_generator.manual_seed(_mix(_AUGMENT, sample_seed))
             image, valid = self.augment(image, valid)
         sample: dict[str, Tensor | int] = {
             "image": image,

@@ -7,6 +7,7 @@ Whole files (:func:`read_raster`), headers (:func:`raster_info`), windows of sce
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -98,8 +99,23 @@ def _describe(exc: Exception) -> str:
     return message
 
 
+_GDAL = threading.local()
+
+
+def _gdal_environment() -> None:
+    """Enter one rasterio (GDAL) environment per thread and keep it for the thread's life.
+
+    Outside an environment every ``rasterio.open`` sets one up and tears it down again, which
+    costs about as much as reading a small chip; a DataLoader worker opens thousands of files.
+    """
+    if getattr(_GDAL, "env", None) is None:
+        _GDAL.env = rasterio.Env()
+        _GDAL.env.__enter__()
+
+
 def _open_dataset(path: str | Path) -> DatasetReader:
     """Open a raster for reading; rasterio errors become :class:`RasterReadError`."""
+    _gdal_environment()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotGeoreferencedWarning)
@@ -143,16 +159,23 @@ def _info(src: DatasetReader, path: str | Path) -> RasterInfo:
     )
 
 
-def read_raster(path: str | Path, expected_bands: int, band_names: Sequence[str] | None = None) -> Raster:
-    """Read every band of an image file.
+def read_raster(
+    path: str | Path,
+    expected_bands: int,
+    band_names: Sequence[str] | None = None,
+    bands: Sequence[int] | None = None,
+) -> Raster:
+    """Read the bands of an image file.
 
     Args:
         path: a GeoTIFF, PNG or JPEG file (anything GDAL reads).
         expected_bands: number of bands the file must hold.
         band_names: names of the declared bands, only used to word the error.
+        bands: 0-based positions of the bands to read, in that order (default all); the others
+            are never read from disk.
 
     Returns:
-        The file's pixels, nodata value, dtype and georeferencing.
+        The file's pixels (the chosen bands), nodata value, dtype and georeferencing.
 
     Raises:
         RasterReadError: if the file is missing, corrupt or truncated, holds another number of
@@ -160,9 +183,14 @@ def read_raster(path: str | Path, expected_bands: int, band_names: Sequence[str]
     """
     with _open(path) as src:
         _check_layout(src, path, expected_bands, band_names)
-        data = src.read()
+        data = src.read(_indexes(bands))
         info = _info(src, path)
     return Raster(data=data, nodata=info.nodata, dtype=str(data.dtype), crs=info.crs, transform=info.transform)
+
+
+def _indexes(bands: Sequence[int] | None) -> list[int] | None:
+    """rasterio's 1-based band indexes of 0-based positions (None: every band)."""
+    return None if bands is None else [b + 1 for b in bands]
 
 
 def raster_info(path: str | Path) -> RasterInfo:
@@ -202,8 +230,12 @@ class WindowReader:
             raise
         self.info = _info(self._src, path)
 
-    def read(self, row_off: int, col_off: int, height: int, width: int) -> np.ndarray:
+    def read(
+        self, row_off: int, col_off: int, height: int, width: int, bands: Sequence[int] | None = None
+    ) -> np.ndarray:
         """Pixels of a window inside the raster, shape (bands, height, width), in the file's dtype.
+
+        ``bands`` are 0-based positions of the bands to read, in that order (default all).
 
         Raises:
             RasterReadError: if the window leaves the raster or the file cannot be read.
@@ -215,7 +247,7 @@ class WindowReader:
                 f"leaves the {self.info.height}x{self.info.width} raster",
             )
         try:
-            return self._src.read(window=Window(col_off, row_off, width, height))
+            return self._src.read(_indexes(bands), window=Window(col_off, row_off, width, height))
         except RasterioError as exc:
             raise RasterReadError(self.path, f"cannot read raster: {_describe(exc)}") from exc
 
@@ -376,6 +408,7 @@ def read_bounds_lonlat(path: str | Path) -> tuple[float, float, float, float]:
     Raises:
         RasterReadError: if the file cannot be read or has no coordinate reference system.
     """
+    _gdal_environment()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotGeoreferencedWarning)

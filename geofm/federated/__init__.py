@@ -33,7 +33,7 @@ from geofm.federated.codec import BITS, Codec, Packet, decode
 from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
 from geofm.federated.flat import ParameterLayout
 from geofm.federated.partition import ClientFile, partition_by_region, partition_by_source, partition_dirichlet
-from geofm.federated.perturbation import drift_norm, perturbed, proximal_term
+from geofm.federated.perturbation import Perturbation, drift_norm, perturbed, proximal_term
 from geofm.federated.similarity import (
     consensus_similarity,
     distill_similarity,
@@ -51,6 +51,7 @@ __all__ = [
     "FeedbackState",
     "Packet",
     "ParameterLayout",
+    "Perturbation",
     "Rejection",
     "RoundAggregate",
     "UplinkReport",

@@ -34,7 +34,7 @@ from geofm.federated.aggregation import RoundAggregate, Upload, UploadRules, agg
 from geofm.federated.clustering import cluster_clients
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
-from geofm.federated.perturbation import perturbed, proximal_term
+from geofm.federated.perturbation import Perturbation, proximal_term
 
 # A server-side refinement of the new global model from the round's group models and their weights
 # (FedSense's similarity distillation); returns the refined model and its mean loss.
@@ -164,20 +164,22 @@ class FedSense(FedProx):
         hooks = super().local_hooks(params, anchor)
         radius = self.cfg.perturbation_radius
         if radius:
-            hooks.around_gradient = lambda: perturbed(params, anchor, radius)
+            hooks.around_gradient = Perturbation(params, anchor, radius)
         return hooks
 
     def server_update(self, model: Tensor, aggregate: RoundAggregate, refine: Refiner | None) -> ServerRound:
         update = super().server_update(model, aggregate, refine)
         if not self.cfg.distill_steps or refine is None:
             return update
-        clients = [model + a.update for a in aggregate.accepted]
+        # K-means sees distances only, and Theta is common to every client model Theta + delta_i:
+        # the updates give the same groups, and a group's model is Theta plus its mean update.
+        updates = [a.update for a in aggregate.accepted]
         groups = cluster_clients(
-            clients,
+            updates,
             [a.num_examples for a in aggregate.accepted],
-            self.cfg.clusters or len(clients),
+            self.cfg.clusters or len(updates),
         )
-        refined, loss = refine(update.model, groups.models, groups.weights)
+        refined, loss = refine(update.model, [model + mean for mean in groups.models], groups.weights)
         return ServerRound(refined, {"loss_similarity": loss, "groups": float(len(groups.models))})
 
 

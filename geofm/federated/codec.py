@@ -32,7 +32,7 @@ Python loop over values, and no temporary of the vector's size besides the decod
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -233,15 +233,73 @@ class Codec:
         if vector.dim() != 1 or vector.numel() == 0:
             raise CodecError(f"expected a non-empty 1-D update vector, got shape {tuple(vector.shape)}")
         vector = vector.detach().to(torch.float32)
-        n = vector.numel()
-        if self.bits == 32:
-            _check_finite(vector, torch.linalg.vector_norm(vector).view(1))
-            payload = vector.to("cpu", copy=True).view(torch.uint8)
-            return Packet(n, 32, None, "none", payload, torch.empty(0, dtype=torch.float32))
-        scales = _bucket_scales(vector, self.bucket_size, {1: "l1"}.get(self.bits, self.scale_norm))
-        _check_finite(vector, scales)
-        payload = _encode(vector, scales, self.bits, self.bucket_size, self.stochastic, generator)
-        return Packet(n, self.bits, self.bucket_size, self.wire_scale_norm, payload.cpu(), scales.cpu())
+        try:
+            return self._encode(vector.numel(), lambda start, stop, _: vector[start:stop], generator, None, vector.device)
+        except _NonFinite:
+            _check_finite(vector, torch.full((1,), math.nan))
+            raise
+
+    def encode_chunks(
+        self,
+        n: int,
+        values: Callable[[int, int, Tensor], Tensor],
+        generator: torch.Generator | None = None,
+        dropped: Callable[[int, int, Tensor, Tensor], None] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> Packet:
+        """Quantise and pack a vector produced chunk by chunk, never held whole.
+
+        Error feedback encodes ``G = delta + e`` this way, computing each chunk of ``G`` into a
+        reused buffer and updating ``e`` from the same chunk while it is in cache.
+
+        Args:
+            n: length of the vector.
+            values: ``values(start, stop, buffer)`` returns the float32 values ``start:stop``,
+                computed into ``buffer`` (a float32 tensor of that length) or a view of existing
+                memory. Chunks start on bucket boundaries; when one bucket spans a vector longer
+                than a chunk, every chunk is asked for twice (scale, then codes), with equal results.
+            generator: random source of stochastic rounding, on ``device``.
+            dropped: called as ``dropped(start, stop, values, dequantised)`` for every chunk, in
+                order, with what :func:`decode` will give for those values.
+            device: where the values are.
+
+        Returns:
+            The packet, on the CPU.
+
+        Raises:
+            CodecError: if a chunk holds NaN or Inf or values too large for float32 norms; the
+                chunks before it have been passed to ``dropped``.
+        """
+        if n < 1:
+            raise CodecError(f"expected a non-empty update vector, got {n} values")
+        try:
+            return self._encode(n, values, generator, dropped, torch.device(device))
+        except _NonFinite as err:
+            raise CodecError(f"update values {err.args[0]} hold NaN or Inf, or values too large for float32 norms") from None
+
+    def _encode(
+        self,
+        n: int,
+        values: Callable[[int, int, Tensor], Tensor],
+        generator: torch.Generator | None,
+        dropped: Callable[[int, int, Tensor, Tensor], None] | None,
+        device: torch.device,
+    ) -> Packet:
+        """The chunk loop of :meth:`encode` and :meth:`encode_chunks`; raises :class:`_NonFinite`."""
+        bucket = None if self.bits == 32 else self.bucket_size
+        coder = _Coder(n, self.bits, bucket, self.wire_scale_norm, self.stochastic, device)
+        payload = torch.empty(payload_nbytes(n, self.bits), dtype=torch.uint8, device=device)
+        scales = torch.empty(0 if self.bits == 32 else num_buckets(n, bucket), dtype=torch.float32, device=device)
+        whole = None
+        if self.bits != 32 and num_buckets(n, bucket) == 1 and n > coder.size:
+            whole = coder.whole_vector_scale(values)
+        for start, stop in _chunks(n, bucket):
+            chunk = values(start, stop, coder.values[: stop - start])
+            coder.encode(chunk, start, stop, scales, whole, payload, generator)
+            if dropped is not None:
+                dropped(start, stop, chunk, coder.dequantise(start, stop, scales, payload))
+            coder.pack(payload, start, stop)
+        return Packet(n, self.bits, bucket, self.wire_scale_norm, payload.cpu(), scales.cpu())
 
 
 def decode(packet: Packet) -> Tensor:
@@ -249,20 +307,16 @@ def decode(packet: Packet) -> Tensor:
     if packet.bits == 32:
         return packet.payload.clone().view(torch.float32)
     n, bits, bucket = packet.n, packet.bits, packet.bucket_size
-    # value = (code - centre) * step: +-scale for 1 bit, (code - levels) * scale / levels otherwise.
-    levels = 2 ** (bits - 1) - 1
-    centre, step = (0.5, 2 * packet.scales) if bits == 1 else (levels, packet.scales / levels)
     out = torch.empty(n, dtype=torch.float32)
-    size = _chunk_size(n, bucket)
-    scratch = _Scratch(size if bits < 8 else 0, out.device)
-    work = torch.empty(size, dtype=torch.float32)
+    coder = _Coder(n, bits, bucket, packet.scale_norm, False, out.device, decoding=True)
     for start, stop in _chunks(n, bucket):
-        codes = packet.payload[start:stop] if bits == 8 else scratch.unpack(packet.payload, start, stop, bits)
-        centred = work[: stop - start]
-        centred.copy_(codes).sub_(centre)
-        for rows, cols, where, buckets in _pieces(start, stop, n, bucket):
-            torch.mul(centred[where].view(rows, cols), step[buckets, None], out=out[start:stop][where].view(rows, cols))
+        coder.unpack(packet.payload, start, stop)
+        coder.dequantise(start, stop, packet.scales, packet.payload, out[start:stop])
     return out
+
+
+class _NonFinite(Exception):
+    """A chunk whose scales are not finite; the argument names its values."""
 
 
 def _check_finite(vector: Tensor, norms: Tensor) -> None:
@@ -275,23 +329,19 @@ def _check_finite(vector: Tensor, norms: Tensor) -> None:
     raise CodecError(f"update values are too large for float32 norms (max abs {float(vector.abs().max()):.3g})")
 
 
-def _bucket_scales(vector: Tensor, bucket: int | None, norm: str) -> Tensor:
-    """One scale per bucket: max-abs ("linf"), L2 norm ("l2") or mean absolute value ("l1")."""
-    n = vector.numel()
-    size = n if bucket is None else min(bucket, n)
-    full = n // size
-    parts = [vector[: full * size].view(full, size)]
-    if n % size:
-        parts.append(vector[full * size :].view(1, -1))
-    scales = []
-    for part in parts:
-        if norm == "linf":
-            scales.append(torch.maximum(torch.amax(part, dim=1), torch.amin(part, dim=1).neg()))
-        elif norm == "l2":
-            scales.append(torch.linalg.vector_norm(part, 2, dim=1))
-        else:
-            scales.append(torch.linalg.vector_norm(part, 1, dim=1) / part.shape[1])
-    return torch.cat(scales)
+def _scales_into(out: Tensor, part: Tensor, norm: str, scratch: Tensor) -> None:
+    """Write one scale per row of ``part`` into ``out``: max-abs ("linf"), L2 norm ("l2") or mean absolute value ("l1").
+
+    ``scratch`` is a float32 buffer of ``part``'s size for the absolute values.
+    """
+    if norm == "l2":
+        torch.linalg.vector_norm(part, 2, dim=1, out=out)
+        return
+    magnitude = torch.abs(part, out=scratch.view(part.shape))
+    if norm == "linf":
+        torch.amax(magnitude, dim=1, out=out)
+    else:
+        torch.div(magnitude.sum(dim=1), part.shape[1], out=out)
 
 
 def _chunk_size(n: int, bucket: int | None) -> int:
@@ -330,41 +380,112 @@ def _pieces(start: int, stop: int, n: int, bucket: int | None) -> Iterator[tuple
         yield 1, length % bucket, slice(full * bucket, length), slice(first + full, first + full + 1)
 
 
-def _encode(
-    vector: Tensor, scales: Tensor, bits: int, bucket: int | None, stochastic: bool, generator: torch.Generator | None
-) -> Tensor:
-    """Packed codes of a finite vector given its bucket scales."""
-    n, device = vector.numel(), vector.device
-    payload = torch.empty(payload_nbytes(n, bits), dtype=torch.uint8, device=device)
-    size = _chunk_size(n, bucket)
-    scratch = _Scratch(size if bits < 8 else 0, device)
-    if bits != 1:
-        levels = 2 ** (bits - 1) - 1
-        # code = floor(G * levels / scale + levels + u); an all-zero bucket codes every value as 0.
-        inverse = torch.where(scales > 0, levels / scales, torch.zeros_like(scales))
-        shift = levels + 0.5 + (2.0 ** -(_UNIFORM_BITS + 1) if stochastic else 0.0)
-        work = torch.empty(size, dtype=torch.float32, device=device)
-        # Holds 16-bit random draws, then the codes before they narrow to bytes (float -> int16
-        # -> uint8 is much faster than float -> uint8 on CPU). ``size`` is a multiple of 8.
-        ints = torch.empty(size, dtype=torch.int16, device=device)
-    for start, stop in _chunks(n, bucket):
+class _Coder:
+    """The arithmetic of one chunk, with buffers reused from chunk to chunk.
+
+    Codes are one byte per value until :meth:`pack` squeezes them (8-bit codes are written to the
+    payload directly). A value decodes to ``(code - centre) * step`` with ``centre, step = 1/2,
+    2 * scale`` for 1 bit and ``levels, scale / levels`` otherwise.
+    """
+
+    def __init__(
+        self, n: int, bits: int, bucket: int | None, norm: str, stochastic: bool, device: torch.device, decoding: bool = False
+    ) -> None:
+        self.n, self.bits, self.bucket, self.norm, self.stochastic = n, bits, bucket, norm, stochastic
+        self.size = size = _chunk_size(n, bucket)
+        self.levels = 2 ** (bits - 1) - 1
+        self.centre = 0.5 if bits == 1 else float(self.levels)
+        self.values = torch.empty(0 if decoding else size, dtype=torch.float32, device=device)
+        self.work = torch.empty(0 if decoding else size, dtype=torch.float32, device=device)
+        self.scratch = _Scratch(size if bits < 8 else 0, device)
+        # Holds 16-bit random draws, then the codes before they narrow to bytes (float -> int16 ->
+        # uint8 is much faster than float -> uint8 on CPU). ``size`` is a multiple of 8.
+        self.ints = torch.empty(0 if bits == 32 or decoding else size, dtype=torch.int16, device=device)
+
+    def whole_vector_scale(self, values: Callable[[int, int, Tensor], Tensor]) -> Tensor:
+        """The one scale of a vector longer than a chunk, from a first sweep over its chunks."""
+        parts = []
+        for start, stop in _chunks(self.n, self.bucket):
+            chunk = values(start, stop, self.values[: stop - start])
+            if self.norm == "linf":
+                parts.append(torch.maximum(chunk.amax(), chunk.amin().neg()))
+            else:
+                parts.append(torch.linalg.vector_norm(chunk, 2 if self.norm == "l2" else 1))
+        joined = torch.stack(parts)
+        if self.norm == "linf":
+            return joined.amax().view(1)
+        if self.norm == "l2":
+            return torch.linalg.vector_norm(joined).view(1)
+        return (joined.sum() / self.n).view(1)
+
+    def _codes(self, start: int, stop: int, payload: Tensor) -> Tensor:
+        return payload[start:stop] if self.bits == 8 else self.scratch.codes[: stop - start]
+
+    def encode(
+        self, chunk: Tensor, start: int, stop: int, scales: Tensor, whole: Tensor | None, payload: Tensor, generator
+    ) -> None:
+        """Scales of the chunk's buckets into ``scales`` (or ``whole``), and the chunk's codes.
+
+        Raises:
+            _NonFinite: if a scale of the chunk is not finite.
+        """
         length = stop - start
-        codes = payload[start:stop] if bits == 8 else scratch.codes[:length]
-        if bits == 1:
-            torch.ge(vector[start:stop], 0, out=codes.view(torch.bool))
+        if self.bits == 32:
+            if not bool(torch.isfinite(torch.linalg.vector_norm(chunk))):
+                raise _NonFinite(f"{start}:{stop}")
+            payload.view(torch.float32)[start:stop].copy_(chunk)
+            return
+        pieces = list(_pieces(start, stop, self.n, self.bucket))
+        if whole is not None:
+            scales.copy_(whole)
         else:
-            values, scaled = vector[start:stop], work[:length]
-            for rows, cols, where, buckets in _pieces(start, stop, n, bucket):
-                torch.mul(values[where].view(rows, cols), inverse[buckets, None], out=scaled[where].view(rows, cols))
-            if stochastic:
-                # 16-bit uniforms k in [-32768, 32767] from full 64-bit draws: u - 1/2 - 2**-17 = k / 65536.
-                ints.view(torch.int64)[: -(-length // 4)].random_(-(2**63), None, generator=generator)
-                scaled.add_(ints[:length], alpha=2.0**-_UNIFORM_BITS)
-            scaled.add_(shift)
-            codes.copy_(ints[:length].copy_(scaled)).clamp_(max=2 * levels)
-        if bits < 8:
-            scratch.pack(payload, start, stop, bits)
-    return payload
+            for rows, cols, where, buckets in pieces:
+                _scales_into(scales[buckets], chunk[where].view(rows, cols), self.norm, self.work[where])
+        first, last = pieces[0][3].start, pieces[-1][3].stop
+        if not bool(torch.isfinite(scales[first:last]).all()):
+            raise _NonFinite(f"{start}:{stop}")
+        codes = self._codes(start, stop, payload)
+        ints = self.ints[:length]
+        if self.bits == 1:
+            # Through float and int16: comparisons into bool, and float -> uint8, are slow on CPU.
+            codes.copy_(ints.copy_(torch.ge(chunk, 0, out=self.work[:length])))
+            return
+        # code = floor(G * levels / scale + levels + u); an all-zero bucket codes every value as 0.
+        part = scales[first:last]
+        inverse = torch.where(part > 0, self.levels / part, torch.zeros_like(part))
+        scaled = self.work[:length]
+        for rows, cols, where, buckets in pieces:
+            b = slice(buckets.start - first, buckets.stop - first)
+            torch.mul(chunk[where].view(rows, cols), inverse[b, None], out=scaled[where].view(rows, cols))
+        if self.stochastic:
+            # 16-bit uniforms k in [-32768, 32767] from full 64-bit draws: u - 1/2 - 2**-17 = k / 65536.
+            self.ints.view(torch.int64)[: -(-length // 4)].random_(-(2**63), None, generator=generator)
+            scaled.add_(ints, alpha=2.0**-_UNIFORM_BITS)
+        scaled.add_(self.levels + 0.5 + (2.0 ** -(_UNIFORM_BITS + 1) if self.stochastic else 0.0))
+        codes.copy_(ints.copy_(scaled)).clamp_(max=2 * self.levels)
+
+    def unpack(self, payload: Tensor, start: int, stop: int) -> None:
+        """Spread the chunk's packed codes to one byte per value (8-bit codes need nothing)."""
+        if self.bits < 8:
+            self.scratch.unpack(payload, start, stop, self.bits)
+
+    def dequantise(self, start: int, stop: int, scales: Tensor, payload: Tensor, out: Tensor | None = None) -> Tensor:
+        """``(code - centre) * step`` of the chunk's codes, into ``out`` (default a reused buffer)."""
+        length = stop - start
+        out = self.work[:length] if out is None else out
+        if self.bits == 32:
+            return out.copy_(payload.view(torch.float32)[start:stop])
+        out.copy_(self._codes(start, stop, payload)).sub_(self.centre)
+        for rows, cols, where, buckets in _pieces(start, stop, self.n, self.bucket):
+            part = scales[buckets]
+            step = 2 * part if self.bits == 1 else part / self.levels
+            out[where].view(rows, cols).mul_(step[:, None])
+        return out
+
+    def pack(self, payload: Tensor, start: int, stop: int) -> None:
+        """Squeeze the chunk's one-byte codes into the payload (8-bit codes are in place already)."""
+        if self.bits < 8:
+            self.scratch.pack(payload, start, stop, self.bits)
 
 
 def _lane_mask(bits: int, lane: int) -> int:

@@ -10,6 +10,7 @@ dominate the upload. :meth:`ErrorFeedback.uplink` does all of this in the right 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -18,7 +19,11 @@ import torch
 from torch import Tensor
 
 from geofm.errors import CodecError, ConfigError, LayoutMismatchError
-from geofm.federated.codec import Codec, Packet, decode
+from geofm.federated.codec import Codec, Packet
+
+# Updates and residuals whose norms sum below this encode without overflow in float32 (squares stay
+# below its maximum), so the residual can be rewritten chunk by chunk.
+_IN_PLACE_BOUND = 1e18
 
 
 @dataclass(eq=False)
@@ -115,6 +120,10 @@ class ErrorFeedback:
     ) -> tuple[Packet, UplinkReport]:
         """Encode a local update with error feedback, updating ``state`` in place.
 
+        The residual is updated chunk by chunk while the codec encodes ``G = delta + e`` (see
+        :meth:`~geofm.federated.codec.Codec.encode_chunks`): one pass over the update and the
+        residual besides their norms, with no temporary vector of the update's size.
+
         Args:
             delta: the local update ``theta - Theta``, a 1-D float tensor on any device.
             state: the client's state from the previous round (fresh for the first); its
@@ -134,27 +143,50 @@ class ErrorFeedback:
             raise LayoutMismatchError(
                 f"stored error-feedback residual has {error.numel()} values, the update has {delta.numel()}"
             )
-        error = torch.zeros_like(delta) if error is None else error.to(delta.device)
-        periodic = bool(self.reset_every) and state.rounds > 0 and state.rounds % self.reset_every == 0
+        if delta.dim() != 1 or delta.numel() == 0:
+            raise CodecError(f"expected a non-empty 1-D update vector, got shape {tuple(delta.shape)}")
         update_norm = float(torch.linalg.vector_norm(delta))
-        guard = (
-            not periodic
-            and self.guard_factor is not None
-            and float(torch.linalg.vector_norm(error)) > self.guard_factor * update_norm
-        )
-        if periodic or guard:
-            error = torch.zeros_like(delta)
-        residual = delta + error
-        packet = self.codec.encode(residual, generator)
-        residual.sub_(decode(packet).to(residual.device))
-        error.mul_(self.alpha).add_(residual, alpha=1.0 - self.alpha)
+        if not math.isfinite(update_norm):
+            bad = int((~torch.isfinite(delta)).sum())
+            if bad:
+                raise CodecError(f"update holds {bad} NaN or Inf values out of {delta.numel()}")
+        error = None if error is None else error.to(delta.device)
+        periodic = bool(self.reset_every) and state.rounds > 0 and state.rounds % self.reset_every == 0
+        old_norm = 0.0 if error is None else float(torch.linalg.vector_norm(error))
+        guard = not periodic and self.guard_factor is not None and old_norm > self.guard_factor * update_norm
+        kept = None if periodic or guard else error
+        # Far inside float32's range no chunk can fail to encode, so the residual may be rewritten
+        # in place as the chunks go; otherwise a failure must leave it untouched.
+        in_place = error is not None and update_norm + old_norm < _IN_PLACE_BOUND
+        new_error = error if in_place else torch.empty_like(delta)
+        norms: list[Tensor] = []
+
+        def values(start: int, stop: int, buffer: Tensor) -> Tensor:
+            if kept is None:
+                return delta[start:stop]
+            return torch.add(delta[start:stop], kept[start:stop], out=buffer)
+
+        def dropped(start: int, stop: int, g: Tensor, dequantised: Tensor) -> None:
+            e = new_error[start:stop]
+            if kept is None or self.alpha == 0.0:
+                torch.sub(g, dequantised, out=e)  # G - deq(Q)
+                if self.alpha:
+                    e.mul_(1.0 - self.alpha)
+            else:
+                lost = torch.sub(g, dequantised, out=dequantised)
+                if not in_place:
+                    e.copy_(kept[start:stop])
+                e.mul_(self.alpha).add_(lost, alpha=1.0 - self.alpha)
+            norms.append(torch.linalg.vector_norm(e))
+
+        packet = self.codec.encode_chunks(delta.numel(), values, generator, dropped, delta.device)
         report = UplinkReport(
             round=state.rounds,
             update_norm=update_norm,
-            error_norm=float(torch.linalg.vector_norm(error)),
+            error_norm=float(torch.linalg.vector_norm(torch.stack(norms))),
             periodic_reset=periodic,
             guard_reset=guard,
             packet_bytes=packet.nbytes,
         )
-        state.error, state.rounds = error, state.rounds + 1
+        state.error, state.rounds = new_error, state.rounds + 1
         return packet, report

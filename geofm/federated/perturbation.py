@@ -15,7 +15,7 @@ module's trainable parameters from :meth:`geofm.federated.flat.ParameterLayout.p
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch import Tensor
@@ -33,11 +33,13 @@ def _pairs(params: Sequence[Tensor], anchor: Sequence[Tensor]) -> list[tuple[Ten
     return [(p, a.detach().to(device=p.device, dtype=torch.float32)) for p, a in zip(params, anchor, strict=True)]
 
 
-def _drift_norm(pairs: list[tuple[Tensor, Tensor]]) -> float:
-    """The global L2 norm of the differences of matched pairs."""
+def _drift_norm(pairs: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """The global L2 norm of the differences of matched pairs, as a 0-dim float32 tensor on their device."""
     with torch.no_grad():
-        norms = [torch.linalg.vector_norm(p.detach().float() - a) for p, a in pairs]
-        return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+        if not pairs:
+            return torch.zeros(())
+        diffs = torch._foreach_sub([p.detach().float() for p, _ in pairs], [a for _, a in pairs])
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(diffs)))
 
 
 def drift_norm(params: Sequence[Tensor], anchor: Sequence[Tensor]) -> float:
@@ -46,17 +48,67 @@ def drift_norm(params: Sequence[Tensor], anchor: Sequence[Tensor]) -> float:
     Raises:
         LayoutMismatchError: if the two sequences differ in length or in any shape.
     """
-    return _drift_norm(_pairs(params, anchor))
+    return float(_drift_norm(_pairs(params, anchor)))
 
 
-@contextmanager
-def perturbed(params: Sequence[Tensor], anchor: Sequence[Tensor], radius: float) -> Iterator[float]:
+class Perturbation:
+    """Drift-aware perturbed steps for fixed parameters: ``with perturbation(): ...`` moves them to
+    ``theta + radius * d / ||d||`` and restores them on exit (see :func:`perturbed`).
+
+    Made once per round and entered at every micro-step, it keeps its two buffers (the saved
+    parameters and the scaled drift) from step to step, works on all tensors at once with torch's
+    ``_foreach`` kernels, and never waits for the device: the scale ``radius / ||d||`` stays a
+    device tensor.
+
+    Args:
+        params: the trainable parameters ``theta`` (any floating dtype), modified in place.
+        anchor: the round's global parameters ``Theta``, same order and shapes.
+        radius: ``lambda``, the norm of the perturbation.
+
+    Raises:
+        LayoutMismatchError: if the two sequences differ in length or in any shape.
+    """
+
+    def __init__(self, params: Sequence[Tensor], anchor: Sequence[Tensor], radius: float) -> None:
+        pairs = _pairs(params, anchor)
+        self.params = [p for p, _ in pairs]
+        self.anchor = [a for _, a in pairs]
+        self.radius = radius
+        self._saved: list[Tensor] | None = None
+        self._drift: list[Tensor] | None = None
+
+    @contextmanager
+    def __call__(self) -> Iterator[Tensor]:
+        """Move the parameters for the block, restore them bit for bit after it; yields ``||d||`` as a 0-dim tensor."""
+        values = [p.detach() for p in self.params]
+        with torch.no_grad():
+            if self._saved is None:
+                self._saved = [v.clone() for v in values]
+                self._drift = [torch.empty_like(a) for a in self.anchor]
+            else:
+                torch._foreach_copy_(self._saved, values)
+            torch._foreach_copy_(self._drift, values)
+            torch._foreach_sub_(self._drift, self.anchor)
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(self._drift))) if values else torch.zeros(())
+            # radius / ||d||, or 0 (no move) when there is no drift or no radius
+            scale = torch.where(norm > 0, self.radius / norm.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
+            torch._foreach_mul_(self._drift, scale)
+            torch._foreach_add_(values, self._drift)
+        try:
+            yield norm
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(values, self._saved)
+
+
+def perturbed(params: Sequence[Tensor], anchor: Sequence[Tensor], radius: float) -> AbstractContextManager[Tensor]:
     """Move parameters to ``theta + radius * d / ||d||`` for a forward/backward, then restore them.
 
     On exit the parameters get back their exact previous values, copied from a saved copy (not
     recomputed by subtracting ``eps``, which would not round-trip in bf16). Gradients computed
     inside the block stay in ``.grad`` for the optimiser step that follows at ``theta``; call
-    ``backward`` inside the block. With zero drift the parameters are not moved.
+    ``backward`` inside the block. With zero drift the parameters are not moved. For repeated
+    steps, make one :class:`Perturbation` and enter it each time (its buffers are reused).
 
     Args:
         params: the trainable parameters ``theta`` (any floating dtype), modified in place.
@@ -64,24 +116,12 @@ def perturbed(params: Sequence[Tensor], anchor: Sequence[Tensor], radius: float)
         radius: ``lambda``, the norm of the perturbation.
 
     Yields:
-        The drift norm ``||d||`` (for logging).
+        The drift norm ``||d||``, a 0-dim float32 tensor on the parameters' device (``float()`` it to log).
 
     Raises:
         LayoutMismatchError: if the two sequences differ in length or in any shape.
     """
-    pairs = _pairs(params, anchor)
-    with torch.no_grad():
-        saved = [p.detach().clone() for p, _ in pairs]
-        norm = _drift_norm(pairs)
-        if norm > 0.0 and radius != 0.0:
-            for p, a in pairs:
-                p.add_(p.float() - a, alpha=radius / norm)
-    try:
-        yield norm
-    finally:
-        with torch.no_grad():
-            for (p, _), value in zip(pairs, saved, strict=True):
-                p.copy_(value)
+    return Perturbation(params, anchor, radius)()
 
 
 def proximal_term(params: Sequence[Tensor], anchor: Sequence[Tensor], beta: float) -> Tensor:

@@ -19,7 +19,10 @@ class FrozenTeacher(nn.Module):
 
     Its parameters have ``requires_grad=False``, it stays in eval mode whatever ``train()`` is
     called with, and it runs under ``torch.inference_mode``. Keep it out of the optimizer and out
-    of training checkpoints: it is rebuilt from its weights file.
+    of training checkpoints: it is rebuilt from its weights file. It computes in the dtype of its
+    weights: after ``teacher.to(device, torch.bfloat16)`` (see :func:`teacher_dtype`) matrix
+    products run in bfloat16 under autocast, the resize in the input's precision, and the features
+    come back as float32 either way.
 
     Args:
         backbone: a timm Swin or ViT holding the teacher's weights.
@@ -58,15 +61,18 @@ class FrozenTeacher(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         """Features (B, h, w, C) of the unmasked ``images`` (all input bands, normalised)."""
+        dtype = self.backbone.patch_embed.proj.weight.dtype
         with torch.inference_mode():
             x = images.index_select(1, self.band_indices)
             if x.shape[-1] != self.img_size or x.shape[-2] != self.img_size:
                 x = F.interpolate(
                     x, size=(self.img_size, self.img_size), mode=self.resize_mode, align_corners=self.align_corners
                 )
-            _, tapped = run_backbone(self.backbone, embed_tokens(self.backbone, x), self.tap, stop_at_tap=True)
-        # Cloned outside inference mode: a plain tensor the distillation loss may save for backward.
-        return tapped.clone()
+            with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
+                tokens = embed_tokens(self.backbone, x.to(dtype))
+                _, tapped = run_backbone(self.backbone, tokens, self.tap, stop_at_tap=True)
+        # Copied outside inference mode: a plain tensor the distillation loss may save for backward.
+        return tapped.to(torch.float32, copy=True)
 
 
 def _drop_after_tap(model: nn.Module, tap: Tap) -> None:
@@ -80,6 +86,22 @@ def _drop_after_tap(model: nn.Module, tap: Tap) -> None:
         model.blocks = model.blocks[: tap.index]
     model.norm = nn.Identity()
     model.head = nn.Identity()
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 natively: a CUDA GPU with bf16, or a CPU where oneDNN has bf16 kernels."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return False
+
+
+def teacher_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The teacher's compute dtype for ``teacher.precision`` on ``device`` (``auto``: bf16 where native)."""
+    if precision == "auto":
+        return torch.bfloat16 if native_bf16(device) else torch.float32
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
 
 
 def teacher_tap(cfg: TeacherConfig, backbone: nn.Module) -> Tap:

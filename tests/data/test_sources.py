@@ -110,3 +110,32 @@ def test_source_without_model_band_rejected(tmp_path: Path, write_tif) -> None:
     write_tif(tmp_path / "a.tif", np.zeros((1, 2, 2), dtype=np.uint8))
     with pytest.raises(ValueError, match="none of the model bands"):
         ImageSource(_config(tmp_path, ["pan"]), MODEL_BANDS)
+
+
+def test_large_files_are_cut_into_chips_read_by_window(tmp_path: Path, write_tif) -> None:
+    rng = np.random.default_rng(0)
+    scene = rng.integers(1, 1000, size=(3, 70, 50), dtype=np.uint16)
+    write_tif(tmp_path / "scene.tif", scene)
+    write_tif(tmp_path / "small.tif", scene[:, :20, :20])
+    cfg = _config(tmp_path, ["red", "green", "blue"], chip_size=32)
+    source = ImageSource(cfg, ["red", "green", "blue"])
+    # 70 x 50 -> rows at 0, 32, 38 and columns at 0, 18 (the last flush with the far edge); the small file stays whole
+    assert [(c.file.name, c.window) for c in source.chips] == [
+        ("scene.tif", (row, col, 32, 32)) for row in (0, 32, 38) for col in (0, 18)
+    ] + [("small.tif", None)]
+    assert len(source) == 7
+    image, valid = source.load(3)  # rows 32:64, columns 18:50
+    torch.testing.assert_close(image, torch.from_numpy(scene[:, 32:64, 18:50].astype(np.float32)))
+    assert valid.all()
+    whole, _ = ImageSource(_config(tmp_path, ["red", "green", "blue"]), ["red", "green", "blue"]).load(0)
+    assert whole.shape == (3, 70, 50), "without chip_size a file is one sample"
+
+
+def test_only_the_model_bands_are_read(tmp_path: Path, write_tif) -> None:
+    data = np.stack([np.full((4, 4), v, dtype=np.uint16) for v in (1, 2, 3, 4)])  # blue, green, red, nir
+    write_tif(tmp_path / "a.tif", data)
+    source = ImageSource(_config(tmp_path, ["blue", "green", "red", "nir"]), ["nir", "red"])
+    raw, _ = source.read(0)
+    assert raw[:, 0, 0].tolist() == [3, 4], "the file's unused bands were read"
+    image, _ = source.load(0)
+    assert image[:, 0, 0].tolist() == [4.0, 3.0]

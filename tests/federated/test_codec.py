@@ -215,3 +215,25 @@ def test_codec_settings_validated() -> None:
         Codec(bucket_size=0)
     with pytest.raises(ConfigError, match="scale_norm"):
         Codec(scale_norm="l1")
+
+
+@pytest.mark.parametrize("bits", [1, 4, 8, 32])
+@pytest.mark.parametrize("bucket", [500, None])
+def test_encoding_chunk_by_chunk_matches_whole_vector_encoding(bits: int, bucket: int | None) -> None:
+    """A vector produced chunk by chunk encodes as the whole vector, and ``dropped`` sees what decoding gives."""
+    n = 600_007
+    g = torch.randn(n, generator=torch.Generator().manual_seed(bits))
+    codec = Codec(bits=bits, bucket_size=bucket)
+    whole = codec.encode(g, torch.Generator().manual_seed(1))
+    seen = torch.full((n,), float("nan"))
+
+    def values(start: int, stop: int, buffer: torch.Tensor) -> torch.Tensor:
+        return buffer.copy_(g[start:stop])
+
+    def dropped(start: int, stop: int, chunk: torch.Tensor, dequantised: torch.Tensor) -> None:
+        assert torch.equal(chunk, g[start:stop])
+        seen[start:stop] = dequantised
+
+    streamed = codec.encode_chunks(n, values, torch.Generator().manual_seed(1), dropped)
+    assert torch.equal(streamed.payload, whole.payload) and torch.equal(streamed.scales, whole.scales)
+    assert torch.equal(seen, decode(streamed)), "dropped did not see the decoded values of every chunk"

@@ -6,7 +6,7 @@ from torch import nn
 
 from geofm.errors import LayoutMismatchError
 from geofm.federated.flat import ParameterLayout
-from geofm.federated.perturbation import drift_norm, perturbed, proximal_term
+from geofm.federated.perturbation import Perturbation, drift_norm, perturbed, proximal_term
 
 
 def model_and_anchor(dtype: torch.dtype = torch.float32) -> tuple[nn.Module, list[torch.Tensor]]:
@@ -28,7 +28,7 @@ def test_perturbation_has_norm_lambda_along_the_drift_and_restores_exactly(dtype
     with perturbed(params, anchor, radius) as norm:
         moved = torch.cat([(p.detach().float() - b.float()).flatten() for p, b in zip(params, before, strict=True)])
         model(x).square().sum().backward()
-    assert norm == pytest.approx(float(drift.norm()), rel=1e-5)
+    assert float(norm) == pytest.approx(float(drift.norm()), rel=1e-5)
     tol = 1e-6 if dtype == torch.float32 else 1e-2  # bf16 parameters round the moved values
     assert float(moved.norm()) == pytest.approx(radius, rel=tol * 10, abs=tol), "eps does not have norm lambda"
     cosine = float(moved @ drift / (moved.norm() * drift.norm()))
@@ -57,7 +57,7 @@ def test_zero_drift_does_not_move_parameters() -> None:
     params = list(model.parameters())
     anchor = [p.detach().clone() for p in params]
     with perturbed(params, anchor, 1.0) as norm:
-        assert norm == 0.0
+        assert float(norm) == 0.0
         for p, a in zip(params, anchor, strict=True):
             assert torch.equal(p.detach(), a), "zero drift moved a parameter"
 
@@ -95,3 +95,19 @@ def test_works_with_a_layout_split_of_the_global_vector() -> None:
         drift_norm(layout.parameters(model), [anchor[0], anchor[0], anchor[2], anchor[3]])
     with pytest.raises(LayoutMismatchError, match="got 4 parameters but 3 global tensors"):
         proximal_term(layout.parameters(model), anchor[:3], 1.0)
+
+
+def test_a_reused_perturbation_moves_from_the_current_parameters_each_time() -> None:
+    model, anchor = model_and_anchor()
+    params = list(model.parameters())
+    perturbation = Perturbation(params, anchor, 0.2)
+    for _ in range(3):
+        with torch.no_grad():
+            params[0].add_(0.05)  # a step between micro-batches changes theta
+        before = [p.detach().clone() for p in params]
+        with perturbation() as norm:
+            moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(params, before, strict=True)])
+        drift = torch.cat([(b - a).flatten() for b, a in zip(before, anchor, strict=True)])
+        assert float(norm) == pytest.approx(float(drift.norm()), rel=1e-5)
+        torch.testing.assert_close(moved, 0.2 * drift / drift.norm(), rtol=1e-4, atol=1e-7)
+        assert all(torch.equal(p.detach(), b) for p, b in zip(params, before, strict=True))

@@ -2,7 +2,7 @@ import torch
 import torch.nn.functional as F
 
 from geofm.models.mim import Tap, embed_tokens, run_backbone
-from geofm.models.teacher import FrozenTeacher
+from geofm.models.teacher import FrozenTeacher, native_bf16, teacher_dtype
 
 
 def test_teacher_is_frozen_and_matches_the_full_backbone_at_its_tap(tiny_swin):
@@ -39,3 +39,25 @@ def test_teacher_input_is_resized_as_gfm_does(tiny_swin):
     teacher = FrozenTeacher(backbone, Tap(3, True), [0, 1, 2], img_size=96)
     assert (teacher.resize_mode, teacher.align_corners) == ("bilinear", True)
     assert torch.allclose(teacher(images), expected, atol=1e-5)
+
+
+def test_bf16_teacher_features_stay_close_to_fp32(tiny_swin):
+    """bfloat16 keeps 8 mantissa bits: features within a few percent, pooled directions (what GFM distils) near equal."""
+    backbone = tiny_swin(3).eval()
+    exact = FrozenTeacher(backbone, Tap(3, True), [0, 1, 2], img_size=64)
+    reduced = FrozenTeacher(tiny_swin(3).eval(), Tap(3, True), [0, 1, 2], img_size=64)
+    reduced.load_state_dict(exact.state_dict())
+    reduced.to(torch.device("cpu"), torch.bfloat16)
+    images = torch.randn(4, 3, 64, 64)
+    a, b = exact(images), reduced(images)
+    assert b.dtype == torch.float32 and not b.is_inference(), "bf16 features must come back as plain float32"
+    relative = float((a - b).norm() / a.norm())
+    assert 0 < relative < 0.05, f"bf16 features differ from fp32 by {relative:.3%}"
+    cosine = F.cosine_similarity(a.mean(dim=(1, 2)), b.mean(dim=(1, 2)), dim=-1)
+    assert bool((cosine > 0.999).all()), f"pooled bf16 features point elsewhere: cosine {cosine.tolist()}"
+
+
+def test_teacher_precision_resolves_per_device():
+    cpu = torch.device("cpu")
+    assert teacher_dtype("fp32", cpu) == torch.float32 and teacher_dtype("bf16", cpu) == torch.bfloat16
+    assert teacher_dtype("auto", cpu) == (torch.bfloat16 if native_bf16(cpu) else torch.float32)

@@ -18,9 +18,13 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_tiny_gfm_run_end_to_end(tiny_tree):
+def test_tiny_gfm_run_end_to_end(tiny_tree, caplog):
     tree = tiny_tree()
-    run_dir = pretrain(PretrainConfig.from_tree(tree))
+    with caplog.at_level("INFO", logger="geofm.pretrain"):
+        run_dir = pretrain(PretrainConfig.from_tree(tree))
+    startup = [r.startup for r in caplog.records if hasattr(r, "startup")]
+    assert len(startup) == 1, "the start-up phases are logged once, with the first step"
+    assert list(startup[0]) == ["inputs", "distributed", "teacher", "student", "data_index", "engine", "first_batch", "first_step"]
     records = _metrics(run_dir)
     assert [r["step"] for r in records] == list(range(1, 13))
     assert set(records[0]) >= {"step", "loss", "loss_mim", "loss_distill", "lr", "images_per_s"}

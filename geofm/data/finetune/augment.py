@@ -5,7 +5,7 @@ Training: classification scenes get a RandomResizedCrop to ``img_size`` and flip
 and the mask; super-resolution pairs a random ``img_size`` crop of the low-resolution image and the
 high-resolution crop of the same area (``scale_factor`` times the size, at ``scale_factor`` times
 the offset), flipped together. Evaluation: classification scenes are resized whole to
-``img_size``; dense scenes are cut into a grid of ``img_size`` tiles (:func:`grid_origins`).
+``img_size``; dense scenes are cut into a grid of ``img_size`` tiles (:func:`geofm.data.grid.grid_origins`).
 Scenes smaller than ``img_size`` are padded: images with 0 (the mean), masks with
 ``ignore_index`` (0 without one).
 """
@@ -23,15 +23,6 @@ _IMAGES = ("image", "image1", "image2")
 
 def _flips(hflip: bool, vflip: bool) -> list[v2.Transform]:
     return ([v2.RandomHorizontalFlip()] if hflip else []) + ([v2.RandomVerticalFlip()] if vflip else [])
-
-
-def grid_origins(length: int, size: int) -> list[int]:
-    """Offsets of ``size``-long tiles covering ``length`` pixels: every ``size`` pixels, the last one
-    flush with the far edge (so it overlaps its neighbour); ``[0]`` when the scene is not longer than a tile."""
-    if length <= size:
-        return [0]
-    origins = list(range(0, length - size, size))
-    return origins + [length - size]
 
 
 def _pad_to(tensor: Tensor, height: int, width: int, fill: float) -> Tensor:

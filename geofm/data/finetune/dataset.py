@@ -14,7 +14,6 @@ from geofm.data.finetune.augment import (
     DenseAugmentation,
     SuperresAugmentation,
     crop_tile,
-    grid_origins,
 )
 from geofm.data.finetune.change import ChangeFolders
 from geofm.data.finetune.classification import ClassFolders
@@ -24,6 +23,7 @@ from geofm.data.finetune.source import SceneSource
 from geofm.data.finetune.subset import subset_indices
 from geofm.data.finetune.superres import SuperresFolders
 from geofm.data.finetune.torchgeo import TorchgeoSource
+from geofm.data.grid import grid_origins
 from geofm.errors import ConfigError
 
 logger = logging.getLogger("geofm.data")

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from geofm.data.finetune import build_finetune_dataset
-from geofm.data.finetune.augment import grid_origins
+from geofm.data.grid import grid_origins
 
 
 def _check_format(sample: dict, expected: dict) -> None:

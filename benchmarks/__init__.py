@@ -1,0 +1,1 @@
+"""The geofm benchmark suite: ``geofm bench NAME`` (see :mod:`benchmarks.cli`)."""

@@ -1,0 +1,255 @@
+"""``geofm bench fed-round``: a federated round's server cost against the number of clients, client
+overhead beyond local training, and the bytes each round puts on the wire.
+
+Server, for each M in ``clients`` (the M values alternate from round to round): decoding and
+screening the M uploads and averaging them (:meth:`~geofm.federated.algorithms.FedAvg.screen`),
+K-means of the clients (:func:`~geofm.federated.clustering.cluster_clients`), similarity
+distillation of the global model on public images (timed on its own) and the downlink's encoding,
+all as :meth:`~geofm.federated.algorithms.FedSense.server_update` runs them; a least-squares line
+through the per-M medians gives the cost per client. The uploads are real 1-bit packets of random
+updates of the config's model size.
+
+Client, per round: receiving the model, the upload (error feedback + codec) and, per micro-step,
+the drift-aware perturbation, set against one local training step of the config's model.
+
+Traffic: bytes per round up and down for FedSense as configured, with the downlink quantised at
+1-8 bits, and for FedAvg in float32.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import Report, Target, fit_line, repo_path, summary
+
+DEFAULTS: dict[str, Any] = {
+    "config": "configs/federated/fedsense_swin_tiny__10clients__100rounds__1bit_ef.yaml",
+    "overrides": [],
+    "clients": [2, 4, 8, 16],
+    "rounds": 3,
+    "distill_steps": 2,  # None: the config's (10 in the paper's setting; minutes per round on a CPU)
+    "distill_batch_size": 16,  # None: the config's
+    "micro_batch": 4,
+    "downlink_bits": [1, 2, 4, 8],
+}
+QUICK: dict[str, Any] = {
+    "config": "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml",
+    "clients": [2, 4],
+    "rounds": 1,
+    "distill_steps": 1,
+    "distill_batch_size": 4,
+}
+
+
+def _config(settings: dict[str, Any], folder: Path):
+    """The federated config with the benchmark's overrides and, with a teacher, random teacher weights."""
+    from geofm.config.federated import FederatedConfig
+    from geofm.models.backbones import backbone_kwargs, create_backbone
+
+    overrides = [*settings["overrides"], f"train.micro_batch_size={settings['micro_batch']}"]
+    if settings["distill_steps"] is not None:
+        overrides.append(f"algorithm.distill_steps={settings['distill_steps']}")
+    if settings["distill_batch_size"] is not None:
+        overrides.append(f"algorithm.distill_batch_size={settings['distill_batch_size']}")
+    cfg = FederatedConfig.from_file(repo_path(settings["config"]), overrides)
+    if cfg.teacher is not None:
+        t = cfg.teacher
+        weights = folder / "teacher.pth"
+        kwargs = backbone_kwargs(in_chans=3, img_size=t.img_size, window_size=t.window_size, timm_kwargs=t.timm_kwargs)
+        torch.save(create_backbone(t.arch, kwargs).state_dict(), weights)
+        cfg = cfg.model_copy(update={"teacher": t.model_copy(update={"checkpoint": weights})})
+    return cfg
+
+
+class Server:
+    """The server's per-round work for M clients, timed piece by piece (as FederatedServer.aggregate runs it)."""
+
+    def __init__(self, cfg, algorithm, model, layout, uploads) -> None:
+        from geofm import engine as ds
+        from geofm.federated.similarity import distill_similarity
+        from pretrain.federated.program import pooled_features
+
+        ds.keep_freed_memory()  # as FederatedServer does
+
+        self.cfg, self.algorithm, self.model, self.layout, self.uploads = cfg, algorithm, model, layout, uploads
+        self.global_model = layout.flatten_module(model)
+        self.optimizer = torch.optim.AdamW(model.encoder.parameters(), lr=cfg.algorithm.distill_lr)
+        p, size = cfg.algorithm.distill_batch_size, cfg.model.img_size
+        self.public = torch.randn(p, len(cfg.data.bands), size, size, generator=torch.Generator().manual_seed(3))
+        self._distill = distill_similarity
+        self._features = pooled_features
+
+    def refine(self, model, groups, weights):
+        started = time.perf_counter()
+        self.layout.assign(self.model, model)
+        self.model.eval()
+        params = [self.layout.unflatten(g) for g in groups]
+        steps = self.cfg.algorithm.distill_steps
+        loss = self._distill(self.model, params, weights, [self.public] * steps, self._features, self.optimizer, steps)
+        refined = self.layout.flatten_module(self.model)
+        self.distill_s += time.perf_counter() - started
+        return refined, loss
+
+    def __call__(self, m: int) -> dict[str, float]:
+        self.distill_s = 0.0
+        started = time.perf_counter()
+        aggregate = self.algorithm.screen(self.uploads[:m])
+        screened = time.perf_counter()
+        refine = self.refine if self.cfg.algorithm.distill_steps else None
+        self.algorithm.server_update(self.global_model, aggregate, refine)
+        updated = time.perf_counter()
+        self.algorithm.downlink(self.global_model, None, torch.Generator())
+        done = time.perf_counter()
+        return {
+            "decode_screen_average": screened - started,
+            "cluster": updated - screened - self.distill_s,
+            "similarity_distillation": self.distill_s,
+            "downlink": done - updated,
+            "total": done - started,
+        }
+
+
+def run(settings: dict[str, Any]) -> Report:
+    from geofm import engine as ds
+    from geofm.federated.aggregation import Upload
+    from geofm.federated.algorithms import build_algorithm
+    from geofm.federated.codec import Codec, decode
+    from geofm.federated.flat import ParameterLayout
+    from geofm.models.masking import MaskGenerator
+    from geofm.models.teacher import build_teacher
+    from pretrain.central import build_student, prepare_models, train_micro_step
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = _config(settings, Path(tmp))
+        torch.manual_seed(0)
+        model = build_student(cfg)
+        layout = ParameterLayout.of(model)
+        n = layout.numel
+        algorithm = build_algorithm(cfg.algorithm, n)
+        generator = torch.Generator().manual_seed(1)
+        uploads = []
+        for i in range(max(settings["clients"])):
+            delta = torch.randn(n, generator=generator) * 1e-3 * (1 + i % 3)
+            packet, _, _ = algorithm.upload(delta, {}, generator)
+            uploads.append(Upload(f"client{i}", packet.to_arrays(), 100 + i))
+        server = Server(cfg, algorithm, model, layout, uploads)
+
+        # Server: the M values alternate, round after round.
+        per_m: dict[int, list[dict[str, float]]] = {m: [] for m in settings["clients"]}
+        server(min(settings["clients"]))  # warm-up
+        for r in range(settings["rounds"]):
+            order = settings["clients"] if r % 2 == 0 else list(reversed(settings["clients"]))
+            for m in order:
+                per_m[m].append(server(m))
+
+        # Client: one local step of the config's model, then what a round adds around it.
+        dev = ds.device()
+        student = build_student(cfg)
+        teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices) if cfg.teacher else None
+        prepare_models(student, teacher, cfg, dev)
+        engine = ds.initialize(student, cfg.train, 1, None, 1e-4)
+        b, c, s = cfg.train.micro_batch_size, len(cfg.data.bands), cfg.model.img_size
+        masks = MaskGenerator(s, cfg.masking.mask_patch_size, student.patch_size, cfg.masking.mask_ratio)
+        batch = {"image": torch.randn(b, c, s, s), "mask": torch.stack([masks() for _ in range(b)]), "valid": torch.ones(b, c, s, s, dtype=torch.bool)}
+        reference = layout.flatten_module(engine.module)
+        params = layout.parameters(engine.module)
+        anchor = [t.to(dev) for t in layout.split(reference)]
+        hooks = algorithm.local_hooks(params, anchor)
+        dtype = torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
+
+        def local_step() -> None:
+            train_micro_step(engine, teacher, batch, dev, dtype, hooks.around_gradient, hooks.regulariser)
+
+        def perturbation() -> None:
+            with hooks.around_gradient():
+                pass
+
+        state: dict = {}
+        down = Codec(bits=32).encode(reference).to_arrays()
+
+        def upload() -> None:
+            nonlocal state
+            delta = layout.flatten_module(engine.module).cpu() - reference
+            _, _, state = algorithm.upload(delta, state, generator)
+
+        def receive() -> None:
+            from geofm.federated.codec import Packet
+
+            layout.assign(engine.module, decode(Packet.from_arrays(down)))
+
+        def setup() -> None:
+            fresh = build_student(cfg)
+            layout.assign(fresh, reference)
+            ds.initialize(fresh, cfg.train, 1, None, 1e-4)
+
+        client_calls = {"local_step": local_step, "perturbation": perturbation, "upload": upload, "receive": receive, "setup": setup}
+        for call in client_calls.values():
+            call()
+        client: dict[str, list[float]] = {k: [] for k in client_calls}
+        for _ in range(max(3, settings["rounds"])):
+            for name, call in client_calls.items():
+                started = time.perf_counter()
+                call()
+                client[name].append(time.perf_counter() - started)
+
+    # Server figures and the line through them.
+    parts = ("decode_screen_average", "cluster", "similarity_distillation", "downlink", "total")
+    medians = {m: {k: statistics.median(r[k] for r in runs) for k in parts} for m, runs in per_m.items()}
+    ms = list(medians)
+    lines = {k: fit_line(ms, [medians[m][k] for m in ms]) for k in parts}
+    without_distill = fit_line(ms, [medians[m]["total"] - medians[m]["similarity_distillation"] for m in ms])
+
+    # Traffic per round.
+    model_bytes = Codec(bits=32).packet_nbytes(n)
+    up_bytes = algorithm.feedback.codec.packet_nbytes(n)
+    traffic = {}
+    for m in ms:
+        fedavg = 2 * m * model_bytes
+        entry = {"fedavg_fp32": fedavg, "fedsense_model_down": m * (up_bytes + model_bytes)}
+        for bits in settings["downlink_bits"]:
+            down = Codec(bits=bits, bucket_size=cfg.algorithm.downlink.bucket_size).packet_nbytes(n)
+            entry[f"fedsense_down_{bits}bit"] = m * (up_bytes + down)
+        entry["fedavg_over_best"] = fedavg / min(v for k, v in entry.items() if k.startswith("fedsense_down"))
+        traffic[m] = entry
+
+    step = summary(client["local_step"])["median"]
+    client_summary = {k: summary(v) for k, v in client.items()}
+    micro_steps = cfg.train.grad_accum_steps
+    results = {
+        "model_values": n,
+        "clusters": cfg.algorithm.clusters,
+        "distill_steps": cfg.algorithm.distill_steps,
+        "distill_batch_size": cfg.algorithm.distill_batch_size,
+        "server_s_by_clients": medians,
+        "server_fit": lines,
+        "server_fit_without_distillation": without_distill,
+        "client_s": client_summary,
+        "client_perturbation_share_of_step": client_summary["perturbation"]["median"] / step,
+        "bytes_per_round": traffic,
+    }
+    rows = [
+        {"clients": m, **{k + " s": v for k, v in medians[m].items()}, "bytes fp32 FedAvg": traffic[m]["fedavg_fp32"],
+         "bytes best": min(v for k, v in traffic[m].items() if k.startswith("fedsense_down"))}
+        for m in ms
+    ]
+    rows.append({"clients": "slope s/client", **{k + " s": lines[k]["slope"] for k in parts}})
+    targets = [Target("server cost linear in M (r2 of the fit, without distillation)", without_distill["r2"], ">=", 0.9)]
+    for bits in settings["downlink_bits"]:
+        ratio = traffic[ms[-1]]["fedavg_fp32"] / traffic[ms[-1]][f"fedsense_down_{bits}bit"]
+        targets.append(Target(f"FedAvg fp32 / FedSense round bytes, downlink at {bits} bit", ratio, ">=", 10.0, "x"))
+    notes = [
+        f"model of {n:,} values; server slope {without_distill['slope'] * 1e3:.1f} ms per client without the similarity "
+        f"distillation ({medians[ms[-1]]['similarity_distillation']:.2f} s at {cfg.algorithm.distill_steps} steps of "
+        f"{cfg.algorithm.distill_batch_size} images, {cfg.algorithm.clusters or 'one per client'} groups)",
+        f"client per round: receive {client_summary['receive']['median']:.3f} s, upload {client_summary['upload']['median']:.3f} s, "
+        f"model + engine set-up {client_summary['setup']['median']:.3f} s; per micro-step: perturbation "
+        f"{client_summary['perturbation']['median'] * 1e3:.1f} ms against a {step:.3f} s local step ({micro_steps} micro-step(s) per step)",
+        "bytes per round for FedSense: uploads + downlink quantised at each bit width (steady state; a client's first round gets the whole model)",
+    ]
+    return Report(results, targets, rows, notes)

@@ -1,0 +1,59 @@
+"""Smoke tests of the benchmark suite: each benchmark runs with ``--quick`` and writes its JSON result.
+
+Benchmarks measure and never gate: nothing here looks at a timing, only at the result's shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cli import BENCHMARKS, module, register, settings_of
+from geofm.data.demo import make_demo_archive
+
+REPO = Path(__file__).parents[2]
+KEYS = {"benchmark", "command", "created", "seconds", "machine", "libraries", "settings", "results", "targets", "notes"}
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("demo")
+    make_demo_archive(root, seed=0)
+    return root
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_quick_run_writes_its_json_result(name: str, archive: Path, tmp_path: Path) -> None:
+    out = tmp_path / f"{name}.json"
+    extra = [f"archive={archive}"] if "archive" in module(name).DEFAULTS else []
+    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    env.update(DS_ACCELERATOR="cpu", PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cli", name, "--quick", "--out", str(out), *extra],
+        capture_output=True, text=True, cwd=tmp_path, env=env,
+    )
+    assert proc.returncode == 0, f"geofm bench {name} --quick failed:\n{proc.stderr[-3000:]}"
+    record = json.loads(out.read_text())
+    assert set(record) == KEYS, f"unexpected top-level keys {sorted(set(record) ^ KEYS)}"
+    assert record["benchmark"] == name and record["results"], "the result holds no figures"
+    assert record["libraries"]["torch"] and record["machine"]["usable_cpus"] >= 1
+    assert all({"name", "value", "goal", "met"} <= set(t) for t in record["targets"])
+    assert "wrote" in proc.stdout, "the table for people was not printed"
+
+
+def test_bench_registers_on_the_geofm_command_line() -> None:
+    parser = argparse.ArgumentParser(prog="geofm")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "codec", "--quick", "bits=[1, 8]"])  # settings may follow the options
+    assert (args.name, args.quick, args.settings) == ("codec", True, ["bits=[1, 8]"])
+    settings = settings_of(module("codec"), args.quick, args.settings)
+    assert settings["bits"] == [1, 8] and settings["numel"] == module("codec").QUICK["numel"]
+    with pytest.raises(ValueError, match="unknown setting 'bitz'"):
+        settings_of(module("codec"), False, ["bitz=1"])
