@@ -35,14 +35,13 @@ from geofm.checkpoints import LoadReport
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune import build_finetune_dataset
-from geofm.errors import GeoFMError, RunInterrupted
 from geofm.runlog import MetricsLog, Throughput, is_finite, plot_loss_curve, plot_metric_curve, progress_bar
 from geofm.training import (
     TRAIN_SCHEDULE_KEYS,
     InputPath,
     IntervalMeans,
     Progress,
-    StopSignals,
+    StepBoundaries,
     start_run,
     step_seed,
 )
@@ -163,14 +162,13 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
     bar = progress_bar(schedule.total_steps, step, rank == 0 and cfg.run.progress, run_dir.name)
     interval, speed = IntervalMeans(("loss",)), Throughput()
     micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
-    saved_step, started = step, time.perf_counter()
+    started = time.perf_counter()
     metric = cfg.primary_metric
 
     def seconds() -> float:
         return seconds_before + time.perf_counter() - started
 
-    def save() -> None:
-        nonlocal saved_step
+    def save(step: int) -> None:
         record = Progress(
             step=step,
             total_steps=schedule.total_steps,
@@ -179,10 +177,10 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
             zero_stage=ds.zero_stage(cfg.train, world),
         )
         checkpoints.save(engine, record, {"step": step, "seconds": seconds()})
-        saved_step = step
         if rank == 0:
             snapshot_best(run_dir, checkpoints.latest().resolve())
             plot(metrics.read())
+        speed.restart()
 
     def plot(records: list[dict]) -> None:
         plot_loss_curve(records, run_dir / "loss_curve.png", run_dir.name)
@@ -200,7 +198,10 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
             if rank == 0:
                 save_best(engine.module, run_dir, best)
 
-    with StopSignals() as stop:
+    boundaries = StepBoundaries(
+        save, world_size=world, checkpoint_every=cfg.run.checkpoint_every, stop_at=stop_at, step=step
+    )
+    with boundaries:
         try:
             while step < stop_at:
                 epoch, done = divmod(step, schedule.steps_per_epoch)
@@ -240,7 +241,8 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
                         }
                         if not is_finite(record):
                             raise FloatingPointError(
-                                f"step {step}: loss is not finite ({record}); checkpoints up to step {saved_step} are intact"
+                                f"step {step}: loss is not finite ({record}); checkpoints up to step "
+                                f"{boundaries.saved_step} are intact"
                             )
                         if metrics is not None:
                             metrics.write(record)
@@ -250,21 +252,8 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
                     if val_set is not None and not in_epoch and (epochs_done % opt.eval_every == 0 or last):
                         validate(epoch_now)
                         speed.restart()
-                    stopping = stop.requested()
-                    if step % cfg.run.checkpoint_every == 0 or step == stop_at or stopping:
-                        save()
-                        speed.restart()
-                    if stopping:
-                        raise RunInterrupted(
-                            f"stopped by {stop.name()} at step {step}; saved a checkpoint, rerun the same command to resume"
-                        )
-                    if step >= stop_at:
+                    if boundaries.reached(step):
                         break
-        except (GeoFMError, OSError):
-            if world == 1 and step > saved_step:
-                save()
-                log.warning("stopped at step %d: saved a checkpoint; fix the input and rerun to resume", step)
-            raise
         finally:
             bar.close()
 

@@ -10,6 +10,7 @@ a start that fails on its inputs leaves nothing behind.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -26,8 +27,10 @@ from geofm import engine as ds
 from geofm.checkpoints.io import LAST_CHECKPOINT, resolve_checkpoint_path
 from geofm.config import OptimizerConfig, RunConfig, Section, config_to_dict
 from geofm.data.sources import list_images
-from geofm.errors import ConfigError, GeoFMError
+from geofm.errors import ConfigError, GeoFMError, RunInterrupted
 from geofm.runlog import Phases
+
+log = logging.getLogger("geofm.training")
 
 PROGRESS_FILE = "progress.json"
 CONFIG_FILE = "config.yaml"
@@ -340,6 +343,63 @@ class StopSignals:
 
     def name(self) -> str:
         return signal.Signals(self.received).name if self.received else "another process"
+
+
+class StepBoundaries:
+    """The optimizer-step boundaries of a training loop: checkpoints when due, a clean stop on a signal,
+    and the progress kept when bad input ends a run.
+
+    Used as ``with StepBoundaries(save, ...) as boundaries:`` around the loop, calling
+    :meth:`reached` after every optimizer step. ``save(step)`` writes a checkpoint (all processes
+    call it together). An input error (:class:`~geofm.errors.GeoFMError`, ``OSError``) raised in the
+    loop on one process saves the step reached before it propagates; several processes would wait
+    on each other in the collective save, so they rely on their periodic checkpoints.
+
+    Args:
+        save: writes the checkpoint of a step.
+        world_size: processes training together.
+        checkpoint_every: steps between periodic checkpoints.
+        stop_at: the last step of this invocation (the end of the schedule or ``stop_after_steps``).
+        step: the step the loop starts from (resumed runs: the checkpoint's).
+    """
+
+    def __init__(self, save, *, world_size: int, checkpoint_every: int, stop_at: int, step: int) -> None:
+        self._save, self.world_size = save, world_size
+        self.checkpoint_every, self.stop_at = checkpoint_every, stop_at
+        self.step = self.saved_step = step
+        self.signals = StopSignals()
+
+    def __enter__(self) -> StepBoundaries:
+        self.signals.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        self.signals.__exit__(exc_type, exc, traceback)
+        if exc_type is not None and issubclass(exc_type, (GeoFMError, OSError)):
+            if self.world_size == 1 and self.step > self.saved_step:
+                self.save()
+                log.warning("stopped at step %d: saved a checkpoint; fix the input and rerun to resume", self.step)
+
+    def save(self) -> None:
+        """Checkpoint the step reached."""
+        self._save(self.step)
+        self.saved_step = self.step
+
+    def reached(self, step: int) -> bool:
+        """After an optimizer step: checkpoint if due or asked to stop; True when the invocation is done.
+
+        Raises:
+            RunInterrupted: after saving, when a process received SIGINT or SIGTERM.
+        """
+        self.step = step
+        stopping = self.signals.requested()
+        if step % self.checkpoint_every == 0 or step == self.stop_at or stopping:
+            self.save()
+        if stopping:
+            raise RunInterrupted(
+                f"stopped by {self.signals.name()} at step {step}; saved a checkpoint, rerun the same command to resume"
+            )
+        return step >= self.stop_at
 
 
 class IntervalMeans:

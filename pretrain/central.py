@@ -25,7 +25,6 @@ from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config import PretrainConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile, SkippedFiles
-from geofm.errors import GeoFMError, RunInterrupted
 from geofm.models.backbones import backbone_kwargs, create_backbone, prefer_fused_attention
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
@@ -45,7 +44,7 @@ from geofm.training import (
     InputPath,
     IntervalMeans,
     Progress,
-    StopSignals,
+    StepBoundaries,
     leave_cores_to_workers,
     start_run,
     step_seed,
@@ -191,14 +190,12 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     bar = progress_bar(schedule.total_steps, step, rank == 0 and cfg.run.progress, run_dir.name)
     interval, speed = IntervalMeans(LOSS_KEYS), Throughput()
     micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
-    saved_step = step
 
     def skipped_everywhere() -> list[list[int]]:
         """Files skipped by any process (a collective call when distributed)."""
         return [list(pair) for pair in sorted(set().union(*ds.gather_objects(skipped.files)))]
 
-    def save() -> None:
-        nonlocal saved_step
+    def save(step: int) -> None:
         record = Progress(
             step=step,
             total_steps=schedule.total_steps,
@@ -208,7 +205,9 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
             skipped_files=skipped_everywhere(),
         )
         checkpoints.save(engine, record, {"step": step})
-        saved_step = step
+        if metrics is not None:
+            plot_loss_curve(metrics.read(), run_dir / "loss_curve.png", run_dir.name)
+        speed.restart()
 
     # One loader for the run: its workers persist from epoch to epoch, and each epoch's iterator
     # reads the sampler's epoch and start position as set just before.
@@ -221,7 +220,10 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
         pin_memory=dev.type == "cuda",
         persistent_workers=cfg.data.num_workers > 0,
     )
-    with StopSignals() as stop:
+    boundaries = StepBoundaries(
+        save, world_size=world, checkpoint_every=cfg.run.checkpoint_every, stop_at=stop_at, step=step
+    )
+    with boundaries:
         try:
             while step < stop_at:
                 epoch, done = divmod(step, schedule.steps_per_epoch)
@@ -258,30 +260,13 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
                         if not is_finite(record):
                             raise FloatingPointError(
                                 f"step {step}: loss is not finite ({record}); "
-                                f"checkpoints up to step {saved_step} are intact"
+                                f"checkpoints up to step {boundaries.saved_step} are intact"
                             )
                         if metrics is not None:
                             metrics.write(record)
                             bar.set_postfix(loss=f"{record['loss']:.4f}", img_s=f"{record['images_per_s']:.1f}")
-                    stopping = stop.requested()
-                    if step % cfg.run.checkpoint_every == 0 or step == stop_at or stopping:
-                        save()
-                        if metrics is not None:
-                            plot_loss_curve(metrics.read(), run_dir / "loss_curve.png", run_dir.name)
-                        speed.restart()
-                    if stopping:
-                        raise RunInterrupted(
-                            f"stopped by {stop.name()} at step {step}; saved a checkpoint, rerun the same command to resume"
-                        )
-                    if step >= stop_at:
+                    if boundaries.reached(step):
                         break
-        except (GeoFMError, OSError):
-            # Bad input met between steps: keep the progress. One process can save alone; several
-            # would wait on each other in the collective save, so they rely on periodic checkpoints.
-            if world == 1 and step > saved_step:
-                save()
-                log.warning("stopped at step %d: saved a checkpoint; fix the input and rerun to resume", step)
-            raise
         finally:
             bar.close()
 
