@@ -169,13 +169,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         return seconds_before + time.perf_counter() - started
 
     def save(step: int) -> None:
-        record = Progress(
-            step=step,
-            total_steps=schedule.total_steps,
-            global_batch=ds.global_batch(cfg.train, world),
-            world_size=world,
-            zero_stage=ds.zero_stage(cfg.train, world),
-        )
+        record = Progress.of(step, schedule.total_steps, cfg.train, world)
         checkpoints.save(engine, record, {"step": step, "seconds": seconds()})
         if rank == 0:
             snapshot_best(run_dir, checkpoints.latest().resolve())

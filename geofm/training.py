@@ -100,6 +100,18 @@ class Progress:
     zero_stage: int
     skipped_files: list[list[int]] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, step: int, total_steps: int, train: OptimizerConfig, world_size: int, **extra) -> Progress:
+        """The record of ``step`` for processes training with the ``train`` settings."""
+        return cls(
+            step=step,
+            total_steps=total_steps,
+            global_batch=ds.global_batch(train, world_size),
+            world_size=world_size,
+            zero_stage=ds.zero_stage(train, world_size),
+            **extra,
+        )
+
     @property
     def finished(self) -> bool:
         return self.step >= self.total_steps

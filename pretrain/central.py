@@ -196,14 +196,7 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
         return [list(pair) for pair in sorted(set().union(*ds.gather_objects(skipped.files)))]
 
     def save(step: int) -> None:
-        record = Progress(
-            step=step,
-            total_steps=schedule.total_steps,
-            global_batch=ds.global_batch(cfg.train, world),
-            world_size=world,
-            zero_stage=ds.zero_stage(cfg.train, world),
-            skipped_files=skipped_everywhere(),
-        )
+        record = Progress.of(step, schedule.total_steps, cfg.train, world, skipped_files=skipped_everywhere())
         checkpoints.save(engine, record, {"step": step})
         if metrics is not None:
             plot_loss_curve(metrics.read(), run_dir / "loss_curve.png", run_dir.name)

@@ -508,13 +508,7 @@ class FederatedServer:
         self.checkpoints.commit(tag, self._progress(rnd))
 
     def _progress(self, rnd: int) -> Progress:
-        return Progress(
-            step=rnd,
-            total_steps=self.cfg.federation.rounds,
-            global_batch=self.cfg.train.micro_batch_size * self.cfg.train.grad_accum_steps,
-            world_size=1,
-            zero_stage=0,
-        )
+        return Progress.of(rnd, self.cfg.federation.rounds, self.cfg.train, world_size=1)
 
     def _resume(self) -> int:
         """Load the last server checkpoint, if any; return the rounds it completed."""
