@@ -35,7 +35,7 @@ from geofm.checkpoints import LoadReport
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune import build_finetune_dataset
-from geofm.runlog import MetricsLog, Throughput, is_finite, plot_loss_curve, plot_metric_curve, progress_bar
+from geofm.runlog import MetricsLog, Throughput, plot_loss_curve, plot_metric_curve, progress_bar
 from geofm.training import (
     TRAIN_SCHEDULE_KEYS,
     InputPath,
@@ -233,11 +233,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
                             "lr": max(engine.get_lr()),
                             "images_per_s": round(speed.rate(), 2),
                         }
-                        if not is_finite(record):
-                            raise FloatingPointError(
-                                f"step {step}: loss is not finite ({record}); checkpoints up to step "
-                                f"{boundaries.saved_step} are intact"
-                            )
+                        boundaries.check_finite(record)
                         if metrics is not None:
                             metrics.write(record)
                             bar.set_postfix(loss=f"{record['loss']:.4f}")

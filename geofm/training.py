@@ -28,7 +28,7 @@ from geofm.checkpoints.io import LAST_CHECKPOINT, resolve_checkpoint_path
 from geofm.config import OptimizerConfig, RunConfig, Section, config_to_dict
 from geofm.data.sources import list_images
 from geofm.errors import ConfigError, GeoFMError, RunInterrupted
-from geofm.runlog import Phases
+from geofm.runlog import Phases, is_finite
 
 log = logging.getLogger("geofm.training")
 
@@ -370,7 +370,7 @@ class StepBoundaries:
     Args:
         save: writes the checkpoint of a step.
         world_size: processes training together.
-        checkpoint_every: steps between periodic checkpoints.
+        checkpoint_every: steps between periodic checkpoints (``run.checkpoint_every``).
         stop_at: the last step of this invocation (the end of the schedule or ``stop_after_steps``).
         step: the step the loop starts from (resumed runs: the checkpoint's).
     """
@@ -391,6 +391,17 @@ class StepBoundaries:
             if self.world_size == 1 and self.step > self.saved_step:
                 self.save()
                 log.warning("stopped at step %d: saved a checkpoint; fix the input and rerun to resume", self.step)
+
+    def check_finite(self, record: dict) -> None:
+        """Stop the run at a logged record whose losses are not finite, keeping the checkpoints intact.
+
+        Raises:
+            FloatingPointError: naming the step and the last checkpoint.
+        """
+        if not is_finite(record):
+            raise FloatingPointError(
+                f"step {record['step']}: loss is not finite ({record}); checkpoints up to step {self.saved_step} are intact"
+            )
 
     def save(self) -> None:
         """Checkpoint the step reached."""

@@ -35,7 +35,6 @@ from geofm.runlog import (
     Phases,
     Throughput,
     final_metrics,
-    is_finite,
     plot_loss_curve,
     progress_bar,
 )
@@ -250,11 +249,7 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
                             "images_per_s": round(speed.rate(), 2),
                             "skipped_files": len(skipped_everywhere()),
                         }
-                        if not is_finite(record):
-                            raise FloatingPointError(
-                                f"step {step}: loss is not finite ({record}); "
-                                f"checkpoints up to step {boundaries.saved_step} are intact"
-                            )
+                        boundaries.check_finite(record)
                         if metrics is not None:
                             metrics.write(record)
                             bar.set_postfix(loss=f"{record['loss']:.4f}", img_s=f"{record['images_per_s']:.1f}")
