@@ -91,7 +91,7 @@ class ServerProgram(Protocol):
     Plan attributes: ``num_rounds``, ``min_clients`` (fewest replies a round needs), ``fraction``
     (share of connected nodes selected per round, at least ``min_clients``), ``round_timeout_s``
     (per-round reply timeout, None waits until every node answered or went offline) and
-    ``expected_clients`` (nodes to wait for before round 1). Optional: ``connect_timeout_s``
+    ``expected_clients`` (nodes to wait for before the first round). Optional: ``connect_timeout_s``
     (how long to wait for them, default 600), ``round_retries`` (attempts after a round that got
     fewer than ``min_clients`` replies, default 2) and a method ``select(rnd, attempt, node_ids)``
     choosing the round's nodes among the registered ones (default :func:`select_nodes`; a program
@@ -285,10 +285,13 @@ def run_server(
     """
     plan = Plan.of(program)
     loop = _RoundLoop(program, transport, plan, poll_s, clock)
-    loop.await_nodes(plan.expected_clients, "before round 1")
     first = program.start_round()
     if first < 1:
         raise FederatedRunError(f"{type(program).__name__}.start_round() returned {first}, expected >= 1")
+    if first > plan.num_rounds:  # a finished run, rerun: no node is needed to finish it again
+        log.info("rounds 1-%d are done; no round to run", plan.num_rounds)
+    else:
+        loop.await_nodes(plan.expected_clients, f"before round {first}")
     for rnd in range(first, plan.num_rounds + 1):
         loop.run_round(rnd)
     program.finish()

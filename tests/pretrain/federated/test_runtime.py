@@ -103,6 +103,14 @@ def test_too_few_nodes_within_the_connect_timeout_is_a_clear_error():
         run_server(server, Transport(), poll_s=0, clock=lambda: next(clock))
 
 
+def test_a_finished_run_finishes_again_without_waiting_for_nodes():
+    clock = itertools.count(0.0, 1000.0)  # any wait for nodes would time out at once
+    server = Server(connect_timeout_s=30.0)
+    server.start_round = lambda: 3  # rounds 1-2 were done before a restart
+    run_server(server, Transport(nodes=()), poll_s=0, clock=lambda: next(clock))
+    assert server.finished and server.rounds == [], "a finished run only finishes: no round, no wait for nodes"
+
+
 def test_configure_may_address_selected_nodes_only():
     server = Server()
     server.stray = True
