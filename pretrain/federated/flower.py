@@ -30,7 +30,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from geofm.errors import ConfigError, FederatedRunError
+from geofm.errors import ConfigError, FederatedRunError, GeoFMError
 from pretrain.federated.runtime import (
     CLIENT_FACTORY,
     INSTITUTION,
@@ -162,8 +162,10 @@ def _server_main(grid: Grid, context: Context, bound: Mapping[str, Scalar]) -> N
 def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar]) -> Message:
     """Answer a query (identity) or train message with the node's client program.
 
-    An exception becomes an error reply whose reason names the institution and the exception,
-    with the traceback logged on the node; the node's state is then left as it was.
+    An exception becomes an error reply whose reason names the institution and the exception; the
+    node logs it too, in one line for bad input (a :class:`~geofm.errors.GeoFMError`, whose message
+    names the file or field; the traceback at debug level) and with the traceback otherwise. The
+    node's state is then left as it was.
     """
     run_config = _run_config(context, bound)
     name = context.node_config.get(INSTITUTION, f"node {context.node_id}")
@@ -175,8 +177,10 @@ def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar
             return Message(_content(({}, program.identity()), "identity"), reply_to=message)
         return _train(program, message, context)
     except Exception as err:
-        log.exception("%s of %s failed", message.metadata.message_type, name)
         reason = f"{name}: {type(err).__name__}: {err}"
+        bad_input = isinstance(err, GeoFMError)
+        traceback = not bad_input or log.isEnabledFor(logging.DEBUG)
+        log.error("%s of %s failed%s", message.metadata.message_type, name, f": {err}" if bad_input else "", exc_info=traceback)
         return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=message)
 
 

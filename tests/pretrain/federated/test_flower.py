@@ -11,7 +11,7 @@ import toy_federated_program as toy
 from geofm.errors import ConfigError, FederatedRunError
 from pretrain.federated.deploy import APP_DIR
 from pretrain.federated.flower import from_array_record, simulate, to_array_record, to_config_record
-from pretrain.federated.runtime import RUN_CONFIG_DEFAULTS, load_object
+from pretrain.federated.runtime import INSTITUTION, RUN_CONFIG_DEFAULTS, load_object
 
 
 def test_array_records_keep_dtype_shape_and_bits_exactly():
@@ -81,3 +81,27 @@ def test_simulation_checks_its_arguments_before_starting(toy_run_config):
         simulate({**toy_run_config(), "rounds": 2}, num_nodes=1)
     with pytest.raises(ConfigError, match="run config 'client-factory': cannot import module 'nope'"):
         simulate({**toy_run_config(), "client-factory": "nope:make"}, num_nodes=1)
+
+
+@pytest.mark.parametrize(
+    "failure, one_line",
+    [("bad_input", True), ("fail", False)],
+    ids=["bad input: one line naming the file", "a bug: with its traceback"],
+)
+def test_a_failing_client_replies_with_an_error_and_logs_bad_input_in_one_line(toy_run_config, caplog, failure, one_line):
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+
+    from pretrain.federated.flower import ARRAYS, SCALARS, _client_reply
+
+    run_config = toy_run_config({failure: "b@1"})
+    context = Context(run_id=1, node_id=7, node_config={INSTITUTION: "b"}, state=RecordDict(), run_config=run_config)
+    arrays, scalars = to_array_record({"header": np.zeros(2, np.int64)}, "arrays"), ConfigRecord({"round": 1})
+    message = Message(RecordDict({ARRAYS: arrays, SCALARS: scalars}), dst_node_id=7, message_type=MessageType.TRAIN)
+    with caplog.at_level("INFO", logger="pretrain.federated"):
+        reply = _client_reply(message, context, {})
+    assert reply.has_error(), "the failure travels back as an error reply"
+    expected = "b: GeoFMError: data/b/scene_000.tif" if one_line else "b: RuntimeError: toy failure of b in round 1"
+    assert reply.error.reason.startswith(expected), reply.error.reason
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert ("scene_000.tif" in record.getMessage()) == one_line, record.getMessage()
+    assert (not record.exc_info) == one_line, "a traceback only for what is not bad input"

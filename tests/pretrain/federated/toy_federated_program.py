@@ -7,7 +7,8 @@ can check what crossed the wire even when the server runs in another process.
 
 The config is the run config's ``config`` entry (JSON); its keys:
 rounds, min_clients, fraction, round_timeout_s, expected_clients, connect_timeout_s,
-round_retries, out, and ``fail`` (``institution@round,...``: that client raises in that round).
+round_retries, out, ``fail`` (``institution@round,...``: that client raises a RuntimeError in that
+round) and ``bad_input`` (the same, raising a GeoFMError as unreadable data would).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from geofm.errors import GeoFMError
 from pretrain.federated.runtime import program_config
 
 BITS = np.array([0, 1, 127, 128, 254, 255], dtype=np.uint8)
@@ -31,6 +33,7 @@ DEFAULTS = {
     "round_retries": 0,
     "out": "",
     "fail": "",
+    "bad_input": "",
 }
 
 
@@ -98,11 +101,16 @@ class ToyServer:
             f.write(json.dumps({"finished": True, "total": self.total.tolist()}) + "\n")
 
 
+def _rounds_of(entry: str) -> set[tuple[str, str]]:
+    """``institution@round,...`` as a set of (institution, round) pairs."""
+    return {tuple(item.split("@")) for item in str(entry).split(",") if item}
+
+
 class ToyClient:
     def __init__(self, run_config: dict, node_config: dict) -> None:
         config = load_toy_config(run_config)
         self.name = node_config["institution"]
-        self.fail = {tuple(item.split("@")) for item in str(config["fail"]).split(",") if item}
+        self.fail, self.bad_input = (_rounds_of(config[key]) for key in ("fail", "bad_input"))
 
     def identity(self) -> dict:
         return {"client": self.name, "num_examples": 10}
@@ -110,6 +118,8 @@ class ToyClient:
     def train(self, arrays: dict, config: dict, state: dict) -> tuple:
         if (self.name, str(config["round"])) in self.fail:
             raise RuntimeError(f"toy failure of {self.name} in round {config['round']}")
+        if (self.name, str(config["round"])) in self.bad_input:
+            raise GeoFMError(f"data/{self.name}/scene_000.tif: cannot read raster")
         count = int(state["count"][0]) + 1 if "count" in state else 1
         upload = {"bits": BITS ^ np.uint8(count), "value": np.full(3, 0.5 * count, dtype=np.float32)}
         metrics = {"count": count, "header": str(arrays["header"].tolist()), "process_age_s": process_age_s()}
