@@ -42,7 +42,10 @@ def _write(tmp_path, tree):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("train.epoch=3", r"train\.epoch: unknown key"),
+        ("train.epoch=3", r"train\.epoch: unknown key \(did you mean epochs\?\)"),
+        ("data.sources.1.nodta=0", r"data\.sources\.1\.nodta: unknown key \(did you mean nodata\?\)"),
+        ("modle={arch: swin}", r"modle: unknown key \(did you mean model\?\)"),
+        ("train.zzz=1", r"train\.zzz: unknown key$"),
         ("train.epochs=ten", r"train\.epochs: .*integer.*'ten'"),
         ("model.arch=resnet50", "unknown backbone architecture 'resnet50'"),
         ("masking.mask_patch_size=24", "not divisible by masking.mask_patch_size"),

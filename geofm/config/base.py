@@ -11,6 +11,9 @@ written to be run from the repository root); errors about paths show the resolve
 
 from __future__ import annotations
 
+import collections.abc
+import difflib
+import typing
 from pathlib import Path
 from typing import Any, Self
 
@@ -74,13 +77,34 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, A
     return pairs
 
 
-def _format_validation_error(err: ValidationError) -> str:
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    """The config section a field holds, itself or as the items of a list or an optional value."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (dict, collections.abc.Mapping):
+        return None
+    return next(filter(None, map(_section_of, typing.get_args(annotation))), None)
+
+
+def _keys_at(schema: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys the section at ``loc`` accepts; none when the path leaves plain sections and lists."""
+    section: type[BaseModel] | None = schema
+    for part in loc:
+        if isinstance(part, int):  # an index into a list of sections
+            continue
+        field = section.model_fields.get(part) if section is not None else None
+        section = _section_of(field.annotation) if field is not None else None
+    return list(section.model_fields) if section is not None else []
+
+
+def _format_validation_error(err: ValidationError, schema: type[BaseModel]) -> str:
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "config"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            near = difflib.get_close_matches(str(e["loc"][-1]), _keys_at(schema, e["loc"][:-1]), n=2, cutoff=0.6)
+            msg = f"unknown key (did you mean {' or '.join(near)}?)" if near else "unknown key"
         elif not isinstance(e.get("input"), dict):
             msg = f"{msg} (got {e.get('input')!r})"
         lines.append(f"  {where}: {msg}")
@@ -150,7 +174,7 @@ class ProgramConfig(Section):
         try:
             return cls.model_validate(tree)
         except ValidationError as exc:
-            raise ConfigError(f"{source}: invalid configuration\n{_format_validation_error(exc)}") from None
+            raise ConfigError(f"{source}: invalid configuration\n{_format_validation_error(exc, cls)}") from None
 
 
 def config_to_dict(cfg: Section) -> dict:
