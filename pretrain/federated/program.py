@@ -390,6 +390,9 @@ class FederatedServer:
 
     def aggregate(self, rnd: int, replies: list[Reply], failures: list[Failure]) -> None:
         """Screen and combine the uploads, apply the server rule, log the round and checkpoint it."""
+        # In institution order, not arrival order: float sums and the clustering then give the same
+        # global model whichever client answers first.
+        replies = sorted(replies, key=lambda r: self.clients[r.node_id][0])
         uploads = [Upload(self.clients[r.node_id][0], r.arrays, self.clients[r.node_id][1]) for r in replies]
         aggregate = self.algorithm.screen(uploads)
         for rejection in aggregate.rejected:
