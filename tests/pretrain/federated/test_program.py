@@ -104,6 +104,23 @@ def test_a_stopped_server_resumes_to_the_same_result(fed_tree):
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "the resumed run ends with the same weights"
 
 
+class _LastFirst(InProcess):
+    """Replies arrive in the opposite order, as they may from nodes of different speeds."""
+
+    def exchange(self, kind, rnd, payloads, timeout_s):
+        replies, failures = super().exchange(kind, rnd, payloads, timeout_s)
+        return replies[::-1], failures
+
+
+def test_the_global_model_does_not_depend_on_the_order_replies_arrive_in(fed_tree):
+    cfg = FederatedConfig.from_tree(fed_tree("last_first"))
+    clients = {i + 1: FederatedClient(cfg, {"institution": name}) for i, name in enumerate(cfg.client_names)}
+    run_server(FederatedServer(cfg), _LastFirst(clients), poll_s=0)
+    in_order = _run(fed_tree("in_order"))
+    wa, wb = load_file(in_order / "backbone.safetensors"), load_file(cfg.run.output_dir / "backbone.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "the same uploads give the same model in any arrival order"
+
+
 class _Faulty:
     """A client that uploads what the server must refuse: a NaN update, a wrong bit width, then raises."""
 
