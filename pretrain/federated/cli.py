@@ -150,7 +150,13 @@ def _simulate(args: argparse.Namespace) -> None:
     run_config = program_run_config(args)
     if not run_config[INSTITUTIONS]:
         raise ConfigError("--institutions names the simulated nodes of another program")
-    simulate(run_config, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node, num_cpus=args.num_cpus)
+    simulate(
+        run_config,
+        cpus_per_node=args.cpus_per_node,
+        gpus_per_node=args.gpus_per_node,
+        num_cpus=args.num_cpus,
+        verbose=getattr(args, "verbose", False),  # geofm --verbose
+    )
 
 
 def _print_commands(out: Path, args: argparse.Namespace) -> None:
