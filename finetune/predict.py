@@ -29,7 +29,7 @@ date) are nodata in the output.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack, closing
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,9 +150,6 @@ class _Output:
             pixels[:, invalid] = self.fill
         self.writer.write(pixels, row_off * self.factor)
 
-    def close(self) -> None:
-        self.writer.close()
-
 
 def predict_scene(
     model_fn: ModelFn,
@@ -236,7 +233,8 @@ def predict_scene(
                     out = _scores(model_fn(*batches), len(lefts), size, task, len(normaliser.bands))
                 if output is None:
                     nodata = normaliser.nodata_for(info.nodata)
-                    output = stack.enter_context(closing(_Output(output_path, task, normaliser, out.shape[1], info, factor, nodata)))
+                    output = _Output(output_path, task, normaliser, out.shape[1], info, factor, nodata)
+                    stack.enter_context(output.writer)  # the scene's GeoTIFF appears only once it is whole
                     scores = np.zeros((out.shape[1], size, width * factor), dtype=np.float32)
                 for b, left in enumerate(lefts):
                     h, w = rows_read * factor, min(tile, width - left) * factor

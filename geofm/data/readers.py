@@ -7,6 +7,7 @@ Whole files (:func:`read_raster`), headers (:func:`raster_info`), windows of sce
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -309,7 +310,9 @@ class GeoTiffWriter:
     """A GeoTIFF written window by window, so that a scene never has to be held whole in memory.
 
     The file is tiled (256 x 256 blocks), deflate-compressed and becomes a BigTIFF when it needs
-    to. Use it as a context manager.
+    to. It is written as ``NAME.partial`` beside its path and takes the path only when closed, so
+    a write that fails or is interrupted leaves no half-written file and never replaces an earlier
+    one. Use it as a context manager: leaving on an exception discards the partial file.
     """
 
     def __init__(
@@ -338,12 +341,12 @@ class GeoTiffWriter:
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
+        self.path, self.partial = path, path.with_name(path.name + ".partial")
         self.shape = (count, height, width)
         self.dtype = np.dtype(dtype)
         blocked = width >= 256 and height >= 256
         self._dst = rasterio.open(
-            path,
+            self.partial,
             "w",
             driver="GTiff",
             width=width,
@@ -379,14 +382,23 @@ class GeoTiffWriter:
         self._dst.write(array.astype(self.dtype, copy=False), window=window)
 
     def close(self) -> None:
-        """Finish and close the file."""
+        """Finish the file and move it to its path."""
         self._dst.close()
+        os.replace(self.partial, self.path)
+
+    def discard(self) -> None:
+        """Close and delete the partial file; the path keeps what it held before."""
+        self._dst.close()
+        self.partial.unlink(missing_ok=True)
 
     def __enter__(self) -> GeoTiffWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
 
 
 def scaled_transform(transform: Sequence[float], factor: float) -> tuple[float, ...]:

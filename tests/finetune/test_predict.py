@@ -75,6 +75,24 @@ def test_per_pixel_model_gives_its_own_output_everywhere(tmp_path, scene):
     assert agree.all(), f"{(~agree).sum()} pixels differ from the per-pixel prediction (seams?)"
 
 
+def test_a_prediction_that_fails_midway_leaves_no_output(tmp_path, scene):
+    path, _ = scene
+    calls = []
+
+    def fails_on_the_third_batch(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("out of memory")
+        return per_pixel(x)
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        predict_scene(
+            fails_on_the_third_batch, path, tmp_path / "out" / "classes.tif", task="segmentation", normaliser=_normaliser(),
+            tile=64, overlap=16, batch_size=3, progress=False,
+        )
+    assert len(calls) == 3 and list((tmp_path / "out").iterdir()) == [], "no half-written GeoTIFF, no partial file"
+
+
 def test_scene_within_one_tile_equals_a_single_pass(tmp_path):
     data = np.random.default_rng(1).integers(1, 1000, (3, 45, 57)).astype(np.uint16)
     path = tmp_path / "small.tif"
