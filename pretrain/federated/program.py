@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import random
+import re
 import time
 import zlib
 from collections.abc import Iterator
@@ -301,16 +302,21 @@ class FederatedClient:
         """Keep the state on this institution's disk too; a restarted run (new Flower context) reads it back."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         path = self.state_dir / f"state_round_{rnd:06d}.npz"
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, **state)
-        tmp.replace(path)
-        for old in sorted(self.state_dir.glob("state_round_*.npz"))[:-2]:
+        partial = path.with_name(path.name + ".partial")  # not a state_round_*.npz until complete
+        with partial.open("wb") as f:
+            np.savez(f, **state)
+        partial.replace(path)
+        for _, old in self._saved()[:-2]:
             old.unlink()
+
+    def _saved(self) -> list[tuple[int, Path]]:
+        """The complete states on disk, oldest first, as (round, path); anything else there is ignored."""
+        found = (re.fullmatch(r"state_round_(\d+)\.npz", p.name) for p in self.state_dir.glob("state_round_*"))
+        return sorted((int(m.group(1)), self.state_dir / m.group(0)) for m in found if m)
 
     def _recover(self, rnd: int) -> Arrays:
         """The newest state saved before round ``rnd`` (empty: a first round, or none kept)."""
-        saved = sorted(self.state_dir.glob("state_round_*.npz"))
-        earlier = [p for p in saved if int(p.stem.rsplit("_", 1)[1]) < rnd]
+        earlier = [path for saved, path in self._saved() if saved < rnd]
         if not earlier:
             return {}
         with np.load(earlier[-1]) as data:

@@ -121,6 +121,21 @@ def test_the_global_model_does_not_depend_on_the_order_replies_arrive_in(fed_tre
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "the same uploads give the same model in any arrival order"
 
 
+def test_a_client_recovers_its_last_complete_state_whatever_a_kill_left_beside_it(fed_tree, tmp_path):
+    cfg = FederatedConfig.from_tree(fed_tree())
+    client = FederatedClient(cfg, {"institution": cfg.client_names[0], "state-dir": str(tmp_path / "state")})
+    for rnd in (1, 2, 3):
+        client._persist(rnd, {"e": np.full(3, float(rnd))})
+    # Killed while writing round 4's state, by this version and by one that named it differently.
+    (client.state_dir / "state_round_000004.npz.partial").write_bytes(b"PK\x03")
+    (client.state_dir / "state_round_000004.tmp.npz").write_bytes(b"PK\x03")
+    assert client._recover(5)["e"].tolist() == [3.0, 3.0, 3.0], "the newest complete state"
+    assert client._recover(3)["e"].tolist() == [2.0, 2.0, 2.0] and client._recover(1) == {}
+    client._persist(5, {"e": np.zeros(3)})
+    kept = sorted(p.name for p in client.state_dir.iterdir() if not p.name.startswith("state_round_000004"))
+    assert kept == ["state_round_000003.npz", "state_round_000005.npz"], "the last two complete states are kept"
+
+
 class _Faulty:
     """A client that uploads what the server must refuse: a NaN update, a wrong bit width, then raises."""
 
