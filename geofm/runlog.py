@@ -10,6 +10,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from geofm.errors import GeoFMError
+
 LOSS_KEYS = ("loss", "loss_mim", "loss_distill")
 
 
@@ -23,17 +25,30 @@ class MetricsLog:
     def __init__(self, path: Path, resume_step: int = 0, key: str = "step") -> None:
         self.path = path
         if path.exists():
-            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)[key] <= resume_step]
-            path.write_text("".join(line + "\n" for line in kept))
+            kept = [record for record in self.read() if record[key] <= resume_step]
+            path.write_text("".join(json.dumps(record) + "\n" for record in kept))
 
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
     def read(self) -> list[dict]:
+        """The records so far; a last line cut short (a run killed while writing it) is left out.
+
+        Raises:
+            GeoFMError: a line before the last is not a JSON record (naming the file and line).
+        """
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+        lines = self.path.read_text().splitlines()
+        records = []
+        for number, line in enumerate(lines, 1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                if number < len(lines) and line:
+                    raise GeoFMError(f"{self.path}, line {number}: not a JSON record ({err})") from None
+        return records
 
 
 def figure(width: float, height: float):
