@@ -179,8 +179,8 @@ def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar
     except Exception as err:
         reason = f"{name}: {type(err).__name__}: {err}"
         bad_input = isinstance(err, GeoFMError)
-        traceback = not bad_input or log.isEnabledFor(logging.DEBUG)
-        log.error("%s of %s failed%s", message.metadata.message_type, name, f": {err}" if bad_input else "", exc_info=traceback)
+        with_traceback = not bad_input or log.isEnabledFor(logging.DEBUG)
+        log.error("%s of %s failed%s", message.metadata.message_type, name, f": {err}" if bad_input else "", exc_info=with_traceback)
         return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=message)
 
 
