@@ -89,14 +89,18 @@ def test_simulation_checks_its_arguments_before_starting(toy_run_config):
     ids=["bad input: one line naming the file", "a bug: with its traceback"],
 )
 def test_a_failing_client_replies_with_an_error_and_logs_bad_input_in_one_line(toy_run_config, caplog, failure, one_line):
-    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.app import ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
 
     from pretrain.federated.flower import ARRAYS, SCALARS, _client_reply
 
     run_config = toy_run_config({failure: "b@1"})
     context = Context(run_id=1, node_id=7, node_config={INSTITUTION: "b"}, state=RecordDict(), run_config=run_config)
     arrays, scalars = to_array_record({"header": np.zeros(2, np.int64)}, "arrays"), ConfigRecord({"round": 1})
-    message = Message(RecordDict({ARRAYS: arrays, SCALARS: scalars}), dst_node_id=7, message_type=MessageType.TRAIN)
+    metadata = Metadata(  # as a SuperNode receives it (built by hand: Message() alone needs a running app)
+        run_id=1, message_id="m1", src_node_id=0, dst_node_id=7, reply_to_message_id="", group_id="",
+        created_at=0.0, ttl=60.0, message_type=MessageType.TRAIN,
+    )
+    message = Message(RecordDict({ARRAYS: arrays, SCALARS: scalars}), metadata=metadata)
     with caplog.at_level("INFO", logger="pretrain.federated"):
         reply = _client_reply(message, context, {})
     assert reply.has_error(), "the failure travels back as an error reply"
