@@ -21,6 +21,17 @@ VIT_ARCH = "vit_small_patch16_224"
 
 
 @pytest.fixture
+def one_torch_thread():
+    """One intra-op thread: tiny models gain nothing from two, which wait on each other on loaded cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def tiny_swin():
     from geofm.models.backbones import backbone_kwargs, create_backbone
 

@@ -38,12 +38,8 @@ SIMMIM_VIT_FINETUNE = {**BEIT_KWARGS, "use_rel_pos_bias": True, "use_shared_rel_
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and much faster on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _tiny_models_on_one_thread(one_torch_thread):
+    """Every checkpoint test runs its tiny models on one thread (see ``one_torch_thread``)."""
 
 
 def swin_kwargs(in_chans: int = 3, window_size: int = 4, img_size: int = IMG) -> dict:

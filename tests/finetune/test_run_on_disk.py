@@ -20,6 +20,8 @@ from geofm.config.finetune import FinetuneConfig, metric_names
 from geofm.data.demo import make_demo_archive
 from geofm.models.backbones import backbone_kwargs, create_backbone
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CONFIGS = Path(__file__).parents[2] / "configs" / "finetune"
 FAMILIES = ("classification", "multilabel", "segmentation", "change", "superres")
 RGBN = ["red", "green", "blue", "nir"]
@@ -71,15 +73,6 @@ def _check_run(run_dir: Path, cfg: FinetuneConfig) -> dict:
     selected = json.loads((run_dir / "best/best.json").read_text())
     assert selected["step"] in [r["step"] for r in validations], f"{cfg.task}: kept weights of step {selected['step']}"
     return evaluation
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: runs this small gain nothing from two, which wait on each other on loaded cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
