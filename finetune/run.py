@@ -154,9 +154,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
             restore_best(run_dir, checkpoints.latest().resolve())
         ds.barrier()
         best = read_best(run_dir)
-    stop_at = schedule.total_steps
-    if cfg.run.stop_after_steps is not None:
-        stop_at = min(stop_at, step + cfg.run.stop_after_steps)
+    stop_at = cfg.run.stop_step(step, schedule.total_steps)
 
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step) if rank == 0 else None
     bar = progress_bar(schedule.total_steps, step, rank == 0 and cfg.run.progress, run_dir.name)

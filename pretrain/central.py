@@ -181,9 +181,7 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
         startup.lap("resume")
         if rank == 0:
             log.info("resumed from %s at step %d", checkpoints.latest().resolve(), step)
-    stop_at = schedule.total_steps
-    if cfg.run.stop_after_steps is not None:
-        stop_at = min(stop_at, step + cfg.run.stop_after_steps)
+    stop_at = cfg.run.stop_step(step, schedule.total_steps)
 
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step) if rank == 0 else None
     bar = progress_bar(schedule.total_steps, step, rank == 0 and cfg.run.progress, run_dir.name)

@@ -269,6 +269,10 @@ class RunConfig(Section):
     )
     progress: bool = True
 
+    def stop_step(self, step: int, total_steps: int) -> int:
+        """The step an invocation starting at ``step`` ends at: the schedule's end, or ``stop_after_steps`` on."""
+        return total_steps if self.stop_after_steps is None else min(total_steps, step + self.stop_after_steps)
+
 
 def check_masked_pretraining(
     model: StudentConfig, masking: MaskingConfig, teacher: TeacherConfig | None, data: DataConfig
