@@ -47,11 +47,29 @@ class Raster:
 
     def valid(self, nodata: float | None = None) -> np.ndarray:
         """Bool mask of ``data``'s shape: finite pixels not equal to ``nodata`` (default: the file's own)."""
-        missing = nodata if nodata is not None else self.nodata
-        valid = np.isfinite(self.data)
-        if missing is not None:
-            valid &= self.data != missing
-        return valid
+        return valid_pixels(self.data, nodata if nodata is not None else self.nodata)
+
+
+def valid_pixels(data: np.ndarray, nodata: float | None) -> np.ndarray:
+    """Bool mask of ``data``'s shape: finite pixels not equal to ``nodata`` (None: every finite pixel)."""
+    valid = np.isfinite(data)
+    if nodata is not None:
+        valid &= data != nodata
+    return valid
+
+
+def normalise_pixels(
+    raw: np.ndarray, scale: float, mean: np.ndarray, std: np.ndarray, nodata: float | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(raw * scale - mean) / std`` as float32, with invalid pixels (see :func:`valid_pixels`) set to 0.
+
+    ``mean`` and ``std`` are float32 arrays broadcasting over ``raw`` (one value per band). Returns
+    the pixels and their valid mask.
+    """
+    valid = valid_pixels(raw, nodata)
+    pixels = (raw.astype(np.float32) * np.float32(scale) - mean) / std
+    pixels[~valid] = 0.0
+    return pixels, valid
 
 
 @dataclass(frozen=True)

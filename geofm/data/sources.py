@@ -12,7 +12,7 @@ from torch import Tensor
 
 from geofm.config import SourceConfig
 from geofm.data.grid import grid_origins
-from geofm.data.readers import WindowReader, raster_info, read_raster
+from geofm.data.readers import WindowReader, normalise_pixels, raster_info, read_raster
 from geofm.errors import DatasetNotFoundError
 
 
@@ -140,11 +140,7 @@ class ImageSource:
         """
         raw, own_nodata = self.read(index)
         nodata = self.cfg.nodata if self.cfg.nodata is not None else own_nodata
-        valid = np.isfinite(raw)
-        if nodata is not None:
-            valid &= raw != nodata
-        pixels = (raw.astype(np.float32) * np.float32(self.cfg.scale) - self._mean) / self._std
-        pixels[~valid] = 0.0
+        pixels, valid = normalise_pixels(raw, self.cfg.scale, self._mean, self._std, nodata)
         if self._in_order:  # the source holds every model band, in the model's order
             return torch.from_numpy(pixels), torch.from_numpy(valid)
 

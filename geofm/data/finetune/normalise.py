@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from geofm.config.finetune import FinetuneDataConfig
+from geofm.data.readers import normalise_pixels
 from geofm.errors import DataMismatchError
 
 
@@ -85,13 +86,7 @@ class BandNormaliser:
                 f"{where}: has {raw.shape[0] if raw.ndim == 3 else raw.shape} bands; data.dataset_bands declares "
                 f"{len(self.dataset_bands)} ({', '.join(self.dataset_bands)})"
             )
-        raw = raw[self.keep]
-        valid = np.isfinite(raw)
-        nodata = self.nodata_for(file_nodata)
-        if nodata is not None:
-            valid &= raw != nodata
-        pixels = (raw.astype(np.float32) * np.float32(self.scale) - self.mean) / self.std
-        pixels[~valid] = 0.0
+        pixels, valid = normalise_pixels(raw[self.keep], self.scale, self.mean, self.std, self.nodata_for(file_nodata))
         return torch.from_numpy(pixels), torch.from_numpy(valid)
 
     def denormalise(self, pixels: np.ndarray) -> np.ndarray:
