@@ -7,6 +7,11 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 
+def random_flips(hflip: bool, vflip: bool) -> list[v2.Transform]:
+    """Left-right and top-bottom flips with probability 0.5, each where asked for."""
+    return ([v2.RandomHorizontalFlip()] if hflip else []) + ([v2.RandomVerticalFlip()] if vflip else [])
+
+
 class PretrainAugmentation:
     """Random resized crop and flips, applied with the same geometry to an image and its valid mask.
 
@@ -29,14 +34,8 @@ class PretrainAugmentation:
             hflip: flip left-right with probability 0.5.
             vflip: flip top-bottom with probability 0.5.
         """
-        ops: list[v2.Transform] = [
-            v2.RandomResizedCrop(size, scale=scale, interpolation=v2.InterpolationMode.BILINEAR, antialias=True)
-        ]
-        if hflip:
-            ops.append(v2.RandomHorizontalFlip())
-        if vflip:
-            ops.append(v2.RandomVerticalFlip())
-        self.transform = v2.Compose(ops)
+        crop = v2.RandomResizedCrop(size, scale=scale, interpolation=v2.InterpolationMode.BILINEAR, antialias=True)
+        self.transform = v2.Compose([crop, *random_flips(hflip, vflip)])
 
     def __call__(self, image: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
         """Transform an image and its valid mask.

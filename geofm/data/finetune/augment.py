@@ -18,11 +18,9 @@ from torch import Tensor
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
+from geofm.data.transforms import random_flips
+
 _IMAGES = ("image", "image1", "image2")
-
-
-def _flips(hflip: bool, vflip: bool) -> list[v2.Transform]:
-    return ([v2.RandomHorizontalFlip()] if hflip else []) + ([v2.RandomVerticalFlip()] if vflip else [])
 
 
 def _pad_to(tensor: Tensor, height: int, width: int, fill: float) -> Tensor:
@@ -76,7 +74,7 @@ class ClassificationView:
         bilinear = v2.InterpolationMode.BILINEAR
         if train:
             crop = v2.RandomResizedCrop(img_size, scale=crop_scale, interpolation=bilinear, antialias=True)
-            ops = [crop, *_flips(hflip, vflip)]
+            ops = [crop, *random_flips(hflip, vflip)]
         else:
             ops = [v2.Resize((img_size, img_size), interpolation=bilinear, antialias=True)]
         self.transform = v2.Compose(ops)
@@ -99,7 +97,7 @@ class DenseAugmentation:
             mask_fill: mask value of padding where a scene is smaller than the crop.
         """
         crop = v2.RandomCrop(img_size, pad_if_needed=True, fill={tv_tensors.Image: 0.0, tv_tensors.Mask: mask_fill})
-        self.transform = v2.Compose([crop, *_flips(hflip, vflip)])
+        self.transform = v2.Compose([crop, *random_flips(hflip, vflip)])
 
     def __call__(self, sample: dict[str, Tensor]) -> dict[str, Tensor]:
         """The sample's images (``image`` or ``image1``/``image2``) and ``mask``, cropped and flipped alike."""
