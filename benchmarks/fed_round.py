@@ -161,7 +161,7 @@ def run(settings: dict[str, Any]) -> Report:
         params = layout.parameters(engine.module)
         anchor = [t.to(dev) for t in layout.split(reference)]
         hooks = algorithm.local_hooks(params, anchor)
-        dtype = torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
+        dtype = ds.compute_dtype(cfg.train)
 
         def local_step() -> None:
             train_micro_step(engine, teacher, batch, dev, dtype, hooks.around_gradient, hooks.regulariser)

@@ -117,7 +117,7 @@ class OptimisedStep:
         self.teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices) if cfg.teacher is not None else None
         prepare_models(model, self.teacher, cfg, self.dev)
         self.engine = ds.initialize(model, cfg.train, world, ds.make_schedule(cfg.train, 10**6, world))
-        self.dtype = torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
+        self.dtype = ds.compute_dtype(cfg.train)
         self.batch = batch
         self.precision = str(self.dtype).removeprefix("torch.")
 

@@ -137,7 +137,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
     schedule = ds.make_schedule(cfg.train, len(train_set), world)
     groups = model.param_groups(cfg.train.weight_decay, opt.layer_decay)
     engine = ds.initialize(model, cfg.train, world, schedule, param_groups=groups)
-    dtype = torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
+    dtype = ds.compute_dtype(cfg.train)
     criterion, mixing = build_criterion(cfg), build_mixing(cfg)
     checkpoints.start(cfg)
 

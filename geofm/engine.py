@@ -147,6 +147,11 @@ def use_bf16(train: OptimizerConfig) -> bool:
     return train.precision == "bf16"
 
 
+def compute_dtype(train: OptimizerConfig) -> torch.dtype:
+    """The dtype of the model's inputs and parameters in training: bfloat16 when :func:`use_bf16`, else float32."""
+    return torch.bfloat16 if use_bf16(train) else torch.float32
+
+
 def zero_stage(train: OptimizerConfig, world_size: int) -> int:
     """The ZeRO stage a run uses: the configured one across processes, 0 on one process."""
     return train.zero_stage if world_size > 1 else 0

@@ -169,7 +169,7 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     schedule = ds.make_schedule(cfg.train, pile.samples_per_epoch, world)
     prepare_models(model, teacher, cfg, dev)
     engine = ds.initialize(model, cfg.train, world, schedule)
-    dtype = torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
+    dtype = ds.compute_dtype(cfg.train)
     checkpoints.start(cfg)
     startup.lap("engine")
 

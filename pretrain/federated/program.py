@@ -222,7 +222,7 @@ class FederatedClient:
         layout = ParameterLayout.of(model)
         layout.assign(model, reference)
         teacher = frozen_teacher(cfg)
-        dev, dtype = ds.device(), torch.bfloat16 if ds.use_bf16(cfg.train) else torch.float32
+        dev, dtype = ds.device(), ds.compute_dtype(cfg.train)
         prepare_models(model, teacher, cfg, dev)
         engine = ds.initialize(model, cfg.train, 1, None, float(config["lr"]))
         params = layout.parameters(engine.module)
