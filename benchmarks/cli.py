@@ -26,7 +26,10 @@ BENCHMARKS = {
     ),
     "startup": ("benchmarks.startup", "seconds from `geofm pretrain` to the first optimizer step, by phase"),
     "data": ("benchmarks.data", "images/s per loader worker vs the step's consumption; large scenes read by window"),
-    "codec": ("benchmarks.codec", "upload encode (error feedback + quantise + pack) and decode vs clone; bytes on the wire"),
+    "codec": (
+        "benchmarks.codec",
+        "upload encode (error feedback + quantise + pack) and decode vs clone; bytes on the wire",
+    ),
     "fed-round": ("benchmarks.fed_round", "server time per round vs clients, client overhead, bytes per round"),
 }
 

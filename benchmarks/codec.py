@@ -46,7 +46,8 @@ def run(settings: dict[str, Any]) -> Report:
     rows, targets = [], []
     for bits, packet in packets.items():
         per_round = [
-            (e + d) / c for e, d, c in zip(times[f"encode_{bits}"], times[f"decode_{bits}"], times["clone"], strict=True)
+            (e + d) / c
+            for e, d, c in zip(times[f"encode_{bits}"], times[f"decode_{bits}"], times["clone"], strict=True)
         ]
         ratio = statistics.median(per_round)
         compression = 4 * n / packet.nbytes
@@ -57,14 +58,16 @@ def run(settings: dict[str, Any]) -> Report:
             "packet_bytes": packet.nbytes,
             "fp32_over_packet": compression,
         }
-        rows.append({
-            "bits": bits,
-            "encode ms": 1e3 * summary(times[f"encode_{bits}"])["median"],
-            "decode ms": 1e3 * summary(times[f"decode_{bits}"])["median"],
-            "x clone": ratio,
-            "bytes": packet.nbytes,
-            "fp32 / bytes": compression,
-        })
+        rows.append(
+            {
+                "bits": bits,
+                "encode ms": 1e3 * summary(times[f"encode_{bits}"])["median"],
+                "decode ms": 1e3 * summary(times[f"decode_{bits}"])["median"],
+                "x clone": ratio,
+                "bytes": packet.nbytes,
+                "fp32 / bytes": compression,
+            }
+        )
         targets.append(Target(f"{bits}-bit encode + decode / clone", ratio, "<=", 3.0, "x"))
         if bits == 1:
             targets.append(Target("1-bit upload, fp32 bytes / wire bytes", compression, ">=", 28.0, "x"))

@@ -48,7 +48,11 @@ def machine() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        info["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1), "count": torch.cuda.device_count()}
+        info["gpu"] = {
+            "name": props.name,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "count": torch.cuda.device_count(),
+        }
     return info
 
 
@@ -230,7 +234,7 @@ def result_record(
     return {
         "benchmark": name,
         "command": command,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - started, 2),
         "machine": {**machine_before, "load_average_after": after["load_average"]},
         "libraries": libraries(),
@@ -255,7 +259,9 @@ def format_table(rows: Iterable[Mapping[str, Any]]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
     for r in cells:
-        lines.append("  ".join(v.ljust(w) if t else v.rjust(w) for v, w, t in zip(r, widths, text, strict=True)).rstrip())
+        lines.append(
+            "  ".join(v.ljust(w) if t else v.rjust(w) for v, w, t in zip(r, widths, text, strict=True)).rstrip()
+        )
     return "\n".join(lines)
 
 
@@ -281,9 +287,12 @@ def format_report(record: Mapping[str, Any], report: Report) -> str:
         format_table(report.rows),
     ]
     if report.targets:
-        lines += ["", format_table(
-            {"target": t.name, "value": t.value, "goal": t.record()["goal"], "met": t.met} for t in report.targets
-        )]
+        lines += [
+            "",
+            format_table(
+                {"target": t.name, "value": t.value, "goal": t.record()["goal"], "met": t.met} for t in report.targets
+            ),
+        ]
     lines += [f"note: {note}" for note in report.notes]
     return "\n".join(lines)
 

@@ -59,12 +59,23 @@ def write_scene(path: Path, size: int, bands: int) -> Path:
 
     columns = np.arange(size, dtype=np.float32)
     with GeoTiffWriter(
-        path, width=size, height=size, count=bands, dtype="uint16", crs="EPSG:32632",
-        transform=(10.0, 0.0, 300000.0, 0.0, -10.0, 5000000.0), nodata=0,
+        path,
+        width=size,
+        height=size,
+        count=bands,
+        dtype="uint16",
+        crs="EPSG:32632",
+        transform=(10.0, 0.0, 300000.0, 0.0, -10.0, 5000000.0),
+        nodata=0,
     ) as writer:
         for row in range(0, size, 1024):
             rows = np.arange(row, min(row + 1024, size), dtype=np.float32)[:, None]
-            strip = np.stack([1000 + 800 * np.sin(rows / (50 + 7 * b)) * np.cos(columns / (60 + 5 * b)) + 300 * b for b in range(bands)])
+            strip = np.stack(
+                [
+                    1000 + 800 * np.sin(rows / (50 + 7 * b)) * np.cos(columns / (60 + 5 * b)) + 300 * b
+                    for b in range(bands)
+                ]
+            )
             writer.write((strip + 1500).astype(np.uint16), row)
     return path
 
@@ -75,8 +86,15 @@ def scene_source(cfg, scene: Path, chip_size: int, bands: int):
 
     names = ["blue", "green", "red", "nir", "rededge1", "swir16"][:bands]
     source = {
-        "name": "scene", "root": str(scene.parent), "pattern": scene.name, "bands": canonical_bands(names, []),
-        "scale": 0.0001, "nodata": 0, "mean": [0.2] * bands, "std": [0.1] * bands, "chip_size": chip_size,
+        "name": "scene",
+        "root": str(scene.parent),
+        "pattern": scene.name,
+        "bands": canonical_bands(names, []),
+        "scale": 0.0001,
+        "nodata": 0,
+        "mean": [0.2] * bands,
+        "std": [0.1] * bands,
+        "chip_size": chip_size,
     }
     return cfg.data.model_copy(update={"sources": [type(cfg.data.sources[0]).model_validate(source)]})
 
@@ -107,7 +125,9 @@ class Pipeline:
         from geofm.training import threads_beside_workers
 
         sampler = PileSampler(pile.source_sizes, pile.weights, 10**6, seed=0)
-        loader = DataLoader(pile, batch_size=micro, sampler=sampler, num_workers=workers, drop_last=True, persistent_workers=workers > 0)
+        loader = DataLoader(
+            pile, batch_size=micro, sampler=sampler, num_workers=workers, drop_last=True, persistent_workers=workers > 0
+        )
         self.batches, self.step, self.steps = iter(loader), step, steps
         self.threads = threads_beside_workers(workers)
 
@@ -130,17 +150,28 @@ def run(settings: dict[str, Any]) -> Report:
         archive = Path(settings["archive"]) if settings["archive"] else folder / "demo"
         roots = make_demo_archive(archive, seed=0)
         cfg = load_config({"config": settings["config"], "overrides": [], "micro_batch": None}, folder)
-        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"sources": [
-            s.model_copy(update={"root": roots[s.name]}) for s in cfg.data.sources
-        ]})})
+        cfg = cfg.model_copy(
+            update={
+                "data": cfg.data.model_copy(
+                    update={"sources": [s.model_copy(update={"root": roots[s.name]}) for s in cfg.data.sources]}
+                )
+            }
+        )
         micro, workers = cfg.train.micro_batch_size, cfg.data.num_workers
-        masks = MaskGenerator(cfg.model.img_size, cfg.masking.mask_patch_size, patch_size_of(cfg.model.arch, cfg.model.timm_kwargs), cfg.masking.mask_ratio)
+        masks = MaskGenerator(
+            cfg.model.img_size,
+            cfg.masking.mask_patch_size,
+            patch_size_of(cfg.model.arch, cfg.model.timm_kwargs),
+            cfg.masking.mask_ratio,
+        )
         pile = PretrainPile(cfg.data, cfg.model.img_size, mask_fn=masks)
 
         started = time.perf_counter()
         scene = write_scene(folder / "scene.tif", settings["scene_size"], settings["scene_bands"])
         written_s = time.perf_counter() - started
-        scene_pile = PretrainPile(scene_source(cfg, scene, settings["chip_size"], settings["scene_bands"]), cfg.model.img_size, mask_fn=masks)
+        scene_pile = PretrainPile(
+            scene_source(cfg, scene, settings["chip_size"], settings["scene_bands"]), cfg.model.img_size, mask_fn=masks
+        )
 
         step = build("optimised", cfg, synthetic_batch(cfg))
         steps = settings["steps"]
@@ -179,14 +210,22 @@ def run(settings: dict[str, Any]) -> Report:
         "worker_over_share": worker_over_share,
         "pipeline_over_model_alone": pipeline_over_step,
         "scene": {
-            "size": settings["scene_size"], "bands": settings["scene_bands"], "chip_size": settings["chip_size"],
-            "chips": len(scene_pile.sources[0]), "file_mib": scene_bytes / 2**20, "raw_mib": raw_scene / 2**20,
-            "write_s": written_s, "rss_growth_mib": max(0.0, scene_worker.rss_peak - rss_before),
+            "size": settings["scene_size"],
+            "bands": settings["scene_bands"],
+            "chip_size": settings["chip_size"],
+            "chips": len(scene_pile.sources[0]),
+            "file_mib": scene_bytes / 2**20,
+            "raw_mib": raw_scene / 2**20,
+            "write_s": written_s,
+            "rss_growth_mib": max(0.0, scene_worker.rss_peak - rss_before),
         },
     }
     rows = [
         {"what": "worker: demo chips", "images/s": rate["worker"], "x its share": worker_over_share},
-        {"what": f"worker: {settings['scene_size']} px scene by {settings['chip_size']} px windows", "images/s": rate["scene"]},
+        {
+            "what": f"worker: {settings['scene_size']} px scene by {settings['chip_size']} px windows",
+            "images/s": rate["scene"],
+        },
         {"what": "training step alone", "images/s": rate["step"]},
         {"what": f"step fed by {workers} worker(s)", "images/s": rate["pipeline"], "x its share": pipeline_over_step},
     ]

@@ -156,7 +156,11 @@ def run(settings: dict[str, Any]) -> Report:
         engine = ds.initialize(student, cfg.train, 1, None, 1e-4)
         b, c, s = cfg.train.micro_batch_size, len(cfg.data.bands), cfg.model.img_size
         masks = MaskGenerator(s, cfg.masking.mask_patch_size, student.patch_size, cfg.masking.mask_ratio)
-        batch = {"image": torch.randn(b, c, s, s), "mask": torch.stack([masks() for _ in range(b)]), "valid": torch.ones(b, c, s, s, dtype=torch.bool)}
+        batch = {
+            "image": torch.randn(b, c, s, s),
+            "mask": torch.stack([masks() for _ in range(b)]),
+            "valid": torch.ones(b, c, s, s, dtype=torch.bool),
+        }
         reference = layout.flatten_module(engine.module)
         params = layout.parameters(engine.module)
         anchor = [t.to(dev) for t in layout.split(reference)]
@@ -188,7 +192,13 @@ def run(settings: dict[str, Any]) -> Report:
             layout.assign(fresh, reference)
             ds.initialize(fresh, cfg.train, 1, None, 1e-4)
 
-        client_calls = {"local_step": local_step, "perturbation": perturbation, "upload": upload, "receive": receive, "setup": setup}
+        client_calls = {
+            "local_step": local_step,
+            "perturbation": perturbation,
+            "upload": upload,
+            "receive": receive,
+            "setup": setup,
+        }
         for call in client_calls.values():
             call()
         client: dict[str, list[float]] = {k: [] for k in client_calls}
@@ -234,12 +244,18 @@ def run(settings: dict[str, Any]) -> Report:
         "bytes_per_round": traffic,
     }
     rows = [
-        {"clients": m, **{k + " s": v for k, v in medians[m].items()}, "bytes fp32 FedAvg": traffic[m]["fedavg_fp32"],
-         "bytes best": min(v for k, v in traffic[m].items() if k.startswith("fedsense_down"))}
+        {
+            "clients": m,
+            **{k + " s": v for k, v in medians[m].items()},
+            "bytes fp32 FedAvg": traffic[m]["fedavg_fp32"],
+            "bytes best": min(v for k, v in traffic[m].items() if k.startswith("fedsense_down")),
+        }
         for m in ms
     ]
     rows.append({"clients": "slope s/client", **{k + " s": lines[k]["slope"] for k in parts}})
-    targets = [Target("server cost linear in M (r2 of the fit, without distillation)", without_distill["r2"], ">=", 0.9)]
+    targets = [
+        Target("server cost linear in M (r2 of the fit, without distillation)", without_distill["r2"], ">=", 0.9)
+    ]
     for bits in settings["downlink_bits"]:
         ratio = traffic[ms[-1]]["fedavg_fp32"] / traffic[ms[-1]][f"fedsense_down_{bits}bit"]
         targets.append(Target(f"FedAvg fp32 / FedSense round bytes, downlink at {bits} bit", ratio, ">=", 10.0, "x"))

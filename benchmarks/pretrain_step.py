@@ -62,7 +62,15 @@ QUICK: dict[str, Any] = {
 VARIANTS = ("optimised", "eager_fp32")
 GFM_V100_IMAGES_PER_S = 178.0  # GFM paper: Swin-B, 192 px, per V100 GPU
 # Dense bf16 tensor-core peaks (TFLOP/s) by device name, most specific first.
-PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0))
+PEAK_BF16_TFLOPS = (
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),
+    ("H200", 989.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+)
 
 
 def load_config(settings: dict[str, Any], folder: Path):
@@ -94,7 +102,9 @@ def synthetic_batch(cfg, seed: int = 0) -> dict[str, torch.Tensor]:
 
     generator = torch.Generator().manual_seed(seed)
     b, c, s = cfg.train.micro_batch_size, len(cfg.data.bands), cfg.model.img_size
-    masks = MaskGenerator(s, cfg.masking.mask_patch_size, patch_size_of(cfg.model.arch, cfg.model.timm_kwargs), cfg.masking.mask_ratio)
+    masks = MaskGenerator(
+        s, cfg.masking.mask_patch_size, patch_size_of(cfg.model.arch, cfg.model.timm_kwargs), cfg.masking.mask_ratio
+    )
     return {
         "image": torch.randn(b, c, s, s, generator=generator),
         "mask": torch.stack([masks(generator) for _ in range(b)]),
@@ -318,7 +328,9 @@ def run(settings: dict[str, Any]) -> Report:
         "arch": cfg.model.arch,
         "img_size": cfg.model.img_size,
         "micro_batch": micro,
-        "teacher": None if cfg.teacher is None else {"arch": cfg.teacher.arch, "img_size": cfg.teacher.img_size, "precision": cfg.teacher.precision},
+        "teacher": None
+        if cfg.teacher is None
+        else {"arch": cfg.teacher.arch, "img_size": cfg.teacher.img_size, "precision": cfg.teacher.precision},
         "device": torch.cuda.get_device_name() if gpu else "cpu",
         "variants": {},
         "speedup": paired_ratio(times, "eager_fp32", "optimised"),
@@ -342,19 +354,23 @@ def run(settings: dict[str, Any]) -> Report:
             record["achieved_tflops"] = flops / seconds["median"] / 1e12
             record["mfu"] = record["achieved_tflops"] / peak if peak else None
         results["variants"][v] = record
-        rows.append({
-            "variant": v,
-            "precision": record["precision"],
-            "step s": seconds["median"],
-            "images/s": record["images_per_s"],
-            "teacher share": record.get("teacher_share"),
-            "peak MiB": (record["memory"] or {}).get("peak_mib"),
-            "step MiB": (record["memory"] or {}).get("step_mib"),
-            "TFLOP/s": record.get("achieved_tflops"),
-            "MFU": record.get("mfu"),
-        })
+        rows.append(
+            {
+                "variant": v,
+                "precision": record["precision"],
+                "step s": seconds["median"],
+                "images/s": record["images_per_s"],
+                "teacher share": record.get("teacher_share"),
+                "peak MiB": (record["memory"] or {}).get("peak_mib"),
+                "step MiB": (record["memory"] or {}).get("step_mib"),
+                "TFLOP/s": record.get("achieved_tflops"),
+                "MFU": record.get("mfu"),
+            }
+        )
     targets = []
-    notes = [f"speed-up optimised over eager fp32: {results['speedup']:.2f}x (median of {settings['rounds']} paired rounds)"]
+    notes = [
+        f"speed-up optimised over eager fp32: {results['speedup']:.2f}x (median of {settings['rounds']} paired rounds)"
+    ]
     if gpu:
         optimised = results["variants"]["optimised"]
         results["gfm_reported_v100_images_per_s"] = GFM_V100_IMAGES_PER_S
@@ -363,7 +379,9 @@ def run(settings: dict[str, Any]) -> Report:
     else:
         targets.append(Target("optimised / eager fp32 step speed (CPU)", results["speedup"], ">=", 1.3, "x"))
         notes.append("no GPU here: bf16 images/s and MFU are measured only where torch.cuda.is_available()")
-    notes.append("peak MiB: the variant process's peak (resident memory on a CPU, allocated on a GPU); step MiB: above the built model")
+    notes.append(
+        "peak MiB: the variant process's peak (resident memory on a CPU, allocated on a GPU); step MiB: above the built model"
+    )
     return Report(results, targets, rows, notes)
 
 

@@ -42,7 +42,13 @@ def _teacher_export(folder: Path, cfg) -> Path:
     t = cfg.teacher
     kwargs = backbone_kwargs(in_chans=3, img_size=t.img_size, window_size=t.window_size, timm_kwargs=t.timm_kwargs)
     torch.manual_seed(0)
-    export_backbone(create_backbone(t.arch, kwargs), folder, arch=t.arch, create_kwargs=kwargs, metadata={"bands": ["red", "green", "blue"]})
+    export_backbone(
+        create_backbone(t.arch, kwargs),
+        folder,
+        arch=t.arch,
+        create_kwargs=kwargs,
+        metadata={"bands": ["red", "green", "blue"]},
+    )
     return folder / "backbone.safetensors"
 
 
@@ -76,8 +82,13 @@ def run(settings: dict[str, Any]) -> Report:
             overrides.append(f"teacher.checkpoint={_teacher_export(folder / 'teacher', cfg)}")
         floor = [sys.executable, "-c", "import json, time, torch; print(json.dumps({'end': time.time()}))"]
         for r in range(settings["rounds"]):
-            run_overrides = [*overrides, f"run.output_dir={folder / f'run{r}'}", "run.stop_after_steps=1", "run.progress=false"]
-            for variant in (("pretrain", "floor") if r % 2 == 0 else ("floor", "pretrain")):
+            run_overrides = [
+                *overrides,
+                f"run.output_dir={folder / f'run{r}'}",
+                "run.stop_after_steps=1",
+                "run.progress=false",
+            ]
+            for variant in ("pretrain", "floor") if r % 2 == 0 else ("floor", "pretrain"):
                 if variant == "floor":
                     started, report = _spawn(floor)
                     floors.append(report["end"] - started)

@@ -46,7 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--config", required=True, help="YAML file, e.g. configs/finetune/ucmerced__swin_base__img256_win8__100ep.yaml"
     )
     finetune.add_argument(
-        "overrides", nargs="*", metavar="key.path=value", help="override config values (YAML values), e.g. checkpoint=PATH"
+        "overrides",
+        nargs="*",
+        metavar="key.path=value",
+        help="override config values (YAML values), e.g. checkpoint=PATH",
     )
     finetune.set_defaults(handler=_finetune)
 
@@ -78,7 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     report.add_argument("evals", nargs="+", type=Path, metavar="EVAL.json", help="the model's evaluation records")
     report.add_argument("--baseline", nargs="+", required=True, type=Path, metavar="EVAL.json", help="the baseline's")
-    report.add_argument("--out", type=Path, default=Path("arp_report"), help="folder to write into (default: arp_report)")
+    report.add_argument(
+        "--out", type=Path, default=Path("arp_report"), help="folder to write into (default: arp_report)"
+    )
     report.add_argument("--name", default="model", help="the model's name in the report")
     report.add_argument("--baseline-name", default="baseline", help="the baseline's name in the report")
     report.set_defaults(handler=_report)
@@ -93,9 +98,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     predict.add_argument("--model", required=True, type=Path, metavar="RUN", help="run directory of geofm finetune")
     predict.add_argument("--input", type=Path, metavar="SCENE.tif", help="the scene (segmentation, super-resolution)")
     predict.add_argument("--before", type=Path, metavar="A.tif", help="change detection: the earlier scene")
-    predict.add_argument("--after", type=Path, metavar="B.tif", help="change detection: the later scene, on the same grid")
+    predict.add_argument(
+        "--after", type=Path, metavar="B.tif", help="change detection: the later scene, on the same grid"
+    )
     predict.add_argument("--output", required=True, type=Path, metavar="OUT.tif", help="GeoTIFF to write")
-    predict.add_argument("--tile", type=int, default=256, help="side of the tiles the model sees, in pixels (default 256)")
+    predict.add_argument(
+        "--tile", type=int, default=256, help="side of the tiles the model sees, in pixels (default 256)"
+    )
     predict.add_argument("--overlap", type=int, default=64, help="pixels shared by neighbouring tiles (default 64)")
     predict.add_argument("--batch-size", type=int, default=8, help="tiles per model call (default 8)")
     predict.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -146,7 +155,9 @@ def _report(args: argparse.Namespace) -> None:
     paths = write_report(rows, args.out, model=args.name, baseline=args.baseline_name, unmatched=unmatched)
     for note in unmatched:
         print(f"not compared, {note}")
-    print(f"ARP of {args.name} against {args.baseline_name} over {len(rows)} tasks: {average_relative_performance(rows):+.2f}%")
+    print(
+        f"ARP of {args.name} against {args.baseline_name} over {len(rows)} tasks: {average_relative_performance(rows):+.2f}%"
+    )
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
 
 
@@ -158,7 +169,9 @@ def _predict(args: argparse.Namespace) -> None:
     predictor = load_predictor(args.model)
     if predictor.task == "change":
         if args.before is None or args.after is None or args.input is not None:
-            raise ConfigError(f"{args.model} is a change detection model: give --before A.tif and --after B.tif, not --input")
+            raise ConfigError(
+                f"{args.model} is a change detection model: give --before A.tif and --after B.tif, not --input"
+            )
         inputs = (args.before, args.after)
     else:
         if args.input is None or args.before is not None or args.after is not None:

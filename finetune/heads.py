@@ -127,4 +127,3 @@ class SuperresHead(nn.Module):
         if self.residual:
             out = out + F.interpolate(image, scale_factor=self.scale_factor, mode="bicubic", align_corners=False)
         return out
-

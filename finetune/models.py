@@ -138,7 +138,12 @@ class Segmenter(DenseFeatures):
     """UperNet on the backbone's multi-scale features: logits (B, num_classes, H, W)."""
 
     def __init__(
-        self, backbone: nn.Module, num_classes: int, frozen: bool, feature_blocks: list[int] | None, decoder_channels: int
+        self,
+        backbone: nn.Module,
+        num_classes: int,
+        frozen: bool,
+        feature_blocks: list[int] | None,
+        decoder_channels: int,
     ) -> None:
         super().__init__(backbone, frozen, feature_blocks)
         self.head = UperNetHead(self.channels, num_classes, decoder_channels, self.first_stride)
@@ -152,7 +157,12 @@ class ChangeDetector(DenseFeatures):
     the absolute feature difference at every scale: logits (B, num_classes, H, W)."""
 
     def __init__(
-        self, backbone: nn.Module, num_classes: int, frozen: bool, feature_blocks: list[int] | None, decoder_channels: int
+        self,
+        backbone: nn.Module,
+        num_classes: int,
+        frozen: bool,
+        feature_blocks: list[int] | None,
+        decoder_channels: int,
     ) -> None:
         super().__init__(backbone, frozen, feature_blocks)
         self.head = UperNetHead(self.channels, num_classes, decoder_channels, self.first_stride)
@@ -166,7 +176,9 @@ class ChangeDetector(DenseFeatures):
 class SuperResolver(FinetuneModel):
     """The backbone's last (normed) features through :class:`~finetune.heads.SuperresHead`: (B, C, H*s, W*s)."""
 
-    def __init__(self, backbone: nn.Module, bands: int, scale_factor: int, hidden: int, residual: bool, frozen: bool) -> None:
+    def __init__(
+        self, backbone: nn.Module, bands: int, scale_factor: int, hidden: int, residual: bool, frozen: bool
+    ) -> None:
         super().__init__(backbone, frozen)
         last = backbone.feature_info[-1]
         self.head = SuperresHead(last["num_chs"], last["reduction"], bands, hidden, scale_factor, residual)
@@ -217,4 +229,3 @@ def build_finetune_model(cfg: FinetuneConfig, load_weights: bool = True) -> tupl
             backbone, len(data.bands), data.scale_factor, head.superres_channels, head.superres_residual, frozen
         )
     return model, report
-

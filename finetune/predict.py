@@ -248,4 +248,3 @@ def predict_scene(
             scores[:, :-done], scores[:, -done:] = scores[:, done:].copy(), 0.0
             weight_sum[:-done], weight_sum[-done:] = weight_sum[done:].copy(), 0.0
     return output_path
-

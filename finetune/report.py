@@ -80,7 +80,9 @@ def _by_task(records: Sequence[dict[str, Any]], side: str) -> dict[tuple, dict[s
     return keyed
 
 
-def compare(models: Sequence[dict[str, Any]], baselines: Sequence[dict[str, Any]]) -> tuple[list[TaskComparison], list[str]]:
+def compare(
+    models: Sequence[dict[str, Any]], baselines: Sequence[dict[str, Any]]
+) -> tuple[list[TaskComparison], list[str]]:
     """Pair the model's and the baseline's records by task, dataset and train fraction.
 
     Returns:
@@ -134,7 +136,10 @@ def write_report(
         f"| task | dataset | metric | {model} | {baseline} | relative (%) |",
         "| --- | --- | --- | ---: | ---: | ---: |",
     ]
-    lines += [f"| {r.task} | {r.name} | {r.metric} | {r.score:.4f} | {r.baseline:.4f} | {100 * r.relative:+.2f} |" for r in rows]
+    lines += [
+        f"| {r.task} | {r.name} | {r.metric} | {r.score:.4f} | {r.baseline:.4f} | {100 * r.relative:+.2f} |"
+        for r in rows
+    ]
     lines += ["", f"**ARP over {len(rows)} tasks: {arp:+.2f}%**", ""]
     lines += [f"- not compared, {note}" for note in unmatched]
     paths = {"markdown": out_dir / "report.md", "json": out_dir / "arp.json", "chart": out_dir / "arp.png"}

@@ -85,7 +85,9 @@ def checkpoint_provenance(cfg: FinetuneConfig, report: LoadReport | None) -> dic
     }
 
 
-def train_micro_step(engine, cfg: FinetuneConfig, criterion, mixing, batch: dict, dev: torch.device, dtype: torch.dtype):
+def train_micro_step(
+    engine, cfg: FinetuneConfig, criterion, mixing, batch: dict, dev: torch.device, dtype: torch.dtype
+):
     """Forward and backward of one micro-batch; the engine steps the optimizer at accumulation boundaries."""
     inputs = model_inputs(cfg.task, batch, dev, dtype)
     target = batch_target(cfg.task, batch, dev)
@@ -113,10 +115,21 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         DatasetNotFoundError: missing downstream data (before the run directory is created).
     """
     start = start_run(
-        cfg, cfg.train, cfg.run, finetune_inputs(cfg),
-        invariants=RESUME_INVARIANTS, schedule_keys=TRAIN_SCHEDULE_KEYS, source=source,
+        cfg,
+        cfg.train,
+        cfg.run,
+        finetune_inputs(cfg),
+        invariants=RESUME_INVARIANTS,
+        schedule_keys=TRAIN_SCHEDULE_KEYS,
+        source=source,
     )
-    rank, world, dev, checkpoints, progress = start.rank, start.world_size, start.device, start.checkpoints, start.progress
+    rank, world, dev, checkpoints, progress = (
+        start.rank,
+        start.world_size,
+        start.device,
+        start.checkpoints,
+        start.progress,
+    )
     run_dir = cfg.run.output_dir
 
     img, task, opt = cfg.model.img_size, cfg.task, cfg.finetune
@@ -248,7 +261,14 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
     if step < schedule.total_steps:
         return run_dir
     if val_set is None and rank == 0:
-        final = {"step": step, "epoch": float(cfg.train.epochs), "split": None, "metric": None, "value": None, "metrics": {}}
+        final = {
+            "step": step,
+            "epoch": float(cfg.train.epochs),
+            "split": None,
+            "metric": None,
+            "value": None,
+            "metrics": {},
+        }
         save_best(engine.module, run_dir, final)
     ds.barrier()
     selected = load_best_weights(engine.module, run_dir)

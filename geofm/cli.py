@@ -84,7 +84,9 @@ def _json_object(text: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="geofm", description="Geospatial foundation models: pretrain, finetune, publish.")
+    parser = argparse.ArgumentParser(
+        prog="geofm", description="Geospatial foundation models: pretrain, finetune, publish."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     # The deepspeed launcher passes --local_rank; the engine reads LOCAL_RANK from the environment.
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
@@ -99,10 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     demo.add_argument("--out", type=Path, default=Path("data/demo"), help="folder to write into (default: data/demo)")
-    demo.add_argument("--seed", type=int, default=0, help="generation seed; the same seed gives the same pixels (default: 0)")
+    demo.add_argument(
+        "--seed", type=int, default=0, help="generation seed; the same seed gives the same pixels (default: 0)"
+    )
     demo.set_defaults(handler=_demo_data)
 
-    data = commands.add_parser("data", help="inspect imagery sources").add_subparsers(dest="data_command", required=True)
+    data = commands.add_parser("data", help="inspect imagery sources").add_subparsers(
+        dest="data_command", required=True
+    )
     stats = data.add_parser("stats", help="per-band mean/std of a source, as YAML to paste into its config")
     stats.add_argument("root", type=Path, help="folder of images")
     stats.add_argument("--bands", nargs="+", required=True, help="band names in the files' band order")
@@ -112,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--max-files", type=int, default=None, help="use an evenly spaced subset")
     stats.set_defaults(handler=_data_stats)
 
-    checkpoint = commands.add_parser("checkpoint", help="convert and inspect checkpoints (GFM, SimMIM, Swin, timm, geofm)")
+    checkpoint = commands.add_parser(
+        "checkpoint", help="convert and inspect checkpoints (GFM, SimMIM, Swin, timm, geofm)"
+    )
     checkpoint_commands = checkpoint.add_subparsers(dest="checkpoint_command", required=True)
     convert = checkpoint_commands.add_parser(
         "convert",
@@ -127,12 +135,21 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--window-size", type=int, help="Swin window size (resizes relative-position tables)")
     convert.add_argument("--bands", nargs="+", help="the model's bands in order; kernels follow band names")
     convert.add_argument(
-        "--rgb-positions", nargs=3, type=int, metavar="I", help="band indices receiving an RGB checkpoint's red, green, blue"
+        "--rgb-positions",
+        nargs=3,
+        type=int,
+        metavar="I",
+        help="band indices receiving an RGB checkpoint's red, green, blue",
     )
     convert.add_argument(
-        "--timm-kwargs", type=_json_object, metavar="JSON", help="more timm.create_model kwargs, e.g. '{\"num_heads\": 12}'"
+        "--timm-kwargs",
+        type=_json_object,
+        metavar="JSON",
+        help="more timm.create_model kwargs, e.g. '{\"num_heads\": 12}'",
     )
-    convert.add_argument("--verbose", dest="list_keys", action="store_true", help="list every used/dropped/missing/unexpected key")
+    convert.add_argument(
+        "--verbose", dest="list_keys", action="store_true", help="list every used/dropped/missing/unexpected key"
+    )
     convert.set_defaults(handler=_checkpoint_convert)
     inspect = checkpoint_commands.add_parser(
         "inspect", help="format, architecture, parameters, bands and provenance of a checkpoint"

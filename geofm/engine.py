@@ -118,7 +118,11 @@ def _choose_shared_memory_comm(world_size: int) -> None:
         builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
         if builder is not None:
             compatible[builder.NAME] = builder.is_compatible()
-            if compatible[builder.NAME] and not any(cache.glob(f"{builder.NAME}/*.so")) and os.environ.get("RANK") == "0":
+            if (
+                compatible[builder.NAME]
+                and not any(cache.glob(f"{builder.NAME}/*.so"))
+                and os.environ.get("RANK") == "0"
+            ):
                 log.info("compiling DeepSpeed's shared-memory all-reduce into %s (once per environment)", cache)
     deepspeed.ops.__compatible_ops__ = compatible
 

@@ -218,20 +218,28 @@ def check_resume(
             raise ConfigError(
                 f"{where} with another {dotted} ({a!r}, now {b!r}); resume with the same settings or choose a new run.output_dir"
             )
-    changed = [(k, _lookup(saved, k), _lookup(current, k)) for k in schedule_keys if _lookup(saved, k) != _lookup(current, k)]
+    changed = [
+        (k, _lookup(saved, k), _lookup(current, k)) for k in schedule_keys if _lookup(saved, k) != _lookup(current, k)
+    ]
     lengthened = [c for c in changed if c[0] == "train.epochs" and c[2] > c[1]]
     if extend:
         if not progress.finished:
-            raise ConfigError(f"--extend trains a finished run for longer; {run_dir} is at step {progress.step} of {progress.total_steps}: rerun without --extend to finish it")
+            raise ConfigError(
+                f"--extend trains a finished run for longer; {run_dir} is at step {progress.step} of {progress.total_steps}: rerun without --extend to finish it"
+            )
         if not lengthened or len(changed) != 1:
-            raise ConfigError(f"--extend needs a larger train.epochs and no other schedule change; changed: {_describe(changed) or 'nothing'}")
+            raise ConfigError(
+                f"--extend needs a larger train.epochs and no other schedule change; changed: {_describe(changed) or 'nothing'}"
+            )
     elif changed:
         hint = (
             "to train this finished run for longer, rerun with --extend"
             if progress.finished and lengthened and len(changed) == 1
             else "restore the setting to resume, or choose a new run.output_dir"
         )
-        raise ConfigError(f"{where} with another learning-rate schedule ({_describe(changed)}): the schedule would jump; {hint}")
+        raise ConfigError(
+            f"{where} with another learning-rate schedule ({_describe(changed)}): the schedule would jump; {hint}"
+        )
     if global_batch != progress.global_batch:
         raise ConfigError(
             f"{where} with {progress.global_batch} images per optimizer step ({progress.world_size} process(es)); now "

@@ -145,10 +145,23 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     """
     startup = Phases()
     start = start_run(
-        cfg, cfg.train, cfg.run, pretrain_inputs(cfg),
-        invariants=RESUME_INVARIANTS, schedule_keys=SCHEDULE_KEYS, source=source, extend=extend, phases=startup,
+        cfg,
+        cfg.train,
+        cfg.run,
+        pretrain_inputs(cfg),
+        invariants=RESUME_INVARIANTS,
+        schedule_keys=SCHEDULE_KEYS,
+        source=source,
+        extend=extend,
+        phases=startup,
     )
-    rank, world, dev, checkpoints, progress = start.rank, start.world_size, start.device, start.checkpoints, start.progress
+    rank, world, dev, checkpoints, progress = (
+        start.rank,
+        start.world_size,
+        start.device,
+        start.checkpoints,
+        start.progress,
+    )
     if dev.type == "cpu":
         leave_cores_to_workers(cfg.data.num_workers)
     run_dir = cfg.run.output_dir
@@ -158,9 +171,7 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     startup.lap("teacher")
     model = build_student(cfg)
     startup.lap("student")
-    masks = MaskGenerator(
-        cfg.model.img_size, cfg.masking.mask_patch_size, model.patch_size, cfg.masking.mask_ratio
-    )
+    masks = MaskGenerator(cfg.model.img_size, cfg.masking.mask_patch_size, model.patch_size, cfg.masking.mask_ratio)
     pile = PretrainPile(cfg.data, cfg.model.img_size, mask_fn=masks)
     sampler = PileSampler(
         pile.source_sizes, pile.weights, pile.samples_per_epoch, seed=cfg.run.seed, rank=rank, world_size=world
@@ -283,12 +294,16 @@ def export_student(
             for s in cfg.data.sources
         },
         "data": [{"name": s.name, "root": str(s.root), "weight": s.weight, "gsd": s.gsd} for s in cfg.data.sources],
-        "teacher": None if cfg.teacher is None else {"arch": cfg.teacher.arch, "checkpoint": str(cfg.teacher.checkpoint)},
+        "teacher": None
+        if cfg.teacher is None
+        else {"arch": cfg.teacher.arch, "checkpoint": str(cfg.teacher.checkpoint)},
         "steps": step,
         "metrics": final,
         "config": config_to_dict(cfg),
         **(extra or {}),
     }
-    path = export_backbone(model.encoder, run_dir, arch=cfg.model.arch, create_kwargs=student_kwargs(cfg), metadata=metadata)
+    path = export_backbone(
+        model.encoder, run_dir, arch=cfg.model.arch, create_kwargs=student_kwargs(cfg), metadata=metadata
+    )
     log.info("exported backbone to %s", path)
     return path

@@ -26,7 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True, help="YAML file, e.g. configs/pretrain/gfm_swin_base__img192_win6__100ep.yaml")
+    parser.add_argument(
+        "--config", required=True, help="YAML file, e.g. configs/pretrain/gfm_swin_base__img192_win6__100ep.yaml"
+    )
     parser.add_argument(
         "--extend",
         action="store_true",
@@ -34,7 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the new length (no second warm-up), so the learning rate resumes where the longer cosine is at this step",
     )
     parser.add_argument(
-        "overrides", nargs="*", metavar="key.path=value", help="override config values (YAML values; list entries by index)"
+        "overrides",
+        nargs="*",
+        metavar="key.path=value",
+        help="override config values (YAML values; list entries by index)",
     )
     parser.set_defaults(handler=_run)
 

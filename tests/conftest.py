@@ -73,9 +73,11 @@ def _finetune_tree(task: str, output_dir: Path, family: str = "swin", **sections
             "superres": {"scale_factor": 2},
         }[task]
     )
-    model = {"arch": VIT_ARCH, "img_size": 32, "timm_kwargs": TINY_VIT} if vit else {
-        "arch": SWIN_ARCH, "img_size": 32, "window_size": 4, "timm_kwargs": TINY_SWIN
-    }
+    model = (
+        {"arch": VIT_ARCH, "img_size": 32, "timm_kwargs": TINY_VIT}
+        if vit
+        else {"arch": SWIN_ARCH, "img_size": 32, "window_size": 4, "timm_kwargs": TINY_SWIN}
+    )
     tree = {
         "task": task,
         "run": {"output_dir": str(output_dir), "log_every": 1, "checkpoint_every": 100, "progress": False},
@@ -85,7 +87,11 @@ def _finetune_tree(task: str, output_dir: Path, family: str = "swin", **sections
         "train": {"epochs": 2, "micro_batch_size": 4, "warmup_epochs": 0.5, "base_lr": 1e-3, "lr_reference_batch": 4},
     }
     for key, values in sections.items():
-        tree[key] = values if values is None or not isinstance(values, dict) else {**copy.deepcopy(tree.get(key) or {}), **values}
+        tree[key] = (
+            values
+            if values is None or not isinstance(values, dict)
+            else {**copy.deepcopy(tree.get(key) or {}), **values}
+        )
     return tree
 
 
@@ -128,7 +134,9 @@ BIGEARTHNET_LABELS = [["Pastures", "Coniferous forest"], ["Sea and ocean"], ["Di
 LEVIRCD_CHANGE = (slice(4, 12), slice(20, 30))
 """Where every LEVIR-CD pair changes (255 in its label): 80 pixels."""
 OSCD_FILES = ["B01", "B02", "B03", "B04", "B05", "B06", "B07", "B08", "B8A", "B09", "B10", "B11", "B12"]
-VAIHINGEN_COLOURS = np.array([(255, 0, 0), (255, 255, 255), (0, 0, 255), (0, 255, 255), (0, 255, 0), (255, 255, 0)], np.uint8)
+VAIHINGEN_COLOURS = np.array(
+    [(255, 0, 0), (255, 255, 255), (0, 0, 255), (0, 255, 255), (0, 255, 0), (255, 255, 0)], np.uint8
+)
 """ISPRS Vaihingen label colours, indexed by class id."""
 
 
@@ -159,7 +167,10 @@ class TorchgeoLayouts:
             splits = [split for split, n in per_split.items() for _ in range(n)]
             for i, split in enumerate(splits):
                 file = f"{name}{i:02d}.tif"
-                _image(root / "UCMerced_LandUse" / "Images" / name / file, rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
+                _image(
+                    root / "UCMerced_LandUse" / "Images" / name / file,
+                    rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
+                )
                 names[split].append(file)
         for split, files in names.items():
             (root / f"uc_merced-{split}.txt").write_text("\n".join(files) + "\n")
@@ -179,7 +190,10 @@ class TorchgeoLayouts:
             for i, patch in enumerate(patches):
                 (folder / patch).mkdir(parents=True)
                 for b, band in enumerate(S2_FILES):
-                    _image(folder / patch / f"{patch}_{band}.tif", np.full((size, size), 100 * (b + 1) + i, dtype=np.uint16))
+                    _image(
+                        folder / patch / f"{patch}_{band}.tif",
+                        np.full((size, size), 100 * (b + 1) + i, dtype=np.uint16),
+                    )
                 labels = BIGEARTHNET_LABELS[i % len(BIGEARTHNET_LABELS)]
                 (folder / patch / f"{patch}_labels_metadata.json").write_text(json.dumps({"labels": labels}))
             (root / f"bigearthnet-{split}.csv").write_text("".join(f"{patch},S1_{patch}\n" for patch in patches))
@@ -249,7 +263,9 @@ class TorchgeoLayouts:
         images = root / "Onera Satellite Change Detection dataset - Images" / city
         for date in (1, 2):
             for b, band in enumerate(OSCD_FILES):
-                _image(images / f"imgs_{date}_rect" / f"{band}.tif", np.full((size, size), 100 * b + date, dtype=np.uint16))
+                _image(
+                    images / f"imgs_{date}_rect" / f"{band}.tif", np.full((size, size), 100 * b + date, dtype=np.uint16)
+                )
         (images / "dates.txt").write_text("date_1: 20160101\ndate_2: 20180101\n")
         change = np.zeros((size, size), dtype=np.uint8)
         change[:label_rows] = 255
@@ -270,12 +286,22 @@ class TorchgeoLayouts:
         transform = (1.24, 0.0, 500_000.0, 0.0, -1.24, 4_000_000.0)
         sharp = (0.31, 0.0, 500_000.0, 0.0, -0.31, 4_000_000.0)
         for split, chips in (per_split or {"train": [3, 7]}).items():
-            area = root / "SN2_buildings" / split / ("AOI_2_Vegas_Train" if split == "train" else "AOI_2_Vegas_Test_public")
+            area = (
+                root
+                / "SN2_buildings"
+                / split
+                / ("AOI_2_Vegas_Train" if split == "train" else "AOI_2_Vegas_Test_public")
+            )
             for chip in chips:
                 ms = rng.integers(1, 2000, (4, 163, 163)).astype(np.uint16)
                 write_geotiff(area / "MUL" / f"MUL_AOI_2_Vegas_img{chip}.tif", ms, transform=transform, crs=32611)
                 ps = np.full((4, 650, 650), chip, dtype=np.uint16)
-                write_geotiff(area / "MUL-PanSharpen" / f"MUL-PanSharpen_AOI_2_Vegas_img{chip}.tif", ps, transform=sharp, crs=32611)
+                write_geotiff(
+                    area / "MUL-PanSharpen" / f"MUL-PanSharpen_AOI_2_Vegas_img{chip}.tif",
+                    ps,
+                    transform=sharp,
+                    crs=32611,
+                )
                 if split == "train":
                     geojson = area / "geojson" / "buildings" / f"buildings_AOI_2_Vegas_img{chip}.geojson"
                     geojson.parent.mkdir(parents=True, exist_ok=True)

@@ -42,10 +42,20 @@ def test_a_single_process_start_is_quiet_and_builds_no_extension(tmp_path):
 
     make_demo_archive(tmp_path / "data/demo")
     extensions = tmp_path / "extensions"
-    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    }
     env.update(DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(extensions))
     config = Path(__file__).parents[1] / "configs/pretrain/demo_simmim_swin_micro__img64_win4__rgb_teacher.yaml"
-    overrides = ["train.epochs=2", "train.warmup_epochs=0.5", "train.zero_stage=1", "data.samples_per_epoch=16", "run.progress=false"]
+    overrides = [
+        "train.epochs=2",
+        "train.warmup_epochs=0.5",
+        "train.zero_stage=1",
+        "data.samples_per_epoch=16",
+        "run.progress=false",
+    ]
     cmd = [sys.executable, "-m", "geofm.cli", "pretrain", "--config", str(config), *overrides]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]

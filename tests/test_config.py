@@ -16,14 +16,21 @@ def test_shipped_configs_validate(path):
 
 
 def test_paper_setting():
-    cfg = PretrainConfig.from_file(Path(__file__).parents[1] / "configs/pretrain/gfm_swin_base__img192_win6__100ep.yaml")
+    cfg = PretrainConfig.from_file(
+        Path(__file__).parents[1] / "configs/pretrain/gfm_swin_base__img192_win6__100ep.yaml"
+    )
     assert (cfg.model.img_size, cfg.model.window_size, cfg.train.epochs) == (192, 6, 100)
     assert (cfg.train.base_lr, cfg.train.lr_reference_batch, cfg.train.warmup_epochs) == (2e-4, 512, 10)
     assert (cfg.train.weight_decay, cfg.train.grad_clip) == (0.05, 5.0)
     assert (cfg.masking.mask_patch_size, cfg.masking.mask_ratio) == (32, 0.6)
     assert (cfg.teacher.stage, cfg.teacher.include_merging, cfg.teacher.alpha) == (3, True, 1.0)
     teacher = cfg.teacher
-    assert (teacher.img_size, teacher.window_size, teacher.resize_mode, teacher.align_corners) == (224, 7, "bilinear", True)
+    assert (teacher.img_size, teacher.window_size, teacher.resize_mode, teacher.align_corners) == (
+        224,
+        7,
+        "bilinear",
+        True,
+    )
     assert teacher.distill_loss == "pooled_cosine"
 
 
@@ -57,7 +64,10 @@ def _write(tmp_path, tree):
         ("model.img_size=72", "must be divisible by 8"),
         ("data.bands=[green, nir]", "must name red, green and blue"),
         ("data.bands=[red, green, blue, nri]", r"data\.bands: unknown band 'nri': did you mean nir\?"),
-        ("data.sources.1.bands=[blue, green, red, nri]", r"data\.sources\.1\.bands \(satellite_4band\): unknown band 'nri'"),
+        (
+            "data.sources.1.bands=[blue, green, red, nri]",
+            r"data\.sources\.1\.bands \(satellite_4band\): unknown band 'nri'",
+        ),
         ("data.bands=[red, green, blue, swir16]", r"data\.bands \['swir16'\] are provided by no source"),
         ("data.bands=[red, green, blue, b04]", "names red more than once"),
         ("data.sources.5.root=/x", "data.sources is a list of 2 entries; '5' is not an index of it"),
@@ -100,12 +110,24 @@ def test_overrides_reach_list_entries(demo_tree):
 
 def test_band_aliases_resolve_and_custom_bands_are_declared(demo_tree):
     path, _ = demo_tree
-    cfg = PretrainConfig.from_file(path, ["data.bands=[B04, b03, B02, b08]", "data.sources.1.bands=[blue, green, red, NIR]"])
-    assert cfg.data.bands == ["red", "green", "blue", "nir"] and cfg.data.sources[1].bands == ["blue", "green", "red", "nir"]
+    cfg = PretrainConfig.from_file(
+        path, ["data.bands=[B04, b03, B02, b08]", "data.sources.1.bands=[blue, green, red, NIR]"]
+    )
+    assert cfg.data.bands == ["red", "green", "blue", "nir"] and cfg.data.sources[1].bands == [
+        "blue",
+        "green",
+        "red",
+        "nir",
+    ]
     with pytest.raises(ConfigError, match="declare other bands under data.custom_bands"):
         PretrainConfig.from_file(path, ["data.sources.1.bands=[blue, green, red, ndvi]"])
     cfg = PretrainConfig.from_file(
-        path, ["data.custom_bands=[ndvi]", "data.sources.1.bands=[blue, green, red, ndvi]", "data.bands=[red, green, blue, ndvi]"]
+        path,
+        [
+            "data.custom_bands=[ndvi]",
+            "data.sources.1.bands=[blue, green, red, ndvi]",
+            "data.bands=[red, green, blue, ndvi]",
+        ],
     )
     assert cfg.data.bands[-1] == "ndvi"
 

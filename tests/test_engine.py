@@ -10,7 +10,9 @@ def _train(**kw):
 
 
 def test_lr_scales_with_global_batch():
-    assert scaled_lr(_train(micro_batch_size=128, grad_accum_steps=2, base_lr=2e-4), world_size=4) == pytest.approx(4e-4)
+    assert scaled_lr(_train(micro_batch_size=128, grad_accum_steps=2, base_lr=2e-4), world_size=4) == pytest.approx(
+        4e-4
+    )
 
 
 def test_schedule_drops_incomplete_batches_and_counts_warmup():
@@ -21,7 +23,9 @@ def test_schedule_drops_incomplete_batches_and_counts_warmup():
 
 
 def test_deepspeed_config_carries_the_recipe():
-    cfg = deepspeed_config(_train(grad_accum_steps=4, zero_stage=2, precision="fp32"), 2, make_schedule(_train(), 80, 1))
+    cfg = deepspeed_config(
+        _train(grad_accum_steps=4, zero_stage=2, precision="fp32"), 2, make_schedule(_train(), 80, 1)
+    )
     assert cfg["train_batch_size"] == 8 * 4 * 2 and cfg["gradient_accumulation_steps"] == 4
     assert cfg["gradient_clipping"] == 5.0 and cfg["zero_optimization"]["stage"] == 2
     assert cfg["bf16"]["enabled"] is False
@@ -71,7 +75,9 @@ def test_per_group_lr_scales_hold_through_warmup_cosine_and_resume(tmp_path):
         first.step()
         low, high = first.get_lr()
         assert low == pytest.approx(0.25 * high), f"step {step + 1}: the group scale is lost ({low} vs {high})"
-        assert high == pytest.approx(1e-3 * first.lr_scheduler.get_lr_ratio()), "the unscaled group follows the schedule"
+        assert high == pytest.approx(1e-3 * first.lr_scheduler.get_lr_ratio()), (
+            "the unscaled group follows the schedule"
+        )
         peaks.append(high)
         if step + 1 == 6:
             save_checkpoint(first, tmp_path, "mid", {"step": 6})
@@ -132,7 +138,9 @@ def test_bf16_engine_trains_a_swin_with_its_buffers_in_bf16(tiny_swin):
     masks = [b for name, b in engine.module.named_buffers() if name.endswith("attn_mask") and b is not None]
     assert masks and all(b.dtype == torch.bfloat16 for b in masks), "the shifted windows' masks stayed fp32"
     generator = MaskGenerator(128, 16, 4, 0.6)
-    loss = engine(torch.randn(2, 3, 128, 128, dtype=torch.bfloat16), torch.stack([generator() for _ in range(2)]))["loss"]
+    loss = engine(torch.randn(2, 3, 128, 128, dtype=torch.bfloat16), torch.stack([generator() for _ in range(2)]))[
+        "loss"
+    ]
     engine.backward(loss)
     engine.step()
     assert torch.isfinite(loss)

@@ -25,21 +25,19 @@ def test_checkpoints_every_interval_and_at_the_last_step():
 
 def test_a_signal_saves_the_step_reached_and_stops():
     saved = []
-    with pytest.raises(RunInterrupted, match="stopped by SIGTERM at step 2"):
-        with boundaries(saved) as guard:
-            guard.reached(1)
-            os.kill(os.getpid(), signal.SIGTERM)
-            guard.reached(2)
+    with pytest.raises(RunInterrupted, match="stopped by SIGTERM at step 2"), boundaries(saved) as guard:
+        guard.reached(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        guard.reached(2)
     assert saved == [2]
 
 
 def test_bad_input_on_one_process_keeps_the_progress():
     saved = []
-    with pytest.raises(GeoFMError):
-        with boundaries(saved, step=3) as guard:
-            guard.reached(4)
-            guard.reached(5)
-            raise GeoFMError("corrupt.tif: truncated")
+    with pytest.raises(GeoFMError), boundaries(saved, step=3) as guard:
+        guard.reached(4)
+        guard.reached(5)
+        raise GeoFMError("corrupt.tif: truncated")
     assert saved == [5]
 
 
@@ -52,19 +50,17 @@ def test_bad_input_on_one_process_keeps_the_progress():
 )
 def test_no_extra_save_across_processes_or_for_other_errors(world_size, error, expected):
     saved = []
-    with pytest.raises(type(error)):
-        with boundaries(saved, world_size=world_size) as guard:
-            guard.reached(1)
-            raise error
+    with pytest.raises(type(error)), boundaries(saved, world_size=world_size) as guard:
+        guard.reached(1)
+        raise error
     assert saved == expected
 
 
 def test_nothing_saved_twice_when_the_error_follows_a_checkpoint():
     saved = []
-    with pytest.raises(OSError):
-        with boundaries(saved) as guard:
-            guard.reached(3)
-            raise OSError("disk went away")
+    with pytest.raises(OSError), boundaries(saved) as guard:
+        guard.reached(3)
+        raise OSError("disk went away")
     assert saved == [3]
 
 
@@ -73,5 +69,7 @@ def test_a_non_finite_loss_names_the_step_and_the_intact_checkpoint():
     with boundaries(saved) as guard:
         guard.reached(3)
         guard.check_finite({"step": 4, "loss": 0.5})
-        with pytest.raises(FloatingPointError, match="step 5: loss is not finite .*checkpoints up to step 3 are intact"):
+        with pytest.raises(
+            FloatingPointError, match="step 5: loss is not finite .*checkpoints up to step 3 are intact"
+        ):
             guard.check_finite({"step": 5, "loss": math.nan})

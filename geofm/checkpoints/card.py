@@ -45,13 +45,14 @@ def model_card(sidecar: Mapping[str, Any], weights_file: str = "backbone.safeten
         lines.append(f"| window size | {kwargs['window_size']} |")
     lines += ["", "## Input", ""]
     bands = sidecar.get("bands")
-    lines.append(f"Bands, in order: {', '.join(f'`{b}`' for b in bands)}." if bands else
-                 f"Bands: {kwargs.get('in_chans')} (not named).")
+    lines.append(
+        f"Bands, in order: {', '.join(f'`{b}`' for b in bands)}."
+        if bands
+        else f"Bands: {kwargs.get('in_chans')} (not named)."
+    )
     gsd = sidecar.get("gsd")
     lines.append("")
-    lines.append(
-        f"Ground sample distance: {_gsd(gsd)}." if gsd else "Ground sample distance: not recorded."
-    )
+    lines.append(f"Ground sample distance: {_gsd(gsd)}." if gsd else "Ground sample distance: not recorded.")
     lines += ["", *_normalisation(sidecar.get("normalisation"), bands)]
     lines += ["", "## Training", ""]
     lines.append(f"Method: {METHODS.get(method, method) if method else 'not recorded'}.")
@@ -64,14 +65,24 @@ def model_card(sidecar: Mapping[str, Any], weights_file: str = "backbone.safeten
         lines += ["", "| setting | value |", "| --- | --- |"] + [f"| {k} | {_value(v)} |" for k, v in settings.items()]
     origin = sidecar.get("converted_from")
     if origin:
-        lines += ["", f"Converted from `{origin.get('path')}` ({origin.get('layout')} layout, sha256 "
-                  f"`{origin.get('sha256')}`; architecture from {origin.get('architecture_from')})."]
+        lines += [
+            "",
+            f"Converted from `{origin.get('path')}` ({origin.get('layout')} layout, sha256 "
+            f"`{origin.get('sha256')}`; architecture from {origin.get('architecture_from')}).",
+        ]
         for note in [*origin.get("adapted", []), *origin.get("notes", [])]:
             lines.append(f"- {note}")
     federation = sidecar.get("federation")
     if federation:
-        lines += ["", "## Federation", "", "Pretrained across institutions that kept their imagery; only model updates "
-                  "travelled.", "", "| federation | value |", "| --- | --- |"]
+        lines += [
+            "",
+            "## Federation",
+            "",
+            "Pretrained across institutions that kept their imagery; only model updates travelled.",
+            "",
+            "| federation | value |",
+            "| --- | --- |",
+        ]
         lines += [f"| {k} | {_value(v)} |" for k, v in federation.items()]
     lines += ["", "## Metrics", ""]
     metrics = sidecar.get("metrics")
@@ -140,8 +151,18 @@ def _settings(sidecar: Mapping[str, Any]) -> dict[str, Any]:
         return settings
     if "train" in config or "masking" in config:  # a geofm run config
         train, masking, teacher = config.get("train") or {}, config.get("masking") or {}, config.get("teacher") or {}
-        for key in ("epochs", "micro_batch_size", "grad_accum_steps", "base_lr", "lr_reference_batch",
-                    "warmup_epochs", "weight_decay", "grad_clip", "zero_stage", "precision"):
+        for key in (
+            "epochs",
+            "micro_batch_size",
+            "grad_accum_steps",
+            "base_lr",
+            "lr_reference_batch",
+            "warmup_epochs",
+            "weight_decay",
+            "grad_clip",
+            "zero_stage",
+            "precision",
+        ):
             if key in train:
                 settings[key] = train[key]
         for key in ("mask_patch_size", "mask_ratio"):

@@ -80,7 +80,9 @@ def export_backbone(
             model's shapes, or ``metadata`` uses a reserved key or is not JSON-serialisable.
     """
     if getattr(model, "num_classes", 0):
-        raise ConfigError(f"export_backbone expects a headless backbone (num_classes=0), got num_classes={model.num_classes}")
+        raise ConfigError(
+            f"export_backbone expects a headless backbone (num_classes=0), got num_classes={model.num_classes}"
+        )
     clashes = sorted(set(metadata) & set(RESERVED_KEYS))
     if clashes:
         raise ConfigError(f"export metadata may not set {clashes}: these sidecar keys are written by geofm")

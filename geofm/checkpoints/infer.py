@@ -56,12 +56,31 @@ CANDIDATES = {
 STRUCTURE_KEYS = {
     "swin": ("patch_size", "embed_dim", "depths", "num_heads", "mlp_ratio", "qkv_bias"),
     "vit": (
-        "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "class_token",
-        "reg_tokens", "no_embed_class", "init_values", "pre_norm", "global_pool",
+        "patch_size",
+        "embed_dim",
+        "depth",
+        "num_heads",
+        "mlp_ratio",
+        "qkv_bias",
+        "class_token",
+        "reg_tokens",
+        "no_embed_class",
+        "init_values",
+        "pre_norm",
+        "global_pool",
     ),
     "beit": (
-        "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "init_values",
-        "use_abs_pos_emb", "use_rel_pos_bias", "use_shared_rel_pos_bias", "global_pool",
+        "patch_size",
+        "embed_dim",
+        "depth",
+        "num_heads",
+        "mlp_ratio",
+        "qkv_bias",
+        "init_values",
+        "use_abs_pos_emb",
+        "use_rel_pos_bias",
+        "use_shared_rel_pos_bias",
+        "global_pool",
     ),
 }
 _PRESENCE_ONLY = ("init_values",)  # only whether it is set shows in the weights; the value is loaded over
@@ -78,14 +97,33 @@ IMAGENET_NORMALISATION = {
 }
 # Sidecar entries that tell where an export comes from.
 _SIDECAR_PROVENANCE = (
-    "method", "data", "steps", "epoch", "teacher", "gsd", "normalisation", "metrics", "federation", "converted_from",
+    "method",
+    "data",
+    "steps",
+    "epoch",
+    "teacher",
+    "gsd",
+    "normalisation",
+    "metrics",
+    "federation",
+    "converted_from",
     "config",
 )
 # Config entries of GFM/SimMIM checkpoints worth showing (besides the model's own section).
 _CONFIG_SUMMARY = (
-    "MODEL.TYPE", "MODEL.NAME", "DATA.DATASET", "DATA.DATA_PATH", "DATA.IMG_SIZE", "DATA.MASK_PATCH_SIZE",
-    "DATA.MASK_RATIO", "TRAIN.EPOCHS", "TRAIN.WARMUP_EPOCHS", "TRAIN.BASE_LR", "TRAIN.WEIGHT_DECAY",
-    "TRAIN.LAYER_DECAY", "TAG",
+    "MODEL.TYPE",
+    "MODEL.NAME",
+    "DATA.DATASET",
+    "DATA.DATA_PATH",
+    "DATA.IMG_SIZE",
+    "DATA.MASK_PATCH_SIZE",
+    "DATA.MASK_RATIO",
+    "TRAIN.EPOCHS",
+    "TRAIN.WARMUP_EPOCHS",
+    "TRAIN.BASE_LR",
+    "TRAIN.WEIGHT_DECAY",
+    "TRAIN.LAYER_DECAY",
+    "TAG",
 )
 
 
@@ -494,8 +532,10 @@ def _apply_source_config(family: str, config: Mapping[str, Any], s: dict[str, An
         recorded = section.get(key)
         readable = s["num_heads"] if family == "swin" else s["embed_dim"]
         if recorded is not None and _listify(recorded) != _listify(readable):
-            notes.append(f"checkpoint config MODEL.{'SWIN' if family == 'swin' else 'VIT'}.{key} {recorded} "
-                         f"differs from the weights ({readable}): the weights win")
+            notes.append(
+                f"checkpoint config MODEL.{'SWIN' if family == 'swin' else 'VIT'}.{key} {recorded} "
+                f"differs from the weights ({readable}): the weights win"
+            )
     return used
 
 

@@ -192,7 +192,9 @@ def _offending(err: Exception) -> str:
     found = re.search(r"Unsupported operand (\d+)", text)
     if found:
         return f"a pickle instruction the weights-only loader does not read (opcode {found.group(1)})"
-    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("Check the documentation")]
+    lines = [
+        line.strip() for line in text.splitlines() if line.strip() and not line.startswith("Check the documentation")
+    ]
     return lines[-1] if lines else "an unsupported object"
 
 

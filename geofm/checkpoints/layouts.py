@@ -99,7 +99,9 @@ def read_export_sidecar(path: str | Path) -> dict[str, Any]:
     elif path.suffix != ".json":
         path = export_sidecar_path(path)
     if not path.is_file():
-        raise CheckpointNotFoundError(f"export sidecar not found: {path} (written next to the weights by export_backbone)")
+        raise CheckpointNotFoundError(
+            f"export sidecar not found: {path} (written next to the weights by export_backbone)"
+        )
     try:
         sidecar = json.loads(path.read_text())
     except ValueError as err:

@@ -113,7 +113,9 @@ def torchgeo_weights(
     member = name or f"{method or 'geofm'}_{kwargs.get('in_chans')}band"
     member = re.sub(r"\W+", "_", member).strip("_").upper()
     enum_name = "GeoFM_" + re.sub(r"\W+", "_", sidecar["arch"]) + "_Weights"
-    enum = GeoFMWeights(enum_name, [(member, Weights(url=weights_path.resolve().as_uri(), transforms=transforms, meta=meta))])
+    enum = GeoFMWeights(
+        enum_name, [(member, Weights(url=weights_path.resolve().as_uri(), transforms=transforms, meta=meta))]
+    )
     return enum[member]
 
 
@@ -121,7 +123,9 @@ def _transforms(normalisation: Any, bands: list[str] | None, source: str | None)
     """Normalise raw values as the chosen source was in training, in the model's band order."""
     if not isinstance(normalisation, Mapping) or not normalisation or not bands:
         if source is not None:
-            raise ConfigError(f"the export records no normalisation per source (and bands), so source {source!r} is unknown")
+            raise ConfigError(
+                f"the export records no normalisation per source (and bands), so source {source!r} is unknown"
+            )
         return None, nn.Sequential()
     if source is not None and source not in normalisation:
         raise ConfigError(f"unknown source {source!r}: the export has statistics for {sorted(normalisation)}")

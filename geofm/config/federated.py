@@ -32,7 +32,9 @@ class LocalTrainConfig(OptimizerConfig):
     """A client's local optimisation each round; the learning rate follows a schedule over rounds."""
 
     local_epochs: float | None = Field(default=1.0, gt=0.0, description="passes over the client's images per round")
-    local_steps: int | None = Field(default=None, gt=0, description="a fixed number of optimizer steps per round instead")
+    local_steps: int | None = Field(
+        default=None, gt=0, description="a fixed number of optimizer steps per round instead"
+    )
     lr_schedule: Literal["constant", "cosine"] = Field(default="constant", description="over rounds, after the warm-up")
     warmup_rounds: int = Field(default=0, ge=0)
 
@@ -47,7 +49,9 @@ class CodecConfig(Section):
     """Quantisation of what travels: ``bits`` 32 sends raw float32 (no compression)."""
 
     bits: Literal[1, 2, 4, 8, 32] = 32
-    bucket_size: int | None = Field(default=512, gt=0, description="values sharing one scale; null: one scale per update")
+    bucket_size: int | None = Field(
+        default=512, gt=0, description="values sharing one scale; null: one scale per update"
+    )
     scale_norm: Literal["linf", "l2"] = Field(
         default="linf",
         description="the norm scaling each bucket (b >= 2); l2 is the paper's literal choice, kept for ablations: "
@@ -80,7 +84,9 @@ class AlgorithmConfig(Section):
     name: Literal["fedavg", "fedprox", "fedsense"] = "fedsense"
     perturbation_radius: float = Field(default=0.0, ge=0.0, description="fedsense: lambda of eps = lambda d / ||d||")
     proximal_beta: float = Field(default=0.0, ge=0.0, description="fedprox, fedsense: weight of the proximal term")
-    clusters: int | None = Field(default=None, gt=0, description="fedsense: K groups of client models; null: one per client")
+    clusters: int | None = Field(
+        default=None, gt=0, description="fedsense: K groups of client models; null: one per client"
+    )
     distill_steps: int = Field(default=0, ge=0, description="fedsense: server similarity-distillation steps per round")
     distill_lr: float = Field(default=1e-5, gt=0.0, description="fedsense: AdamW learning rate of the distillation")
     distill_batch_size: int = Field(default=16, gt=1, description="fedsense: public images p per distillation step")
@@ -89,7 +95,9 @@ class AlgorithmConfig(Section):
         default_factory=lambda: CodecConfig(bits=32),
         description="the global model's change since a client's last copy; bits 32 (default) sends the model as is",
     )
-    norm_factor: float = Field(default=10.0, gt=1.0, description="reject uploads above this multiple of the median norm")
+    norm_factor: float = Field(
+        default=10.0, gt=1.0, description="reject uploads above this multiple of the median norm"
+    )
 
     @model_validator(mode="after")
     def _check_components(self) -> AlgorithmConfig:

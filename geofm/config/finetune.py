@@ -64,7 +64,9 @@ class FinetuneDataConfig(Section):
     custom_bands: list[str] = Field(default_factory=list)
     dataset_bands: list[str] = Field(min_length=1, description="the bands the dataset delivers, in its order")
     scale: float = Field(default=1.0, gt=0.0, description="multiplies raw values (e.g. 1/255, 1/10000)")
-    nodata: float | None = Field(default=None, description="raw value of missing pixels (folders: default the files' own)")
+    nodata: float | None = Field(
+        default=None, description="raw value of missing pixels (folders: default the files' own)"
+    )
     mean: list[float] = Field(description="per dataset band, after scale")
     std: list[float] = Field(description="per dataset band, after scale")
     num_classes: int | None = Field(default=None, gt=0, description="classes of the task (not for superres)")
@@ -193,11 +195,15 @@ class FinetuneOptimConfig(Section):
         description="layer-wise lr decay over timm's layer groups: the head trains at the full lr, each group "
         "below at this factor of the one above",
     )
-    label_smoothing: float = Field(default=0.0, ge=0.0, lt=1.0, description="classification: cross-entropy label smoothing")
+    label_smoothing: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="classification: cross-entropy label smoothing"
+    )
     mixup: float = Field(default=0.0, ge=0.0, description="classification: Mixup alpha (0: off)")
     cutmix: float = Field(default=0.0, ge=0.0, description="classification: CutMix alpha (0: off)")
     mix_prob: float = Field(default=1.0, gt=0.0, le=1.0, description="probability of mixing a batch")
-    mix_switch_prob: float = Field(default=0.5, ge=0.0, le=1.0, description="with both on: chance of CutMix instead of Mixup")
+    mix_switch_prob: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="with both on: chance of CutMix instead of Mixup"
+    )
     eval_every: int = Field(default=1, gt=0, description="epochs between validations")
     val_split: Split | None = Field(
         default="val",
@@ -299,7 +305,9 @@ class FinetuneConfig(ProgramConfig):
                 "UperNet's pooling branch normalises over the batch: segmentation and change need train.micro_batch_size >= 2"
             )
         if dense and self.model.img_size % 32:
-            raise ValueError(f"model.img_size {self.model.img_size}: UperNet's features at strides 4-32 need a multiple of 32")
+            raise ValueError(
+                f"model.img_size {self.model.img_size}: UperNet's features at strides 4-32 need a multiple of 32"
+            )
         if dense and info.family == "vit" and (info.patch_size & (info.patch_size - 1) or info.patch_size < 4):
             raise ValueError(
                 f"a ViT's features reach strides 4-32 by factors of 2 from its patch size; "

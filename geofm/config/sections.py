@@ -22,7 +22,9 @@ class BackboneConfig(Section):
     arch: str = Field(description="timm model name, e.g. swin_base_patch4_window7_224 or vit_base_patch16_224")
     img_size: int = Field(gt=0)
     window_size: int | None = Field(default=None, gt=0, description="Swin only")
-    timm_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra create_model kwargs (embed_dim, depths...)")
+    timm_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra create_model kwargs (embed_dim, depths...)"
+    )
 
     @model_validator(mode="after")
     def _check_arch(self) -> BackboneConfig:
@@ -69,7 +71,9 @@ class TeacherConfig(BackboneConfig):
     checkpoint: Path = Field(description="local weights file (timm or Microsoft Swin layout, or a geofm export)")
     stage: int = Field(default=3, ge=1, description="Swin: distil after this stage (1-based)")
     include_merging: bool = Field(default=True, description="Swin: include the patch merging that ends the stage")
-    block: int | None = Field(default=None, ge=1, description="ViT teacher: distil after this block (default 3/4 depth)")
+    block: int | None = Field(
+        default=None, ge=1, description="ViT teacher: distil after this block (default 3/4 depth)"
+    )
     alpha: float = Field(default=1.0, ge=0.0, description="weight of the distillation loss")
     resize_mode: Literal["bilinear", "bicubic"] = Field(
         default="bilinear", description="how the input is resized to img_size (GFM: bilinear with align_corners)"
@@ -99,9 +103,7 @@ class TeacherConfig(BackboneConfig):
         return self
 
 
-def canonical_band_lists(
-    section: dict, keys: tuple[str, ...], custom: list[str], where: str, label: str = ""
-) -> dict:
+def canonical_band_lists(section: dict, keys: tuple[str, ...], custom: list[str], where: str, label: str = "") -> dict:
     """A copy of a raw config section with its band-name lists under ``keys`` resolved through the
     band vocabulary (aliases to canonical names) and ``custom``, for a ``mode="before"`` validator.
 
@@ -162,7 +164,9 @@ class DataConfig(Section):
     """
 
     bands: list[str] = Field(min_length=1, description="the model's input bands, in order")
-    custom_bands: list[str] = Field(default_factory=list, description="band names outside the vocabulary, e.g. [ndvi, dem]")
+    custom_bands: list[str] = Field(
+        default_factory=list, description="band names outside the vocabulary, e.g. [ndvi, dem]"
+    )
     sources: list[SourceConfig] = Field(min_length=1)
     crop_scale: tuple[float, float] = (0.67, 1.0)
     hflip: bool = True
@@ -291,4 +295,6 @@ def check_masked_pretraining(
     if model.family == "swin" and model.distill_block is not None:
         raise ValueError("model.distill_block applies to ViT students; a Swin student is tapped at teacher.stage")
     if teacher is not None and len(data.bands) != 3 and data.rgb_indices is None:
-        raise ValueError(f"a teacher sees RGB: data.bands {data.bands} must name red, green and blue (or hold exactly 3 bands)")
+        raise ValueError(
+            f"a teacher sees RGB: data.bands {data.bands} must name red, green and blue (or hold exactly 3 bands)"
+        )

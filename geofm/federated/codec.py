@@ -234,7 +234,9 @@ class Codec:
             raise CodecError(f"expected a non-empty 1-D update vector, got shape {tuple(vector.shape)}")
         vector = vector.detach().to(torch.float32)
         try:
-            return self._encode(vector.numel(), lambda start, stop, _: vector[start:stop], generator, None, vector.device)
+            return self._encode(
+                vector.numel(), lambda start, stop, _: vector[start:stop], generator, None, vector.device
+            )
         except _NonFinite:
             _check_finite(vector, torch.full((1,), math.nan))
             raise
@@ -275,7 +277,9 @@ class Codec:
         try:
             return self._encode(n, values, generator, dropped, torch.device(device))
         except _NonFinite as err:
-            raise CodecError(f"update values {err.args[0]} hold NaN or Inf, or values too large for float32 norms") from None
+            raise CodecError(
+                f"update values {err.args[0]} hold NaN or Inf, or values too large for float32 norms"
+            ) from None
 
     def _encode(
         self,
@@ -389,7 +393,14 @@ class _Coder:
     """
 
     def __init__(
-        self, n: int, bits: int, bucket: int | None, norm: str, stochastic: bool, device: torch.device, decoding: bool = False
+        self,
+        n: int,
+        bits: int,
+        bucket: int | None,
+        norm: str,
+        stochastic: bool,
+        device: torch.device,
+        decoding: bool = False,
     ) -> None:
         self.n, self.bits, self.bucket, self.norm, self.stochastic = n, bits, bucket, norm, stochastic
         self.size = size = _chunk_size(n, bucket)

@@ -89,7 +89,9 @@ class Perturbation:
                 torch._foreach_copy_(self._saved, values)
             torch._foreach_copy_(self._drift, values)
             torch._foreach_sub_(self._drift, self.anchor)
-            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(self._drift))) if values else torch.zeros(())
+            norm = (
+                torch.linalg.vector_norm(torch.stack(torch._foreach_norm(self._drift))) if values else torch.zeros(())
+            )
             # radius / ||d||, or 0 (no move) when there is no drift or no radius
             scale = torch.where(norm > 0, self.radius / norm.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
             torch._foreach_mul_(self._drift, scale)

@@ -113,7 +113,9 @@ def teacher_tap(cfg: TeacherConfig, backbone: nn.Module) -> Tap:
 
 def teacher_channels(cfg: TeacherConfig) -> int:
     """Width of the configured teacher's features at its tap, from its architecture alone (no weights read)."""
-    kwargs = backbone_kwargs(in_chans=3, img_size=cfg.img_size, window_size=cfg.window_size, timm_kwargs=cfg.timm_kwargs)
+    kwargs = backbone_kwargs(
+        in_chans=3, img_size=cfg.img_size, window_size=cfg.window_size, timm_kwargs=cfg.timm_kwargs
+    )
     with torch.device("meta"):
         backbone = create_backbone(cfg.arch, kwargs)
     return tap_channels(backbone, teacher_tap(cfg, backbone))
@@ -129,7 +131,9 @@ def build_teacher(cfg: TeacherConfig, band_indices: list[int]) -> FrozenTeacher:
         CheckpointNotFoundError: when ``cfg.checkpoint`` does not exist.
         CheckpointFormatError: when the file's layout or keys do not fit ``cfg.arch``.
     """
-    kwargs = backbone_kwargs(in_chans=3, img_size=cfg.img_size, window_size=cfg.window_size, timm_kwargs=cfg.timm_kwargs)
+    kwargs = backbone_kwargs(
+        in_chans=3, img_size=cfg.img_size, window_size=cfg.window_size, timm_kwargs=cfg.timm_kwargs
+    )
     backbone = create_backbone(cfg.arch, kwargs)
     load_backbone_for_bands(backbone, cfg.checkpoint, RGB)
     return FrozenTeacher(

@@ -28,7 +28,10 @@ from pretrain.federated.deploy import (
 )
 from pretrain.federated.runtime import CLIENT_FACTORY, CONFIG, INSTITUTIONS, SERVER_FACTORY, Scalar, config_entry
 
-PROGRAM = {SERVER_FACTORY: "pretrain.federated.program:make_server", CLIENT_FACTORY: "pretrain.federated.program:make_client"}
+PROGRAM = {
+    SERVER_FACTORY: "pretrain.federated.program:make_server",
+    CLIENT_FACTORY: "pretrain.federated.program:make_client",
+}
 
 EXAMPLES = """\
 examples:
@@ -62,10 +65,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_program_args(simulate)
     simulate.add_argument(
-        "--institutions", type=_names, metavar="A,B,...", help="another program's institutions (default: the config's clients)"
+        "--institutions",
+        type=_names,
+        metavar="A,B,...",
+        help="another program's institutions (default: the config's clients)",
     )
     simulate.add_argument("--cpus-per-node", type=float, default=1.0, help="cores per running ClientApp (default 1)")
-    simulate.add_argument("--gpus-per-node", type=float, default=0.0, help="GPU share per running ClientApp (default 0)")
+    simulate.add_argument(
+        "--gpus-per-node", type=float, default=0.0, help="GPU share per running ClientApp (default 0)"
+    )
     simulate.add_argument("--num-cpus", type=int, help="cores the simulation may use (default: all)")
     simulate.set_defaults(handler=_simulate)
 
@@ -77,15 +85,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "command of the deployment.",
     )
     certs.add_argument("--out", type=Path, required=True, help="output folder")
-    certs.add_argument("--institutions", type=_names, required=True, metavar="A,B,...", help="one SuperNode key pair each")
-    certs.add_argument("--host", required=True, help="host name or IP address of the SuperLink, as the SuperNodes reach it")
+    certs.add_argument(
+        "--institutions", type=_names, required=True, metavar="A,B,...", help="one SuperNode key pair each"
+    )
+    certs.add_argument(
+        "--host", required=True, help="host name or IP address of the SuperLink, as the SuperNodes reach it"
+    )
     certs.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"SuperLink HTTPS port (default {DEFAULT_PORT})")
     certs.add_argument("--connection", default=DEFAULT_CONNECTION, help="name of the flwr CLI connection")
     certs.add_argument("--valid-days", type=int, default=365, help="certificate validity (default 365)")
     _add_data_roots(certs)
     certs.set_defaults(handler=_certs)
 
-    show = commands.add_parser("commands", help="print the deployment commands for a folder written by `geofm fed certs`")
+    show = commands.add_parser(
+        "commands", help="print the deployment commands for a folder written by `geofm fed certs`"
+    )
     show.add_argument("--out", type=Path, required=True, help="folder written by geofm fed certs")
     _add_data_roots(show)
     show.set_defaults(handler=_commands)
@@ -114,7 +128,11 @@ def _add_program_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_data_roots(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--data-root", action="append", default=[], metavar="NAME=PATH", help="an institution's data folder (repeatable)"
+        "--data-root",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="an institution's data folder (repeatable)",
     )
 
 

@@ -137,12 +137,14 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def write_certificates(files: DeploymentFiles, server_host: str, valid_days: int) -> None:
     """Write a CA and the SuperLink's TLS certificate for ``server_host`` (plus localhost and 127.0.0.1)."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=valid_days)
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_name = _subject("geofm federation CA")
@@ -158,8 +160,15 @@ def write_certificates(files: DeploymentFiles, server_host: str, valid_days: int
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -265,13 +274,18 @@ def superlink_command(
     """``flower-superlink`` with TLS, SuperNode auth and no runtime dependency installation."""
     command = [
         "flower-superlink",
-        "--ssl-ca-certfile", str(files.ca_cert),
-        "--ssl-certfile", str(files.superlink_cert),
-        "--ssl-keyfile", str(files.superlink_key),
+        "--ssl-ca-certfile",
+        str(files.ca_cert),
+        "--ssl-certfile",
+        str(files.superlink_cert),
+        "--ssl-keyfile",
+        str(files.superlink_key),
         "--enable-supernode-auth",
         "--disable-runtime-dependency-installation",
-        "--host", host,
-        "--port", str(port),
+        "--host",
+        host,
+        "--port",
+        str(port),
     ]
     return command + (["--database", str(database)] if database else [])
 
@@ -287,11 +301,16 @@ def supernode_command(
     """``flower-supernode`` for one institution; ``port`` is its own Runtime API (ClientApp) port."""
     return [
         "flower-supernode",
-        "--superlink", superlink_address,
-        "--root-certificates", str(ca_cert),
-        "--auth-supernode-private-key", str(private_key),
-        "--node-config", format_config_values(node_config),
-        "--port", str(port),
+        "--superlink",
+        superlink_address,
+        "--root-certificates",
+        str(ca_cert),
+        "--auth-supernode-private-key",
+        str(private_key),
+        "--node-config",
+        format_config_values(node_config),
+        "--port",
+        str(port),
     ]
 
 
@@ -353,7 +372,11 @@ def deployment_commands(files: DeploymentFiles, *, data_roots: Mapping[str, str]
         root = (data_roots or {}).get(name, f"/path/to/{name}/data")
         node_env = {**QUIET_ENV, "FLWR_HOME": f"$HOME/.flwr-geofm-{name}"}
         command = supernode_command(
-            files.ca_cert, files.node_key(name), address, SUPERNODE_BASE_PORT + index, {INSTITUTION: name, DATA_ROOT: root}
+            files.ca_cert,
+            files.node_key(name),
+            address,
+            SUPERNODE_BASE_PORT + index,
+            {INSTITUTION: name, DATA_ROOT: root},
         )
         lines.append(_line(command, node_env))
     lines += [
@@ -385,7 +408,9 @@ def launch_run(files: DeploymentFiles, run_config: Mapping[str, Scalar], poll_s:
     run_id = int(flwr_json(run_command(config_file, connection), env)["run-id"])
     print(f"run {run_id} submitted; following its log (Ctrl-C stops following, not the run)", flush=True)
     subprocess.run(["flwr", "log", str(run_id), connection, "--stream"], env=env, stdin=subprocess.DEVNULL)
-    while not (record := flwr_json(status_command(run_id, connection), env)["runs"][0])["status"].startswith("finished"):
+    while not (record := flwr_json(status_command(run_id, connection), env)["runs"][0])["status"].startswith(
+        "finished"
+    ):
         time.sleep(poll_s)
     if record["status"] != COMPLETED:
         raise FederatedRunError(f"run {run_id} ended {record['status']}: {record.get('status-details', '')}")
@@ -401,5 +426,7 @@ def flwr_json(command: list[str], env: Mapping[str, str]) -> dict:
     except ValueError:
         answer = {"success": False}
     if result.returncode != 0 or not answer.get("success"):
-        raise FederatedRunError(f"{' '.join(command)} failed (exit {result.returncode}): {result.stdout}{result.stderr}")
+        raise FederatedRunError(
+            f"{' '.join(command)} failed (exit {result.returncode}): {result.stdout}{result.stderr}"
+        )
     return answer

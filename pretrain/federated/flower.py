@@ -83,7 +83,9 @@ def to_config_record(scalars: Mapping[str, Scalar], what: str) -> ConfigRecord:
     try:
         return ConfigRecord(plain)
     except TypeError as err:
-        raise FederatedRunError(f"{what}: values must be bool, int, float, str, bytes or lists of those ({err})") from err
+        raise FederatedRunError(
+            f"{what}: values must be bool, int, float, str, bytes or lists of those ({err})"
+        ) from err
 
 
 def _content(payload: Payload, what: str) -> RecordDict:
@@ -180,7 +182,13 @@ def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar
         reason = f"{name}: {type(err).__name__}: {err}"
         bad_input = isinstance(err, GeoFMError)
         with_traceback = not bad_input or log.isEnabledFor(logging.DEBUG)
-        log.error("%s of %s failed%s", message.metadata.message_type, name, f": {err}" if bad_input else "", exc_info=with_traceback)
+        log.error(
+            "%s of %s failed%s",
+            message.metadata.message_type,
+            name,
+            f": {err}" if bad_input else "",
+            exc_info=with_traceback,
+        )
         return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=message)
 
 

@@ -280,7 +280,9 @@ class LocalDeployment:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     continue
-            left = sorted(pid for pid, started in tracked.items() if started is not None and _start_time(pid) == started)
+            left = sorted(
+                pid for pid, started in tracked.items() if started is not None and _start_time(pid) == started
+            )
             if not left:
                 return
             if time.monotonic() > deadline:

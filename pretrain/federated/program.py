@@ -64,7 +64,13 @@ log = logging.getLogger("geofm.federated")
 ROUNDS_LOG = "rounds.jsonl"
 TEACHER = "teacher"  # node config: this machine's copy of the teacher weights
 STATE_DIR = "state-dir"  # node config: where this institution keeps its client state between runs
-FEDERATED_INVARIANTS = (*RESUME_INVARIANTS, "federation.partition", "federation.clients", "federation.public_sources", "algorithm")
+FEDERATED_INVARIANTS = (
+    *RESUME_INVARIANTS,
+    "federation.partition",
+    "federation.clients",
+    "federation.public_sources",
+    "algorithm",
+)
 FEDERATED_SCHEDULE = (
     "federation.rounds",
     "train.base_lr",
@@ -183,7 +189,9 @@ def frozen_teacher(cfg: FederatedConfig) -> FrozenTeacher | None:
     """The run's frozen teacher (None for plain SimMIM), loaded from this machine's weights file."""
     if cfg.teacher is None:
         return None
-    return _teacher(json.dumps(config_to_dict(cfg)["teacher"], sort_keys=True), json.dumps(cfg.data.teacher_band_indices))
+    return _teacher(
+        json.dumps(config_to_dict(cfg)["teacher"], sort_keys=True), json.dumps(cfg.data.teacher_band_indices)
+    )
 
 
 class FederatedClient:
@@ -206,7 +214,9 @@ class FederatedClient:
         )
         self.state_dir = Path(node_config.get(STATE_DIR) or self.cfg.run.output_dir / "clients" / self.name)
         # Each round's student is built fresh and overwritten by the global model: no initial weights to read.
-        self.student_cfg = self.cfg.model_copy(update={"model": self.cfg.model.model_copy(update={"init_checkpoint": None})})
+        self.student_cfg = self.cfg.model_copy(
+            update={"model": self.cfg.model.model_copy(update={"init_checkpoint": None})}
+        )
 
     def identity(self) -> Scalars:
         return {"client": self.name, "num_examples": self.num_examples}
@@ -289,7 +299,9 @@ class FederatedClient:
         done, epoch = 0, 0
         while done < steps:
             sampler.set_epoch(rnd * 100_003 + epoch)
-            loader = DataLoader(pile, batch_size=micro, sampler=sampler, num_workers=cfg.data.num_workers, drop_last=True)
+            loader = DataLoader(
+                pile, batch_size=micro, sampler=sampler, num_workers=cfg.data.num_workers, drop_last=True
+            )
             batches = iter(loader)
             for _ in range(per_epoch // images):
                 if done == steps:
@@ -383,7 +395,9 @@ class FederatedServer:
         generator = torch.Generator().manual_seed(_stable_id(self.cfg.run.seed, rnd, "downlink"))
         previous = self.reference
         change, self.reference = self.algorithm.downlink(self.global_model, previous, generator)
-        synced = {node for node in node_ids if previous is not None and self.synced.get(self.clients[node][0]) == rnd - 1}
+        synced = {
+            node for node in node_ids if previous is not None and self.synced.get(self.clients[node][0]) == rnd - 1
+        }
         # The whole model only for clients without the previous copy (first round, missed rounds).
         whole = self.algorithm.downlink(self.reference, None, generator)[0] if len(synced) < len(node_ids) else None
         payloads, nbytes = {}, 0
@@ -434,8 +448,14 @@ class FederatedServer:
             log.warning("round %d: %s reset its error-feedback buffer (%s)", rnd, client, kind)
         log.info(
             "round %d/%d: loss %.4f (mim %.4f, distill %.4f), %d clients, up %.1f KiB, down %.1f KiB",
-            rnd, self.cfg.federation.rounds, record["loss"], record["loss_mim"], record["loss_distill"],
-            len(accepted), record["uplink_bytes"] / 1024, record["downlink_bytes"] / 1024,
+            rnd,
+            self.cfg.federation.rounds,
+            record["loss"],
+            record["loss_mim"],
+            record["loss_distill"],
+            len(accepted),
+            record["uplink_bytes"] / 1024,
+            record["downlink_bytes"] / 1024,
         )
         self._checkpoint(rnd)
         plot_rounds(self.rounds_log.read(), self.run_dir / "rounds.png", self.run_dir.name)
@@ -490,7 +510,9 @@ class FederatedServer:
 
     def _public_batches(self, rnd: int) -> Iterator[torch.Tensor]:
         cfg = self.cfg
-        shares = [list_images(s.root, s.pattern) if s.name in cfg.federation.public_sources else [] for s in cfg.data.sources]
+        shares = [
+            list_images(s.root, s.pattern) if s.name in cfg.federation.public_sources else [] for s in cfg.data.sources
+        ]
         pile = share_pile(cfg, shares, None)
         p = cfg.algorithm.distill_batch_size
         sampler = PileSampler(pile.source_sizes, pile.weights, max(p, pile.samples_per_epoch), seed=cfg.run.seed)

@@ -240,12 +240,14 @@ def node_identity(node_config: Mapping[str, Scalar], run_config: Mapping[str, Sc
     if PARTITION_ID not in config:
         raise ConfigError(
             f"node config {config}: expected {INSTITUTION!r} (flower-supernode --node-config "
-            f"'{INSTITUTION}=\"name\" {DATA_ROOT}=\"/path\"') or {PARTITION_ID!r} (simulation)"
+            f'\'{INSTITUTION}="name" {DATA_ROOT}="/path"\') or {PARTITION_ID!r} (simulation)'
         )
     names = institutions(run_config)
     index = int(config[PARTITION_ID])
     if names and index >= len(names):
-        raise ConfigError(f"run config {INSTITUTIONS!r} names {len(names)} institutions, but node {PARTITION_ID}={index}")
+        raise ConfigError(
+            f"run config {INSTITUTIONS!r} names {len(names)} institutions, but node {PARTITION_ID}={index}"
+        )
     config[INSTITUTION] = names[index] if names else f"node{index}"
     return config
 
@@ -344,7 +346,9 @@ class _RoundLoop:
         """The handshake failures so far, for an error message."""
         if not self.refused:
             return ""
-        return "; handshake failures: " + "; ".join(f"node {node}: {reason}" for node, reason in sorted(self.refused.items()))
+        return "; handshake failures: " + "; ".join(
+            f"node {node}: {reason}" for node, reason in sorted(self.refused.items())
+        )
 
     def run_round(self, rnd: int) -> None:
         """Run one round, retrying it while it gets fewer than ``min_clients`` replies."""
@@ -359,7 +363,9 @@ class _RoundLoop:
                 problem = f"only {len(available)} registered nodes connected{self._refusals()}"
             else:
                 select = getattr(self.program, "select", None)
-                selected = sorted(select(rnd, attempt, available) if select else select_nodes(available, plan, rnd, attempt))
+                selected = sorted(
+                    select(rnd, attempt, available) if select else select_nodes(available, plan, rnd, attempt)
+                )
                 payloads = self.program.configure(rnd, selected)
                 stray = sorted(set(payloads) - set(selected))
                 if stray:
@@ -372,7 +378,11 @@ class _RoundLoop:
                     self.program.aggregate(rnd, replies, failures)
                     log.info(
                         "round %d/%d: %d replies, %d failures (%.1f s)",
-                        rnd, plan.num_rounds, len(replies), len(failures), self.clock() - started,
+                        rnd,
+                        plan.num_rounds,
+                        len(replies),
+                        len(failures),
+                        self.clock() - started,
                     )
                     for failure in failures:
                         log.warning("round %d: node %d failed: %s", rnd, failure.node_id, failure.reason)

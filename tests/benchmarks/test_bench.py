@@ -37,7 +37,10 @@ def test_quick_run_writes_its_json_result(name: str, archive: Path, tmp_path: Pa
     env.update(DS_ACCELERATOR="cpu", PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.cli", name, "--quick", "--out", str(out), *extra],
-        capture_output=True, text=True, cwd=tmp_path, env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
     )
     assert proc.returncode == 0, f"geofm bench {name} --quick failed:\n{proc.stderr[-3000:]}"
     record = json.loads(out.read_text())

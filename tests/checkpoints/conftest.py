@@ -32,8 +32,20 @@ IMG = 64
 BEIT_IMG = 32
 # SimMIM's ViT as pretrained (one relative-position table shared by all blocks, no mean pooling) and
 # as finetuned (a table per block, mean pooling with fc_norm): BEiT-style, timm's Beit.
-BEIT_KWARGS = {"patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "init_values": 0.1, "use_abs_pos_emb": False}
-SIMMIM_VIT_PRETRAIN = {**BEIT_KWARGS, "use_rel_pos_bias": False, "use_shared_rel_pos_bias": True, "global_pool": "token"}
+BEIT_KWARGS = {
+    "patch_size": 8,
+    "embed_dim": 32,
+    "depth": 2,
+    "num_heads": 2,
+    "init_values": 0.1,
+    "use_abs_pos_emb": False,
+}
+SIMMIM_VIT_PRETRAIN = {
+    **BEIT_KWARGS,
+    "use_rel_pos_bias": False,
+    "use_shared_rel_pos_bias": True,
+    "global_pool": "token",
+}
 SIMMIM_VIT_FINETUNE = {**BEIT_KWARGS, "use_rel_pos_bias": True, "use_shared_rel_pos_bias": False, "global_pool": "avg"}
 
 
@@ -108,7 +120,14 @@ def decoder_state(prefix: str = "decoder.") -> dict[str, torch.Tensor]:
 
 
 TRAINING_STATE = {"optimizer": {"state": {}, "param_groups": []}, "lr_scheduler": {}, "epoch": 99}
-SWIN_SECTION = {"PATCH_SIZE": 4, "IN_CHANS": 3, "EMBED_DIM": 16, "DEPTHS": [2, 2, 2, 1], "NUM_HEADS": [1, 2, 4, 8], "WINDOW_SIZE": 4}
+SWIN_SECTION = {
+    "PATCH_SIZE": 4,
+    "IN_CHANS": 3,
+    "EMBED_DIM": 16,
+    "DEPTHS": [2, 2, 2, 1],
+    "NUM_HEADS": [1, 2, 4, 8],
+    "WINDOW_SIZE": 4,
+}
 # yacs default trees hold both model sections; only the one of MODEL.TYPE describes the model
 VIT_SECTION = {"PATCH_SIZE": 8, "IN_CHANS": 3, "EMBED_DIM": 32, "DEPTH": 2, "NUM_HEADS": 2, "USE_SHARED_RPB": True}
 SIMMIM_VIT_DEFAULTS = {"PATCH_SIZE": 16, "EMBED_DIM": 768, "DEPTH": 12, "NUM_HEADS": 12}
@@ -135,10 +154,24 @@ def run_tree(run_dir, model: dict, bands: list[str]) -> dict:
         "data": {
             "bands": bands,
             "sources": [
-                {"name": "aerial", "root": "/archive/aerial", "bands": ["red", "green", "blue"], "scale": 1 / 255,
-                 "mean": [0.48, 0.49, 0.32], "std": [0.12, 0.07, 0.08], "gsd": 0.5},
-                {"name": "s2", "root": "/archive/s2", "bands": ["blue", "green", "red", "nir"], "scale": 1e-4,
-                 "mean": [0.05, 0.08, 0.07, 0.26], "std": [0.03, 0.03, 0.04, 0.1], "gsd": 10.0},
+                {
+                    "name": "aerial",
+                    "root": "/archive/aerial",
+                    "bands": ["red", "green", "blue"],
+                    "scale": 1 / 255,
+                    "mean": [0.48, 0.49, 0.32],
+                    "std": [0.12, 0.07, 0.08],
+                    "gsd": 0.5,
+                },
+                {
+                    "name": "s2",
+                    "root": "/archive/s2",
+                    "bands": ["blue", "green", "red", "nir"],
+                    "scale": 1e-4,
+                    "mean": [0.05, 0.08, 0.07, 0.26],
+                    "std": [0.03, 0.03, 0.04, 0.1],
+                    "gsd": 10.0,
+                },
             ],
         },
         "train": {"epochs": 2, "micro_batch_size": 4, "warmup_epochs": 0.5},
@@ -162,7 +195,10 @@ def write_run(tmp_path, source, step: int = 12):
         "projector.weight": torch.randn(512, 128),
         "mask_token": torch.zeros(1, 1, 16),
     }
-    torch.save({"module": module, "global_steps": step, "step": step, "ds_version": "0.19.8"}, tag / "mp_rank_00_model_states.pt")
+    torch.save(
+        {"module": module, "global_steps": step, "step": step, "ds_version": "0.19.8"},
+        tag / "mp_rank_00_model_states.pt",
+    )
     (run_dir / "checkpoints" / "last").symlink_to(tag.name)
     return run_dir
 

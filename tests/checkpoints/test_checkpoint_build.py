@@ -19,8 +19,14 @@ def _case(name, kit, save, save_with_yacs, tmp_path):
         source = kit.make_beit(kit.SIMMIM_VIT_PRETRAIN if pretrain else kit.SIMMIM_VIT_FINETUNE, seed=1)
         state = kit.simmim_vit_state(source)
         if pretrain:
-            model = {**kit.prefixed("encoder.", state), "encoder.mask_token": torch.zeros(1, 1, 32), **kit.decoder_state()}
-            path = save_with_yacs({"model": model, **kit.TRAINING_STATE}, kit.yacs_config("vit", kit.BEIT_IMG), "simmim_vit.pth")
+            model = {
+                **kit.prefixed("encoder.", state),
+                "encoder.mask_token": torch.zeros(1, 1, 32),
+                **kit.decoder_state(),
+            }
+            path = save_with_yacs(
+                {"model": model, **kit.TRAINING_STATE}, kit.yacs_config("vit", kit.BEIT_IMG), "simmim_vit.pth"
+            )
             origin = "weights+checkpoint config"
         else:  # heads read from the per-block tables, image size from their length
             model = {**state, "head.weight": torch.randn(10, 32), "head.bias": torch.zeros(10)}
@@ -30,7 +36,9 @@ def _case(name, kit, save, save_with_yacs, tmp_path):
 
     if name == "geofm_export":
         source = kit.make_vit(in_chans=4, seed=1)
-        export_backbone(source, tmp_path / "export", arch=kit.VIT, create_kwargs=kit.vit_kwargs(in_chans=4), metadata={})
+        export_backbone(
+            source, tmp_path / "export", arch=kit.VIT, create_kwargs=kit.vit_kwargs(in_chans=4), metadata={}
+        )
         return tmp_path / "export", source, 4, kit.IMG, "geofm_export", kit.VIT, "export sidecar"
     if name == "geofm_train":
         source = kit.make_swin(in_chans=4, seed=1)
@@ -51,14 +59,24 @@ def _case(name, kit, save, save_with_yacs, tmp_path):
         path = save_with_yacs({"model": model, **kit.TRAINING_STATE}, config, "gfm.pth")
         return path, source, 3, kit.IMG, "gfm", kit.SWIN, "weights+checkpoint config"
     if name == "simmim_swin_pretrain":
-        model = {**kit.prefixed("encoder.", microsoft), "encoder.mask_token": torch.zeros(1, 1, 16), **kit.decoder_state()}
-        path = save_with_yacs({"model": model, **kit.TRAINING_STATE}, kit.yacs_config("swin", kit.IMG), "simmim_swin.pth")
+        model = {
+            **kit.prefixed("encoder.", microsoft),
+            "encoder.mask_token": torch.zeros(1, 1, 16),
+            **kit.decoder_state(),
+        }
+        path = save_with_yacs(
+            {"model": model, **kit.TRAINING_STATE}, kit.yacs_config("swin", kit.IMG), "simmim_swin.pth"
+        )
         return path, source, 3, kit.IMG, "simmim", kit.SWIN, "weights+checkpoint config"
     if name == "simmim_swin_finetune":
-        path = save_with_yacs({"model": microsoft, **kit.TRAINING_STATE, "max_accuracy": 91.2}, kit.yacs_config("swin", kit.IMG))
+        path = save_with_yacs(
+            {"model": microsoft, **kit.TRAINING_STATE, "max_accuracy": 91.2}, kit.yacs_config("swin", kit.IMG)
+        )
         return path, source, 3, kit.IMG, "simmim", kit.SWIN, "weights+checkpoint config"
     if name == "microsoft_in22k":
-        path = save({"model": kit.microsoft_swin_state(source, num_classes=21841)}, "swin_tiny_patch4_window7_224_22k.pth")
+        path = save(
+            {"model": kit.microsoft_swin_state(source, num_classes=21841)}, "swin_tiny_patch4_window7_224_22k.pth"
+        )
         return path, source, 3, kit.IMG, "microsoft_swin", kit.SWIN, "weights"
     if name == "timm_swin":  # no buffers: the image size comes from the windows clamped in the last stages
         state = {**source.state_dict(), "head.fc.weight": torch.randn(5, 128), "head.fc.bias": torch.zeros(5)}
@@ -185,7 +203,11 @@ def test_rgb_checkpoint_into_named_bands(kit, save, save_with_yacs, tmp_path):
     model, report, info = build_backbone(path, bands=["blue", "green", "red", "nir"])
 
     loaded = model.patch_embed.proj.weight
-    assert torch.equal(loaded[:, 0], rgb[:, 2]) and torch.equal(loaded[:, 1], rgb[:, 1]) and torch.equal(loaded[:, 2], rgb[:, 0])
+    assert (
+        torch.equal(loaded[:, 0], rgb[:, 2])
+        and torch.equal(loaded[:, 1], rgb[:, 1])
+        and torch.equal(loaded[:, 2], rgb[:, 0])
+    )
     assert not any(torch.equal(loaded[:, 3], rgb[:, i]) for i in range(3))
     assert "patch_embed.proj.weight: 3 -> 4 bands, from checkpoint bands [2, 1, 0, None]" in report.adapted
     assert info["source_bands"] == ["red", "green", "blue"] and info["bands"] == ["blue", "green", "red", "nir"]
@@ -202,7 +224,11 @@ def test_export_bands_follow_their_names(kit, tmp_path):
     """A 4-band export asked for its bands in another order sees the same image in that order."""
     source = kit.make_swin(in_chans=4, seed=1)
     export_backbone(
-        source, tmp_path, arch=kit.SWIN, create_kwargs=kit.swin_kwargs(in_chans=4), metadata={"bands": ["blue", "green", "red", "nir"]}
+        source,
+        tmp_path,
+        arch=kit.SWIN,
+        create_kwargs=kit.swin_kwargs(in_chans=4),
+        metadata={"bands": ["blue", "green", "red", "nir"]},
     )
     order = ["nir", "red", "green", "blue"]
     model, report, _ = build_backbone(tmp_path, bands=order)

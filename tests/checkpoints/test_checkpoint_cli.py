@@ -31,14 +31,33 @@ def gfm_file(kit, save_with_yacs):
 def _timm_load(export_dir) -> torch.nn.Module:
     meta = read_export_sidecar(export_dir)
     overlay = dict(file=str(export_dir / "backbone.safetensors"), **meta["timm_pretrained_cfg_overlay"])
-    return timm.create_model(meta["arch"], pretrained=True, pretrained_cfg_overlay=overlay, **meta["timm_kwargs"]).eval()
+    return timm.create_model(
+        meta["arch"], pretrained=True, pretrained_cfg_overlay=overlay, **meta["timm_kwargs"]
+    ).eval()
 
 
 def test_convert_writes_an_export_timm_loads_and_prints_the_report(kit, gfm_file, tmp_path, capsys):
     path, source, keys = gfm_file
     out = tmp_path / "export"
 
-    assert main(["checkpoint", "convert", str(path), str(out), "--bands", "red", "green", "blue", "nir", "--window-size", "2"]) == 0
+    assert (
+        main(
+            [
+                "checkpoint",
+                "convert",
+                str(path),
+                str(out),
+                "--bands",
+                "red",
+                "green",
+                "blue",
+                "nir",
+                "--window-size",
+                "2",
+            ]
+        )
+        == 0
+    )
 
     printed = capsys.readouterr().out
     used = len(source.state_dict())
@@ -48,7 +67,11 @@ def test_convert_writes_an_export_timm_loads_and_prints_the_report(kit, gfm_file
     assert sorted(p.name for p in out.iterdir()) == ["MODEL_CARD.md", "backbone.json", "backbone.safetensors"]
 
     sidecar = read_export_sidecar(out)
-    assert sidecar["arch"] == kit.SWIN and sidecar["timm_kwargs"]["window_size"] == 2 and sidecar["timm_kwargs"]["in_chans"] == 4
+    assert (
+        sidecar["arch"] == kit.SWIN
+        and sidecar["timm_kwargs"]["window_size"] == 2
+        and sidecar["timm_kwargs"]["in_chans"] == 4
+    )
     assert sidecar["bands"] == ["red", "green", "blue", "nir"] and sidecar["img_size"] == kit.IMG
     assert sidecar["method"] == "gfm" and sidecar["gsd"] is None and sidecar["epoch"] == 99
     assert sidecar["normalisation"]["imagenet"]["bands"] == ["red", "green", "blue"]
@@ -82,7 +105,11 @@ def test_convert_options_for_a_vit_without_config(kit, save, tmp_path, capsys):
     args = ["--arch", kit.VIT, "--timm-kwargs", '{"num_heads": 2}', "--img-size", "32"]
     assert main(["checkpoint", "convert", str(path), str(tmp_path / "b"), *args]) == 0
     sidecar = read_export_sidecar(tmp_path / "b")
-    assert sidecar["arch"] == kit.VIT and sidecar["timm_kwargs"]["num_heads"] == 2 and sidecar["timm_kwargs"]["img_size"] == 32
+    assert (
+        sidecar["arch"] == kit.VIT
+        and sidecar["timm_kwargs"]["num_heads"] == 2
+        and sidecar["timm_kwargs"]["img_size"] == 32
+    )
     assert "pos_embed: 17 -> 5 positions" in capsys.readouterr().out
 
 
@@ -100,7 +127,9 @@ def test_inspect_prints_a_table_and_json(kit, gfm_file, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["layout"] == "gfm" and result["arch"] == kit.SWIN and result["family"] == "swin"
     assert result["parameters"] == sum(p.numel() for p in source.parameters())
-    assert result["timm_kwargs"] == {**kit.swin_kwargs()} and result["img_size"] == kit.IMG and result["window_size"] == 4
+    assert (
+        result["timm_kwargs"] == {**kit.swin_kwargs()} and result["img_size"] == kit.IMG and result["window_size"] == 4
+    )
     assert result["tensors"]["used"] == len(source.state_dict()) and result["tensors"]["missing"] == 0
     assert result["provenance"]["config"]["MODEL.TYPE"] == "swin" and result["provenance"]["method"] == "gfm"
 
@@ -129,7 +158,9 @@ def test_inspect_reports_an_unknown_architecture_instead_of_failing(kit, save, c
     assert main(["checkpoint", "inspect", str(path)]) == 0
     rows = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     assert rows["architecture"].startswith(f"unknown: {path}: the number of attention heads")
-    assert rows["parameters"] == f"{sum(p.numel() for p in kit.make_vit().parameters()):,} in the file's backbone tensors"
+    assert (
+        rows["parameters"] == f"{sum(p.numel() for p in kit.make_vit().parameters()):,} in the file's backbone tensors"
+    )
 
 
 def test_errors_exit_2_with_a_message(kit, save, tmp_path, capsys):

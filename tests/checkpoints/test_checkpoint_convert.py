@@ -112,7 +112,11 @@ def test_rgb_kernels_go_into_the_rgb_bands_and_other_bands_keep_their_init(kit, 
 
     rgb = source.patch_embed.proj.weight
     loaded = model.patch_embed.proj.weight
-    assert torch.equal(loaded[:, 2], rgb[:, 0]) and torch.equal(loaded[:, 1], rgb[:, 1]) and torch.equal(loaded[:, 0], rgb[:, 2])
+    assert (
+        torch.equal(loaded[:, 2], rgb[:, 0])
+        and torch.equal(loaded[:, 1], rgb[:, 1])
+        and torch.equal(loaded[:, 0], rgb[:, 2])
+    )
     assert torch.equal(loaded[:, 3], fresh[:, 3])
     assert "patch_embed.proj.weight: 3 -> 4 bands, RGB into [2, 1, 0]" in report.adapted
     for name, value in source.state_dict().items():
@@ -156,7 +160,9 @@ def test_strict_load_lists_missing_keys_and_leaves_the_model_alone(kit, save):
     model = kit.make_swin(seed=2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     absent = len(source.state_dict()) - len(state)
-    with pytest.raises(CheckpointFormatError, match=rf"missing {absent} \[layers\.\* \({absent}\)\], unexpected 0") as err:
+    with pytest.raises(
+        CheckpointFormatError, match=rf"missing {absent} \[layers\.\* \({absent}\)\], unexpected 0"
+    ) as err:
         load_backbone_weights(model, path)
     assert str(path) in str(err.value)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
@@ -180,6 +186,8 @@ def test_report_summary_is_compact(kit):
     assert text.splitlines()[0] == f"gfm checkpoint from gfm.pth: {len(report.used)} tensors loaded"
     blocks = sum(kit.SWIN_KWARGS["depths"])
     assert "teacher.* (" in text and f"encoder.layers.*.blocks.*.attn.relative_position_index ({blocks})" in text
-    assert "  adapted layers.*.blocks.*.attn.relative_position_bias_table: 15x15 -> 7x7 table (window 8 -> 4) (x4)" in text
+    assert (
+        "  adapted layers.*.blocks.*.attn.relative_position_bias_table: 15x15 -> 7x7 table (window 8 -> 4) (x4)" in text
+    )
     assert "  adapted patch_embed.proj.weight: 3 -> 4 bands, RGB into [0, 1, 2]" in text
     assert len(text.splitlines()) == 5

@@ -87,7 +87,11 @@ def test_export_refuses_what_would_not_load_back(kit, tmp_path):
         export_backbone(model, tmp_path, arch=kit.SWIN, create_kwargs={**kwargs, "in_chans": 4}, metadata={})
     with pytest.raises(ConfigError, match="headless"):
         export_backbone(
-            create_backbone(kit.SWIN, {**kwargs, "num_classes": 5}), tmp_path, arch=kit.SWIN, create_kwargs=kwargs, metadata={}
+            create_backbone(kit.SWIN, {**kwargs, "num_classes": 5}),
+            tmp_path,
+            arch=kit.SWIN,
+            create_kwargs=kwargs,
+            metadata={},
         )
     with pytest.raises(ConfigError, match="JSON"):
         export_backbone(model, tmp_path, arch=kit.SWIN, create_kwargs=kwargs, metadata={"when": object()})
@@ -146,7 +150,9 @@ def test_run_export_records_gsd_range_metrics_and_a_card(kit, tmp_path):
     tree["data"]["sources"].append({**tree["data"]["sources"][1], "name": "l8", "gsd": 30.0})
     final = {"step": 12, "loss": 1 / 12}
 
-    export_student(PretrainConfig.from_tree(tree), SimpleNamespace(encoder=kit.make_swin(in_chans=4)), run_dir, 12, final)
+    export_student(
+        PretrainConfig.from_tree(tree), SimpleNamespace(encoder=kit.make_swin(in_chans=4)), run_dir, 12, final
+    )
 
     sidecar = read_export_sidecar(run_dir)
     assert sidecar["gsd"] == [10.0, 30.0] and sidecar["metrics"] == {"step": 12, "loss": 1 / 12}

@@ -102,7 +102,9 @@ def test_protocol_4_pickle_is_refused_naming_the_instruction(tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "evil4.pth"
     torch.save({"config": _Exploit(marker)}, path, pickle_protocol=4)
-    with pytest.raises(CheckpointFormatError, match=r"evil4\.pth: refused to unpickle a pickle instruction .* \(opcode 149\)"):
+    with pytest.raises(
+        CheckpointFormatError, match=r"evil4\.pth: refused to unpickle a pickle instruction .* \(opcode 149\)"
+    ):
         load_checkpoint_file(path)
     assert not marker.exists()
 
@@ -110,7 +112,9 @@ def test_protocol_4_pickle_is_refused_naming_the_instruction(tmp_path):
 def test_random_bytes_are_not_a_checkpoint(tmp_path):
     path = tmp_path / "noise.pth"
     path.write_bytes(bytes(range(7, 200)))
-    with pytest.raises(CheckpointFormatError, match=r"noise\.pth: not a torch checkpoint \(neither a zip archive nor a pickle"):
+    with pytest.raises(
+        CheckpointFormatError, match=r"noise\.pth: not a torch checkpoint \(neither a zip archive nor a pickle"
+    ):
         load_checkpoint_file(path)
 
 

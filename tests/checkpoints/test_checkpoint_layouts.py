@@ -36,12 +36,20 @@ def layouts(kit):
             **training,
         },
         "simmim_pretrain": {
-            "model": {**kit.prefixed("encoder.", microsoft), "encoder.mask_token": torch.zeros(1, 1, 16), **kit.decoder_state()},
+            "model": {
+                **kit.prefixed("encoder.", microsoft),
+                "encoder.mask_token": torch.zeros(1, 1, 16),
+                **kit.decoder_state(),
+            },
             **training,
         },
         "simmim_finetune": {"model": microsoft, **training, "max_accuracy": 91.2},
         "simmim_vit_pretrain": {
-            "model": {**kit.prefixed("encoder.", simmim_vit), "encoder.mask_token": torch.zeros(1, 1, 32), **kit.decoder_state()},
+            "model": {
+                **kit.prefixed("encoder.", simmim_vit),
+                "encoder.mask_token": torch.zeros(1, 1, 32),
+                **kit.decoder_state(),
+            },
             **training,
         },
         "simmim_vit_finetune": {"model": simmim_vit_ft, **training, "max_accuracy": 83.8},
@@ -106,7 +114,12 @@ def test_file_names_do_not_steer_detection(layouts, save):
         {},
         {"model": {"conv1.weight": torch.ones(1)}},
         {"epoch": 1, "optimizer": {}},
-        {"model": {"encoder.patch_embed.proj.weight": torch.ones(1), "encoder.blocks.0.attn.qkv.weight": torch.ones(1)}},
+        {
+            "model": {
+                "encoder.patch_embed.proj.weight": torch.ones(1),
+                "encoder.blocks.0.attn.qkv.weight": torch.ones(1),
+            }
+        },
     ],
     ids=["empty", "resnet", "no-weights", "simmim-vit"],
 )

@@ -11,8 +11,18 @@ from geofm.models.backbones import backbone_kwargs, create_backbone
 
 BANDS = ["red", "green", "blue", "nir"]
 NORMALISATION = {
-    "aerial": {"bands": ["red", "green", "blue"], "scale": 1 / 255, "mean": [0.48, 0.49, 0.32], "std": [0.12, 0.07, 0.08]},
-    "s2": {"bands": ["blue", "green", "red", "nir"], "scale": 1e-4, "mean": [0.05, 0.08, 0.07, 0.26], "std": [0.03, 0.03, 0.04, 0.1]},
+    "aerial": {
+        "bands": ["red", "green", "blue"],
+        "scale": 1 / 255,
+        "mean": [0.48, 0.49, 0.32],
+        "std": [0.12, 0.07, 0.08],
+    },
+    "s2": {
+        "bands": ["blue", "green", "red", "nir"],
+        "scale": 1e-4,
+        "mean": [0.05, 0.08, 0.07, 0.26],
+        "std": [0.03, 0.03, 0.04, 0.1],
+    },
 }
 METADATA = {
     "bands": BANDS,
@@ -26,7 +36,9 @@ METADATA = {
 def test_member_follows_torchgeo_and_loads_into_timm(kit, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "hub"))
     source = kit.make_swin(in_chans=4, seed=1)
-    export_backbone(source, tmp_path / "export", arch=kit.SWIN, create_kwargs=kit.swin_kwargs(in_chans=4), metadata=METADATA)
+    export_backbone(
+        source, tmp_path / "export", arch=kit.SWIN, create_kwargs=kit.swin_kwargs(in_chans=4), metadata=METADATA
+    )
 
     weights = torchgeo_weights(tmp_path / "export")
 
@@ -51,7 +63,9 @@ def test_member_follows_torchgeo_and_loads_into_timm(kit, tmp_path, monkeypatch)
 
 
 def test_transforms_normalise_raw_values_as_in_training(kit, tmp_path):
-    export_backbone(kit.make_swin(in_chans=4), tmp_path, arch=kit.SWIN, create_kwargs=kit.swin_kwargs(in_chans=4), metadata=METADATA)
+    export_backbone(
+        kit.make_swin(in_chans=4), tmp_path, arch=kit.SWIN, create_kwargs=kit.swin_kwargs(in_chans=4), metadata=METADATA
+    )
     raw = torch.rand(2, 4, 8, 8) * 3000
 
     weights = torchgeo_weights(tmp_path)  # aerial lacks nir: the first source covering the bands is s2

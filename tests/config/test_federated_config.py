@@ -19,7 +19,11 @@ def test_the_paper_setting_and_its_baselines_differ_only_in_their_algorithm():
     folder = DEMO.parent
     fedavg = FederatedConfig.from_file(folder / "fedavg_swin_tiny__10clients__100rounds.yaml")
     fedsense = FederatedConfig.from_file(folder / "fedsense_swin_tiny__10clients__100rounds__1bit_ef.yaml")
-    assert (fedavg.model.arch, fedavg.num_clients, fedavg.federation.rounds) == ("swin_tiny_patch4_window7_224", 10, 100)
+    assert (fedavg.model.arch, fedavg.num_clients, fedavg.federation.rounds) == (
+        "swin_tiny_patch4_window7_224",
+        10,
+        100,
+    )
     assert (fedavg.train.local_epochs, fedavg.train.base_lr, fedavg.train.lr_reference_batch) == (1, 1e-4, 64)
     for section in ("model", "masking", "teacher", "data", "train", "federation"):
         assert getattr(fedavg, section) == getattr(fedsense, section), section

@@ -20,9 +20,16 @@ def test_shipped_configs_validate(path):
 
 
 def test_gfm_ucmerced_recipe():
-    cfg = FinetuneConfig.from_file(Path(__file__).parents[2] / "configs/finetune/ucmerced__swin_base__img256_win8__100ep.yaml")
+    cfg = FinetuneConfig.from_file(
+        Path(__file__).parents[2] / "configs/finetune/ucmerced__swin_base__img256_win8__100ep.yaml"
+    )
     assert (cfg.model.img_size, cfg.model.window_size, cfg.model.drop_path_rate) == (256, 8, 0.1)
-    assert (cfg.train.epochs, cfg.train.warmup_epochs, cfg.train.base_lr, cfg.train.lr_reference_batch) == (100, 20, 1e-4, 512)
+    assert (cfg.train.epochs, cfg.train.warmup_epochs, cfg.train.base_lr, cfg.train.lr_reference_batch) == (
+        100,
+        20,
+        1e-4,
+        512,
+    )
     assert cfg.train.base_lr * cfg.train.warmup_start_ratio == pytest.approx(1e-7), "GFM's warmup lr"
     assert cfg.train.base_lr * cfg.train.min_lr_ratio == pytest.approx(1e-5), "GFM's min lr"
     opt = cfg.finetune
@@ -47,9 +54,16 @@ def test_defaults_are_the_finetuning_recipe(task_config):
 
 
 def test_metric_names_per_task():
-    assert metric_names("segmentation", 2, ["background", "building"]) == ["miou", "accuracy", "iou/background", "iou/building"]
+    assert metric_names("segmentation", 2, ["background", "building"]) == [
+        "miou",
+        "accuracy",
+        "iou/background",
+        "iou/building",
+    ]
     assert metric_names("segmentation", 2, None)[2:] == ["iou/class_0", "iou/class_1"]
-    assert metric_names("segmentation", 3, None, ignore_index=0)[2:] == ["iou/class_1", "iou/class_2"], "no IoU of the ignored class"
+    assert metric_names("segmentation", 3, None, ignore_index=0)[2:] == ["iou/class_1", "iou/class_2"], (
+        "no IoU of the ignored class"
+    )
     assert metric_names("change", 2, None) == ["f1", "precision", "recall", "iou"]
 
 
@@ -58,8 +72,16 @@ def test_metric_names_per_task():
     [
         ("change", {"data": {"num_classes": 3}}, "task change has 2 classes"),
         ("segmentation", {"finetune": {"mixup": 0.8}}, "apply to classification, not segmentation"),
-        ("classification", {"finetune": {"cutmix": 1.0}, "train": {"micro_batch_size": 3}}, "micro_batch_size must be even"),
-        ("segmentation", {"finetune": {"best_metric": "iou/roof"}}, r"not a segmentation metric; choose one of \['miou'"),
+        (
+            "classification",
+            {"finetune": {"cutmix": 1.0}, "train": {"micro_batch_size": 3}},
+            "micro_batch_size must be even",
+        ),
+        (
+            "segmentation",
+            {"finetune": {"best_metric": "iou/roof"}},
+            r"not a segmentation metric; choose one of \['miou'",
+        ),
         ("classification", {"finetune": {"layer_decay": 1.5}}, r"finetune\.layer_decay"),
         ("classification", {"finetune": {"eval_every": 0}}, r"finetune\.eval_every"),
         ("classification", {"layer_decay": 0.9}, r"layer_decay: unknown key"),
@@ -73,7 +95,9 @@ def test_impossible_combinations_are_refused(task, sections, message, task_tree)
 
 
 def test_per_class_best_metric_is_accepted(task_tree, tmp_path):
-    tree = task_tree("segmentation", data={"num_classes": 2, "class_names": ["background", "building"], "ignore_index": None})
+    tree = task_tree(
+        "segmentation", data={"num_classes": 2, "class_names": ["background", "building"], "ignore_index": None}
+    )
     tree["finetune"] = {"best_metric": "iou/building"}
     path = tmp_path / "whu.yaml"
     path.write_text(yaml.safe_dump(tree))

@@ -179,7 +179,10 @@ def corrupt(arrays: dict[str, np.ndarray], key: str, value) -> dict[str, np.ndar
     [
         (lambda a: corrupt(a, "payload", a["payload"][:-1]), "payload has 249 bytes; 1000 values at 2 bits need 250"),
         (lambda a: corrupt(a, "header", np.array([1000, 3, 100, 1], dtype=np.int64)), "bit width 3"),
-        (lambda a: corrupt(a, "scales", np.where(np.arange(10) == 4, np.nan, a["scales"]).astype(np.float32)), "finite"),
+        (
+            lambda a: corrupt(a, "scales", np.where(np.arange(10) == 4, np.nan, a["scales"]).astype(np.float32)),
+            "finite",
+        ),
         (lambda a: corrupt(a, "scales", -a["scales"]), "negative scales"),
         (lambda a: corrupt(a, "scales", a["scales"][:-1]), "has 9 scales"),
         (lambda a: corrupt(a, "header", np.array([1000, 2, 100], dtype=np.int64)), "header has 3 values"),

@@ -30,13 +30,24 @@ def test_two_processes_train_and_evaluate_the_whole_test_split(task_tree, class_
     launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
     env = {k: v for k, v in os.environ.items() if k not in launcher}
     env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), str(config)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(script),
+        str(config),
+    ]
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, f"the two-process run failed:\n{done.stderr[-3000:]}"
 
     run_dir = Path(tree["run"]["output_dir"])
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6], "24 images at 2 x 4 per step: 3 steps an epoch"
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6], (
+        "24 images at 2 x 4 per step: 3 steps an epoch"
+    )
     progress = json.loads((run_dir / "checkpoints/last/progress.json").read_text())
     assert (progress["world_size"], progress["zero_stage"], progress["global_batch"]) == (2, 2, 8)
     two = json.loads((run_dir / "eval.json").read_text())["metrics"]

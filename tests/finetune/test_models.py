@@ -71,7 +71,9 @@ def test_superres_reaches_the_input_resolution_then_upsamples_by_the_scale(make_
 
     model.head.decoder.register_forward_hook(record)
     out = model(image)
-    assert decoded["shape"] == (2, 4, 32, 32), "the SimMIM-style decoder ends at the input resolution (hidden channels 4)"
+    assert decoded["shape"] == (2, 4, 32, 32), (
+        "the SimMIM-style decoder ends at the input resolution (hidden channels 4)"
+    )
     assert out.shape == (2, 4, 128, 128), "the upsampler multiplies the resolution by the scale factor"
 
 
@@ -105,8 +107,15 @@ def test_no_weight_decay_on_norms_biases_and_position_tables(make_model):
 def test_frozen_backbone_gets_no_gradients_and_stays_in_eval_mode(make_model):
     model = make_model("classification", model={"frozen": True}).train()
     assert not model.backbone.training, "a frozen backbone keeps eval mode (no drop path)"
-    trained = {n for g in model.param_groups(0.05, 0.9) for n, p in model.named_parameters() if any(p is q for q in g["params"])}
-    assert trained == {"backbone.head.fc.weight", "backbone.head.fc.bias"}, f"linear probe trains the classifier only: {trained}"
+    trained = {
+        n
+        for g in model.param_groups(0.05, 0.9)
+        for n, p in model.named_parameters()
+        if any(p is q for q in g["params"])
+    }
+    assert trained == {"backbone.head.fc.weight", "backbone.head.fc.bias"}, (
+        f"linear probe trains the classifier only: {trained}"
+    )
     model(torch.randn(2, 4, 32, 32)).sum().backward()
     assert model.backbone.patch_embed.proj.weight.grad is None
     assert model.backbone.head.fc.weight.grad is not None

@@ -58,7 +58,14 @@ def test_tiling_helpers():
 def test_per_pixel_model_gives_its_own_output_everywhere(tmp_path, scene):
     path, data = scene
     out = predict_scene(
-        per_pixel, path, tmp_path / "classes.tif", task="segmentation", normaliser=_normaliser(), tile=64, overlap=16, batch_size=3,
+        per_pixel,
+        path,
+        tmp_path / "classes.tif",
+        task="segmentation",
+        normaliser=_normaliser(),
+        tile=64,
+        overlap=16,
+        batch_size=3,
         progress=False,
     )
     result = read_raster(out, 1)
@@ -87,8 +94,15 @@ def test_a_prediction_that_fails_midway_leaves_no_output(tmp_path, scene):
 
     with pytest.raises(RuntimeError, match="out of memory"):
         predict_scene(
-            fails_on_the_third_batch, path, tmp_path / "out" / "classes.tif", task="segmentation", normaliser=_normaliser(),
-            tile=64, overlap=16, batch_size=3, progress=False,
+            fails_on_the_third_batch,
+            path,
+            tmp_path / "out" / "classes.tif",
+            task="segmentation",
+            normaliser=_normaliser(),
+            tile=64,
+            overlap=16,
+            batch_size=3,
+            progress=False,
         )
     assert len(calls) == 3 and list((tmp_path / "out").iterdir()) == [], "no half-written GeoTIFF, no partial file"
 
@@ -103,7 +117,16 @@ def test_scene_within_one_tile_equals_a_single_pass(tmp_path):
     def model(x: torch.Tensor) -> torch.Tensor:
         return conv(x)
 
-    out = predict_scene(model, path, tmp_path / "out.tif", task="segmentation", normaliser=_normaliser(), tile=64, overlap=16, progress=False)
+    out = predict_scene(
+        model,
+        path,
+        tmp_path / "out.tif",
+        task="segmentation",
+        normaliser=_normaliser(),
+        tile=64,
+        overlap=16,
+        progress=False,
+    )
     x = np.pad(_normalised(data, _normaliser()), ((0, 0), (0, 64 - 45), (0, 64 - 57)), mode="reflect")
     with torch.no_grad():
         single = model(torch.from_numpy(x)[None])[0, :, :45, :57].argmax(0).numpy()
@@ -121,12 +144,22 @@ def test_superres_output_is_finer_and_larger(tmp_path):
         return F.interpolate(x, scale_factor=3, mode="nearest")
 
     out = predict_scene(
-        upsample, path, tmp_path / "sr.tif", task="superres", normaliser=norm, tile=16, overlap=6, batch_size=4, scale_factor=3,
+        upsample,
+        path,
+        tmp_path / "sr.tif",
+        task="superres",
+        normaliser=norm,
+        tile=16,
+        overlap=6,
+        batch_size=4,
+        scale_factor=3,
         progress=False,
     )
     result = read_raster(out, 3)
     assert result.data.shape == (3, 37 * 3, 53 * 3) and result.dtype == "float32"
-    assert np.allclose(result.transform, (10.0 / 3, 0.0, 600_000.0, 0.0, -10.0 / 3, 4_000_000.0), rtol=1e-12), "pixel size / 3, same corner"
+    assert np.allclose(result.transform, (10.0 / 3, 0.0, 600_000.0, 0.0, -10.0 / 3, 4_000_000.0), rtol=1e-12), (
+        "pixel size / 3, same corner"
+    )
     assert result.crs == "EPSG:32632" and result.nodata == -9999
     expected = data[[2, 1, 0]].repeat(3, axis=1).repeat(3, axis=2)
     assert (result.data[:, :12, :18] == -9999).all(), "high-resolution pixels of nodata input are nodata"
@@ -145,15 +178,32 @@ def test_change_needs_two_scenes_on_one_grid(tmp_path):
         return (x2 - x1).abs().sum(1, keepdim=True) - 1.0
 
     pair = (tmp_path / "a.tif", tmp_path / "b.tif")
-    out = predict_scene(difference, pair, tmp_path / "change.tif", task="change", normaliser=_normaliser(), tile=32, overlap=8, progress=False)
+    out = predict_scene(
+        difference,
+        pair,
+        tmp_path / "change.tif",
+        task="change",
+        normaliser=_normaliser(),
+        tile=32,
+        overlap=8,
+        progress=False,
+    )
     result = read_raster(out, 1).data[0]
-    assert result.sum() == 20 * 40 and (result[10:30, 40:80] == 1).all(), "one logit channel: change where it is above 0"
-    write_geotiff(tmp_path / "c.tif", after, transform=(10.0, 0.0, 600_010.0, 0.0, -10.0, 4_000_000.0), crs="EPSG:32632")
+    assert result.sum() == 20 * 40 and (result[10:30, 40:80] == 1).all(), (
+        "one logit channel: change where it is above 0"
+    )
+    write_geotiff(
+        tmp_path / "c.tif", after, transform=(10.0, 0.0, 600_010.0, 0.0, -10.0, 4_000_000.0), crs="EPSG:32632"
+    )
     shifted = (tmp_path / "a.tif", tmp_path / "c.tif")
-    with pytest.raises(DataMismatchError, match=r"a\.tif and .*c\.tif: the before and after scenes differ in transform"):
+    with pytest.raises(
+        DataMismatchError, match=r"a\.tif and .*c\.tif: the before and after scenes differ in transform"
+    ):
         predict_scene(difference, shifted, tmp_path / "x.tif", task="change", normaliser=_normaliser(), progress=False)
     with pytest.raises(ConfigError, match="takes a before and an after scene"):
-        predict_scene(difference, tmp_path / "a.tif", tmp_path / "x.tif", task="change", normaliser=_normaliser(), progress=False)
+        predict_scene(
+            difference, tmp_path / "a.tif", tmp_path / "x.tif", task="change", normaliser=_normaliser(), progress=False
+        )
 
 
 def test_reads_windows_and_writes_rows_as_they_complete(tmp_path, scene, monkeypatch):
@@ -171,7 +221,16 @@ def test_reads_windows_and_writes_rows_as_they_complete(tmp_path, scene, monkeyp
 
     monkeypatch.setattr(WindowReader, "read", counting_read)
     monkeypatch.setattr(GeoTiffWriter, "write", counting_write)
-    predict_scene(per_pixel, path, tmp_path / "out.tif", task="segmentation", normaliser=_normaliser(), tile=64, overlap=16, progress=False)
+    predict_scene(
+        per_pixel,
+        path,
+        tmp_path / "out.tif",
+        task="segmentation",
+        normaliser=_normaliser(),
+        tile=64,
+        overlap=16,
+        progress=False,
+    )
     assert reads == [(0, 64), (48, 64), (96, 64), (144, 64), (192, 27)], "one strip of tile rows per row of tiles"
     assert writes == [(0, 48), (48, 48), (96, 48), (144, 48), (192, 27)], "rows written once no later tile reaches them"
 
@@ -179,11 +238,22 @@ def test_reads_windows_and_writes_rows_as_they_complete(tmp_path, scene, monkeyp
 def test_invalid_arguments_and_model_outputs(tmp_path, scene):
     path, _ = scene
     with pytest.raises(ConfigError, match="0 <= overlap < tile"):
-        predict_scene(per_pixel, path, tmp_path / "x.tif", task="segmentation", normaliser=_normaliser(), tile=32, overlap=32)
+        predict_scene(
+            per_pixel, path, tmp_path / "x.tif", task="segmentation", normaliser=_normaliser(), tile=32, overlap=32
+        )
     with pytest.raises(ConfigError, match="not 'classification'"):
         predict_scene(per_pixel, path, tmp_path / "x.tif", task="classification", normaliser=_normaliser())
-    with pytest.raises(ConfigError, match=r"returned shape \(2, 4, 16, 16\) for 2 tiles; task segmentation expects \(2, K, 32, 32\)"):
+    with pytest.raises(
+        ConfigError, match=r"returned shape \(2, 4, 16, 16\) for 2 tiles; task segmentation expects \(2, K, 32, 32\)"
+    ):
         predict_scene(
-            lambda x: per_pixel(x)[..., ::2, ::2], path, tmp_path / "x.tif", task="segmentation", normaliser=_normaliser(), tile=32,
-            overlap=0, batch_size=2, progress=False,
+            lambda x: per_pixel(x)[..., ::2, ::2],
+            path,
+            tmp_path / "x.tif",
+            task="segmentation",
+            normaliser=_normaliser(),
+            tile=32,
+            overlap=0,
+            batch_size=2,
+            progress=False,
         )

@@ -46,7 +46,15 @@ def test_predict_segmentation_scene(tmp_path, fake_program, capsys):
     data = np.where(np.arange(40 * 50).reshape(1, 40, 50) % 3 == 0, 5.0, -5.0).astype(np.float32)
     write_geotiff(tmp_path / "scene.tif", data, transform=(1, 0, 0, 0, -1, 0), crs=32632)
     args = _parse(
-        ["predict", "--model", str(tmp_path / "run"), "--input", str(tmp_path / "scene.tif"), "--output", str(tmp_path / "out.tif")]
+        [
+            "predict",
+            "--model",
+            str(tmp_path / "run"),
+            "--input",
+            str(tmp_path / "scene.tif"),
+            "--output",
+            str(tmp_path / "out.tif"),
+        ]
         + ["--tile", "32", "--overlap", "8", "--no-progress"]
     )
     args.handler(args)

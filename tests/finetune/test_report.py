@@ -21,8 +21,14 @@ def _record(tmp_path, name: str, task: str, dataset: str, score: float, fraction
 def test_arp_of_gfm_against_imagenet_22k_swin_on_the_papers_change_detection_tables(tmp_path):
     # GFM (Mendieta et al., ICCV 2023), change detection F1: Table 3 (OSCD) GFM 59.82, Swin (ImageNet-22k) 52.35;
     # Table 4 (DSFIN) GFM 71.24, Swin (ImageNet-22k) 69.62.
-    gfm = [_record(tmp_path, "gfm_oscd", "change", "OSCD", 59.82), _record(tmp_path, "gfm_dsifn", "change", "DSIFN", 71.24)]
-    swin = [_record(tmp_path, "in22k_oscd", "change", "OSCD", 52.35), _record(tmp_path, "in22k_dsifn", "change", "DSIFN", 69.62)]
+    gfm = [
+        _record(tmp_path, "gfm_oscd", "change", "OSCD", 59.82),
+        _record(tmp_path, "gfm_dsifn", "change", "DSIFN", 71.24),
+    ]
+    swin = [
+        _record(tmp_path, "in22k_oscd", "change", "OSCD", 52.35),
+        _record(tmp_path, "in22k_dsifn", "change", "DSIFN", 69.62),
+    ]
     rows, unmatched = compare(gfm, swin)
     # 100/2 * ((59.82 - 52.35) / 52.35 + (71.24 - 69.62) / 69.62) = 50 * (0.1426934 + 0.0232692)
     assert average_relative_performance(rows) == pytest.approx(8.29813, abs=1e-4)
@@ -68,7 +74,9 @@ def test_report_command_writes_markdown_json_and_chart(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
     out = tmp_path / "report"
-    args = parser.parse_args(["report", model["path"], "--baseline", baseline["path"], "--out", str(out), "--name", "gfm"])
+    args = parser.parse_args(
+        ["report", model["path"], "--baseline", baseline["path"], "--out", str(out), "--name", "gfm"]
+    )
     args.handler(args)
     assert "ARP of gfm against baseline over 1 tasks: +20.00%" in capsys.readouterr().out
     summary = json.loads((out / "arp.json").read_text())

@@ -23,7 +23,14 @@ def _records(run_dir: Path) -> list[dict]:
 
 def test_classification_run_writes_its_outputs_and_evaluates_the_best_weights(classification_run, class_folders):
     run_dir = classification_run
-    for name in ("config.yaml", "metrics.jsonl", "loss_curve.png", "val_curve.png", "best/model.safetensors", "eval.json"):
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "loss_curve.png",
+        "val_curve.png",
+        "best/model.safetensors",
+        "eval.json",
+    ):
         assert (run_dir / name).is_file(), f"{name} is missing from the run directory"
     records = _records(run_dir)
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 13)), "a train loss per logged step"
@@ -31,7 +38,9 @@ def test_classification_run_writes_its_outputs_and_evaluates_the_best_weights(cl
     assert [r["step"] for r in validations] == [6, 12], "a validation at the end of each epoch"
     evaluation = json.loads((run_dir / "eval.json").read_text())
     best = max(validations, key=lambda r: r["val"]["accuracy"])
-    assert evaluation["selected"]["step"] == min(r["step"] for r in validations if r["val"]["accuracy"] == best["val"]["accuracy"])
+    assert evaluation["selected"]["step"] == min(
+        r["step"] for r in validations if r["val"]["accuracy"] == best["val"]["accuracy"]
+    )
     assert evaluation["task"] == "classification" and evaluation["split"] == "test"
     assert set(evaluation["metrics"]) == {"accuracy"} and evaluation["score"] == evaluation["metrics"]["accuracy"]
     assert evaluation["dataset"] == class_folders.name, "a folder dataset is named after its root"
@@ -61,7 +70,9 @@ def test_a_stopped_run_resumes_to_the_same_result(class_folders, task_tree, clas
     )
 
 
-def test_linear_probe_from_an_rgb_export_keeps_its_weights_and_reports_the_fresh_band(class_folders, task_tree, rgb_export, caplog):
+def test_linear_probe_from_an_rgb_export_keeps_its_weights_and_reports_the_fresh_band(
+    class_folders, task_tree, rgb_export, caplog
+):
     tree = task_tree(
         "classification", "probe", checkpoint=str(rgb_export), data={"root": str(class_folders)}, model={"frozen": True}
     )
@@ -87,19 +98,29 @@ def test_finetuning_starts_from_the_exports_weights(task_config, rgb_export):
     exported = load_file(str(rgb_export / "backbone.safetensors"))
     key = "layers.0.blocks.0.attn.qkv.weight"
     assert torch.equal(model.backbone.state_dict()[key], exported[key]), "the backbone holds the export's weights"
-    assert report.fresh_bands == ["nir"] and "fresh bands (not in the checkpoint, newly initialised): nir" in str(report)
+    assert report.fresh_bands == ["nir"] and "fresh bands (not in the checkpoint, newly initialised): nir" in str(
+        report
+    )
 
 
 def test_a_checkpoint_without_any_task_band_is_an_error(task_config, rgb_export):
     nir = {"bands": ["nir"], "dataset_bands": ["nir"], "mean": [0.2], "std": [0.1]}
     cfg = task_config("classification", checkpoint=str(rgb_export), data=nir)
-    with pytest.raises(ConfigError, match=r"none of the bands \['nir'\] is among the checkpoint's bands \['red', 'green', 'blue'\]"):
+    with pytest.raises(
+        ConfigError, match=r"none of the bands \['nir'\] is among the checkpoint's bands \['red', 'green', 'blue'\]"
+    ):
         build_finetune_model(cfg)
 
 
 @pytest.mark.parametrize(
     ("task", "family"),
-    [("multilabel", "swin"), ("segmentation", "swin"), ("segmentation", "vit"), ("change", "swin"), ("superres", "swin")],
+    [
+        ("multilabel", "swin"),
+        ("segmentation", "swin"),
+        ("segmentation", "vit"),
+        ("change", "swin"),
+        ("superres", "swin"),
+    ],
 )
 def test_every_task_family_trains_and_writes_its_metrics(task, family, task_config, random_datasets):
     cfg = task_config(task, f"{task}_{family}", family)
@@ -114,7 +135,9 @@ def test_every_task_family_trains_and_writes_its_metrics(task, family, task_conf
 
 def test_a_resume_undoes_a_selection_made_after_its_checkpoint(class_folders, task_tree, classification_run):
     root = {"root": str(class_folders)}
-    run_dir = finetune(FinetuneConfig.from_tree(task_tree("classification", "undo", data=root, run={"stop_after_steps": 8})))
+    run_dir = finetune(
+        FinetuneConfig.from_tree(task_tree("classification", "undo", data=root, run={"stop_after_steps": 8}))
+    )
     kept = json.loads((run_dir / "best/best.json").read_text())
     assert kept["step"] == 6 and (run_dir / "checkpoints/last/best/model.safetensors").is_file()
     # a selection after the step-8 checkpoint, as if the run had gone on and been killed (written as save_best does)

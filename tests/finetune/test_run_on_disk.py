@@ -57,15 +57,21 @@ def _check_run(run_dir: Path, cfg: FinetuneConfig) -> dict:
     expected = metric_names(cfg.task, cfg.data.num_classes, cfg.data.class_names, cfg.data.ignore_index)
     assert (run_dir / "eval.json").is_file(), f"{cfg.task}: no eval.json in {run_dir}"
     evaluation = json.loads((run_dir / "eval.json").read_text())
-    assert list(evaluation["metrics"]) == expected, f"{cfg.task}: eval.json has {list(evaluation['metrics'])}, not {expected}"
+    assert list(evaluation["metrics"]) == expected, (
+        f"{cfg.task}: eval.json has {list(evaluation['metrics'])}, not {expected}"
+    )
     assert all(isinstance(v, float) for v in evaluation["metrics"].values()), f"{cfg.task}: {evaluation['metrics']}"
-    assert evaluation["task"] == cfg.task and evaluation["dataset"] == cfg.dataset_name and evaluation["split"] == "test"
+    assert (
+        evaluation["task"] == cfg.task and evaluation["dataset"] == cfg.dataset_name and evaluation["split"] == "test"
+    )
     records = _records(run_dir)
     losses = [r for r in records if "loss" in r]
     assert losses and all(math.isfinite(r["loss"]) for r in losses), f"{cfg.task}: train loss records {losses}"
     assert [r["step"] for r in losses] == list(range(1, evaluation["steps"] + 1)), f"{cfg.task}: a loss per step"
     validations = [r for r in records if "val" in r]
-    assert len(validations) == cfg.train.epochs, f"{cfg.task}: {len(validations)} validations in {cfg.train.epochs} epochs"
+    assert len(validations) == cfg.train.epochs, (
+        f"{cfg.task}: {len(validations)} validations in {cfg.train.epochs} epochs"
+    )
     assert all(list(r["val"]) == expected for r in validations), f"{cfg.task}: validation records {validations}"
     assert (run_dir / "best/model.safetensors").is_file() and (run_dir / "best/best.json").is_file(), (
         f"{cfg.task}: the best weights are missing"
@@ -104,7 +110,9 @@ def test_demo_config_finetunes_a_pretraining_export_on_the_demo_archive(family, 
     assert provenance is not None and provenance["path"] == str(weights), f"{family}: checkpoint {provenance}"
     assert provenance["layout"] == "geofm_export" and provenance["fresh_bands"] == [], f"{family}: {provenance}"
     assert provenance["tensors_loaded"] == len(load_file(str(weights))), f"{family}: not every exported tensor loaded"
-    dropped = [] if cfg.data.bands == RGBN else ["patch_embed.proj.weight: 4 -> 3 bands, from checkpoint bands [0, 1, 2]"]
+    dropped = (
+        [] if cfg.data.bands == RGBN else ["patch_embed.proj.weight: 4 -> 3 bands, from checkpoint bands [0, 1, 2]"]
+    )
     assert provenance["adapted"] == dropped, f"{family}: {provenance['adapted']}"
 
 

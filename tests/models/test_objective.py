@@ -60,5 +60,7 @@ def test_pooled_and_token_distillation_differ_and_are_both_selectable():
     x, rec, mask = torch.randn(2, 1, 4, 4), torch.randn(2, 1, 4, 4), torch.ones(2, 1, 4, 4)
     pooled = gfm_loss(rec, x, mask, None, s, t)["loss_distill"]
     tokens = gfm_loss(rec, x, mask, None, s, t, distill_loss="token_cosine")["loss_distill"]
-    assert torch.isclose(pooled, pooled_negative_cosine_loss(s, t)) and torch.isclose(tokens, negative_cosine_loss(s, t))
+    assert torch.isclose(pooled, pooled_negative_cosine_loss(s, t)) and torch.isclose(
+        tokens, negative_cosine_loss(s, t)
+    )
     assert not torch.isclose(pooled, tokens)

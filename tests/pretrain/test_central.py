@@ -24,7 +24,16 @@ def test_tiny_gfm_run_end_to_end(tiny_tree, caplog):
         run_dir = pretrain(PretrainConfig.from_tree(tree))
     startup = [r.startup for r in caplog.records if hasattr(r, "startup")]
     assert len(startup) == 1, "the start-up phases are logged once, with the first step"
-    assert list(startup[0]) == ["inputs", "distributed", "teacher", "student", "data_index", "engine", "first_batch", "first_step"]
+    assert list(startup[0]) == [
+        "inputs",
+        "distributed",
+        "teacher",
+        "student",
+        "data_index",
+        "engine",
+        "first_batch",
+        "first_step",
+    ]
     records = _metrics(run_dir)
     assert [r["step"] for r in records] == list(range(1, 13))
     assert set(records[0]) >= {"step", "loss", "loss_mim", "loss_distill", "lr", "images_per_s"}
@@ -171,8 +180,10 @@ def test_corrupt_geotiff_errors_or_is_skipped_and_counted_once(tiny_tree, archiv
         text=True,
     )
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
-    assert done.returncode == 2 and errors == [f"geofm: error: {bad}: cannot read raster: Read failed. ({bad.name}, "
-        "band 1: IReadBlock failed at X offset 0, Y offset 0: TIFFReadEncodedStrip() failed.)"], done.stderr[-3000:]
+    assert done.returncode == 2 and errors == [
+        f"geofm: error: {bad}: cannot read raster: Read failed. ({bad.name}, "
+        "band 1: IReadBlock failed at X offset 0, Y offset 0: TIFFReadEncodedStrip() failed.)"
+    ], done.stderr[-3000:]
     assert "DataLoader worker" not in done.stderr and "Traceback" not in done.stderr
 
     tree["run"]["output_dir"] = str(tmp_path / "skip")
@@ -194,7 +205,11 @@ def test_bf16_path_runs_on_cpu_and_exports_float32(tiny_tree):
 
 def test_vit_student_with_swin_teacher(tiny_tree):
     """A ViT student tapped at 3/4 depth distils a Swin teacher's stage-3 features."""
-    vit = {"arch": "vit_small_patch16_224", "window_size": None, "timm_kwargs": {"embed_dim": 32, "depth": 4, "num_heads": 2}}
+    vit = {
+        "arch": "vit_small_patch16_224",
+        "window_size": None,
+        "timm_kwargs": {"embed_dim": 32, "depth": 4, "num_heads": 2},
+    }
     tree = tiny_tree("vit", model=vit, masking={"mask_patch_size": 16}, train={"epochs": 1})
     run_dir = pretrain(PretrainConfig.from_tree(tree))
     records = _metrics(run_dir)
@@ -208,7 +223,11 @@ def test_student_starts_from_an_rgb_export_with_kernels_following_band_names(tin
     """Continual pretraining from earlier weights: RGB kernels go to red, green, blue; nir starts fresh."""
     from pretrain.central import build_student
 
-    rgb_run = pretrain(PretrainConfig.from_tree(tiny_tree("rgb", teacher=None, train={"epochs": 1}, data={"bands": ["blue", "green", "red"]})))
+    rgb_run = pretrain(
+        PretrainConfig.from_tree(
+            tiny_tree("rgb", teacher=None, train={"epochs": 1}, data={"bands": ["blue", "green", "red"]})
+        )
+    )
     exported = load_file(rgb_run / "backbone.safetensors")["patch_embed.proj.weight"]
     tree = tiny_tree(model={"init_checkpoint": str(rgb_run)})
     torch.manual_seed(0)

@@ -22,8 +22,17 @@ def _free_port() -> int:
 
 def _torchrun(config: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
-        "-m", "geofm.cli", "pretrain", "--config", str(config), *extra,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={_free_port()}",
+        "-m",
+        "geofm.cli",
+        "pretrain",
+        "--config",
+        str(config),
+        *extra,
     ]
     return subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
 
@@ -54,7 +63,9 @@ def test_two_processes_zero2_under_torchrun_on_cpu(tiny_tree, write_config, chil
         pretrain(PretrainConfig.from_tree(tiny_tree("zero2", train={"zero_stage": 2, "micro_batch_size": 4})))
 
 
-def test_a_one_process_run_continues_on_two_processes_with_the_same_global_batch(tiny_tree, write_config, child_env, tmp_path):
+def test_a_one_process_run_continues_on_two_processes_with_the_same_global_batch(
+    tiny_tree, write_config, child_env, tmp_path
+):
     """1 process x 4 images per step, then 2 x 2, follows the same schedule and data.
 
     The learning rate agrees exactly. Losses agree closely, not exactly: each process divides its
@@ -64,7 +75,9 @@ def test_a_one_process_run_continues_on_two_processes_with_the_same_global_batch
     """
     straight = pretrain(PretrainConfig.from_tree(tiny_tree("straight")))
     pretrain(PretrainConfig.from_tree(tiny_tree("moved", run={"stop_after_steps": 5})))
-    done = _torchrun(write_config(tiny_tree("moved", train={"micro_batch_size": 2}), tmp_path / "moved.yaml"), child_env)
+    done = _torchrun(
+        write_config(tiny_tree("moved", train={"micro_batch_size": 2}), tmp_path / "moved.yaml"), child_env
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "at step 5" in done.stderr
 

@@ -34,7 +34,9 @@ def test_a_crafted_checkpoint_file_is_refused_on_resume_without_running_it(tiny_
     saved["payload"] = _Payload(marker)
     torch.save(saved, states)
 
-    with pytest.raises(CheckpointFormatError, match=r"mp_rank_00_model_states\.pt: refused to unpickle (io|builtins)\.open"):
+    with pytest.raises(
+        CheckpointFormatError, match=r"mp_rank_00_model_states\.pt: refused to unpickle (io|builtins)\.open"
+    ):
         pretrain(PretrainConfig.from_tree(tiny_tree("crafted")))
     assert not marker.exists(), "nothing from the crafted file ran"
 
@@ -47,13 +49,17 @@ def test_resuming_with_another_global_batch_is_refused_with_the_way_out(tiny_tre
     assert "with 4 images per optimizer step (1 process(es)); now 2" in message
     assert "train.micro_batch_size=4 train.grad_accum_steps=1" in message
     # The same global batch through accumulation continues the same schedule.
-    run_dir = pretrain(PretrainConfig.from_tree(tiny_tree("batch", train={"micro_batch_size": 2, "grad_accum_steps": 2})))
+    run_dir = pretrain(
+        PretrainConfig.from_tree(tiny_tree("batch", train={"micro_batch_size": 2, "grad_accum_steps": 2}))
+    )
     assert [r["step"] for r in _metrics(run_dir)] == list(range(1, 13))
 
 
 def test_changing_the_schedule_of_an_unfinished_run_is_refused(tiny_tree):
     pretrain(PretrainConfig.from_tree(tiny_tree("schedule", run={"stop_after_steps": 3})))
-    with pytest.raises(ConfigError, match=r"another learning-rate schedule \(train\.epochs 2 -> 3\).*restore the setting"):
+    with pytest.raises(
+        ConfigError, match=r"another learning-rate schedule \(train\.epochs 2 -> 3\).*restore the setting"
+    ):
         pretrain(PretrainConfig.from_tree(tiny_tree("schedule", train={"epochs": 3})))
     with pytest.raises(ConfigError, match=r"--extend trains a finished run.*at step 3 of 12"):
         pretrain(PretrainConfig.from_tree(tiny_tree("schedule", train={"epochs": 3})), extend=True)

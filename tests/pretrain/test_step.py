@@ -91,6 +91,8 @@ def test_optimised_step_trains_like_the_eager_fp32_step(tiny_tree):
 def test_bf16_teacher_moves_the_distillation_loss_only_slightly(tiny_tree):
     cfg, state, batches = _setup(tiny_tree, "bf16")
     optimised, eager = _optimised_losses(cfg, state, batches[:1]), _eager_losses(cfg, state, batches[:1])
-    assert abs(optimised[0]["loss_mim"] - eager[0]["loss_mim"]) <= 1e-6, "the teacher's precision changed the reconstruction"
+    assert abs(optimised[0]["loss_mim"] - eager[0]["loss_mim"]) <= 1e-6, (
+        "the teacher's precision changed the reconstruction"
+    )
     gap = abs(optimised[0]["loss_distill"] - eager[0]["loss_distill"])
     assert 0 < gap < 1e-3, f"a bf16 teacher moved the distillation loss by {gap:.2e} (expected a small non-zero change)"

@@ -51,7 +51,7 @@ def test_config_values_are_formatted_as_flower_parses_them():
     values = {"institution": "esa", "data-root": "/data/my archive", "label": 'a=1 b="x"', "n": 3, "f": 0.5, "ok": True}
     assert parse_config_args([format_config_values(values)]) == values
     with pytest.raises(ConfigError, match="both single and double quotes"):
-        format_config_values({"x": "it's \"odd\""})
+        format_config_values({"x": 'it\'s "odd"'})
 
 
 def test_commands_cover_superlink_registration_supernodes_and_the_run(tmp_path):
@@ -96,11 +96,25 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
     config = tmp_path / "toy.yaml"
     config.write_text("rounds: 3\nname: a\n")
     args = parser.parse_args(
-        ["fed", "simulate", "--config", str(config), "--server-factory", "m:s", "--client-factory", "m:c",
-         "--institutions", "a,b", "name=a b", "rounds=4"]
+        [
+            "fed",
+            "simulate",
+            "--config",
+            str(config),
+            "--server-factory",
+            "m:s",
+            "--client-factory",
+            "m:c",
+            "--institutions",
+            "a,b",
+            "name=a b",
+            "rounds=4",
+        ]
     )
     assert args.handler.__name__ == "_simulate"
     assert program_run_config(args) == {
-        "server-factory": "m:s", "client-factory": "m:c", "institutions": "a,b",
+        "server-factory": "m:s",
+        "client-factory": "m:c",
+        "institutions": "a,b",
         "config": config_entry({"rounds": 4, "name": "a b"}),
     }

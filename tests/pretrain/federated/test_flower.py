@@ -28,7 +28,9 @@ def test_array_records_keep_dtype_shape_and_bits_exactly():
     with pytest.raises(FederatedRunError, match=r"upload\['x'\]: expected a numpy array, got list"):
         to_array_record({"x": [1, 2]}, "upload")
     metrics = to_config_record({"loss": np.float32(0.5), "n": np.int64(3), "ok": True}, "metrics")
-    assert metrics == {"loss": 0.5, "n": 3, "ok": True} and type(metrics["n"]) is int, "numpy scalars become Python ones"
+    assert metrics == {"loss": 0.5, "n": 3, "ok": True} and type(metrics["n"]) is int, (
+        "numpy scalars become Python ones"
+    )
     with pytest.raises(FederatedRunError, match="metrics: values must be bool, int, float, str"):
         to_config_record({"x": {"nested": 1}}, "metrics")
 
@@ -88,7 +90,9 @@ def test_simulation_checks_its_arguments_before_starting(toy_run_config):
     [("bad_input", True), ("fail", False)],
     ids=["bad input: one line naming the file", "a bug: with its traceback"],
 )
-def test_a_failing_client_replies_with_an_error_and_logs_bad_input_in_one_line(toy_run_config, caplog, failure, one_line):
+def test_a_failing_client_replies_with_an_error_and_logs_bad_input_in_one_line(
+    toy_run_config, caplog, failure, one_line
+):
     from flwr.app import ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
 
     from pretrain.federated.flower import ARRAYS, SCALARS, _client_reply
@@ -97,8 +101,15 @@ def test_a_failing_client_replies_with_an_error_and_logs_bad_input_in_one_line(t
     context = Context(run_id=1, node_id=7, node_config={INSTITUTION: "b"}, state=RecordDict(), run_config=run_config)
     arrays, scalars = to_array_record({"header": np.zeros(2, np.int64)}, "arrays"), ConfigRecord({"round": 1})
     metadata = Metadata(  # as a SuperNode receives it (built by hand: Message() alone needs a running app)
-        run_id=1, message_id="m1", src_node_id=0, dst_node_id=7, reply_to_message_id="", group_id="",
-        created_at=0.0, ttl=60.0, message_type=MessageType.TRAIN,
+        run_id=1,
+        message_id="m1",
+        src_node_id=0,
+        dst_node_id=7,
+        reply_to_message_id="",
+        group_id="",
+        created_at=0.0,
+        ttl=60.0,
+        message_type=MessageType.TRAIN,
     )
     message = Message(RecordDict({ARRAYS: arrays, SCALARS: scalars}), metadata=metadata)
     with caplog.at_level("INFO", logger="pretrain.federated"):

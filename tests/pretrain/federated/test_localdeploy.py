@@ -46,7 +46,9 @@ def test_deployment_with_tls_and_node_auth_runs_rounds_keeps_state_and_refuses_u
             assert reply["bits_dtype"] == "uint8" and reply["bits"] == toy.expected_bits(reply["count"]), reply
     assert failed_run["status"] == "finished:failed", f"a ServerApp error must fail the run: {failed_run}"
     assert "round_timeout_s=-1" in failed_log, f"the program's error is in the run's log:\n{failed_log}"
-    assert seen >= started - {deployment.processes["intruder"].popen.pid}, "the process scan finds every started process"
+    assert seen >= started - {deployment.processes["intruder"].popen.pid}, (
+        "the process scan finds every started process"
+    )
     assert len(seen) > len(started), "and the processes they started (SuperExec, ServerApp...)"
     assert not _alive(seen | started) and not deployment.process_ids(), f"left running: {_alive(seen | started)}"
     startup = sorted(reply["process_age_s"] for record in rounds for reply in record["replies"].values())

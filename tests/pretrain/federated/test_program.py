@@ -43,7 +43,7 @@ class InProcess:
                     upload, metrics, state = self.clients[node].train(arrays, scalars, self.states.get(node, {}))
                     self.states[node] = state
                     replies.append(Reply(node, upload, metrics))
-            except Exception as err:  # noqa: BLE001 - a node's failure, as the Flower adapter reports it
+            except Exception as err:
                 failures.append(Failure(node, f"{type(err).__name__}: {err}"))
         return replies, failures
 
@@ -68,7 +68,9 @@ def test_a_fedsense_run_logs_every_round_and_exports_the_global_backbone(fed_tre
     for key in ("loss", "loss_mim", "loss_distill", "loss_similarity", "uplink_bytes", "downlink_bytes", "seconds"):
         assert all(key in r for r in rounds), f"rounds.jsonl lacks {key}"
     cfg = FederatedConfig.from_tree(fed_tree())
-    server = FederatedServer(cfg.model_copy(update={"run": cfg.run.model_copy(update={"output_dir": run_dir.parent / "x"})}))
+    server = FederatedServer(
+        cfg.model_copy(update={"run": cfg.run.model_copy(update={"output_dir": run_dir.parent / "x"})})
+    )
     values = server.global_model.numel()
     one_bit = Codec(bits=1).packet_nbytes(values) + 16  # payload, scales and header; 16 bytes of array framing
     assert rounds[0]["uplink_bytes"] <= 3 * one_bit and rounds[0]["downlink_bytes"] == 3 * (4 * values + 32)
@@ -185,10 +187,14 @@ def test_a_client_without_its_data_is_an_error_naming_it_and_the_path(fed_tree, 
     tree = fed_tree()
     tree["data"]["sources"][2]["root"] = str(tmp_path / "nowhere")
     cfg = FederatedConfig.from_tree(tree)
-    with pytest.raises(DatasetNotFoundError, match=f"client uav_rgbn: image folder {tmp_path / 'nowhere'} does not exist"):
+    with pytest.raises(
+        DatasetNotFoundError, match=f"client uav_rgbn: image folder {tmp_path / 'nowhere'} does not exist"
+    ):
         FederatedClient(cfg, {"institution": "uav_rgbn"})
     clients = {1: FederatedClient(cfg, {"institution": "aerial_rgb"})}
-    server = FederatedServer(cfg.model_copy(update={"federation": cfg.federation.model_copy(update={"connect_timeout_s": 0.01})}))
+    server = FederatedServer(
+        cfg.model_copy(update={"federation": cfg.federation.model_copy(update={"connect_timeout_s": 0.01})})
+    )
     with pytest.raises(FederatedRunError, match="1 of 3 nodes connected"):
         run_server(server, InProcess(clients), poll_s=0)
 
@@ -200,7 +206,9 @@ def test_error_feedback_brings_1_bit_uploads_close_to_full_precision(fed_tree, s
     rounds = {"rounds": 8}
     final = {}
     for label, uplink in (("fp32", {"bits": 32}), ("ef", {"bits": 1, "error_feedback": True}), ("no_ef", {"bits": 1})):
-        run_dir = _run(fed_tree(label, algorithm={**plain, "uplink": uplink}, federation=rounds, teacher=None, run={"seed": seed}))
+        run_dir = _run(
+            fed_tree(label, algorithm={**plain, "uplink": uplink}, federation=rounds, teacher=None, run={"seed": seed})
+        )
         final[label] = np.mean([r["loss"] for r in _rounds(run_dir)[-3:]])
     assert abs(final["ef"] - final["fp32"]) < abs(final["no_ef"] - final["fp32"]), final
 

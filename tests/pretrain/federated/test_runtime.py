@@ -79,7 +79,9 @@ class Transport:
 def test_rounds_run_with_handshake_first_and_a_failure_does_not_stop_a_round():
     server, transport = Server(), Transport(down={(2, 0): [3]})
     run_server(server, transport, poll_s=0)
-    assert server.registered == {n: {"client": f"inst{n}"} for n in (1, 2, 3)}, "every node registered from its query reply"
+    assert server.registered == {n: {"client": f"inst{n}"} for n in (1, 2, 3)}, (
+        "every node registered from its query reply"
+    )
     assert transport.sent[0] == ("query", 1, [1, 2, 3]), f"the handshake comes before any training: {transport.sent}"
     assert server.rounds == [(1, [1, 2, 3], []), (2, [1, 2], [3])], f"round 2 goes on without node 3: {server.rounds}"
     assert server.finished
@@ -147,8 +149,11 @@ def test_node_identity_in_deployment_and_simulation():
 
 def test_factories_load_by_import_path_and_client_programs_are_built_once_per_process():
     assert load_object("numpy:uint8", "x") is np.uint8
-    for path, message in [("numpy.uint8", "expected 'package.module:function'"), ("nope_mod:f", "cannot import"),
-                          ("numpy:nope", "has no attribute 'nope'")]:
+    for path, message in [
+        ("numpy.uint8", "expected 'package.module:function'"),
+        ("nope_mod:f", "cannot import"),
+        ("numpy:nope", "has no attribute 'nope'"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             load_object(path, "server-factory")
     run_config = {"client-factory": "toy_federated_program:make_client"}
