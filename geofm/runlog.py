@@ -7,6 +7,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -29,8 +30,9 @@ class MetricsLog:
             path.write_text("".join(json.dumps(record) + "\n" for record in kept))
 
     def write(self, record: dict) -> None:
+        """Append one record as strict JSON: a NaN or infinite number is written as null."""
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
 
     def read(self) -> list[dict]:
         """The records so far; a last line cut short (a run killed while writing it) is left out.
@@ -49,6 +51,17 @@ class MetricsLog:
                 if number < len(lines) and line:
                     raise GeoFMError(f"{self.path}, line {number}: not a JSON record ({err})") from None
         return records
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None, so that it is valid JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(item) for item in value]
+    return value
 
 
 def figure(width: float, height: float):
@@ -207,4 +220,5 @@ def final_metrics(records: list[dict]) -> dict | None:
 
 
 def is_finite(record: dict) -> bool:
-    return all(math.isfinite(record[k]) for k in LOSS_KEYS if k in record)
+    """Whether every loss the record holds is a finite number (a null loss, written for NaN, is not)."""
+    return all(record[k] is not None and math.isfinite(record[k]) for k in LOSS_KEYS if k in record)
