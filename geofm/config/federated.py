@@ -147,7 +147,11 @@ class FederationConfig(Section):
     public_sources: list[str] = Field(default_factory=list, description="source names held by the server only")
     fraction: float = Field(default=1.0, gt=0.0, le=1.0, description="share of the clients selected each round")
     min_clients: int = Field(default=1, gt=0, description="fewest replies a round needs")
-    round_timeout_s: float | None = Field(default=None, gt=0.0, description="null: wait for every selected client")
+    round_timeout_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="the longest a round waits for replies; null: derived from the observed round times",
+    )
     connect_timeout_s: float = Field(default=600.0, gt=0.0, description="how long to wait for the clients to connect")
     round_retries: int = Field(default=2, ge=0, description="attempts after a round below min_clients")
     stop_after_rounds: int | None = Field(default=None, gt=0, description="end this invocation early; a rerun resumes")

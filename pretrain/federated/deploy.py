@@ -407,7 +407,7 @@ def launch_run(files: DeploymentFiles, run_config: Mapping[str, Scalar], poll_s:
     config_file = write_run_config(files.root / "runs" / f"run_config_{stamp}.toml", run_config)
     run_id = int(flwr_json(run_command(config_file, connection), env)["run-id"])
     print(f"run {run_id} submitted; following its log (Ctrl-C stops following, not the run)", flush=True)
-    subprocess.run(["flwr", "log", str(run_id), connection, "--stream"], env=env, stdin=subprocess.DEVNULL)
+    subprocess.run(["flwr", "log", str(run_id), connection, "--stream"], check=False, env=env, stdin=subprocess.DEVNULL)
     while not (record := flwr_json(status_command(run_id, connection), env)["runs"][0])["status"].startswith(
         "finished"
     ):
@@ -420,7 +420,9 @@ def launch_run(files: DeploymentFiles, run_config: Mapping[str, Scalar], poll_s:
 
 def flwr_json(command: list[str], env: Mapping[str, str]) -> dict:
     """Run a ``flwr`` command that prints JSON; a failure is an error quoting its output."""
-    result = subprocess.run(command, env=dict(env), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        command, check=False, env=dict(env), capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
     try:
         answer = json.loads(result.stdout)
     except ValueError:

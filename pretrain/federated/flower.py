@@ -106,9 +106,13 @@ class GridTransport:
         return sorted(self.grid.get_node_ids())
 
     def exchange(
-        self, kind: str, rnd: int, payloads: dict[int, Payload], timeout_s: float | None
+        self, kind: str, rnd: int, payloads: dict[int, Payload], timeout_s: float
     ) -> tuple[list[Reply], list[Failure]]:
-        """Send ``query`` or ``train`` messages and collect replies; error replies and silence become Failures."""
+        """Send ``query`` or ``train`` messages and collect replies; error replies and silence become Failures.
+
+        A node that dies mid-round never replies: its message expires after ``timeout_s`` (or the
+        SuperLink reports it unreachable sooner) and the round closes with the nodes that answered.
+        """
         if not payloads:
             return [], []
         message_type = MessageType.TRAIN if kind == "train" else MessageType.QUERY
@@ -125,8 +129,12 @@ class GridTransport:
         replies: list[Reply] = []
         failures: list[Failure] = []
         answered: set[int] = set()
+        sent_to: dict[str, int] = {}
         for message in self.grid.send_and_receive(messages, timeout=timeout_s):
-            node = message.metadata.src_node_id
+            # The SuperLink answers for a node it found gone, with its own id as the sender: a reply is
+            # matched to its node by the message it replies to (ids are set once the grid pushed them).
+            sent_to = sent_to or {m.metadata.message_id: node for node, m in zip(payloads, messages, strict=True)}
+            node = sent_to.get(message.metadata.reply_to_message_id, message.metadata.src_node_id)
             if node not in payloads or node in answered:
                 continue
             answered.add(node)
@@ -136,7 +144,10 @@ class GridTransport:
             else:
                 content = message.content
                 replies.append(Reply(node, from_array_record(content[ARRAYS]), dict(content[SCALARS])))
-        failures += [Failure(node, f"no reply within {timeout_s:g} s") for node in payloads if node not in answered]
+        silent = [node for node in payloads if node not in answered]
+        failures += [
+            Failure(node, f"no reply (waited at most {timeout_s:g} s: the node is gone or too slow)") for node in silent
+        ]
         return replies, failures
 
 

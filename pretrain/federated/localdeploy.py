@@ -169,7 +169,13 @@ class LocalDeployment:
         """Run a ``flwr`` CLI command against this deployment's SuperLink."""
         env = {**self._env, "FLWR_HOME": str(self.files.flwr_home)}
         return subprocess.run(
-            command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=self.safety_timeout_s
+            command,
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=self.safety_timeout_s,
         )
 
     def _cli_json(self, command: list[str]) -> dict:
@@ -196,6 +202,16 @@ class LocalDeployment:
         """Wait until a process has logged ``text``."""
         process = self.processes[name]
         self._await(lambda: text in process.text(), f"{name} to log {text!r}", process)
+
+    def wait_for_file(self, path: Path, name: str) -> None:
+        """Wait until ``path`` exists, failing at once if process ``name`` exits first."""
+        self._await(path.exists, f"{path} to appear", self.processes[name])
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a process and everything in its process group (a SuperNode and its ClientApp), as a crash would."""
+        process = self.processes[name]
+        _signal_group(process.popen, signal.SIGKILL)
+        process.popen.wait()
 
     def wait_for_exit(self, name: str) -> int:
         """Wait until a process has exited; returns its exit code."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,7 +11,13 @@ import toy_federated_program as toy
 
 from geofm.errors import ConfigError, FederatedRunError
 from pretrain.federated.deploy import APP_DIR
-from pretrain.federated.flower import from_array_record, simulate, to_array_record, to_config_record
+from pretrain.federated.flower import (
+    GridTransport,
+    from_array_record,
+    simulate,
+    to_array_record,
+    to_config_record,
+)
 from pretrain.federated.runtime import INSTITUTION, RUN_CONFIG_DEFAULTS, load_object
 
 
@@ -120,3 +127,44 @@ def test_a_failing_client_replies_with_an_error_and_logs_bad_input_in_one_line(
     [record] = [r for r in caplog.records if r.levelname == "ERROR"]
     assert ("scene_000.tif" in record.getMessage()) == one_line, record.getMessage()
     assert (not record.exc_info) == one_line, "a traceback only for what is not bad input"
+
+
+class _GridWithADeadNode:
+    """Answers node 2, reports node 3 gone as the SuperLink does (its own id as the sender), never answers node 4."""
+
+    SUPERLINK = 1
+
+    def __init__(self) -> None:
+        self.timeouts = []
+
+    def send_and_receive(self, messages, timeout):
+        self.timeouts.append(timeout)
+        for number, message in enumerate(messages):
+            message.metadata.__dict__["_message_id"] = f"m{number}"  # as a grid does when it pushes
+
+        def reply(message, src, error=None, content=None):
+            metadata = SimpleNamespace(src_node_id=src, reply_to_message_id=message.metadata.message_id)
+            return SimpleNamespace(metadata=metadata, error=error, content=content, has_error=lambda: error is not None)
+
+        by_node = {m.metadata.dst_node_id: m for m in messages}
+        gone = SimpleNamespace(code=5, reason="node unavailable")
+        content = {
+            "arrays": to_array_record({"w": np.ones(2, np.float32)}, "reply"),
+            "scalars": to_config_record({}, "reply"),
+        }
+        yield reply(by_node[3], self.SUPERLINK, error=gone)
+        yield reply(by_node[2], 2, content=content)
+
+
+def test_a_node_the_superlink_reports_gone_fails_alone_and_a_silent_one_after_the_wait(monkeypatch):
+    from flwr.supercore.task_identity import TaskIdentity  # what a ServerApp process sets before it sends
+
+    for key, value in {"_run_id": 7, "_task_id": 1, "_node_id": 1}.items():
+        monkeypatch.setattr(TaskIdentity, key, value)
+    transport = GridTransport(_GridWithADeadNode())
+    payloads = {node: ({"w": np.zeros(2, np.float32)}, {"round": 1}) for node in (2, 3, 4)}
+    replies, failures = transport.exchange("train", 1, payloads, 30.0)
+    assert [r.node_id for r in replies] == [2]
+    reasons = {f.node_id: f.reason for f in failures}
+    assert reasons[3] == "node unavailable (node unavailable)", "matched to node 3 by the message it replies to"
+    assert reasons[4].startswith("no reply (waited at most 30 s"), reasons
