@@ -37,7 +37,7 @@ EXAMPLES = """\
 examples:
   geofm fed simulate --config configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml
   geofm fed simulate --config configs/federated/fedavg_swin_tiny__10clients__100rounds.yaml federation.rounds=5
-  geofm fed certs --out deploy --institutions naip,sentinel2,aerial_fr --host superlink.example.org
+  geofm fed certs --out ~/geofm-deployment --institutions naip,sentinel2,aerial_fr --host superlink.example.org
   geofm fed launch --deployment deploy --config configs/federated/fedsense_swin_tiny__10clients__100rounds.yaml
 
 Rerunning the same config resumes from the server's last checkpoint.
@@ -80,9 +80,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     certs = commands.add_parser(
         "certs",
         help="write a deployment's CA, SuperLink certificate, SuperNode keys and CLI connection; print its commands",
-        description="Write into OUT: ca.crt/ca.key, superlink.crt/superlink.key (SAN: HOST, localhost, 127.0.0.1), "
-        "supernodes/NAME.key/.pub (EC P-384, OpenSSH) per institution and flwr-home/config.toml; then print every "
-        "command of the deployment.",
+        description="Write into OUT (outside any git work tree, or ignored by git): ca.crt, offline/ca.key, "
+        "superlink.crt/superlink.key (SAN: HOST, localhost, 127.0.0.1), per institution supernodes/NAME.pub and "
+        "institutions/NAME/ (ca.crt and its SuperNode's private key, EC P-384, OpenSSH: the folder to hand to "
+        "NAME) and flwr-home/config.toml; then print every command of the deployment.",
     )
     certs.add_argument("--out", type=Path, required=True, help="output folder")
     certs.add_argument(
@@ -185,7 +186,10 @@ def _certs(args: argparse.Namespace) -> None:
     files = write_deployment_files(
         args.out, args.institutions, args.host, port=args.port, connection=args.connection, valid_days=args.valid_days
     )
-    print(f"# wrote {files.root}: ca.crt, superlink.crt/.key, supernodes/*.key/.pub, flwr-home/config.toml\n")
+    print(
+        f"# wrote {files.root}: ca.crt, offline/ca.key (keep offline), superlink.crt/.key, supernodes/*.pub, "
+        "institutions/*/ (one folder to hand to each institution), flwr-home/config.toml\n"
+    )
     _print_commands(files.root, args)
 
 

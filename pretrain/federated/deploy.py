@@ -7,11 +7,15 @@ institution in OpenSSH format (SuperNode authentication) and the Flower CLI's co
 deployment; the same argument lists start the processes of
 :class:`~pretrain.federated.localdeploy.LocalDeployment`.
 
-Layout of the output folder::
+Layout of the output folder, which must lie outside any git work tree (or be ignored by git), so
+that no ``git add -A`` publishes a private key::
 
-    ca.crt, ca.key                  certificate authority (keep ca.key offline)
-    superlink.crt, superlink.key    the SuperLink's TLS certificate (SAN: host, localhost, 127.0.0.1)
-    supernodes/NAME.key, NAME.pub   each institution's SuperNode key pair (give NAME.key to NAME only)
+    ca.crt                          the certificate authority's certificate (public)
+    offline/ca.key                  the CA's private key: only for issuing new certificates; keep it offline
+    superlink.crt, superlink.key    the SuperLink's TLS certificate and key (SAN: host, localhost, 127.0.0.1)
+    supernodes/NAME.pub             each institution's SuperNode public key, registered by the operator
+    institutions/NAME/              what goes to institution NAME, and to no one else:
+        ca.crt, supernode.key       the CA certificate and its SuperNode's private key
     flwr-home/config.toml           the operator's `flwr` connection, used with FLWR_HOME=flwr-home
 """
 
@@ -64,7 +68,7 @@ class DeploymentFiles:
 
     @property
     def ca_key(self) -> Path:
-        return self.root / "ca.key"
+        return self.root / "offline" / "ca.key"
 
     @property
     def superlink_cert(self) -> Path:
@@ -79,9 +83,13 @@ class DeploymentFiles:
         """FLWR_HOME of the operator's ``flwr`` CLI: holds ``config.toml`` with the connection."""
         return self.root / "flwr-home"
 
+    def handover(self, institution: str) -> Path:
+        """The folder to hand to one institution: the CA certificate and its SuperNode's private key."""
+        return self.root / "institutions" / institution
+
     def node_key(self, institution: str) -> Path:
         """An institution's SuperNode private key (OpenSSH format)."""
-        return self.root / "supernodes" / f"{institution}.key"
+        return self.handover(institution) / "supernode.key"
 
     def node_public_key(self, institution: str) -> Path:
         """An institution's SuperNode public key, registered with ``flwr supernode register``."""
@@ -110,6 +118,29 @@ def check_institutions(names: Sequence[str]) -> list[str]:
             f"(not starting with '.', '_' or '-'){'; invalid: ' + str(bad) if bad else ''}"
         )
     return list(names)
+
+
+def check_outside_git(folder: Path) -> None:
+    """Refuse a folder for private keys inside a git work tree, unless git ignores it.
+
+    Raises:
+        ConfigError: ``folder`` lies in a repository's work tree and is not ignored.
+    """
+    probe = folder
+    while not probe.exists():
+        probe = probe.parent
+    inside = subprocess.run(
+        ["git", "-C", str(probe), "rev-parse", "--show-toplevel"], check=False, capture_output=True, text=True
+    )
+    if inside.returncode != 0:
+        return  # not a work tree, or no git on this machine
+    ignored = subprocess.run(["git", "-C", str(probe), "check-ignore", "-q", f"{folder}/"], check=False)
+    if ignored.returncode != 0:
+        raise ConfigError(
+            f"{folder} lies in the git work tree {inside.stdout.strip()} and is not ignored: the private keys "
+            "written there would be published by the next `git add -A`. Choose a folder outside the repository "
+            "(e.g. ~/geofm-deployment) or add it to .gitignore first."
+        )
 
 
 def _subject(common_name: str) -> x509.Name:
@@ -205,6 +236,8 @@ def write_node_keys(files: DeploymentFiles, institution: str) -> None:
     private = key.private_bytes(encoding.PEM, serialization.PrivateFormat.OpenSSH, no_password)
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     _write_private(files.node_key(institution), private)
+    (files.handover(institution) / files.ca_cert.name).write_bytes(files.ca_cert.read_bytes())
+    files.node_public_key(institution).parent.mkdir(parents=True, exist_ok=True)
     files.node_public_key(institution).write_bytes(public + f" geofm-{institution}\n".encode())
 
 
@@ -243,6 +276,7 @@ def write_deployment_files(
     """
     names = check_institutions(institutions)
     files = DeploymentFiles(Path(out_dir).resolve())
+    check_outside_git(files.root)
     write_certificates(files, server_host, valid_days)
     for name in names:
         write_node_keys(files, name)
@@ -365,14 +399,16 @@ def deployment_commands(files: DeploymentFiles, *, data_roots: Mapping[str, str]
         "# 2. Operator (any machine with this folder's flwr-home): allow each institution's SuperNode key:",
         *[_line(register_command(files.node_public_key(name), name, connection), operator_env) for name in names],
         "",
-        "# 3. At each institution (copy ca.crt and that institution's supernodes/NAME.key there first;",
-        "#    SuperNodes sharing a machine need their own --port and FLWR_HOME):",
+        "# 3. At each institution: copy its own folder institutions/NAME/ (ca.crt and supernode.key, nothing",
+        f"#    else; never offline/ca.key) from {files.root} to the same path there, then run its line",
+        "#    (SuperNodes sharing a machine need their own --port and FLWR_HOME):",
     ]
     for index, name in enumerate(names):
         root = (data_roots or {}).get(name, f"/path/to/{name}/data")
         node_env = {**QUIET_ENV, "FLWR_HOME": f"$HOME/.flwr-geofm-{name}"}
+        lines.append(f"# {name}: hand over {files.handover(name)}/")
         command = supernode_command(
-            files.ca_cert,
+            files.handover(name) / files.ca_cert.name,
             files.node_key(name),
             address,
             SUPERNODE_BASE_PORT + index,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import shlex
+import subprocess
 import tomllib
 
 import pytest
@@ -47,6 +48,24 @@ def test_files_hold_a_ca_signed_superlink_certificate_p384_openssh_keys_and_the_
     assert ipaddress.ip_address("10.0.0.5") in ips.get_values_for_type(x509.IPAddress)
 
 
+def test_private_keys_are_kept_apart_and_never_written_into_a_tracked_folder(tmp_path):
+    files = write_deployment_files(tmp_path / "fed", ["esa", "ign"], "fl.example.org")
+    handed = {p.relative_to(files.handover("esa")).as_posix() for p in files.handover("esa").rglob("*")}
+    assert handed == {"ca.crt", "supernode.key"}, "an institution's folder holds its own key and the CA certificate"
+    assert files.ca_key.parent != files.root and set(files.root.glob("*.key")) == {files.superlink_key}
+    assert not list((files.root / "supernodes").glob("*.key")), "no private key beside the public ones"
+    text = deployment_commands(files)
+    assert f"# esa: hand over {files.handover('esa')}/" in text and "never offline/ca.key" in text
+
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    with pytest.raises(ConfigError, match=r"lies in the git work tree .* not ignored"):
+        write_deployment_files(repo / "deploy", ["esa"], "h")
+    assert not (repo / "deploy").exists(), "nothing is written before the refusal"
+    (repo / ".gitignore").write_text("/deploy/\n")
+    assert write_deployment_files(repo / "deploy", ["esa"], "h").node_key("esa").exists(), "an ignored folder is fine"
+
+
 def test_config_values_are_formatted_as_flower_parses_them():
     values = {"institution": "esa", "data-root": "/data/my archive", "label": 'a=1 b="x"', "n": 3, "f": 0.5, "ok": True}
     assert parse_config_args([format_config_values(values)]) == values
@@ -85,7 +104,7 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
     )
     args.handler(args)
     printed = capsys.readouterr().out
-    assert (out / "supernodes" / "ign.key").exists() and "--superlink 10.1.2.3:9000" in printed
+    assert (out / "institutions" / "ign" / "supernode.key").exists() and "--superlink 10.1.2.3:9000" in printed
     args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign=/srv/ign"])
     args.handler(args)
     printed = capsys.readouterr().out
