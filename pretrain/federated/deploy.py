@@ -48,7 +48,6 @@ APP_DIR = Path(__file__).parent / "app"
 
 DEFAULT_PORT = 9093
 DEFAULT_CONNECTION = "geofm"
-SUPERNODE_BASE_PORT = 9094
 QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 COMPLETED = "finished:completed"
 """Environment for every Flower process: no telemetry, no update check (machines may be offline)."""
@@ -401,17 +400,18 @@ def deployment_commands(files: DeploymentFiles, *, data_roots: Mapping[str, str]
         "",
         "# 3. At each institution: copy its own folder institutions/NAME/ (ca.crt and supernode.key, nothing",
         f"#    else; never offline/ca.key) from {files.root} to the same path there, then run its line",
-        "#    (SuperNodes sharing a machine need their own --port and FLWR_HOME):",
+        "#    (SuperNodes sharing a machine need their own --port and FLWR_HOME; on a GPU machine set",
+        "#    DS_ACCELERATOR=cuda instead of cpu):",
     ]
     for index, name in enumerate(names):
         root = (data_roots or {}).get(name, f"/path/to/{name}/data")
-        node_env = {**QUIET_ENV, "FLWR_HOME": f"$HOME/.flwr-geofm-{name}"}
+        node_env = {**QUIET_ENV, "DS_ACCELERATOR": "cpu", "FLWR_HOME": f"$HOME/.flwr-geofm-{name}"}
         lines.append(f"# {name}: hand over {files.handover(name)}/")
         command = supernode_command(
             files.handover(name) / files.ca_cert.name,
             files.node_key(name),
             address,
-            SUPERNODE_BASE_PORT + index,
+            port + 1 + index,  # each SuperNode's ClientApp port, after the SuperLink's
             {INSTITUTION: name, DATA_ROOT: root},
         )
         lines.append(_line(command, node_env))

@@ -105,6 +105,9 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
     args.handler(args)
     printed = capsys.readouterr().out
     assert (out / "institutions" / "ign" / "supernode.key").exists() and "--superlink 10.1.2.3:9000" in printed
+    nodes = [line for line in printed.splitlines() if "flower-supernode" in line]
+    assert [shlex.split(line)[-1] for line in nodes] == ["9001", "9002"], "node ports follow --port"
+    assert all('DS_ACCELERATOR="cpu"' in line for line in nodes), "client processes know their accelerator"
     args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign=/srv/ign"])
     args.handler(args)
     printed = capsys.readouterr().out
