@@ -154,7 +154,12 @@ class FederationConfig(Section):
     )
     connect_timeout_s: float = Field(default=600.0, gt=0.0, description="how long to wait for the clients to connect")
     round_retries: int = Field(default=2, ge=0, description="attempts after a round below min_clients")
-    stop_after_rounds: int | None = Field(default=None, gt=0, description="end this invocation early; a rerun resumes")
+    stop_after_rounds: int | None = Field(
+        default=None,
+        gt=0,
+        description="run at most this many rounds in one invocation, counted from where it resumes "
+        "(as run.stop_after_steps counts steps); a rerun continues",
+    )
     declared_examples: dict[str, int] = Field(
         default_factory=dict,
         description="institution -> the most training examples it may claim; a larger claim is weighted as this",

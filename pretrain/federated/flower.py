@@ -155,16 +155,23 @@ def _run_config(context: Context, bound: Mapping[str, Scalar]) -> dict[str, Scal
     return {**RUN_CONFIG_DEFAULTS, **context.run_config, **bound}
 
 
+SERVER_LOG_PACKAGES = ("geofm", "pretrain", "finetune")
+"""Packages whose INFO lines a deployed server shows: the round loop's and the program's (losses, bytes, resume)."""
+
+
 def _show_round_log() -> None:
-    """Let the round loop's INFO lines reach stderr when nothing configured logging (a ``flwr-serverapp``
-    process, whose output ``flwr log`` shows); the root logger stays as it is, so Flower's own HTTP
-    client logs do not flood the run's log."""
-    logger = logging.getLogger(run_server.__module__)
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
+    """Let the run's INFO lines reach stderr when nothing configured logging (a ``flwr-serverapp``
+    process, whose output ``flwr log`` shows), as ``geofm fed simulate`` shows them; the root logger
+    stays as it is, so Flower's own HTTP client logs do not flood the run's log."""
+    if logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    for name in SERVER_LOG_PACKAGES:
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
 
 
 def _server_main(grid: Grid, context: Context, bound: Mapping[str, Scalar]) -> None:

@@ -369,6 +369,15 @@ class FederatedServer:
         self.checkpoints.start(cfg)
         stop = fed.stop_after_rounds
         self.num_rounds = fed.rounds if stop is None else min(fed.rounds, self.done + stop)
+        if self.done < self.num_rounds < fed.rounds:
+            log.info(
+                "this invocation runs rounds %d-%d of %d (federation.stop_after_rounds=%d counts from where it "
+                "resumes); rerun to continue",
+                self.done + 1,
+                self.num_rounds,
+                fed.rounds,
+                stop,
+            )
         self.rounds_log = MetricsLog(self.run_dir / ROUNDS_LOG, resume_step=self.done, key="round")
 
     # ---- plan --------------------------------------------------------------------------

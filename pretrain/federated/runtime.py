@@ -415,9 +415,8 @@ class _RoundLoop:
                 if len(replies) >= plan.min_clients:
                     self.program.aggregate(rnd, replies, failures)
                     log.info(
-                        "round %d/%d: %d replies, %d failures (%.1f s)",
+                        "round %d: %d replies, %d failures (%.1f s)",
                         rnd,
-                        plan.num_rounds,
                         len(replies),
                         len(failures),
                         self.clock() - started,

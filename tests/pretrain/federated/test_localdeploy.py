@@ -68,6 +68,7 @@ def test_fedsense_deployed_trains_each_institution_on_the_data_its_node_config_n
         run = deployment.wait(run_id)
         log = deployment.logs(run_id)
     assert run["status"] == COMPLETED, f"run {run_id} ended {run['status']}:\n{log}"
+    assert "round 2/2: loss" in log and "KiB" in log, f"the deployed log shows each round as simulation does:\n{log}"
     rounds = [json.loads(line) for line in (tmp_path / "deployed/rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2] and all(r["clients"] == sorted(roots) for r in rounds)
     assert json.loads((tmp_path / "deployed/backbone.json").read_text())["federation"]["uplink_bits"] == 1

@@ -89,11 +89,13 @@ def test_a_fedsense_run_logs_every_round_and_exports_the_global_backbone(fed_tre
     assert inspect_checkpoint(run_dir / "checkpoints/last")["layout"] == "geofm_train"
 
 
-def test_a_stopped_server_resumes_to_the_same_result(fed_tree):
+def test_a_stopped_server_resumes_to_the_same_result(fed_tree, caplog):
     """The server checkpoints each round; clients recover their error-feedback and downlink state from disk."""
     compressed = {"downlink": {"bits": 8}}
     straight = _run(fed_tree("straight", algorithm=compressed))
-    first = _run(fed_tree("resumed", algorithm=compressed, federation={"rounds": 3, "stop_after_rounds": 1}))
+    with caplog.at_level("INFO", logger="geofm.federated"):
+        first = _run(fed_tree("resumed", algorithm=compressed, federation={"rounds": 3, "stop_after_rounds": 1}))
+    assert "this invocation runs rounds 1-1 of 3" in caplog.text and "round 1/3: loss" in caplog.text
     assert [r["round"] for r in _rounds(first)] == [1] and not (first / "backbone.safetensors").exists()
     resumed = _run(fed_tree("resumed", algorithm=compressed))  # new client programs: empty Flower state
     a, b = _rounds(straight), _rounds(resumed)
