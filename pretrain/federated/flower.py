@@ -31,6 +31,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from geofm.errors import ConfigError, FederatedRunError, GeoFMError
+from pretrain.federated.nodeworker import NodeWorker
 from pretrain.federated.runtime import (
     CLIENT_FACTORY,
     INSTITUTION,
@@ -179,8 +180,12 @@ def _server_main(grid: Grid, context: Context, bound: Mapping[str, Scalar]) -> N
     run_server(make_server_program(_run_config(context, bound)), GridTransport(grid))
 
 
-def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar]) -> Message:
+def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar], node_worker: bool) -> Message:
     """Answer a query (identity) or train message with the node's client program.
+
+    With ``node_worker`` (deployed nodes, where each message is a fresh process) the program runs
+    in the node's long-lived worker (:mod:`pretrain.federated.nodeworker`); otherwise (simulation,
+    whose node processes live for the run) in this process, built once.
 
     An exception becomes an error reply whose reason names the institution and the exception; the
     node logs it too, in one line for bad input (a :class:`~geofm.errors.GeoFMError`, whose message
@@ -192,7 +197,10 @@ def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar
     try:
         node_config = node_identity(context.node_config, run_config)
         name = node_config[INSTITUTION]
-        program = client_program(run_config, node_config)
+        if node_worker:
+            program = NodeWorker(context.run_id, run_config, node_config, supernode_pid=os.getppid())
+        else:
+            program = client_program(run_config, node_config)
         if message.metadata.message_type == MessageType.QUERY:
             return Message(_content(({}, program.identity()), "identity"), reply_to=message)
         return _train(program, message, context)
@@ -234,24 +242,31 @@ def build_server_app(run_config: Mapping[str, Scalar] | None = None) -> ServerAp
     return app
 
 
-def build_client_app(run_config: Mapping[str, Scalar] | None = None) -> ClientApp:
-    """A ClientApp answering handshakes (query) and rounds (train) with the client program of ``run_config``."""
+def build_client_app(run_config: Mapping[str, Scalar] | None = None, *, node_worker: bool = False) -> ClientApp:
+    """A ClientApp answering handshakes (query) and rounds (train) with the client program of ``run_config``.
+
+    ``node_worker``: run the program in the node's long-lived worker process (for deployed
+    SuperNodes, which start a ClientApp process per message), not in the ClientApp's process.
+    """
     bound = dict(run_config or {})
     app = ClientApp()
 
     @app.query()
     def query(message: Message, context: Context) -> Message:
-        return _client_reply(message, context, bound)
+        return _client_reply(message, context, bound, node_worker)
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
-        return _client_reply(message, context, bound)
+        return _client_reply(message, context, bound, node_worker)
 
     return app
 
 
 server_app = build_server_app()
-client_app = build_client_app()
+client_app = build_client_app(node_worker=True)  # what `flwr run` deploys
+client_app_without_worker = build_client_app()
+"""Builds the client program in each message's own process, as deployed nodes did before the worker
+(slower by the imports and the build; for comparison, ``geofm bench fed-deploy``, and debugging)."""
 
 
 class _DropRunSimulationDeprecation(logging.Filter):

@@ -131,7 +131,12 @@ class ToyClient:
                 time.sleep(1)
         count = int(state["count"][0]) + 1 if "count" in state else 1
         upload = {"bits": BITS ^ np.uint8(count), "value": np.full(3, 0.5 * count, dtype=np.float32)}
-        metrics = {"count": count, "header": str(arrays["header"].tolist()), "process_age_s": process_age_s()}
+        metrics = {
+            "count": count,
+            "header": str(arrays["header"].tolist()),
+            "process_age_s": process_age_s(),
+            "pid": os.getpid(),
+        }
         return upload, metrics, {"count": np.array([count], dtype=np.int64)}
 
 
