@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
 from types import SimpleNamespace
 
@@ -58,7 +60,7 @@ def test_simulation_rounds_keep_bits_and_client_state_and_go_on_past_a_failing_c
     )
     simulate(run_config, num_cpus=2)
     *rounds, end = toy.read_records(tmp_path / "records.jsonl")
-    assert [r["round"] for r in rounds] == [1, 2, 3] and end["finished"], f"3 rounds then finish: {rounds + [end]}"
+    assert [r["round"] for r in rounds] == [1, 2, 3] and end["finished"], f"3 rounds then finish: {[*rounds, end]}"
     assert set(rounds[0]["replies"]) == set(rounds[2]["replies"]) == {"a", "b", "c"}, "rounds 1 and 3 hear every node"
     assert set(rounds[1]["replies"]) == {"a", "c"}, "round 2 goes on without the failing client"
     assert "b: RuntimeError: toy failure of b in round 2" in rounds[1]["failures"]["b"], rounds[1]["failures"]
@@ -97,8 +99,9 @@ def test_simulation_checks_its_arguments_before_starting(toy_run_config):
     [("bad_input", True), ("fail", False)],
     ids=["bad input: one line naming the file", "a bug: with its traceback"],
 )
+@pytest.mark.parametrize("node_worker", [False, True], ids=["in process", "in the node's worker"])
 def test_a_failing_client_replies_with_an_error_and_logs_bad_input_in_one_line(
-    toy_run_config, caplog, failure, one_line
+    toy_run_config, toy_pythonpath, caplog, monkeypatch, failure, one_line, node_worker
 ):
     from flwr.app import ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
 
@@ -119,8 +122,15 @@ def test_a_failing_client_replies_with_an_error_and_logs_bad_input_in_one_line(
         message_type=MessageType.TRAIN,
     )
     message = Message(RecordDict({ARRAYS: arrays, SCALARS: scalars}), metadata=metadata)
-    with caplog.at_level("INFO", logger="pretrain.federated"):
-        reply = _client_reply(message, context, {})
+    supernode = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])  # the worker's watch
+    monkeypatch.setenv("PYTHONPATH", toy_pythonpath)
+    monkeypatch.setattr("pretrain.federated.flower.os.getppid", lambda: supernode.pid)
+    try:
+        with caplog.at_level("INFO", logger="pretrain.federated"):
+            reply = _client_reply(message, context, {}, node_worker)
+    finally:
+        supernode.kill()
+        supernode.wait()
     assert reply.has_error(), "the failure travels back as an error reply"
     expected = "b: GeoFMError: data/b/scene_000.tif" if one_line else "b: RuntimeError: toy failure of b in round 1"
     assert reply.error.reason.startswith(expected), reply.error.reason
@@ -134,26 +144,23 @@ class _GridWithADeadNode:
 
     SUPERLINK = 1
 
-    def __init__(self) -> None:
-        self.timeouts = []
+    def push_messages(self, messages):
+        self.sent = {f"m{number}": message for number, message in enumerate(messages)}
+        return list(self.sent)
 
-    def send_and_receive(self, messages, timeout):
-        self.timeouts.append(timeout)
-        for number, message in enumerate(messages):
-            message.metadata.__dict__["_message_id"] = f"m{number}"  # as a grid does when it pushes
-
-        def reply(message, src, error=None, content=None):
-            metadata = SimpleNamespace(src_node_id=src, reply_to_message_id=message.metadata.message_id)
+    def pull_messages(self, message_ids):
+        def reply(message_id, src, error=None, content=None):
+            metadata = SimpleNamespace(src_node_id=src, reply_to_message_id=message_id)
             return SimpleNamespace(metadata=metadata, error=error, content=content, has_error=lambda: error is not None)
 
-        by_node = {m.metadata.dst_node_id: m for m in messages}
+        by_node = {m.metadata.dst_node_id: message_id for message_id, m in self.sent.items()}
         gone = SimpleNamespace(code=5, reason="node unavailable")
         content = {
             "arrays": to_array_record({"w": np.ones(2, np.float32)}, "reply"),
             "scalars": to_config_record({}, "reply"),
         }
-        yield reply(by_node[3], self.SUPERLINK, error=gone)
-        yield reply(by_node[2], 2, content=content)
+        replies = [reply(by_node[3], self.SUPERLINK, error=gone), reply(by_node[2], 2, content=content)]
+        return [r for r in replies if r.metadata.reply_to_message_id in message_ids]
 
 
 def test_a_node_the_superlink_reports_gone_fails_alone_and_a_silent_one_after_the_wait(monkeypatch):
@@ -163,8 +170,8 @@ def test_a_node_the_superlink_reports_gone_fails_alone_and_a_silent_one_after_th
         monkeypatch.setattr(TaskIdentity, key, value)
     transport = GridTransport(_GridWithADeadNode())
     payloads = {node: ({"w": np.zeros(2, np.float32)}, {"round": 1}) for node in (2, 3, 4)}
-    replies, failures = transport.exchange("train", 1, payloads, 30.0)
+    replies, failures = transport.exchange("train", 1, payloads, 0.5)
     assert [r.node_id for r in replies] == [2]
     reasons = {f.node_id: f.reason for f in failures}
     assert reasons[3] == "node unavailable (node unavailable)", "matched to node 3 by the message it replies to"
-    assert reasons[4].startswith("no reply (waited at most 30 s"), reasons
+    assert reasons[4].startswith("no reply (waited at most 0.5 s"), reasons
