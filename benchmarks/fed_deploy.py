@@ -7,7 +7,9 @@ whose node processes live for the run), deployed on 127.0.0.1 with TLS and Super
 worker answers every message, and deployed with a ClientApp that builds the client program in each
 message's own process (``client_app_without_worker``, how deployed nodes ran before the worker).
 The figure is the server's ``seconds`` per round from ``rounds.jsonl`` (configure to aggregate,
-both included); the first round, which starts the nodes' processes, is reported apart.
+both included); the first round, which starts the nodes' processes, is reported apart. The
+exported backbones are compared too: every mode runs with one thread per client
+(``OMP_NUM_THREADS=1``, as Ray gives each simulated node), so they should agree exactly.
 """
 
 from __future__ import annotations
@@ -107,6 +109,21 @@ def _round_seconds(run_dir: Path) -> list[float]:
     return [json.loads(line)["seconds"] for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
 
 
+def _weight_differences(folder: Path, modes: dict[str, list[float]]) -> dict[str, float]:
+    """Largest absolute difference of each deployed run's exported backbone from the simulated run's."""
+    from safetensors.torch import load_file
+
+    if "simulated" not in modes:
+        return {}
+    reference = load_file(folder / "simulated" / "backbone.safetensors")
+    differences = {}
+    for mode in modes:
+        if mode != "simulated":
+            weights = load_file(folder / mode / "backbone.safetensors")
+            differences[mode] = max(float((weights[k] - v).abs().max()) for k, v in reference.items())
+    return differences
+
+
 def run(settings: dict[str, Any]) -> Report:
     from geofm.data.demo import make_demo_archive
 
@@ -126,12 +143,14 @@ def run(settings: dict[str, Any]) -> Report:
             else:
                 _deploy(config, tree, folder, with_worker=mode == "deployed")
             seconds[mode] = _round_seconds(folder / mode)
+        differences = _weight_differences(folder, seconds)
 
     later = {mode: statistics.median(s[1:]) for mode, s in seconds.items() if len(s) > 1}
     results: dict[str, Any] = {
         "round_s": seconds,
         "first_round_s": {mode: s[0] for mode, s in seconds.items()},
         "median_later_round_s": later,
+        "max_abs_weight_difference_vs_simulated": differences,
     }
     targets = []
     if "simulated" in later:

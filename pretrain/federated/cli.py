@@ -24,6 +24,7 @@ from pretrain.federated.deploy import (
     DeploymentFiles,
     deployment_commands,
     launch_run,
+    register_nodes,
     write_deployment_files,
 )
 from pretrain.federated.runtime import CLIENT_FACTORY, CONFIG, INSTITUTIONS, SERVER_FACTORY, Scalar, config_entry
@@ -104,6 +105,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("--out", type=Path, required=True, help="folder written by geofm fed certs")
     _add_data_roots(show)
     show.set_defaults(handler=_commands)
+
+    enrol = commands.add_parser(
+        "register",
+        help="register the institutions' SuperNode keys with the SuperLink (a key already there is fine)",
+        description="Register every institution's supernodes/NAME.pub of a deployment folder with its SuperLink "
+        "(`flwr supernode register`). Idempotent: a key the SuperLink already holds counts as registered.",
+    )
+    enrol.add_argument("--deployment", type=Path, required=True, help="folder written by geofm fed certs")
+    enrol.add_argument("--institutions", type=_names, metavar="A,B,...", help="only these (default: all)")
+    enrol.set_defaults(handler=_register)
 
     launch = commands.add_parser(
         "launch",
@@ -195,6 +206,11 @@ def _certs(args: argparse.Namespace) -> None:
 
 def _commands(args: argparse.Namespace) -> None:
     _print_commands(args.out, args)
+
+
+def _register(args: argparse.Namespace) -> None:
+    for name, outcome in register_nodes(DeploymentFiles(args.deployment.resolve()), args.institutions).items():
+        print(f"{name}: {outcome}")
 
 
 def _launch(args: argparse.Namespace) -> None:

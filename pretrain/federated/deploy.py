@@ -28,6 +28,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -395,8 +396,9 @@ def deployment_commands(files: DeploymentFiles, *, data_roots: Mapping[str, str]
         "# 1. On the SuperLink machine (the installed geofm environment on PATH, flower-superexec included):",
         _line(superlink_command(files, port=port, database=files.root / "superlink-state.db"), QUIET_ENV),
         "",
-        "# 2. Operator (any machine with this folder's flwr-home): allow each institution's SuperNode key:",
-        *[_line(register_command(files.node_public_key(name), name, connection), operator_env) for name in names],
+        "# 2. Operator (any machine with this folder): allow each institution's SuperNode key (idempotent:",
+        "#    rerun it after a SuperLink restart; by hand: flwr supernode register supernodes/NAME.pub CONNECTION):",
+        _line(["geofm", "fed", "register", "--deployment", str(files.root)], {}),
         "",
         "# 3. At each institution: copy its own folder institutions/NAME/ (ca.crt and supernode.key, nothing",
         f"#    else; never offline/ca.key) from {files.root} to the same path there, then run its line",
@@ -438,7 +440,7 @@ def launch_run(files: DeploymentFiles, run_config: Mapping[str, Scalar], poll_s:
         FederatedRunError: the run could not be submitted, or did not complete.
     """
     connection, _ = files.connection()
-    env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(files.flwr_home)}
+    env = operator_env(files)
     stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
     config_file = write_run_config(files.root / "runs" / f"run_config_{stamp}.toml", run_config)
     run_id = int(flwr_json(run_command(config_file, connection), env)["run-id"])
@@ -452,6 +454,39 @@ def launch_run(files: DeploymentFiles, run_config: Mapping[str, Scalar], poll_s:
         raise FederatedRunError(f"run {run_id} ended {record['status']}: {record.get('status-details', '')}")
     print(f"run {run_id}: {record['status']}")
     return record
+
+
+def operator_env(files: DeploymentFiles) -> dict[str, str]:
+    """The environment of the operator's ``flwr`` commands: this deployment's connection, and this
+    environment's ``flwr`` first on PATH (the one installed beside geofm)."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {**os.environ, **QUIET_ENV, "FLWR_HOME": str(files.flwr_home), "PATH": path}
+
+
+def register_nodes(files: DeploymentFiles, names: Sequence[str] | None = None) -> dict[str, str]:
+    """Register institutions' SuperNode public keys with the deployment's SuperLink, idempotently.
+
+    A key the SuperLink already holds (after its restart with its database, or a second run of
+    this command) counts as registered, so the printed commands can be rerun as they are.
+
+    Returns:
+        Institution -> ``registered as node N`` or ``already registered``.
+
+    Raises:
+        FederatedRunError: a registration failed for another reason (quoting ``flwr``'s output).
+    """
+    connection, _ = files.connection()
+    env = operator_env(files)
+    outcome = {}
+    for name in names or files.institutions():
+        command = [*register_command(files.node_public_key(name), name, connection), "--format", "json"]
+        try:
+            outcome[name] = f"registered as node {flwr_json(command, env)['node-id']}"
+        except FederatedRunError as err:
+            if "already in use" not in str(err):
+                raise
+            outcome[name] = "already registered"
+    return outcome
 
 
 def flwr_json(command: list[str], env: Mapping[str, str]) -> dict:

@@ -8,7 +8,7 @@ import os
 import toy_federated_program as toy
 
 from pretrain.federated.cli import PROGRAM
-from pretrain.federated.deploy import COMPLETED
+from pretrain.federated.deploy import COMPLETED, register_nodes
 from pretrain.federated.localdeploy import LocalDeployment
 from pretrain.federated.runtime import CONFIG, config_entry
 
@@ -86,9 +86,11 @@ def test_a_supernode_killed_mid_round_without_a_timeout_leaves_the_run_to_finish
         deployment.kill("c")
         run = deployment.wait(run_id)
         log = deployment.logs(run_id)
+        again = register_nodes(deployment.files)
     assert run["status"] == COMPLETED, f"run {run_id} ended {run['status']}:\n{log}"
     *rounds, end = toy.read_records(records)
     assert [r["round"] for r in rounds] == [1, 2, 3] and end["finished"], rounds
     assert set(rounds[0]["replies"]) == {"a", "b", "c"}
     assert set(rounds[1]["replies"]) == {"a", "b"} and set(rounds[1]["failures"]) == {"c"}, rounds[1]
     assert set(rounds[2]["replies"]) == {"a", "b"}, "the dead node is no longer selected"
+    assert again == dict.fromkeys("abc", "already registered"), "registering again is harmless"
