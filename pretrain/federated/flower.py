@@ -21,9 +21,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import time
+import uuid
 import warnings
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict
@@ -33,6 +37,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from geofm.errors import ConfigError, FederatedRunError, GeoFMError
 from pretrain.federated.nodeworker import NodeWorker
+from pretrain.federated.processes import kill_marked, start_watchdog
 from pretrain.federated.runtime import (
     CLIENT_FACTORY,
     INSTITUTION,
@@ -55,6 +60,8 @@ from pretrain.federated.runtime import (
 ARRAYS = "arrays"
 SCALARS = "scalars"
 STATE_KEY = "geofm-client-state"
+SIMULATION_MARKER = "GEOFM_SIMULATION"
+"""Environment variable marking a simulation's Ray processes (see :mod:`pretrain.federated.processes`)."""
 PULL_INTERVAL_S = 0.2
 """How often the server asks the SuperLink for replies while a round runs."""
 _ERROR_NAMES = {code: name.lower().replace("_", " ") for name, code in vars(ErrorCode).items() if name.isupper()}
@@ -357,23 +364,37 @@ def simulate(
         num_nodes = len(names)
     if num_nodes < 1 or (names and len(names) != num_nodes):
         raise ConfigError(f"simulation: {num_nodes} nodes for institutions {names}; give one node per institution")
+    ray_dir = Path(tempfile.mkdtemp(prefix="geofm-ray-"))
     backend_config = {
         "client_resources": {"num_cpus": cpus_per_node, "num_gpus": gpus_per_node},
         "init_args": {
             "num_cpus": num_cpus or os.cpu_count() or 1,
             "include_dashboard": False,
             "logging_level": logging.DEBUG if verbose else logging.ERROR,
+            "_temp_dir": str(ray_dir),
         },
     }
-    with _quiet_simulation():
-        # Imported here: deployed ServerApp and ClientApp processes never need the simulation engine (a
-        # second or more of imports), and importing it logs the SQL migration notes dropped here.
-        from flwr.simulation import run_simulation
+    # Ray's processes inherit this marker: whichever way this process ends, kill -9 included, the
+    # watchdog then ends what Ray left (its agents outlive their raylet by minutes) and removes its folder.
+    token = uuid.uuid4().hex
+    os.environ[SIMULATION_MARKER] = token
+    watchdog = start_watchdog(os.getpid(), SIMULATION_MARKER, token, remove=ray_dir)
+    try:
+        with _quiet_simulation():
+            # Imported here: deployed ServerApp and ClientApp processes never need the simulation engine (a
+            # second or more of imports), and importing it logs the SQL migration notes dropped here.
+            from flwr.simulation import run_simulation
 
-        run_simulation(
-            build_server_app(config),
-            build_client_app(config),
-            num_supernodes=num_nodes,
-            backend_config=backend_config,
-            verbose_logging=verbose,
-        )
+            run_simulation(
+                build_server_app(config),
+                build_client_app(config),
+                num_supernodes=num_nodes,
+                backend_config=backend_config,
+                verbose_logging=verbose,
+            )
+    finally:
+        del os.environ[SIMULATION_MARKER]
+        kill_marked(SIMULATION_MARKER, token, exclude={os.getpid()})
+        shutil.rmtree(ray_dir, ignore_errors=True)
+        watchdog.kill()
+        watchdog.wait()

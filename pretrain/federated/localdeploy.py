@@ -45,6 +45,7 @@ from pretrain.federated.deploy import (
     write_node_keys,
     write_run_config,
 )
+from pretrain.federated.processes import marked_processes, start_time
 from pretrain.federated.runtime import DATA_ROOT, INSTITUTION, Scalar
 
 MARKER = "GEOFM_LOCAL_DEPLOYMENT"
@@ -262,24 +263,14 @@ class LocalDeployment:
 
     def process_ids(self) -> set[int]:
         """Live processes started by this deployment, directly or by its processes (zombies excluded)."""
-        marker = f"{MARKER}={self.token}".encode()
-        found = set()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                if marker in (entry / "environ").read_bytes().split(b"\0") and not _is_zombie(int(entry.name)):
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-        return found
+        return marked_processes(MARKER, self.token)
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Stop every process: SIGTERM to each process group (SuperNodes first), SIGKILL after ``grace_s``,
         then SIGKILL to any descendant still carrying this deployment's marker. Returns once every
         process seen is gone, reaped included (a zombie's environment is unreadable, so processes are
         tracked by pid and start time from the first scan on)."""
-        tracked = {pid: _start_time(pid) for pid in self.process_ids()}
+        tracked = {pid: start_time(pid) for pid in self.process_ids()}
         for process in reversed(list(self.processes.values())):
             _signal_group(process.popen, signal.SIGTERM)
         for process in reversed(list(self.processes.values())):
@@ -291,14 +282,12 @@ class LocalDeployment:
         deadline = time.monotonic() + self.safety_timeout_s
         while True:
             for pid in self.process_ids():
-                tracked.setdefault(pid, _start_time(pid))
+                tracked.setdefault(pid, start_time(pid))
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     continue
-            left = sorted(
-                pid for pid, started in tracked.items() if started is not None and _start_time(pid) == started
-            )
+            left = sorted(pid for pid, started in tracked.items() if started is not None and start_time(pid) == started)
             if not left:
                 return
             if time.monotonic() > deadline:
@@ -312,22 +301,3 @@ def _signal_group(popen: subprocess.Popen, sig: signal.Signals) -> None:
             os.killpg(popen.pid, sig)
         except ProcessLookupError:
             return
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/PID/stat`` after the command name (state first), or None once the pid is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _start_time(pid: int) -> str | None:
-    """When the process started (clock ticks since boot), telling a pid's process from a later one reusing it."""
-    fields = _stat(pid)
-    return fields[19] if fields else None
-
-
-def _is_zombie(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is None or fields[0] == "Z"

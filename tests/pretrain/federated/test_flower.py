@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import toy_federated_program as toy
+import yaml
 
 from geofm.errors import ConfigError, FederatedRunError
 from pretrain.federated.deploy import APP_DIR
@@ -175,3 +178,46 @@ def test_a_node_the_superlink_reports_gone_fails_alone_and_a_silent_one_after_th
     reasons = {f.node_id: f.reason for f in failures}
     assert reasons[3] == "node unavailable (node unavailable)", "matched to node 3 by the message it replies to"
     assert reasons[4].startswith("no reply (waited at most 0.5 s"), reasons
+
+
+def test_a_simulation_killed_with_sigkill_leaves_no_ray_process_and_no_ray_folder(tmp_path, toy_pythonpath):
+    """The watchdog ends Ray's processes (agents outlive their raylet by minutes) and removes its session folder."""
+    import signal
+    import tempfile
+    import time
+
+    from pretrain.federated.flower import SIMULATION_MARKER
+    from pretrain.federated.processes import start_time
+
+    short_tmp = Path(tempfile.mkdtemp(prefix="gt", dir="/tmp"))  # Ray's socket paths must stay short
+    out = tmp_path / "records.jsonl"
+    config = tmp_path / "toy.yaml"
+    config.write_text(yaml.safe_dump({"rounds": 3, "out": str(out), "hang": "b@2", "round_timeout_s": 600.0}))
+    factories = ["--server-factory", f"{toy.__name__}:make_server", "--client-factory", f"{toy.__name__}:make_client"]
+    command = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), *factories]
+    env = {**os.environ, "PYTHONPATH": toy_pythonpath, "TMPDIR": str(short_tmp)}
+    main = subprocess.Popen([*command, "--institutions", "a,b", "--num-cpus", "2"], env=env)
+    try:
+        hung = Path(f"{out}.hang.b")
+        while not hung.exists():  # round 2 is running: Ray and its actors are up
+            assert main.poll() is None, "the simulation ended before its second round"
+            time.sleep(0.2)
+        ray = {pid: start_time(pid) for pid in _marked_by_any(SIMULATION_MARKER)}
+        assert len(ray) >= 3, "Ray's processes carry the simulation's marker"
+        assert list(short_tmp.glob("geofm-ray-*")), "Ray keeps its session below the simulation's own folder"
+    finally:
+        main.send_signal(signal.SIGKILL)
+        main.wait()
+    while any(start_time(pid) == started for pid, started in ray.items()) or list(short_tmp.glob("geofm-ray-*")):
+        time.sleep(0.2)
+
+
+def _marked_by_any(marker: str) -> set[int]:
+    found = set()
+    for path in Path("/proc").iterdir():
+        try:
+            if path.name.isdigit() and f"{marker}=".encode() in (path / "environ").read_bytes():
+                found.add(int(path.name))
+        except OSError:
+            continue
+    return found
