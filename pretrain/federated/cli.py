@@ -19,12 +19,14 @@ from pathlib import Path
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
 from pretrain.federated.deploy import (
+    ACTIVATION_RETRY_S,
     DEFAULT_CONNECTION,
     DEFAULT_PORT,
     DeploymentFiles,
     deployment_commands,
     launch_run,
     register_nodes,
+    run_supernode,
     write_deployment_files,
 )
 from pretrain.federated.runtime import CLIENT_FACTORY, CONFIG, INSTITUTIONS, SERVER_FACTORY, Scalar, config_entry
@@ -105,6 +107,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("--out", type=Path, required=True, help="folder written by geofm fed certs")
     _add_data_roots(show)
     show.set_defaults(handler=_commands)
+
+    node = commands.add_parser(
+        "supernode",
+        help="run flower-supernode, starting it again while the SuperLink refuses its activation",
+        description="Run `flower-supernode ARGS`; while the SuperLink refuses to activate it (a node restarted "
+        "within a minute of a crash still counts as online there), start it again, for at most "
+        "--retry-activation-s seconds. Exits with flower-supernode's exit code.",
+    )
+    node.add_argument(
+        "--retry-activation-s", type=float, default=ACTIVATION_RETRY_S, help=f"default {ACTIVATION_RETRY_S:g}"
+    )
+    node.add_argument("arguments", nargs=argparse.REMAINDER, metavar="-- ARGS", help="flower-supernode's arguments")
+    node.set_defaults(handler=_supernode)
 
     enrol = commands.add_parser(
         "register",
@@ -206,6 +221,13 @@ def _certs(args: argparse.Namespace) -> None:
 
 def _commands(args: argparse.Namespace) -> None:
     _print_commands(args.out, args)
+
+
+def _supernode(args: argparse.Namespace) -> None:
+    arguments = args.arguments[1:] if args.arguments[:1] == ["--"] else args.arguments
+    code = run_supernode(arguments, args.retry_activation_s)
+    if code:
+        raise SystemExit(code)
 
 
 def _register(args: argparse.Namespace) -> None:

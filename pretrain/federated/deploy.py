@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -49,6 +50,8 @@ APP_DIR = Path(__file__).parent / "app"
 
 DEFAULT_PORT = 9093
 DEFAULT_CONNECTION = "geofm"
+ACTIVATION_RETRY_S = 120.0
+"""How long ``geofm fed supernode`` keeps starting a SuperNode the SuperLink refuses (its heartbeat patience is 60 s)."""
 QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 COMPLETED = "finished:completed"
 """Environment for every Flower process: no telemetry, no update check (machines may be offline)."""
@@ -330,11 +333,20 @@ def register_command(public_key: Path, institution: str, connection: str = DEFAU
 
 
 def supernode_command(
-    ca_cert: Path, private_key: Path, superlink_address: str, port: int, node_config: Mapping[str, Scalar]
+    ca_cert: Path,
+    private_key: Path,
+    superlink_address: str,
+    port: int,
+    node_config: Mapping[str, Scalar],
+    *,
+    retry_activation_s: float = ACTIVATION_RETRY_S,
 ) -> list[str]:
-    """``flower-supernode`` for one institution; ``port`` is its own Runtime API (ClientApp) port."""
-    return [
-        "flower-supernode",
+    """``flower-supernode`` for one institution; ``port`` is its own Runtime API (ClientApp) port.
+
+    With ``retry_activation_s``, through ``geofm fed supernode`` (:func:`run_supernode`), which
+    starts it again while the SuperLink refuses its activation for that long.
+    """
+    flower = [
         "--superlink",
         superlink_address,
         "--root-certificates",
@@ -346,6 +358,47 @@ def supernode_command(
         "--port",
         str(port),
     ]
+    if not retry_activation_s:
+        return ["flower-supernode", *flower]
+    return ["geofm", "fed", "supernode", "--retry-activation-s", f"{retry_activation_s:g}", "--", *flower]
+
+
+ACTIVATION_REFUSED = "Failed to activate SuperNode"
+
+
+def run_supernode(arguments: Sequence[str], retry_activation_s: float, pause_s: float = 5.0) -> int:
+    """Run ``flower-supernode ARGUMENTS``, starting it again while the SuperLink refuses its activation.
+
+    A SuperNode restarted within a minute of a crash is refused: the SuperLink still counts its
+    previous process as online until two heartbeats (60 s) pass without one. A key that was never
+    registered is refused the same way, so retries stop after ``retry_activation_s``.
+
+    Returns:
+        flower-supernode's exit code (that of its last start).
+    """
+    deadline = time.monotonic() + retry_activation_s
+    while True:
+        process = subprocess.Popen(
+            ["flower-supernode", *arguments], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        forward = signal.signal(signal.SIGTERM, lambda signum, frame, child=process: child.terminate())
+        refused = False
+        try:
+            for line in process.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                refused = refused or ACTIVATION_REFUSED in line
+            code = process.wait()
+        finally:
+            signal.signal(signal.SIGTERM, forward)
+        if code == 0 or not refused or time.monotonic() + pause_s > deadline:
+            return code
+        print(
+            f"# the SuperLink refused activation (a previous process of this node may count as online for up to "
+            f"60 s); starting again in {pause_s:g} s",
+            flush=True,
+        )
+        time.sleep(pause_s)
 
 
 def run_command(

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from geofm.errors import FederatedRunError
 from pretrain.federated.deploy import (
+    ACTIVATION_RETRY_S,
     APP_DIR,
     DEFAULT_CONNECTION,
     QUIET_ENV,
@@ -189,14 +190,17 @@ class LocalDeployment:
         self.node_ids[institution] = int(answer["node-id"])
         return self.node_ids[institution]
 
-    def start_supernode(self, institution: str) -> Process:
-        """Start an institution's SuperNode on its own port and Flower home (writing its key pair if it has none)."""
+    def start_supernode(self, institution: str, retry_activation_s: float = ACTIVATION_RETRY_S) -> Process:
+        """Start an institution's SuperNode on its own port and Flower home (writing its key pair if it has none),
+        through ``geofm fed supernode`` as printed for institutions (``retry_activation_s=0``: plain flower-supernode)."""
         if not self.files.node_key(institution).exists():
             write_node_keys(self.files, institution)
         data_root = self.data_roots.get(institution, str(self.root / "data" / institution))
         node_config = {INSTITUTION: institution, DATA_ROOT: data_root}
         key = self.files.node_key(institution)
-        command = supernode_command(self.files.ca_cert, key, self.address, free_port(), node_config)
+        command = supernode_command(
+            self.files.ca_cert, key, self.address, free_port(), node_config, retry_activation_s=retry_activation_s
+        )
         return self._spawn(institution, command)
 
     def wait_for_log(self, name: str, text: str) -> None:

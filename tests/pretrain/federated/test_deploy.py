@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import shlex
 import subprocess
 import tomllib
@@ -17,7 +18,12 @@ from flwr.common.config import parse_config_args
 
 from geofm.errors import ConfigError
 from pretrain.federated.cli import program_run_config, register
-from pretrain.federated.deploy import deployment_commands, format_config_values, write_deployment_files
+from pretrain.federated.deploy import (
+    deployment_commands,
+    format_config_values,
+    run_supernode,
+    write_deployment_files,
+)
 from pretrain.federated.runtime import config_entry
 
 
@@ -83,7 +89,7 @@ def test_commands_cover_superlink_registration_supernodes_and_the_run(tmp_path):
         assert flag in superlink, f"{flag} missing from {lines[0]}"
     [register] = [shlex.split(line) for line in lines if " fed register " in line]
     assert register[register.index("--deployment") + 1] == str(files.root), "every key, idempotently"
-    nodes = [shlex.split(line) for line in lines if "flower-supernode" in line]
+    nodes = [shlex.split(line) for line in lines if " fed supernode " in line]
     assert len(nodes) == 2 and len({node[node.index("--port") + 1] for node in nodes}) == 2, "one Runtime API port each"
     configs = [parse_config_args([node[node.index("--node-config") + 1]]) for node in nodes]
     assert configs[0] == {"institution": "esa", "data-root": "/archive/esa"} and configs[1]["institution"] == "ign"
@@ -103,7 +109,7 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
     args.handler(args)
     printed = capsys.readouterr().out
     assert (out / "institutions" / "ign" / "supernode.key").exists() and "--superlink 10.1.2.3:9000" in printed
-    nodes = [line for line in printed.splitlines() if "flower-supernode" in line]
+    nodes = [line for line in printed.splitlines() if " fed supernode " in line]
     assert [shlex.split(line)[-1] for line in nodes] == ["9001", "9002"], "node ports follow --port"
     assert all('DS_ACCELERATOR="cpu"' in line for line in nodes), "client processes know their accelerator"
     args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign=/srv/ign"])
@@ -138,3 +144,23 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
         "institutions": "a,b",
         "config": config_entry({"rounds": 4, "name": "a b"}),
     }
+
+
+def test_a_supernode_the_superlink_refuses_is_started_again_for_a_bounded_time(tmp_path, monkeypatch, capfd):
+    """As after a crash: refused while its previous process still counts as online, then accepted."""
+    starts = tmp_path / "starts"
+    fake = tmp_path / "bin" / "flower-supernode"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo start >> "{starts}"\n'
+        f'if [ "$(wc -l < "{starts}")" -lt 3 ]; then echo "ERROR: Failed to activate SuperNode."; exit 1; fi\n'
+        'echo "SuperNode ID: 7 $*"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    assert run_supernode(["--superlink", "h:1"], retry_activation_s=60, pause_s=0) == 0
+    assert starts.read_text().count("start") == 3 and "SuperNode ID: 7 --superlink h:1" in capfd.readouterr().out
+    starts.unlink()
+    assert run_supernode([], retry_activation_s=0, pause_s=0) == 1, "no retry without a window: refused for good"
+    assert starts.read_text().count("start") == 1

@@ -23,7 +23,7 @@ def test_deployment_with_tls_and_node_auth_runs_rounds_keeps_state_and_refuses_u
     records = tmp_path / "records.jsonl"
     with LocalDeployment(tmp_path / "fed", ["a", "b"], env={"PYTHONPATH": toy_pythonpath}) as deployment:
         run_id = deployment.launch(toy_run_config({"rounds": 2, "min_clients": 2, "expected_clients": 2}))
-        deployment.start_supernode("intruder")
+        deployment.start_supernode("intruder", retry_activation_s=0)
         assert deployment.wait_for_exit("intruder") != 0, "a SuperNode whose key was never registered must not stay up"
         run = deployment.wait(run_id)
         assert run["status"] == COMPLETED, f"run {run_id} ended {run['status']}:\n{deployment.logs(run_id)}"
