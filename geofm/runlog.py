@@ -7,6 +7,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -29,8 +30,9 @@ class MetricsLog:
             path.write_text("".join(json.dumps(record) + "\n" for record in kept))
 
     def write(self, record: dict) -> None:
+        """Append one record as strict JSON: a NaN or infinite number is written as null."""
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
 
     def read(self) -> list[dict]:
         """The records so far; a last line cut short (a run killed while writing it) is left out.
@@ -49,6 +51,17 @@ class MetricsLog:
                 if number < len(lines) and line:
                     raise GeoFMError(f"{self.path}, line {number}: not a JSON record ({err})") from None
         return records
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None, so that it is valid JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(item) for item in value]
+    return value
 
 
 def figure(width: float, height: float):
@@ -85,30 +98,52 @@ def plot_loss_curve(records: list[dict], path: Path, title: str = "") -> None:
 
 
 def plot_rounds(records: list[dict], path: Path, title: str = "") -> None:
-    """A federated run's losses and cumulative traffic (uplink, downlink) against round, as a PNG."""
+    """A federated run's rounds as a PNG: losses with the learning rate, and bytes on the wire per round.
+
+    Bytes use a log axis, so that a compressed uplink's saving against the downlink shows. Rounds
+    where a client failed or an upload was rejected are marked, as are rounds whose update was
+    discarded (no accepted upload, or a non-finite result).
+    """
     if not records:
         return
+    from matplotlib.ticker import MaxNLocator
+
     rounds = [r["round"] for r in records]
-    fig = figure(10, 4)
+    fig = figure(11, 4)
     loss_ax, bytes_ax = fig.subplots(1, 2)
     for key in (*LOSS_KEYS, "loss_similarity"):
         values = [r.get(key) for r in records]
         if any(v is not None and v != 0 for v in values):
-            loss_ax.plot(rounds, values, label=key, linewidth=1.4, marker=".")
+            loss_ax.plot(rounds, [math.nan if v is None else v for v in values], label=key, linewidth=1.4, marker=".")
+    troubled = [r["round"] for r in records if r.get("failed") or r.get("rejected")]
+    discarded = [r["round"] for r in records if r.get("discarded") or not r.get("clients", [None])]
+    for marked, label, style in (
+        (troubled, "a client failed or was rejected", {"color": "tab:orange", "alpha": 0.25}),
+        (discarded, "no update applied", {"color": "tab:red", "alpha": 0.4}),
+    ):
+        for number, rnd in enumerate(marked):
+            loss_ax.axvspan(rnd - 0.4, rnd + 0.4, label=label if not number else None, linewidth=0, **style)
     loss_ax.set_xlabel("round")
     loss_ax.set_ylabel("loss (clients' mean; server distillation)")
     loss_ax.grid(alpha=0.3)
-    loss_ax.legend(fontsize=8)
+    if any("lr" in r for r in records):
+        lr_ax = loss_ax.twinx()
+        lr_ax.plot(rounds, [r.get("lr", math.nan) for r in records], color="grey", linestyle=":", label="lr")
+        lr_ax.set_ylabel("learning rate", color="grey")
+        handles = loss_ax.get_legend_handles_labels()[0] + lr_ax.get_legend_handles_labels()[0]
+    else:
+        handles = loss_ax.get_legend_handles_labels()[0]
+    loss_ax.legend(handles, [h.get_label() for h in handles], fontsize=8)
     for key, label in (("uplink_bytes", "uplink"), ("downlink_bytes", "downlink")):
-        total, cumulative = 0, []
-        for r in records:
-            total += r.get(key, 0)
-            cumulative.append(total / 2**20)
-        bytes_ax.plot(rounds, cumulative, label=label, linewidth=1.4, marker=".")
+        values = [r.get(key) or math.nan for r in records]
+        bytes_ax.plot(rounds, values, label=label, linewidth=1.4, marker=".")
+    bytes_ax.set_yscale("log")
     bytes_ax.set_xlabel("round")
-    bytes_ax.set_ylabel("cumulative MiB on the wire")
-    bytes_ax.grid(alpha=0.3)
+    bytes_ax.set_ylabel("bytes on the wire per round (all clients)")
+    bytes_ax.grid(alpha=0.3, which="both")
     bytes_ax.legend(fontsize=8)
+    for ax in (loss_ax, bytes_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
@@ -207,4 +242,5 @@ def final_metrics(records: list[dict]) -> dict | None:
 
 
 def is_finite(record: dict) -> bool:
-    return all(math.isfinite(record[k]) for k in LOSS_KEYS if k in record)
+    """Whether every loss the record holds is a finite number (a null loss, written for NaN, is not)."""
+    return all(record[k] is not None and math.isfinite(record[k]) for k in LOSS_KEYS if k in record)

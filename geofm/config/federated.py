@@ -98,6 +98,18 @@ class AlgorithmConfig(Section):
     norm_factor: float = Field(
         default=10.0, gt=1.0, description="reject uploads above this multiple of the median norm"
     )
+    norm_history_rounds: int = Field(
+        default=5,
+        ge=1,
+        description="rounds of accepted update norms the server keeps as the norm rule's reference "
+        "when a round has fewer than three uploads",
+    )
+    examples_factor: float | None = Field(
+        default=10.0,
+        ge=1.0,
+        description="a client's weight counts at most this multiple of the median example count of the "
+        "round's other uploads; null: weights as claimed",
+    )
 
     @model_validator(mode="after")
     def _check_components(self) -> AlgorithmConfig:
@@ -135,10 +147,23 @@ class FederationConfig(Section):
     public_sources: list[str] = Field(default_factory=list, description="source names held by the server only")
     fraction: float = Field(default=1.0, gt=0.0, le=1.0, description="share of the clients selected each round")
     min_clients: int = Field(default=1, gt=0, description="fewest replies a round needs")
-    round_timeout_s: float | None = Field(default=None, gt=0.0, description="null: wait for every selected client")
+    round_timeout_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="the longest a round waits for replies; null: derived from the observed round times",
+    )
     connect_timeout_s: float = Field(default=600.0, gt=0.0, description="how long to wait for the clients to connect")
     round_retries: int = Field(default=2, ge=0, description="attempts after a round below min_clients")
-    stop_after_rounds: int | None = Field(default=None, gt=0, description="end this invocation early; a rerun resumes")
+    stop_after_rounds: int | None = Field(
+        default=None,
+        gt=0,
+        description="run at most this many rounds in one invocation, counted from where it resumes "
+        "(as run.stop_after_steps counts steps); a rerun continues",
+    )
+    declared_examples: dict[str, int] = Field(
+        default_factory=dict,
+        description="institution -> the most training examples it may claim; a larger claim is weighted as this",
+    )
 
 
 class FederatedConfig(ProgramConfig):
@@ -171,6 +196,11 @@ class FederatedConfig(ProgramConfig):
             raise ValueError(f"federation.partition {fed.partition} needs federation.clients")
         if fed.min_clients > self.num_clients:
             raise ValueError(f"federation.min_clients {fed.min_clients} exceeds the {self.num_clients} clients")
+        undeclared = sorted(set(fed.declared_examples) - set(self.client_names))
+        if undeclared:
+            raise ValueError(
+                f"federation.declared_examples names {undeclared}, not clients of this run {self.client_names}"
+            )
         if self.algorithm.distill_steps and not fed.public_sources:
             raise ValueError("algorithm.distill_steps needs a public source for the server (federation.public_sources)")
         return self

@@ -78,7 +78,9 @@ class FedAvg:
 
     name = "fedavg"
 
-    def __init__(self, cfg: AlgorithmConfig, num_values: int) -> None:
+    def __init__(
+        self, cfg: AlgorithmConfig, num_values: int, declared_examples: Mapping[str, int] | None = None
+    ) -> None:
         self.cfg = cfg
         self.num_values = num_values
         up = cfg.uplink
@@ -89,7 +91,13 @@ class FedAvg:
             guard_factor=up.feedback_guard,
         )
         self.downlink_codec = codec_of(cfg.downlink)
-        self.rules = UploadRules(num_values=num_values, bits=up.bits, norm_factor=cfg.norm_factor)
+        self.rules = UploadRules(
+            num_values=num_values,
+            bits=up.bits,
+            norm_factor=cfg.norm_factor,
+            examples_factor=cfg.examples_factor,
+            declared_examples=declared_examples or {},
+        )
 
     # ---- client side ---------------------------------------------------------------------
     def local_hooks(self, params: Sequence[Tensor], anchor: Sequence[Tensor]) -> LocalHooks:
@@ -115,9 +123,9 @@ class FedAvg:
         return packet, report, feedback.to_arrays()
 
     # ---- server side ---------------------------------------------------------------------
-    def screen(self, uploads: Sequence[Upload]) -> RoundAggregate:
-        """Decode, screen and average the round's uploads by their example counts."""
-        return aggregate_uploads(uploads, self.rules)
+    def screen(self, uploads: Sequence[Upload], recent_norms: Sequence[float] = ()) -> RoundAggregate:
+        """Decode, screen and average the round's uploads by their bounded example counts."""
+        return aggregate_uploads(uploads, self.rules, recent_norms)
 
     def server_update(self, model: Tensor, aggregate: RoundAggregate, refine: Refiner | None) -> ServerRound:
         """The next global model: ``Theta + sum_i w_i delta_i``."""
@@ -186,9 +194,11 @@ class FedSense(FedProx):
 ALGORITHMS: dict[str, type[FedAvg]] = {cls.name: cls for cls in (FedAvg, FedProx, FedSense)}
 
 
-def build_algorithm(cfg: AlgorithmConfig, num_values: int) -> FedAvg:
+def build_algorithm(
+    cfg: AlgorithmConfig, num_values: int, declared_examples: Mapping[str, int] | None = None
+) -> FedAvg:
     """The algorithm ``cfg.name`` names."""
-    return ALGORITHMS[cfg.name](cfg, num_values)
+    return ALGORITHMS[cfg.name](cfg, num_values, declared_examples)
 
 
 __all__ = [

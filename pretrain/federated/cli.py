@@ -19,11 +19,14 @@ from pathlib import Path
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
 from pretrain.federated.deploy import (
+    ACTIVATION_RETRY_S,
     DEFAULT_CONNECTION,
     DEFAULT_PORT,
     DeploymentFiles,
     deployment_commands,
     launch_run,
+    register_nodes,
+    run_supernode,
     write_deployment_files,
 )
 from pretrain.federated.runtime import CLIENT_FACTORY, CONFIG, INSTITUTIONS, SERVER_FACTORY, Scalar, config_entry
@@ -37,7 +40,7 @@ EXAMPLES = """\
 examples:
   geofm fed simulate --config configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml
   geofm fed simulate --config configs/federated/fedavg_swin_tiny__10clients__100rounds.yaml federation.rounds=5
-  geofm fed certs --out deploy --institutions naip,sentinel2,aerial_fr --host superlink.example.org
+  geofm fed certs --out ~/geofm-deployment --institutions naip,sentinel2,aerial_fr --host superlink.example.org
   geofm fed launch --deployment deploy --config configs/federated/fedsense_swin_tiny__10clients__100rounds.yaml
 
 Rerunning the same config resumes from the server's last checkpoint.
@@ -80,9 +83,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     certs = commands.add_parser(
         "certs",
         help="write a deployment's CA, SuperLink certificate, SuperNode keys and CLI connection; print its commands",
-        description="Write into OUT: ca.crt/ca.key, superlink.crt/superlink.key (SAN: HOST, localhost, 127.0.0.1), "
-        "supernodes/NAME.key/.pub (EC P-384, OpenSSH) per institution and flwr-home/config.toml; then print every "
-        "command of the deployment.",
+        description="Write into OUT (outside any git work tree, or ignored by git): ca.crt, offline/ca.key, "
+        "superlink.crt/superlink.key (SAN: HOST, localhost, 127.0.0.1), per institution supernodes/NAME.pub and "
+        "institutions/NAME/ (ca.crt and its SuperNode's private key, EC P-384, OpenSSH: the folder to hand to "
+        "NAME) and flwr-home/config.toml; then print every command of the deployment.",
     )
     certs.add_argument("--out", type=Path, required=True, help="output folder")
     certs.add_argument(
@@ -103,6 +107,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("--out", type=Path, required=True, help="folder written by geofm fed certs")
     _add_data_roots(show)
     show.set_defaults(handler=_commands)
+
+    node = commands.add_parser(
+        "supernode",
+        help="run flower-supernode, starting it again while the SuperLink refuses its activation",
+        description="Run `flower-supernode ARGS`; while the SuperLink refuses to activate it (a node restarted "
+        "within a minute of a crash still counts as online there), start it again, for at most "
+        "--retry-activation-s seconds. Exits with flower-supernode's exit code.",
+    )
+    node.add_argument(
+        "--retry-activation-s", type=float, default=ACTIVATION_RETRY_S, help=f"default {ACTIVATION_RETRY_S:g}"
+    )
+    node.add_argument("arguments", nargs=argparse.REMAINDER, metavar="-- ARGS", help="flower-supernode's arguments")
+    node.set_defaults(handler=_supernode)
+
+    enrol = commands.add_parser(
+        "register",
+        help="register the institutions' SuperNode keys with the SuperLink (a key already there is fine)",
+        description="Register every institution's supernodes/NAME.pub of a deployment folder with its SuperLink "
+        "(`flwr supernode register`). Idempotent: a key the SuperLink already holds counts as registered.",
+    )
+    enrol.add_argument("--deployment", type=Path, required=True, help="folder written by geofm fed certs")
+    enrol.add_argument("--institutions", type=_names, metavar="A,B,...", help="only these (default: all)")
+    enrol.set_defaults(handler=_register)
 
     launch = commands.add_parser(
         "launch",
@@ -185,12 +212,27 @@ def _certs(args: argparse.Namespace) -> None:
     files = write_deployment_files(
         args.out, args.institutions, args.host, port=args.port, connection=args.connection, valid_days=args.valid_days
     )
-    print(f"# wrote {files.root}: ca.crt, superlink.crt/.key, supernodes/*.key/.pub, flwr-home/config.toml\n")
+    print(
+        f"# wrote {files.root}: ca.crt, offline/ca.key (keep offline), superlink.crt/.key, supernodes/*.pub, "
+        "institutions/*/ (one folder to hand to each institution), flwr-home/config.toml\n"
+    )
     _print_commands(files.root, args)
 
 
 def _commands(args: argparse.Namespace) -> None:
     _print_commands(args.out, args)
+
+
+def _supernode(args: argparse.Namespace) -> None:
+    arguments = args.arguments[1:] if args.arguments[:1] == ["--"] else args.arguments
+    code = run_supernode(arguments, args.retry_activation_s)
+    if code:
+        raise SystemExit(code)
+
+
+def _register(args: argparse.Namespace) -> None:
+    for name, outcome in register_nodes(DeploymentFiles(args.deployment.resolve()), args.institutions).items():
+        print(f"{name}: {outcome}")
 
 
 def _launch(args: argparse.Namespace) -> None:

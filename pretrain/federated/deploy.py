@@ -7,11 +7,15 @@ institution in OpenSSH format (SuperNode authentication) and the Flower CLI's co
 deployment; the same argument lists start the processes of
 :class:`~pretrain.federated.localdeploy.LocalDeployment`.
 
-Layout of the output folder::
+Layout of the output folder, which must lie outside any git work tree (or be ignored by git), so
+that no ``git add -A`` publishes a private key::
 
-    ca.crt, ca.key                  certificate authority (keep ca.key offline)
-    superlink.crt, superlink.key    the SuperLink's TLS certificate (SAN: host, localhost, 127.0.0.1)
-    supernodes/NAME.key, NAME.pub   each institution's SuperNode key pair (give NAME.key to NAME only)
+    ca.crt                          the certificate authority's certificate (public)
+    offline/ca.key                  the CA's private key: only for issuing new certificates; keep it offline
+    superlink.crt, superlink.key    the SuperLink's TLS certificate and key (SAN: host, localhost, 127.0.0.1)
+    supernodes/NAME.pub             each institution's SuperNode public key, registered by the operator
+    institutions/NAME/              what goes to institution NAME, and to no one else:
+        ca.crt, supernode.key       the CA certificate and its SuperNode's private key
     flwr-home/config.toml           the operator's `flwr` connection, used with FLWR_HOME=flwr-home
 """
 
@@ -23,7 +27,9 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
+import sys
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -44,7 +50,8 @@ APP_DIR = Path(__file__).parent / "app"
 
 DEFAULT_PORT = 9093
 DEFAULT_CONNECTION = "geofm"
-SUPERNODE_BASE_PORT = 9094
+ACTIVATION_RETRY_S = 120.0
+"""How long ``geofm fed supernode`` keeps starting a SuperNode the SuperLink refuses (its heartbeat patience is 60 s)."""
 QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 COMPLETED = "finished:completed"
 """Environment for every Flower process: no telemetry, no update check (machines may be offline)."""
@@ -64,7 +71,7 @@ class DeploymentFiles:
 
     @property
     def ca_key(self) -> Path:
-        return self.root / "ca.key"
+        return self.root / "offline" / "ca.key"
 
     @property
     def superlink_cert(self) -> Path:
@@ -79,9 +86,13 @@ class DeploymentFiles:
         """FLWR_HOME of the operator's ``flwr`` CLI: holds ``config.toml`` with the connection."""
         return self.root / "flwr-home"
 
+    def handover(self, institution: str) -> Path:
+        """The folder to hand to one institution: the CA certificate and its SuperNode's private key."""
+        return self.root / "institutions" / institution
+
     def node_key(self, institution: str) -> Path:
         """An institution's SuperNode private key (OpenSSH format)."""
-        return self.root / "supernodes" / f"{institution}.key"
+        return self.handover(institution) / "supernode.key"
 
     def node_public_key(self, institution: str) -> Path:
         """An institution's SuperNode public key, registered with ``flwr supernode register``."""
@@ -110,6 +121,29 @@ def check_institutions(names: Sequence[str]) -> list[str]:
             f"(not starting with '.', '_' or '-'){'; invalid: ' + str(bad) if bad else ''}"
         )
     return list(names)
+
+
+def check_outside_git(folder: Path) -> None:
+    """Refuse a folder for private keys inside a git work tree, unless git ignores it.
+
+    Raises:
+        ConfigError: ``folder`` lies in a repository's work tree and is not ignored.
+    """
+    probe = folder
+    while not probe.exists():
+        probe = probe.parent
+    inside = subprocess.run(
+        ["git", "-C", str(probe), "rev-parse", "--show-toplevel"], check=False, capture_output=True, text=True
+    )
+    if inside.returncode != 0:
+        return  # not a work tree, or no git on this machine
+    ignored = subprocess.run(["git", "-C", str(probe), "check-ignore", "-q", f"{folder}/"], check=False)
+    if ignored.returncode != 0:
+        raise ConfigError(
+            f"{folder} lies in the git work tree {inside.stdout.strip()} and is not ignored: the private keys "
+            "written there would be published by the next `git add -A`. Choose a folder outside the repository "
+            "(e.g. ~/geofm-deployment) or add it to .gitignore first."
+        )
 
 
 def _subject(common_name: str) -> x509.Name:
@@ -205,6 +239,8 @@ def write_node_keys(files: DeploymentFiles, institution: str) -> None:
     private = key.private_bytes(encoding.PEM, serialization.PrivateFormat.OpenSSH, no_password)
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     _write_private(files.node_key(institution), private)
+    (files.handover(institution) / files.ca_cert.name).write_bytes(files.ca_cert.read_bytes())
+    files.node_public_key(institution).parent.mkdir(parents=True, exist_ok=True)
     files.node_public_key(institution).write_bytes(public + f" geofm-{institution}\n".encode())
 
 
@@ -243,6 +279,7 @@ def write_deployment_files(
     """
     names = check_institutions(institutions)
     files = DeploymentFiles(Path(out_dir).resolve())
+    check_outside_git(files.root)
     write_certificates(files, server_host, valid_days)
     for name in names:
         write_node_keys(files, name)
@@ -296,11 +333,20 @@ def register_command(public_key: Path, institution: str, connection: str = DEFAU
 
 
 def supernode_command(
-    ca_cert: Path, private_key: Path, superlink_address: str, port: int, node_config: Mapping[str, Scalar]
+    ca_cert: Path,
+    private_key: Path,
+    superlink_address: str,
+    port: int,
+    node_config: Mapping[str, Scalar],
+    *,
+    retry_activation_s: float = ACTIVATION_RETRY_S,
 ) -> list[str]:
-    """``flower-supernode`` for one institution; ``port`` is its own Runtime API (ClientApp) port."""
-    return [
-        "flower-supernode",
+    """``flower-supernode`` for one institution; ``port`` is its own Runtime API (ClientApp) port.
+
+    With ``retry_activation_s``, through ``geofm fed supernode`` (:func:`run_supernode`), which
+    starts it again while the SuperLink refuses its activation for that long.
+    """
+    flower = [
         "--superlink",
         superlink_address,
         "--root-certificates",
@@ -312,6 +358,47 @@ def supernode_command(
         "--port",
         str(port),
     ]
+    if not retry_activation_s:
+        return ["flower-supernode", *flower]
+    return ["geofm", "fed", "supernode", "--retry-activation-s", f"{retry_activation_s:g}", "--", *flower]
+
+
+ACTIVATION_REFUSED = "Failed to activate SuperNode"
+
+
+def run_supernode(arguments: Sequence[str], retry_activation_s: float, pause_s: float = 5.0) -> int:
+    """Run ``flower-supernode ARGUMENTS``, starting it again while the SuperLink refuses its activation.
+
+    A SuperNode restarted within a minute of a crash is refused: the SuperLink still counts its
+    previous process as online until two heartbeats (60 s) pass without one. A key that was never
+    registered is refused the same way, so retries stop after ``retry_activation_s``.
+
+    Returns:
+        flower-supernode's exit code (that of its last start).
+    """
+    deadline = time.monotonic() + retry_activation_s
+    while True:
+        process = subprocess.Popen(
+            ["flower-supernode", *arguments], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        forward = signal.signal(signal.SIGTERM, lambda signum, frame, child=process: child.terminate())
+        refused = False
+        try:
+            for line in process.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                refused = refused or ACTIVATION_REFUSED in line
+            code = process.wait()
+        finally:
+            signal.signal(signal.SIGTERM, forward)
+        if code == 0 or not refused or time.monotonic() + pause_s > deadline:
+            return code
+        print(
+            f"# the SuperLink refused activation (a previous process of this node may count as online for up to "
+            f"60 s); starting again in {pause_s:g} s",
+            flush=True,
+        )
+        time.sleep(pause_s)
 
 
 def run_command(
@@ -362,20 +449,24 @@ def deployment_commands(files: DeploymentFiles, *, data_roots: Mapping[str, str]
         "# 1. On the SuperLink machine (the installed geofm environment on PATH, flower-superexec included):",
         _line(superlink_command(files, port=port, database=files.root / "superlink-state.db"), QUIET_ENV),
         "",
-        "# 2. Operator (any machine with this folder's flwr-home): allow each institution's SuperNode key:",
-        *[_line(register_command(files.node_public_key(name), name, connection), operator_env) for name in names],
+        "# 2. Operator (any machine with this folder): allow each institution's SuperNode key (idempotent:",
+        "#    rerun it after a SuperLink restart; by hand: flwr supernode register supernodes/NAME.pub CONNECTION):",
+        _line(["geofm", "fed", "register", "--deployment", str(files.root)], {}),
         "",
-        "# 3. At each institution (copy ca.crt and that institution's supernodes/NAME.key there first;",
-        "#    SuperNodes sharing a machine need their own --port and FLWR_HOME):",
+        "# 3. At each institution: copy its own folder institutions/NAME/ (ca.crt and supernode.key, nothing",
+        f"#    else; never offline/ca.key) from {files.root} to the same path there, then run its line",
+        "#    (SuperNodes sharing a machine need their own --port and FLWR_HOME; on a GPU machine set",
+        "#    DS_ACCELERATOR=cuda instead of cpu):",
     ]
     for index, name in enumerate(names):
         root = (data_roots or {}).get(name, f"/path/to/{name}/data")
-        node_env = {**QUIET_ENV, "FLWR_HOME": f"$HOME/.flwr-geofm-{name}"}
+        node_env = {**QUIET_ENV, "DS_ACCELERATOR": "cpu", "FLWR_HOME": f"$HOME/.flwr-geofm-{name}"}
+        lines.append(f"# {name}: hand over {files.handover(name)}/")
         command = supernode_command(
-            files.ca_cert,
+            files.handover(name) / files.ca_cert.name,
             files.node_key(name),
             address,
-            SUPERNODE_BASE_PORT + index,
+            port + 1 + index,  # each SuperNode's ClientApp port, after the SuperLink's
             {INSTITUTION: name, DATA_ROOT: root},
         )
         lines.append(_line(command, node_env))
@@ -402,12 +493,12 @@ def launch_run(files: DeploymentFiles, run_config: Mapping[str, Scalar], poll_s:
         FederatedRunError: the run could not be submitted, or did not complete.
     """
     connection, _ = files.connection()
-    env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(files.flwr_home)}
+    env = operator_env(files)
     stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
     config_file = write_run_config(files.root / "runs" / f"run_config_{stamp}.toml", run_config)
     run_id = int(flwr_json(run_command(config_file, connection), env)["run-id"])
     print(f"run {run_id} submitted; following its log (Ctrl-C stops following, not the run)", flush=True)
-    subprocess.run(["flwr", "log", str(run_id), connection, "--stream"], env=env, stdin=subprocess.DEVNULL)
+    subprocess.run(["flwr", "log", str(run_id), connection, "--stream"], check=False, env=env, stdin=subprocess.DEVNULL)
     while not (record := flwr_json(status_command(run_id, connection), env)["runs"][0])["status"].startswith(
         "finished"
     ):
@@ -418,9 +509,44 @@ def launch_run(files: DeploymentFiles, run_config: Mapping[str, Scalar], poll_s:
     return record
 
 
+def operator_env(files: DeploymentFiles) -> dict[str, str]:
+    """The environment of the operator's ``flwr`` commands: this deployment's connection, and this
+    environment's ``flwr`` first on PATH (the one installed beside geofm)."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {**os.environ, **QUIET_ENV, "FLWR_HOME": str(files.flwr_home), "PATH": path}
+
+
+def register_nodes(files: DeploymentFiles, names: Sequence[str] | None = None) -> dict[str, str]:
+    """Register institutions' SuperNode public keys with the deployment's SuperLink, idempotently.
+
+    A key the SuperLink already holds (after its restart with its database, or a second run of
+    this command) counts as registered, so the printed commands can be rerun as they are.
+
+    Returns:
+        Institution -> ``registered as node N`` or ``already registered``.
+
+    Raises:
+        FederatedRunError: a registration failed for another reason (quoting ``flwr``'s output).
+    """
+    connection, _ = files.connection()
+    env = operator_env(files)
+    outcome = {}
+    for name in names or files.institutions():
+        command = [*register_command(files.node_public_key(name), name, connection), "--format", "json"]
+        try:
+            outcome[name] = f"registered as node {flwr_json(command, env)['node-id']}"
+        except FederatedRunError as err:
+            if "already in use" not in str(err):
+                raise
+            outcome[name] = "already registered"
+    return outcome
+
+
 def flwr_json(command: list[str], env: Mapping[str, str]) -> dict:
     """Run a ``flwr`` command that prints JSON; a failure is an error quoting its output."""
-    result = subprocess.run(command, env=dict(env), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        command, check=False, env=dict(env), capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
     try:
         answer = json.loads(result.stdout)
     except ValueError:

@@ -21,8 +21,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
+import time
+import uuid
 import warnings
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict
@@ -31,6 +36,8 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from geofm.errors import ConfigError, FederatedRunError, GeoFMError
+from pretrain.federated.nodeworker import NodeWorker
+from pretrain.federated.processes import kill_marked, start_watchdog
 from pretrain.federated.runtime import (
     CLIENT_FACTORY,
     INSTITUTION,
@@ -53,6 +60,10 @@ from pretrain.federated.runtime import (
 ARRAYS = "arrays"
 SCALARS = "scalars"
 STATE_KEY = "geofm-client-state"
+SIMULATION_MARKER = "GEOFM_SIMULATION"
+"""Environment variable marking a simulation's Ray processes (see :mod:`pretrain.federated.processes`)."""
+PULL_INTERVAL_S = 0.2
+"""How often the server asks the SuperLink for replies while a round runs."""
 _ERROR_NAMES = {code: name.lower().replace("_", " ") for name, code in vars(ErrorCode).items() if name.isupper()}
 
 log = logging.getLogger(__name__)
@@ -106,9 +117,13 @@ class GridTransport:
         return sorted(self.grid.get_node_ids())
 
     def exchange(
-        self, kind: str, rnd: int, payloads: dict[int, Payload], timeout_s: float | None
+        self, kind: str, rnd: int, payloads: dict[int, Payload], timeout_s: float
     ) -> tuple[list[Reply], list[Failure]]:
-        """Send ``query`` or ``train`` messages and collect replies; error replies and silence become Failures."""
+        """Send ``query`` or ``train`` messages and collect replies; error replies and silence become Failures.
+
+        A node that dies mid-round never replies: its message expires after ``timeout_s`` (or the
+        SuperLink reports it unreachable sooner) and the round closes with the nodes that answered.
+        """
         if not payloads:
             return [], []
         message_type = MessageType.TRAIN if kind == "train" else MessageType.QUERY
@@ -125,10 +140,7 @@ class GridTransport:
         replies: list[Reply] = []
         failures: list[Failure] = []
         answered: set[int] = set()
-        for message in self.grid.send_and_receive(messages, timeout=timeout_s):
-            node = message.metadata.src_node_id
-            if node not in payloads or node in answered:
-                continue
+        for node, message in self._send_and_receive(messages, list(payloads), timeout_s):
             answered.add(node)
             if message.has_error():
                 code = _ERROR_NAMES.get(message.error.code, str(message.error.code))
@@ -136,24 +148,56 @@ class GridTransport:
             else:
                 content = message.content
                 replies.append(Reply(node, from_array_record(content[ARRAYS]), dict(content[SCALARS])))
-        failures += [Failure(node, f"no reply within {timeout_s:g} s") for node in payloads if node not in answered]
+        silent = [node for node in payloads if node not in answered]
+        failures += [
+            Failure(node, f"no reply (waited at most {timeout_s:g} s: the node is gone or too slow)") for node in silent
+        ]
         return replies, failures
+
+    def _send_and_receive(
+        self, messages: list[Message], nodes: list[int], timeout_s: float
+    ) -> Iterator[tuple[int, Message]]:
+        """Push the messages and pull replies every :data:`PULL_INTERVAL_S` until all came or ``timeout_s`` passed.
+
+        ``Grid.send_and_receive`` pulls every 3 s, which cost every deployed round up to 3 s on top
+        of its work. Each reply is matched to its node by the message it replies to: the SuperLink
+        answers for a node it found gone with its own id as the sender.
+        """
+        ids = list(self.grid.push_messages(messages))
+        waiting = {message_id: node for message_id, node in zip(ids, nodes, strict=True) if message_id}
+        deadline = time.monotonic() + timeout_s
+        while waiting:
+            for reply in self.grid.pull_messages(list(waiting)):
+                node = waiting.pop(reply.metadata.reply_to_message_id, None)
+                if node is not None:
+                    yield node, reply
+            if waiting and time.monotonic() >= deadline:
+                return
+            if waiting:
+                time.sleep(PULL_INTERVAL_S)
 
 
 def _run_config(context: Context, bound: Mapping[str, Scalar]) -> dict[str, Scalar]:
     return {**RUN_CONFIG_DEFAULTS, **context.run_config, **bound}
 
 
+SERVER_LOG_PACKAGES = ("geofm", "pretrain", "finetune")
+"""Packages whose INFO lines a deployed server shows: the round loop's and the program's (losses, bytes, resume)."""
+
+
 def _show_round_log() -> None:
-    """Let the round loop's INFO lines reach stderr when nothing configured logging (a ``flwr-serverapp``
-    process, whose output ``flwr log`` shows); the root logger stays as it is, so Flower's own HTTP
-    client logs do not flood the run's log."""
-    logger = logging.getLogger(run_server.__module__)
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
+    """Let the run's INFO lines reach stderr when nothing configured logging (a ``flwr-serverapp``
+    process, whose output ``flwr log`` shows), as ``geofm fed simulate`` shows them; the root logger
+    stays as it is, so Flower's own HTTP client logs do not flood the run's log."""
+    if logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    for name in SERVER_LOG_PACKAGES:
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
 
 
 def _server_main(grid: Grid, context: Context, bound: Mapping[str, Scalar]) -> None:
@@ -161,8 +205,12 @@ def _server_main(grid: Grid, context: Context, bound: Mapping[str, Scalar]) -> N
     run_server(make_server_program(_run_config(context, bound)), GridTransport(grid))
 
 
-def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar]) -> Message:
+def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar], node_worker: bool) -> Message:
     """Answer a query (identity) or train message with the node's client program.
+
+    With ``node_worker`` (deployed nodes, where each message is a fresh process) the program runs
+    in the node's long-lived worker (:mod:`pretrain.federated.nodeworker`); otherwise (simulation,
+    whose node processes live for the run) in this process, built once.
 
     An exception becomes an error reply whose reason names the institution and the exception; the
     node logs it too, in one line for bad input (a :class:`~geofm.errors.GeoFMError`, whose message
@@ -174,7 +222,10 @@ def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar
     try:
         node_config = node_identity(context.node_config, run_config)
         name = node_config[INSTITUTION]
-        program = client_program(run_config, node_config)
+        if node_worker:
+            program = NodeWorker(context.run_id, run_config, node_config, supernode_pid=os.getppid())
+        else:
+            program = client_program(run_config, node_config)
         if message.metadata.message_type == MessageType.QUERY:
             return Message(_content(({}, program.identity()), "identity"), reply_to=message)
         return _train(program, message, context)
@@ -216,24 +267,31 @@ def build_server_app(run_config: Mapping[str, Scalar] | None = None) -> ServerAp
     return app
 
 
-def build_client_app(run_config: Mapping[str, Scalar] | None = None) -> ClientApp:
-    """A ClientApp answering handshakes (query) and rounds (train) with the client program of ``run_config``."""
+def build_client_app(run_config: Mapping[str, Scalar] | None = None, *, node_worker: bool = False) -> ClientApp:
+    """A ClientApp answering handshakes (query) and rounds (train) with the client program of ``run_config``.
+
+    ``node_worker``: run the program in the node's long-lived worker process (for deployed
+    SuperNodes, which start a ClientApp process per message), not in the ClientApp's process.
+    """
     bound = dict(run_config or {})
     app = ClientApp()
 
     @app.query()
     def query(message: Message, context: Context) -> Message:
-        return _client_reply(message, context, bound)
+        return _client_reply(message, context, bound, node_worker)
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
-        return _client_reply(message, context, bound)
+        return _client_reply(message, context, bound, node_worker)
 
     return app
 
 
 server_app = build_server_app()
-client_app = build_client_app()
+client_app = build_client_app(node_worker=True)  # what `flwr run` deploys
+client_app_without_worker = build_client_app()
+"""Builds the client program in each message's own process, as deployed nodes did before the worker
+(slower by the imports and the build; for comparison, ``geofm bench fed-deploy``, and debugging)."""
 
 
 class _DropRunSimulationDeprecation(logging.Filter):
@@ -306,23 +364,37 @@ def simulate(
         num_nodes = len(names)
     if num_nodes < 1 or (names and len(names) != num_nodes):
         raise ConfigError(f"simulation: {num_nodes} nodes for institutions {names}; give one node per institution")
+    ray_dir = Path(tempfile.mkdtemp(prefix="geofm-ray-"))
     backend_config = {
         "client_resources": {"num_cpus": cpus_per_node, "num_gpus": gpus_per_node},
         "init_args": {
             "num_cpus": num_cpus or os.cpu_count() or 1,
             "include_dashboard": False,
             "logging_level": logging.DEBUG if verbose else logging.ERROR,
+            "_temp_dir": str(ray_dir),
         },
     }
-    with _quiet_simulation():
-        # Imported here: deployed ServerApp and ClientApp processes never need the simulation engine (a
-        # second or more of imports), and importing it logs the SQL migration notes dropped here.
-        from flwr.simulation import run_simulation
+    # Ray's processes inherit this marker: whichever way this process ends, kill -9 included, the
+    # watchdog then ends what Ray left (its agents outlive their raylet by minutes) and removes its folder.
+    token = uuid.uuid4().hex
+    os.environ[SIMULATION_MARKER] = token
+    watchdog = start_watchdog(os.getpid(), SIMULATION_MARKER, token, remove=ray_dir)
+    try:
+        with _quiet_simulation():
+            # Imported here: deployed ServerApp and ClientApp processes never need the simulation engine (a
+            # second or more of imports), and importing it logs the SQL migration notes dropped here.
+            from flwr.simulation import run_simulation
 
-        run_simulation(
-            build_server_app(config),
-            build_client_app(config),
-            num_supernodes=num_nodes,
-            backend_config=backend_config,
-            verbose_logging=verbose,
-        )
+            run_simulation(
+                build_server_app(config),
+                build_client_app(config),
+                num_supernodes=num_nodes,
+                backend_config=backend_config,
+                verbose_logging=verbose,
+            )
+    finally:
+        del os.environ[SIMULATION_MARKER]
+        kill_marked(SIMULATION_MARKER, token, exclude={os.getpid()})
+        shutil.rmtree(ray_dir, ignore_errors=True)
+        watchdog.kill()
+        watchdog.wait()

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from geofm.errors import FederatedRunError
 from pretrain.federated.deploy import (
+    ACTIVATION_RETRY_S,
     APP_DIR,
     DEFAULT_CONNECTION,
     QUIET_ENV,
@@ -45,6 +46,7 @@ from pretrain.federated.deploy import (
     write_node_keys,
     write_run_config,
 )
+from pretrain.federated.processes import marked_processes, start_time
 from pretrain.federated.runtime import DATA_ROOT, INSTITUTION, Scalar
 
 MARKER = "GEOFM_LOCAL_DEPLOYMENT"
@@ -169,7 +171,13 @@ class LocalDeployment:
         """Run a ``flwr`` CLI command against this deployment's SuperLink."""
         env = {**self._env, "FLWR_HOME": str(self.files.flwr_home)}
         return subprocess.run(
-            command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=self.safety_timeout_s
+            command,
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=self.safety_timeout_s,
         )
 
     def _cli_json(self, command: list[str]) -> dict:
@@ -182,20 +190,33 @@ class LocalDeployment:
         self.node_ids[institution] = int(answer["node-id"])
         return self.node_ids[institution]
 
-    def start_supernode(self, institution: str) -> Process:
-        """Start an institution's SuperNode on its own port and Flower home (writing its key pair if it has none)."""
+    def start_supernode(self, institution: str, retry_activation_s: float = ACTIVATION_RETRY_S) -> Process:
+        """Start an institution's SuperNode on its own port and Flower home (writing its key pair if it has none),
+        through ``geofm fed supernode`` as printed for institutions (``retry_activation_s=0``: plain flower-supernode)."""
         if not self.files.node_key(institution).exists():
             write_node_keys(self.files, institution)
         data_root = self.data_roots.get(institution, str(self.root / "data" / institution))
         node_config = {INSTITUTION: institution, DATA_ROOT: data_root}
         key = self.files.node_key(institution)
-        command = supernode_command(self.files.ca_cert, key, self.address, free_port(), node_config)
+        command = supernode_command(
+            self.files.ca_cert, key, self.address, free_port(), node_config, retry_activation_s=retry_activation_s
+        )
         return self._spawn(institution, command)
 
     def wait_for_log(self, name: str, text: str) -> None:
         """Wait until a process has logged ``text``."""
         process = self.processes[name]
         self._await(lambda: text in process.text(), f"{name} to log {text!r}", process)
+
+    def wait_for_file(self, path: Path, name: str) -> None:
+        """Wait until ``path`` exists, failing at once if process ``name`` exits first."""
+        self._await(path.exists, f"{path} to appear", self.processes[name])
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a process and everything in its process group (a SuperNode and its ClientApp), as a crash would."""
+        process = self.processes[name]
+        _signal_group(process.popen, signal.SIGKILL)
+        process.popen.wait()
 
     def wait_for_exit(self, name: str) -> int:
         """Wait until a process has exited; returns its exit code."""
@@ -246,24 +267,14 @@ class LocalDeployment:
 
     def process_ids(self) -> set[int]:
         """Live processes started by this deployment, directly or by its processes (zombies excluded)."""
-        marker = f"{MARKER}={self.token}".encode()
-        found = set()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                if marker in (entry / "environ").read_bytes().split(b"\0") and not _is_zombie(int(entry.name)):
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-        return found
+        return marked_processes(MARKER, self.token)
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Stop every process: SIGTERM to each process group (SuperNodes first), SIGKILL after ``grace_s``,
         then SIGKILL to any descendant still carrying this deployment's marker. Returns once every
         process seen is gone, reaped included (a zombie's environment is unreadable, so processes are
         tracked by pid and start time from the first scan on)."""
-        tracked = {pid: _start_time(pid) for pid in self.process_ids()}
+        tracked = {pid: start_time(pid) for pid in self.process_ids()}
         for process in reversed(list(self.processes.values())):
             _signal_group(process.popen, signal.SIGTERM)
         for process in reversed(list(self.processes.values())):
@@ -275,14 +286,12 @@ class LocalDeployment:
         deadline = time.monotonic() + self.safety_timeout_s
         while True:
             for pid in self.process_ids():
-                tracked.setdefault(pid, _start_time(pid))
+                tracked.setdefault(pid, start_time(pid))
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     continue
-            left = sorted(
-                pid for pid, started in tracked.items() if started is not None and _start_time(pid) == started
-            )
+            left = sorted(pid for pid, started in tracked.items() if started is not None and start_time(pid) == started)
             if not left:
                 return
             if time.monotonic() > deadline:
@@ -296,22 +305,3 @@ def _signal_group(popen: subprocess.Popen, sig: signal.Signals) -> None:
             os.killpg(popen.pid, sig)
         except ProcessLookupError:
             return
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/PID/stat`` after the command name (state first), or None once the pid is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _start_time(pid: int) -> str | None:
-    """When the process started (clock ticks since boot), telling a pid's process from a later one reusing it."""
-    fields = _stat(pid)
-    return fields[19] if fields else None
-
-
-def _is_zombie(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is None or fields[0] == "Z"

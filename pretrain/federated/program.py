@@ -43,8 +43,8 @@ from geofm.config import TeacherConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile
 from geofm.data.sources import list_images
-from geofm.errors import ConfigError, DatasetNotFoundError
-from geofm.federated.aggregation import Upload
+from geofm.errors import ConfigError, DatasetNotFoundError, GeoFMError
+from geofm.federated.aggregation import RoundAggregate, Upload
 from geofm.federated.algorithms import FedAvg, build_algorithm
 from geofm.federated.codec import Packet, decode
 from geofm.federated.flat import ParameterLayout
@@ -360,7 +360,8 @@ class FederatedServer:
         self.model = build_student(cfg)
         self.layout = ParameterLayout.of(self.model)
         self.global_model = self.layout.flatten_module(self.model)
-        self.algorithm: FedAvg = build_algorithm(cfg.algorithm, self.global_model.numel())
+        self.algorithm: FedAvg = build_algorithm(cfg.algorithm, self.global_model.numel(), fed.declared_examples)
+        self.recent_norms: list[list[float]] = []  # accepted update norms of the last rounds, newest last
         self.reference: torch.Tensor | None = None  # the clients' copy under a compressed downlink
         self.synced: dict[str, int] = {}  # institution -> round of the reference it holds
         self.distill_optimizer = torch.optim.AdamW(self.model.encoder.parameters(), lr=cfg.algorithm.distill_lr)
@@ -368,6 +369,15 @@ class FederatedServer:
         self.checkpoints.start(cfg)
         stop = fed.stop_after_rounds
         self.num_rounds = fed.rounds if stop is None else min(fed.rounds, self.done + stop)
+        if self.done < self.num_rounds < fed.rounds:
+            log.info(
+                "this invocation runs rounds %d-%d of %d (federation.stop_after_rounds=%d counts from where it "
+                "resumes); rerun to continue",
+                self.done + 1,
+                self.num_rounds,
+                fed.rounds,
+                stop,
+            )
         self.rounds_log = MetricsLog(self.run_dir / ROUNDS_LOG, resume_step=self.done, key="round")
 
     # ---- plan --------------------------------------------------------------------------
@@ -414,16 +424,25 @@ class FederatedServer:
         # global model whichever client answers first.
         replies = sorted(replies, key=lambda r: self.clients[r.node_id][0])
         uploads = [Upload(self.clients[r.node_id][0], r.arrays, self.clients[r.node_id][1]) for r in replies]
-        aggregate = self.algorithm.screen(uploads)
+        aggregate = self.algorithm.screen(uploads, [norm for norms in self.recent_norms for norm in norms])
         for rejection in aggregate.rejected:
             log.warning("round %d: rejected the upload of %s: %s", rnd, rejection.client, rejection.reason)
+        for client, (claimed, counted) in aggregate.bounded.items():
+            log.warning("round %d: %s claims %d examples; weighted as %d", rnd, client, claimed, counted)
         server_metrics: dict[str, float] = {}
+        discarded = None
         if aggregate.update is not None:
             outcome = self.algorithm.server_update(self.global_model, aggregate, self._distil(rnd))
-            self.global_model, server_metrics = outcome.model, outcome.metrics
+            discarded = non_finite_model(outcome.model, aggregate)
+            if discarded is None:
+                self.global_model, server_metrics = outcome.model, outcome.metrics
+                self.recent_norms = [*self.recent_norms, [a.norm for a in aggregate.accepted]]
+                self.recent_norms = self.recent_norms[-self.cfg.algorithm.norm_history_rounds :]
+            else:
+                log.error("round %d: %s; the global model stays as it was", rnd, discarded)
         else:
             log.warning("round %d: no upload was accepted; the global model stays as it was", rnd)
-        accepted = {a.client for a in aggregate.accepted}
+        accepted = {a.client for a in aggregate.accepted} if discarded is None else set()
         if self.cfg.algorithm.downlink.bits != 32:
             for reply in replies:
                 self.synced[self.clients[reply.node_id][0]] = rnd
@@ -433,26 +452,32 @@ class FederatedServer:
         record = {
             "round": rnd,
             "clients": sorted(accepted),
-            **{key: sum(weights[c] * float(m.get(key, "nan")) for c, m in metrics.items()) for key in LOSS_KEYS},
+            **{
+                key: sum(weights[c] * float(m.get(key, "nan")) for c, m in metrics.items()) if metrics else None
+                for key in LOSS_KEYS
+            },
             **server_metrics,
             "lr": round_lr(self.cfg, rnd),
             "uplink_bytes": sum(sum(a.nbytes for a in r.arrays.values()) for r in replies),
             "downlink_bytes": self._round_downlink,
             "seconds": round(time.perf_counter() - self._round_started, 3),
             "rejected": {r.client: r.reason for r in aggregate.rejected},
+            "bounded_examples": {c: {"claimed": a, "counted": b} for c, (a, b) in aggregate.bounded.items()},
+            **({"discarded": discarded} if discarded else {}),
             "failed": {str(self.clients.get(f.node_id, (f.node_id,))[0]): f.reason for f in failures},
             "feedback_resets": {c: m["feedback_reset"] for c, m in metrics.items() if m.get("feedback_reset")},
         }
         self.rounds_log.write(record)
         for client, kind in record["feedback_resets"].items():
             log.warning("round %d: %s reset its error-feedback buffer (%s)", rnd, client, kind)
+        losses = (
+            "no update applied" if not metrics else "loss {loss:.4f} (mim {loss_mim:.4f}, distill {loss_distill:.4f})"
+        )
         log.info(
-            "round %d/%d: loss %.4f (mim %.4f, distill %.4f), %d clients, up %.1f KiB, down %.1f KiB",
+            "round %d/%d: %s, %d clients, up %.1f KiB, down %.1f KiB",
             rnd,
             self.cfg.federation.rounds,
-            record["loss"],
-            record["loss_mim"],
-            record["loss_distill"],
+            losses.format(**record),
             len(accepted),
             record["uplink_bytes"] / 1024,
             record["downlink_bytes"] / 1024,
@@ -534,6 +559,7 @@ class FederatedServer:
             "distill_optimizer": self.distill_optimizer.state_dict(),
             "reference": self.reference,
             "synced": dict(self.synced),
+            "recent_norms": self.recent_norms,
         }
         torch.save({"module": self.model.state_dict(), "server": server}, folder / DEEPSPEED_MODEL_STATES)
         self.checkpoints.commit(tag, self._progress(rnd))
@@ -564,8 +590,30 @@ class FederatedServer:
         server = saved["server"]
         self.distill_optimizer.load_state_dict(server["distill_optimizer"])
         self.reference, self.synced = server["reference"], dict(server["synced"])
+        self.recent_norms = server.get("recent_norms", [])
+        if not bool(torch.isfinite(self.global_model).all()):
+            raise GeoFMError(
+                f"{self.checkpoints.latest().resolve()} holds a global model with non-finite values; "
+                "delete that checkpoint folder to resume from the one before it"
+            )
         log.info("resumed from %s after round %d", self.checkpoints.latest().resolve(), progress.step)
         return progress.step
+
+
+def non_finite_model(model: torch.Tensor, aggregate: RoundAggregate) -> str | None:
+    """Why a round's new global model cannot be kept (it holds NaN or Inf), naming the likely culprit; None if finite.
+
+    Every accepted update is finite on its own, so the culprit is the largest one: its values,
+    added to the model (or through the server's distillation), overflowed.
+    """
+    bad = int((~torch.isfinite(model)).sum())
+    if not bad:
+        return None
+    largest = max(aggregate.accepted, key=lambda a: float(a.update.abs().max()))
+    return (
+        f"the new global model holds {bad} NaN or Inf values; the largest accepted update was "
+        f"{largest.client}'s (max |value| {float(largest.update.abs().max()):.4g}, norm {largest.norm:.4g})"
+    )
 
 
 def pooled_features(model: MaskedImageModel, images: torch.Tensor) -> torch.Tensor:

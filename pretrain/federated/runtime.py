@@ -138,7 +138,7 @@ class Transport(Protocol):
         """Nodes connected now."""
 
     def exchange(
-        self, kind: Literal["query", "train"], rnd: int, payloads: dict[int, Payload], timeout_s: float | None
+        self, kind: Literal["query", "train"], rnd: int, payloads: dict[int, Payload], timeout_s: float
     ) -> tuple[list[Reply], list[Failure]]:
         """Send each node its payload and collect replies; a node without a reply is a Failure."""
 
@@ -299,6 +299,41 @@ def run_server(
     program.finish()
 
 
+FIRST_ROUND_TIMEOUT_S = 43_200.0
+"""A round with no observed round before it waits at most this long (Flower's own message lifetime, 12 h)."""
+ROUND_TIMEOUT_FACTOR = 5.0
+"""Later rounds wait at most this multiple of the slowest of the recent complete rounds..."""
+ROUND_TIMEOUT_FLOOR_S = 600.0
+"""...and never less than this, which covers a node that joins late and must start up first."""
+
+
+class RoundTimer:
+    """How long a round waits for replies: the configured ``round_timeout_s``, or one derived from observed rounds.
+
+    Without a configured timeout, the first round of an invocation waits at most
+    :data:`FIRST_ROUND_TIMEOUT_S`; each later one at most ``ROUND_TIMEOUT_FACTOR`` times the slowest
+    of the last five rounds that every selected node answered (a round cut short by the timeout
+    says nothing about how long one takes), and at least :data:`ROUND_TIMEOUT_FLOOR_S`. Either way a
+    node that never answers fails the round's wait for it alone: the round closes with the others.
+    """
+
+    def __init__(self, configured_s: float | None) -> None:
+        self.configured_s = configured_s
+        self.complete_rounds_s: list[float] = []
+
+    def timeout_s(self) -> float:
+        if self.configured_s is not None:
+            return self.configured_s
+        if not self.complete_rounds_s:
+            return FIRST_ROUND_TIMEOUT_S
+        return max(ROUND_TIMEOUT_FLOOR_S, ROUND_TIMEOUT_FACTOR * max(self.complete_rounds_s[-5:]))
+
+    def observe(self, seconds: float, complete: bool) -> None:
+        """Record one exchange's duration; only those where every node answered shape the timeout."""
+        if complete:
+            self.complete_rounds_s.append(seconds)
+
+
 class _RoundLoop:
     """State of one server run: which nodes are registered, and how to run a round."""
 
@@ -312,6 +347,7 @@ class _RoundLoop:
         self.clock = clock
         self.registered: set[int] = set()
         self.refused: dict[int, str] = {}  # nodes whose handshake failed, and why
+        self.timer = RoundTimer(plan.round_timeout_s)
 
     def await_nodes(self, count: int, when: str) -> None:
         """Wait until ``count`` nodes are connected, at most ``connect_timeout_s``."""
@@ -331,7 +367,7 @@ class _RoundLoop:
         connected = self.transport.node_ids()
         new = {node: ({}, {}) for node in connected if node not in self.registered}
         if new:
-            replies, failures = self.transport.exchange("query", rnd, new, self.plan.round_timeout_s)
+            replies, failures = self.transport.exchange("query", rnd, new, self.timer.timeout_s())
             for reply in replies:
                 self.program.register(reply.node_id, reply.metrics)
                 self.registered.add(reply.node_id)
@@ -373,13 +409,14 @@ class _RoundLoop:
                         f"round {rnd}: {type(self.program).__name__}.configure returned payloads for nodes "
                         f"{stray} that were not selected (selected: {selected})"
                     )
-                replies, failures = self.transport.exchange("train", rnd, payloads, plan.round_timeout_s)
+                sent = self.clock()
+                replies, failures = self.transport.exchange("train", rnd, payloads, self.timer.timeout_s())
+                self.timer.observe(self.clock() - sent, complete=len(replies) == len(payloads))
                 if len(replies) >= plan.min_clients:
                     self.program.aggregate(rnd, replies, failures)
                     log.info(
-                        "round %d/%d: %d replies, %d failures (%.1f s)",
+                        "round %d: %d replies, %d failures (%.1f s)",
                         rnd,
-                        plan.num_rounds,
                         len(replies),
                         len(failures),
                         self.clock() - started,

@@ -62,7 +62,20 @@ def test_absolute_checks() -> None:
     assert "0 training examples" in reasons["empty"]
     assert reasons["nan"] == "malformed packet: packet has 1 non-finite scales"
     rejected = screen_uploads([Upload("inf", raw_nan, 5)], UploadRules(num_values=N, bits=32))[1]
-    assert rejected[0].reason == "update holds 1 NaN or Inf values"
+    assert rejected[0].reason == "update decodes to 1 NaN or Inf values (32-bit packet)"
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_a_packet_with_huge_finite_scales_is_rejected_at_every_bit_width(bits: int) -> None:
+    """Finite scales near float32's limit decode to infinities or to a norm that overflows: never averaged."""
+    codec = Codec(bits=bits)
+    poisoned = codec.encode(update(1)).to_arrays()
+    poisoned["scales"] = np.full_like(poisoned["scales"], np.finfo(np.float32).max)
+    good = Upload("good", codec.encode(update(2)), 10)
+    result = aggregate_uploads([good, Upload("poisoned", poisoned, 10)], UploadRules(num_values=N, bits=bits))
+    assert [a.client for a in result.accepted] == ["good"]
+    assert result.rejected[0].client == "poisoned" and f"({bits}-bit packet)" in result.rejected[0].reason
+    assert bool(torch.isfinite(result.update).all())
 
 
 def test_norm_outlier_rejected_with_three_or_more_uploads() -> None:
@@ -79,6 +92,39 @@ def test_norm_outlier_rejected_with_three_or_more_uploads() -> None:
     # Two uploads: only the absolute checks apply.
     accepted, rejected = screen_uploads([normal[0], huge], rules)
     assert len(accepted) == 2 and not rejected
+
+
+def test_with_fewer_than_three_uploads_the_recent_rounds_norms_are_the_reference() -> None:
+    codec = Codec(bits=32)
+    rules = UploadRules(num_values=N, bits=32, norm_factor=5.0)
+    normal, huge = Upload("c0", codec.encode(update(0)), 10), Upload("huge", codec.encode(update(9, scale=50.0)), 10)
+    typical = float(torch.linalg.vector_norm(update(1)))
+    accepted, rejected = screen_uploads([normal, huge], rules, recent_norms=[typical] * 3)
+    assert [a.client for a in accepted] == ["c0"]
+    assert rejected[0].client == "huge" and "median norm of the last 3 accepted updates" in rejected[0].reason
+    accepted, rejected = screen_uploads([huge], rules, recent_norms=[typical] * 3)
+    assert not accepted and rejected[0].client == "huge", "a single upload is bounded by the history too"
+    # Fewer than three remembered norms: no reference yet, only the absolute checks.
+    assert len(screen_uploads([normal, huge], rules, recent_norms=[typical] * 2)[0]) == 2
+
+
+def test_a_claimed_example_count_is_bounded_by_the_other_uploads_and_the_declaration() -> None:
+    codec = Codec(bits=32)
+    vectors = [update(i) for i in range(3)]
+    rules = UploadRules(num_values=N, bits=32, examples_factor=10.0)
+    claims = {"a": 100, "b": 100, "greedy": 10**9}
+    uploads = [Upload(c, codec.encode(v), n) for (c, n), v in zip(claims.items(), vectors, strict=True)]
+    result = aggregate_uploads(uploads, rules)
+    # greedy counts as 10 x the median of the others' 100 = 1000: 1000 / 1200 of the weight, not ~1.
+    assert result.weights == pytest.approx([100 / 1200, 100 / 1200, 1000 / 1200])
+    assert result.bounded == {"greedy": (10**9, 1000)}
+    torch.testing.assert_close(result.update, (100 * vectors[0] + 100 * vectors[1] + 1000 * vectors[2]) / 1200)
+    two = aggregate_uploads(uploads[1:], rules)
+    assert two.weights == pytest.approx([100 / 1100, 1000 / 1100]), "two uploads are bounded by each other"
+    declared = UploadRules(num_values=N, bits=32, examples_factor=None, declared_examples={"greedy": 50})
+    assert aggregate_uploads(uploads, declared).weights == pytest.approx([100 / 250, 100 / 250, 50 / 250])
+    unbounded = UploadRules(num_values=N, bits=32, examples_factor=None)
+    assert aggregate_uploads(uploads, unbounded).bounded == {}
 
 
 def test_nothing_accepted_gives_no_update() -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import shlex
+import subprocess
 import tomllib
 
 import pytest
@@ -16,7 +18,12 @@ from flwr.common.config import parse_config_args
 
 from geofm.errors import ConfigError
 from pretrain.federated.cli import program_run_config, register
-from pretrain.federated.deploy import deployment_commands, format_config_values, write_deployment_files
+from pretrain.federated.deploy import (
+    deployment_commands,
+    format_config_values,
+    run_supernode,
+    write_deployment_files,
+)
 from pretrain.federated.runtime import config_entry
 
 
@@ -47,6 +54,24 @@ def test_files_hold_a_ca_signed_superlink_certificate_p384_openssh_keys_and_the_
     assert ipaddress.ip_address("10.0.0.5") in ips.get_values_for_type(x509.IPAddress)
 
 
+def test_private_keys_are_kept_apart_and_never_written_into_a_tracked_folder(tmp_path):
+    files = write_deployment_files(tmp_path / "fed", ["esa", "ign"], "fl.example.org")
+    handed = {p.relative_to(files.handover("esa")).as_posix() for p in files.handover("esa").rglob("*")}
+    assert handed == {"ca.crt", "supernode.key"}, "an institution's folder holds its own key and the CA certificate"
+    assert files.ca_key.parent != files.root and set(files.root.glob("*.key")) == {files.superlink_key}
+    assert not list((files.root / "supernodes").glob("*.key")), "no private key beside the public ones"
+    text = deployment_commands(files)
+    assert f"# esa: hand over {files.handover('esa')}/" in text and "never offline/ca.key" in text
+
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    with pytest.raises(ConfigError, match=r"lies in the git work tree .* not ignored"):
+        write_deployment_files(repo / "deploy", ["esa"], "h")
+    assert not (repo / "deploy").exists(), "nothing is written before the refusal"
+    (repo / ".gitignore").write_text("/deploy/\n")
+    assert write_deployment_files(repo / "deploy", ["esa"], "h").node_key("esa").exists(), "an ignored folder is fine"
+
+
 def test_config_values_are_formatted_as_flower_parses_them():
     values = {"institution": "esa", "data-root": "/data/my archive", "label": 'a=1 b="x"', "n": 3, "f": 0.5, "ok": True}
     assert parse_config_args([format_config_values(values)]) == values
@@ -62,11 +87,9 @@ def test_commands_cover_superlink_registration_supernodes_and_the_run(tmp_path):
     tls = ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile")
     for flag in (*tls, "--enable-supernode-auth", "--disable-runtime-dependency-installation"):
         assert flag in superlink, f"{flag} missing from {lines[0]}"
-    registers = [shlex.split(line) for line in lines if " supernode register " in line]
-    assert [r[r.index("register") + 1 :][:2] for r in registers] == [
-        [str(files.node_public_key(name)), "geofm"] for name in ("esa", "ign")
-    ], "every institution's public key is registered over the CLI connection"
-    nodes = [shlex.split(line) for line in lines if "flower-supernode" in line]
+    [register] = [shlex.split(line) for line in lines if " fed register " in line]
+    assert register[register.index("--deployment") + 1] == str(files.root), "every key, idempotently"
+    nodes = [shlex.split(line) for line in lines if " fed supernode " in line]
     assert len(nodes) == 2 and len({node[node.index("--port") + 1] for node in nodes}) == 2, "one Runtime API port each"
     configs = [parse_config_args([node[node.index("--node-config") + 1]]) for node in nodes]
     assert configs[0] == {"institution": "esa", "data-root": "/archive/esa"} and configs[1]["institution"] == "ign"
@@ -85,7 +108,10 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
     )
     args.handler(args)
     printed = capsys.readouterr().out
-    assert (out / "supernodes" / "ign.key").exists() and "--superlink 10.1.2.3:9000" in printed
+    assert (out / "institutions" / "ign" / "supernode.key").exists() and "--superlink 10.1.2.3:9000" in printed
+    nodes = [line for line in printed.splitlines() if " fed supernode " in line]
+    assert [shlex.split(line)[-1] for line in nodes] == ["9001", "9002"], "node ports follow --port"
+    assert all('DS_ACCELERATOR="cpu"' in line for line in nodes), "client processes know their accelerator"
     args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign=/srv/ign"])
     args.handler(args)
     printed = capsys.readouterr().out
@@ -118,3 +144,23 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
         "institutions": "a,b",
         "config": config_entry({"rounds": 4, "name": "a b"}),
     }
+
+
+def test_a_supernode_the_superlink_refuses_is_started_again_for_a_bounded_time(tmp_path, monkeypatch, capfd):
+    """As after a crash: refused while its previous process still counts as online, then accepted."""
+    starts = tmp_path / "starts"
+    fake = tmp_path / "bin" / "flower-supernode"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo start >> "{starts}"\n'
+        f'if [ "$(wc -l < "{starts}")" -lt 3 ]; then echo "ERROR: Failed to activate SuperNode."; exit 1; fi\n'
+        'echo "SuperNode ID: 7 $*"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    assert run_supernode(["--superlink", "h:1"], retry_activation_s=60, pause_s=0) == 0
+    assert starts.read_text().count("start") == 3 and "SuperNode ID: 7 --superlink h:1" in capfd.readouterr().out
+    starts.unlink()
+    assert run_supernode([], retry_activation_s=0, pause_s=0) == 1, "no retry without a window: refused for good"
+    assert starts.read_text().count("start") == 1

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import toy_federated_program as toy
+import yaml
 
 from geofm.errors import ConfigError, FederatedRunError
 from pretrain.federated.deploy import APP_DIR
-from pretrain.federated.flower import from_array_record, simulate, to_array_record, to_config_record
+from pretrain.federated.flower import (
+    GridTransport,
+    from_array_record,
+    simulate,
+    to_array_record,
+    to_config_record,
+)
 from pretrain.federated.runtime import INSTITUTION, RUN_CONFIG_DEFAULTS, load_object
 
 
@@ -51,7 +63,7 @@ def test_simulation_rounds_keep_bits_and_client_state_and_go_on_past_a_failing_c
     )
     simulate(run_config, num_cpus=2)
     *rounds, end = toy.read_records(tmp_path / "records.jsonl")
-    assert [r["round"] for r in rounds] == [1, 2, 3] and end["finished"], f"3 rounds then finish: {rounds + [end]}"
+    assert [r["round"] for r in rounds] == [1, 2, 3] and end["finished"], f"3 rounds then finish: {[*rounds, end]}"
     assert set(rounds[0]["replies"]) == set(rounds[2]["replies"]) == {"a", "b", "c"}, "rounds 1 and 3 hear every node"
     assert set(rounds[1]["replies"]) == {"a", "c"}, "round 2 goes on without the failing client"
     assert "b: RuntimeError: toy failure of b in round 2" in rounds[1]["failures"]["b"], rounds[1]["failures"]
@@ -90,8 +102,9 @@ def test_simulation_checks_its_arguments_before_starting(toy_run_config):
     [("bad_input", True), ("fail", False)],
     ids=["bad input: one line naming the file", "a bug: with its traceback"],
 )
+@pytest.mark.parametrize("node_worker", [False, True], ids=["in process", "in the node's worker"])
 def test_a_failing_client_replies_with_an_error_and_logs_bad_input_in_one_line(
-    toy_run_config, caplog, failure, one_line
+    toy_run_config, toy_pythonpath, caplog, monkeypatch, failure, one_line, node_worker
 ):
     from flwr.app import ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
 
@@ -112,11 +125,99 @@ def test_a_failing_client_replies_with_an_error_and_logs_bad_input_in_one_line(
         message_type=MessageType.TRAIN,
     )
     message = Message(RecordDict({ARRAYS: arrays, SCALARS: scalars}), metadata=metadata)
-    with caplog.at_level("INFO", logger="pretrain.federated"):
-        reply = _client_reply(message, context, {})
+    supernode = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])  # the worker's watch
+    monkeypatch.setenv("PYTHONPATH", toy_pythonpath)
+    monkeypatch.setattr("pretrain.federated.flower.os.getppid", lambda: supernode.pid)
+    try:
+        with caplog.at_level("INFO", logger="pretrain.federated"):
+            reply = _client_reply(message, context, {}, node_worker)
+    finally:
+        supernode.kill()
+        supernode.wait()
     assert reply.has_error(), "the failure travels back as an error reply"
     expected = "b: GeoFMError: data/b/scene_000.tif" if one_line else "b: RuntimeError: toy failure of b in round 1"
     assert reply.error.reason.startswith(expected), reply.error.reason
     [record] = [r for r in caplog.records if r.levelname == "ERROR"]
     assert ("scene_000.tif" in record.getMessage()) == one_line, record.getMessage()
     assert (not record.exc_info) == one_line, "a traceback only for what is not bad input"
+
+
+class _GridWithADeadNode:
+    """Answers node 2, reports node 3 gone as the SuperLink does (its own id as the sender), never answers node 4."""
+
+    SUPERLINK = 1
+
+    def push_messages(self, messages):
+        self.sent = {f"m{number}": message for number, message in enumerate(messages)}
+        return list(self.sent)
+
+    def pull_messages(self, message_ids):
+        def reply(message_id, src, error=None, content=None):
+            metadata = SimpleNamespace(src_node_id=src, reply_to_message_id=message_id)
+            return SimpleNamespace(metadata=metadata, error=error, content=content, has_error=lambda: error is not None)
+
+        by_node = {m.metadata.dst_node_id: message_id for message_id, m in self.sent.items()}
+        gone = SimpleNamespace(code=5, reason="node unavailable")
+        content = {
+            "arrays": to_array_record({"w": np.ones(2, np.float32)}, "reply"),
+            "scalars": to_config_record({}, "reply"),
+        }
+        replies = [reply(by_node[3], self.SUPERLINK, error=gone), reply(by_node[2], 2, content=content)]
+        return [r for r in replies if r.metadata.reply_to_message_id in message_ids]
+
+
+def test_a_node_the_superlink_reports_gone_fails_alone_and_a_silent_one_after_the_wait(monkeypatch):
+    from flwr.supercore.task_identity import TaskIdentity  # what a ServerApp process sets before it sends
+
+    for key, value in {"_run_id": 7, "_task_id": 1, "_node_id": 1}.items():
+        monkeypatch.setattr(TaskIdentity, key, value)
+    transport = GridTransport(_GridWithADeadNode())
+    payloads = {node: ({"w": np.zeros(2, np.float32)}, {"round": 1}) for node in (2, 3, 4)}
+    replies, failures = transport.exchange("train", 1, payloads, 0.5)
+    assert [r.node_id for r in replies] == [2]
+    reasons = {f.node_id: f.reason for f in failures}
+    assert reasons[3] == "node unavailable (node unavailable)", "matched to node 3 by the message it replies to"
+    assert reasons[4].startswith("no reply (waited at most 0.5 s"), reasons
+
+
+def test_a_simulation_killed_with_sigkill_leaves_no_ray_process_and_no_ray_folder(tmp_path, toy_pythonpath):
+    """The watchdog ends Ray's processes (agents outlive their raylet by minutes) and removes its session folder."""
+    import signal
+    import tempfile
+    import time
+
+    from pretrain.federated.flower import SIMULATION_MARKER
+    from pretrain.federated.processes import start_time
+
+    short_tmp = Path(tempfile.mkdtemp(prefix="gt", dir="/tmp"))  # Ray's socket paths must stay short
+    out = tmp_path / "records.jsonl"
+    config = tmp_path / "toy.yaml"
+    config.write_text(yaml.safe_dump({"rounds": 3, "out": str(out), "hang": "b@2", "round_timeout_s": 600.0}))
+    factories = ["--server-factory", f"{toy.__name__}:make_server", "--client-factory", f"{toy.__name__}:make_client"]
+    command = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), *factories]
+    env = {**os.environ, "PYTHONPATH": toy_pythonpath, "TMPDIR": str(short_tmp)}
+    main = subprocess.Popen([*command, "--institutions", "a,b", "--num-cpus", "2"], env=env)
+    try:
+        hung = Path(f"{out}.hang.b")
+        while not hung.exists():  # round 2 is running: Ray and its actors are up
+            assert main.poll() is None, "the simulation ended before its second round"
+            time.sleep(0.2)
+        ray = {pid: start_time(pid) for pid in _marked_by_any(SIMULATION_MARKER)}
+        assert len(ray) >= 3, "Ray's processes carry the simulation's marker"
+        assert list(short_tmp.glob("geofm-ray-*")), "Ray keeps its session below the simulation's own folder"
+    finally:
+        main.send_signal(signal.SIGKILL)
+        main.wait()
+    while any(start_time(pid) == started for pid, started in ray.items()) or list(short_tmp.glob("geofm-ray-*")):
+        time.sleep(0.2)
+
+
+def _marked_by_any(marker: str) -> set[int]:
+    found = set()
+    for path in Path("/proc").iterdir():
+        try:
+            if path.name.isdigit() and f"{marker}=".encode() in (path / "environ").read_bytes():
+                found.add(int(path.name))
+        except OSError:
+            continue
+    return found

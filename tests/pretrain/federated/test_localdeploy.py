@@ -8,7 +8,7 @@ import os
 import toy_federated_program as toy
 
 from pretrain.federated.cli import PROGRAM
-from pretrain.federated.deploy import COMPLETED
+from pretrain.federated.deploy import COMPLETED, register_nodes
 from pretrain.federated.localdeploy import LocalDeployment
 from pretrain.federated.runtime import CONFIG, config_entry
 
@@ -23,7 +23,7 @@ def test_deployment_with_tls_and_node_auth_runs_rounds_keeps_state_and_refuses_u
     records = tmp_path / "records.jsonl"
     with LocalDeployment(tmp_path / "fed", ["a", "b"], env={"PYTHONPATH": toy_pythonpath}) as deployment:
         run_id = deployment.launch(toy_run_config({"rounds": 2, "min_clients": 2, "expected_clients": 2}))
-        deployment.start_supernode("intruder")
+        deployment.start_supernode("intruder", retry_activation_s=0)
         assert deployment.wait_for_exit("intruder") != 0, "a SuperNode whose key was never registered must not stay up"
         run = deployment.wait(run_id)
         assert run["status"] == COMPLETED, f"run {run_id} ended {run['status']}:\n{deployment.logs(run_id)}"
@@ -68,6 +68,29 @@ def test_fedsense_deployed_trains_each_institution_on_the_data_its_node_config_n
         run = deployment.wait(run_id)
         log = deployment.logs(run_id)
     assert run["status"] == COMPLETED, f"run {run_id} ended {run['status']}:\n{log}"
+    assert "round 2/2: loss" in log and "KiB" in log, f"the deployed log shows each round as simulation does:\n{log}"
     rounds = [json.loads(line) for line in (tmp_path / "deployed/rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2] and all(r["clients"] == sorted(roots) for r in rounds)
     assert json.loads((tmp_path / "deployed/backbone.json").read_text())["federation"]["uplink_bits"] == 1
+
+
+def test_a_supernode_killed_mid_round_without_a_timeout_leaves_the_run_to_finish_with_the_others(
+    tmp_path, toy_run_config, toy_pythonpath
+):
+    records = tmp_path / "records.jsonl"
+    hung = tmp_path / "records.jsonl.hang.c"
+    config = {"rounds": 3, "min_clients": 2, "expected_clients": 3, "round_timeout_s": None, "hang": "c@2"}
+    with LocalDeployment(tmp_path / "fed", ["a", "b", "c"], env={"PYTHONPATH": toy_pythonpath}) as deployment:
+        run_id = deployment.launch(toy_run_config(config))
+        deployment.wait_for_file(hung, "c")  # c is inside round 2
+        deployment.kill("c")
+        run = deployment.wait(run_id)
+        log = deployment.logs(run_id)
+        again = register_nodes(deployment.files)
+    assert run["status"] == COMPLETED, f"run {run_id} ended {run['status']}:\n{log}"
+    *rounds, end = toy.read_records(records)
+    assert [r["round"] for r in rounds] == [1, 2, 3] and end["finished"], rounds
+    assert set(rounds[0]["replies"]) == {"a", "b", "c"}
+    assert set(rounds[1]["replies"]) == {"a", "b"} and set(rounds[1]["failures"]) == {"c"}, rounds[1]
+    assert set(rounds[2]["replies"]) == {"a", "b"}, "the dead node is no longer selected"
+    assert again == dict.fromkeys("abc", "already registered"), "registering again is harmless"

@@ -89,11 +89,13 @@ def test_a_fedsense_run_logs_every_round_and_exports_the_global_backbone(fed_tre
     assert inspect_checkpoint(run_dir / "checkpoints/last")["layout"] == "geofm_train"
 
 
-def test_a_stopped_server_resumes_to_the_same_result(fed_tree):
+def test_a_stopped_server_resumes_to_the_same_result(fed_tree, caplog):
     """The server checkpoints each round; clients recover their error-feedback and downlink state from disk."""
     compressed = {"downlink": {"bits": 8}}
     straight = _run(fed_tree("straight", algorithm=compressed))
-    first = _run(fed_tree("resumed", algorithm=compressed, federation={"rounds": 3, "stop_after_rounds": 1}))
+    with caplog.at_level("INFO", logger="geofm.federated"):
+        first = _run(fed_tree("resumed", algorithm=compressed, federation={"rounds": 3, "stop_after_rounds": 1}))
+    assert "this invocation runs rounds 1-1 of 3" in caplog.text and "round 1/3: loss" in caplog.text
     assert [r["round"] for r in _rounds(first)] == [1] and not (first / "backbone.safetensors").exists()
     resumed = _run(fed_tree("resumed", algorithm=compressed))  # new client programs: empty Flower state
     a, b = _rounds(straight), _rounds(resumed)
@@ -139,7 +141,7 @@ def test_a_client_recovers_its_last_complete_state_whatever_a_kill_left_beside_i
 
 
 class _Faulty:
-    """A client that uploads what the server must refuse: a NaN update, a wrong bit width, then raises."""
+    """A client that uploads what the server must refuse: a NaN update, an overflowing one, a wrong bit width, or raises."""
 
     def __init__(self, client: FederatedClient, fault: str) -> None:
         self.client, self.fault = client, fault
@@ -152,6 +154,10 @@ class _Faulty:
         if self.fault == "raise":
             raise RuntimeError("disk full")
         n = int(upload["header"][0])
+        if self.fault == "inf":  # a well-formed 1-bit packet whose finite scales decode to overflow
+            arrays = Codec(bits=1).encode(torch.ones(n)).to_arrays()
+            arrays["scales"] = np.full_like(arrays["scales"], np.finfo(np.float32).max)
+            return arrays, metrics, state
         vector = torch.full((n,), float("nan")) if self.fault == "nan" else torch.ones(n)
         bits = 32 if self.fault == "nan" else 8
         packet = Codec(bits=bits).encode(torch.zeros(n)) if self.fault == "nan" else Codec(bits=bits).encode(vector)
@@ -231,3 +237,52 @@ def test_an_institution_points_the_config_at_its_own_machine(fed_tree, tmp_path)
     assert str(local.teacher.checkpoint) == "/srv/w/teacher.pth"
     with pytest.raises(ConfigError, match=r"institution 'esa' is not a client of this federation; its clients are"):
         client_shares(cfg, "esa")
+
+
+def _strict_rounds(run_dir: Path) -> list[dict]:
+    def refuse(constant: str):
+        raise AssertionError(f"rounds.jsonl holds a bare {constant}: not valid JSON")
+
+    return [json.loads(line, parse_constant=refuse) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+
+
+def _finite_backbone(run_dir: Path) -> bool:
+    return all(bool(torch.isfinite(v).all()) for v in load_file(run_dir / "backbone.safetensors").values())
+
+
+def test_a_two_upload_round_with_an_overflowing_1_bit_packet_leaves_a_finite_model(fed_tree):
+    tree = fed_tree("overflow", federation={"rounds": 2})
+    cfg = FederatedConfig.from_tree(tree)
+    clients = {i + 1: FederatedClient(cfg, {"institution": name}) for i, name in enumerate(cfg.client_names)}
+    clients[1] = _Faulty(clients[1], "inf")
+    clients[2] = _Faulty(clients[2], "raise")  # two uploads a round: the round's norm rule is off
+    run_dir = _run(tree, clients)
+    rounds = _strict_rounds(run_dir)
+    assert [r["clients"] for r in rounds] == [["uav_rgbn"], ["uav_rgbn"]]
+    assert "(1-bit packet)" in rounds[0]["rejected"]["aerial_rgb"], rounds[0]["rejected"]
+    assert _finite_backbone(run_dir)
+    _run(tree, clients)  # a rerun resumes from a finite checkpoint and finishes again
+
+
+def test_a_round_whose_new_model_is_not_finite_is_discarded_and_the_previous_model_kept(fed_tree, monkeypatch):
+    tree = fed_tree("discarded", federation={"rounds": 2})
+    cfg = FederatedConfig.from_tree(tree)
+    server = FederatedServer(cfg)
+    update_rule = type(server.algorithm).server_update
+    kept = []
+
+    def overflow_in_round_2(self, model, aggregate, refine):
+        outcome = update_rule(self, model, aggregate, refine)
+        if len(kept) == 1:
+            outcome.model[:5] = float("inf")
+        kept.append(model.clone())
+        return outcome
+
+    monkeypatch.setattr(type(server.algorithm), "server_update", overflow_in_round_2)
+    clients = {i + 1: FederatedClient(cfg, {"institution": name}) for i, name in enumerate(cfg.client_names)}
+    run_server(server, InProcess(clients), poll_s=0)
+    rounds = _strict_rounds(cfg.run.output_dir)
+    assert "clients" in rounds[1] and rounds[1]["clients"] == [] and rounds[1]["loss"] is None
+    assert "5 NaN or Inf values" in rounds[1]["discarded"] and "largest accepted update" in rounds[1]["discarded"]
+    assert torch.equal(server.global_model, kept[1]), "round 2's model is round 1's"
+    assert _finite_backbone(cfg.run.output_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from pretrain.federated.runtime import (
     Failure,
     Plan,
     Reply,
+    RoundTimer,
     client_program,
     config_entry,
     load_object,
@@ -164,3 +166,41 @@ def test_factories_load_by_import_path_and_client_programs_are_built_once_per_pr
     assert program_config({"config": config_entry(tree)}) == tree and program_config({}) == {}
     with pytest.raises(ConfigError, match="'config' is not JSON"):
         program_config({"config": "rounds: 3"})
+
+
+class Timed(Transport):
+    """Each train exchange takes ``seconds[rnd]`` on a fake clock; records the timeout each exchange got."""
+
+    def __init__(self, seconds, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.seconds, self.now, self.timeouts = seconds, 0.0, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def exchange(self, kind, rnd, payloads, timeout_s):
+        assert isinstance(timeout_s, float) and math.isfinite(timeout_s), f"round {rnd} would wait forever"
+        self.timeouts.append((kind, rnd, timeout_s))
+        if kind == "train":
+            self.now += min(self.seconds[rnd], timeout_s)
+        return super().exchange(kind, rnd, payloads, timeout_s)
+
+
+def test_without_a_configured_timeout_rounds_wait_a_bound_derived_from_the_observed_rounds():
+    server = Server(num_rounds=4, round_timeout_s=None)
+    # Round 2: node 3 dies and never answers; its wait ends at the timeout, and round 2 says nothing of round length.
+    transport = Timed({1: 200.0, 2: 10_000.0, 3: 300.0, 4: 10.0}, down={(2, 0): [3]})
+    run_server(server, transport, poll_s=0, clock=transport.clock)
+    trains = [t for kind, _, t in transport.timeouts if kind == "train"]
+    assert trains == [
+        RoundTimer(None).timeout_s(),  # nothing observed yet: Flower's message lifetime
+        5 * 200.0,
+        5 * 200.0,  # the cut-short round 2 is not an observation
+        5 * 300.0,
+    ]
+    assert server.rounds[1] == (2, [1, 2], [3]), "the round closes with the nodes that answered"
+    assert server.finished
+    timer = RoundTimer(None)
+    timer.observe(1.0, complete=True)
+    assert timer.timeout_s() == 600.0, "a floor leaves room for a node that joins late and starts up"
+    assert RoundTimer(7.0).timeout_s() == 7.0, "a configured timeout is used as it is"

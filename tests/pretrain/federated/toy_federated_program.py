@@ -8,13 +8,16 @@ can check what crossed the wire even when the server runs in another process.
 The config is the run config's ``config`` entry (JSON); its keys:
 rounds, min_clients, fraction, round_timeout_s, expected_clients, connect_timeout_s,
 round_retries, out, ``fail`` (``institution@round,...``: that client raises a RuntimeError in that
-round) and ``bad_input`` (the same, raising a GeoFMError as unreadable data would).
+round), ``bad_input`` (the same, raising a GeoFMError as unreadable data would) and ``hang`` (the
+same, the client writing ``out.hang.INSTITUTION`` and then never answering, as a node killed
+mid-round).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +37,7 @@ DEFAULTS = {
     "out": "",
     "fail": "",
     "bad_input": "",
+    "hang": "",
 }
 
 
@@ -110,7 +114,8 @@ class ToyClient:
     def __init__(self, run_config: dict, node_config: dict) -> None:
         config = load_toy_config(run_config)
         self.name = node_config["institution"]
-        self.fail, self.bad_input = (_rounds_of(config[key]) for key in ("fail", "bad_input"))
+        self.fail, self.bad_input, self.hang = (_rounds_of(config[key]) for key in ("fail", "bad_input", "hang"))
+        self.out = Path(config["out"])
 
     def identity(self) -> dict:
         return {"client": self.name, "num_examples": 10}
@@ -120,9 +125,18 @@ class ToyClient:
             raise RuntimeError(f"toy failure of {self.name} in round {config['round']}")
         if (self.name, str(config["round"])) in self.bad_input:
             raise GeoFMError(f"data/{self.name}/scene_000.tif: cannot read raster")
+        if (self.name, str(config["round"])) in self.hang:
+            Path(f"{self.out}.hang.{self.name}").write_text(str(os.getpid()))
+            while True:
+                time.sleep(1)
         count = int(state["count"][0]) + 1 if "count" in state else 1
         upload = {"bits": BITS ^ np.uint8(count), "value": np.full(3, 0.5 * count, dtype=np.float32)}
-        metrics = {"count": count, "header": str(arrays["header"].tolist()), "process_age_s": process_age_s()}
+        metrics = {
+            "count": count,
+            "header": str(arrays["header"].tolist()),
+            "process_age_s": process_age_s(),
+            "pid": os.getpid(),
+        }
         return upload, metrics, {"count": np.array([count], dtype=np.int64)}
 
 

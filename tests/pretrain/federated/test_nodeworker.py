@@ -1,0 +1,38 @@
+"""A deployed node's worker process: one client program for every message of a run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from pretrain.federated.nodeworker import NodeWorker
+
+
+def test_a_node_worker_keeps_the_client_program_between_messages_and_ends_with_its_supernode(
+    toy_run_config, toy_pythonpath, monkeypatch
+):
+    monkeypatch.setenv("PYTHONPATH", toy_pythonpath)
+    supernode = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])  # stands in for it
+    try:
+        worker = NodeWorker(1, toy_run_config({"fail": "a@3"}), {"institution": "a"}, supernode_pid=supernode.pid)
+        assert worker.identity() == {"client": "a", "num_examples": 10}
+        header = {"header": np.array([1, 1], dtype=np.int64)}
+        _, first, state = worker.train(header, {"round": 1}, {})
+        upload, second, state = worker.train(header, {"round": 2}, state)
+        assert second["count"] == 2 and upload["bits"].dtype == np.uint8, "state and arrays travel both ways"
+        assert first["pid"] == second["pid"] != os.getpid(), "one worker process answers every message"
+        with pytest.raises(RuntimeError, match="toy failure of a in round 3") as raised:
+            worker.train(header, {"round": 3}, state)
+        assert "in the node's worker process" in "".join(raised.value.__notes__)
+        other = NodeWorker(2, toy_run_config(), {"institution": "a"}, supernode_pid=supernode.pid)
+        assert other.train(header, {"round": 1}, {})[1]["pid"] != first["pid"], "another run, another worker"
+    finally:
+        supernode.kill()
+        supernode.wait()
+    while worker.address.exists() or other.address.exists():  # the workers see their SuperNode gone and exit
+        time.sleep(0.1)
