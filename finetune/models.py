@@ -17,6 +17,7 @@ timm puts them in the top group, at the full learning rate.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from finetune.heads import PYRAMID_STRIDES, SimpleFeaturePyramid, SuperresHead, 
 from geofm.checkpoints import LoadReport, load_backbone_for_bands
 from geofm.checkpoints.convert import model_family
 from geofm.config.finetune import FinetuneConfig
-from geofm.models.backbones import backbone_kwargs, create_backbone
+from geofm.models.backbones import backbone_kwargs, create_backbone, resize_input
 
 BACKBONE = "backbone"
 
@@ -63,6 +64,15 @@ class FinetuneModel(nn.Module):
     def _backbone_grad(self) -> torch.set_grad_enabled:
         """Gradient mode for running the backbone: off when it is frozen."""
         return torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen)
+
+    def size_multiple(self) -> int:
+        """The input sides the model takes are the multiples of this: its backbone's coarsest feature stride."""
+        return max(info["reduction"] for info in self.backbone.feature_info)
+
+    def set_input_size(self, size: int) -> None:
+        """Take ``size`` x ``size`` inputs from now on, ``size`` a multiple of :meth:`size_multiple`
+        (see :func:`geofm.models.backbones.resize_input`)."""
+        resize_input(self.backbone, size)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
@@ -126,6 +136,10 @@ class DenseFeatures(FinetuneModel):
             self.neck = SimpleFeaturePyramid(info[0]["num_chs"], info[0]["reduction"])
             self.channels = [info[0]["num_chs"]] * len(PYRAMID_STRIDES)
             self.first_stride = PYRAMID_STRIDES[0]
+
+    def size_multiple(self) -> int:
+        """A multiple of the backbone's coarsest stride and of UperNet's, 32."""
+        return math.lcm(super().size_multiple(), PYRAMID_STRIDES[-1])
 
     def features(self, image: Tensor) -> list[Tensor]:
         """Feature maps at strides 4, 8, 16, 32, NCHW."""

@@ -58,6 +58,7 @@ class Predictor:
             images (B, C, tile * scale_factor, tile * scale_factor); it moves tiles to its device.
         task: segmentation, change or superres.
         normaliser: the model's band spec: its bands taken by name from the scene's, scale, mean, std, nodata.
+        tile: side of the tiles ``model_fn`` takes, in input pixels.
         scale_factor: superres: high / low resolution ratio.
         info: what else the model was trained with (classes, bands, the kept weights' record...).
     """
@@ -65,6 +66,7 @@ class Predictor:
     model_fn: ModelFn
     task: str
     normaliser: BandNormaliser
+    tile: int
     scale_factor: int = 1
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -159,7 +161,7 @@ def predict_scene(
     task: str,
     normaliser: BandNormaliser,
     tile: int = 256,
-    overlap: int = 64,
+    overlap: int | None = None,
     batch_size: int = 8,
     scale_factor: int = 1,
     progress: bool = True,
@@ -173,7 +175,7 @@ def predict_scene(
         task: segmentation, change or superres.
         normaliser: the model's band spec (bands, scale, mean, std, nodata).
         tile: side of the tiles the model sees, in input pixels.
-        overlap: pixels shared by neighbouring tiles, below ``tile``.
+        overlap: pixels shared by neighbouring tiles, below ``tile`` (default: a quarter of ``tile``).
         batch_size: tiles per model call.
         scale_factor: superres: high / low resolution ratio.
         progress: show a progress bar over tiles.
@@ -188,6 +190,7 @@ def predict_scene(
     """
     if task not in PREDICTED_TASKS:
         raise ConfigError(f"geofm predict writes {', '.join(PREDICTED_TASKS)} outputs, not {task!r}")
+    overlap = tile // 4 if overlap is None else overlap
     if tile <= 0 or not 0 <= overlap < tile or batch_size <= 0:
         raise ConfigError(
             f"need tile > 0, 0 <= overlap < tile and batch size > 0, got tile {tile}, overlap {overlap}, "

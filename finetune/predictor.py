@@ -11,13 +11,20 @@ from finetune.best import load_finetuned
 from finetune.predict import Predictor
 from geofm import engine as ds
 from geofm.data.finetune import BandNormaliser
+from geofm.errors import ConfigError
+
+_SIZES_SHOWN = 4
 
 
-def load_predictor(run_dir: str | Path) -> Predictor:
+def load_predictor(run_dir: str | Path, tile: int | None = None) -> Predictor:
     """Load a finetuned run's kept weights as a :class:`~finetune.predict.Predictor`.
 
     Args:
         run_dir: a ``geofm finetune`` run directory (its ``config.yaml`` and ``best/``).
+        tile: side of the tiles the model is to take (default: its training size,
+            ``model.img_size``). Any multiple of the model's coarsest feature stride works (32 for
+            Swin and for dense heads, the patch size for a ViT's super-resolution): a Swin keeps its
+            trained windows and rebuilds its attention masks, a ViT resamples its position embedding.
 
     Returns:
         The predictor. Its ``model_fn`` maps float32 CPU tiles normalised as in training,
@@ -33,9 +40,21 @@ def load_predictor(run_dir: str | Path) -> Predictor:
 
     Raises:
         CheckpointNotFoundError: if ``run_dir`` is no finetuning run, or has kept no weights yet.
+        ConfigError: if the model cannot take ``tile`` x ``tile`` inputs, saying which sides it takes.
     """
     run_dir = Path(run_dir)
     model, cfg, record = load_finetuned(run_dir)
+    trained = cfg.model.img_size
+    tile = trained if tile is None else tile
+    if tile != trained:
+        step = model.size_multiple()
+        if tile <= 0 or tile % step:
+            sizes = ", ".join(str(step * k) for k in range(1, _SIZES_SHOWN + 1))
+            raise ConfigError(
+                f"--tile {tile}: the {cfg.task} model of {run_dir}, trained on {trained} px tiles, takes tiles "
+                f"whose side is a multiple of {step} px ({sizes}, ...)"
+            )
+        model.set_input_size(tile)
     dev = ds.device()
     model.to(dev)
 
@@ -60,4 +79,4 @@ def load_predictor(run_dir: str | Path) -> Predictor:
         "data": data,
         "selected": record,
     }
-    return Predictor(model_fn, cfg.task, BandNormaliser.from_config(data), info["scale_factor"], info)
+    return Predictor(model_fn, cfg.task, BandNormaliser.from_config(data), tile, info["scale_factor"], info)
