@@ -192,6 +192,7 @@ def _predict(args: argparse.Namespace) -> None:
         overlap=args.overlap,
         batch_size=args.batch_size,
         scale_factor=predictor.scale_factor,
+        target_normaliser=predictor.target_normaliser,
         progress=args.progress,
     )
     print(f"wrote {output}")

@@ -30,8 +30,9 @@ def load_predictor(run_dir: str | Path, tile: int | None = None) -> Predictor:
         The predictor. Its ``model_fn`` maps float32 CPU tiles normalised as in training,
         (B, C, H, W) (change: the earlier and the later tiles, two arguments) to float32 CPU
         outputs: class logits (B, K, H, W) (segmentation, change; (B, K) for classification and
-        multilabel), or the normalised high-resolution image (B, C, H*s, W*s) (superres), without
-        gradients on this process's device. Its ``normaliser`` is the run's band spec, and its
+        multilabel), or the normalised high-resolution image (B, C', H*s, W*s) (superres), without
+        gradients on this process's device. Its ``normaliser`` is the run's band spec (superres:
+        ``target_normaliser`` that of the high-resolution side, ``data.hr``), and its
         ``info``: ``task``, ``bands`` (the model's, in order), ``dataset_bands``, ``scale``,
         ``mean``, ``std`` (per dataset band, after scale), ``nodata``, ``num_classes``,
         ``class_names``, ``ignore_index``, ``scale_factor`` (superres), ``img_size`` (the training
@@ -79,4 +80,12 @@ def load_predictor(run_dir: str | Path, tile: int | None = None) -> Predictor:
         "data": data,
         "selected": record,
     }
-    return Predictor(model_fn, cfg.task, BandNormaliser.from_config(data), tile, info["scale_factor"], info)
+    return Predictor(
+        model_fn,
+        cfg.task,
+        BandNormaliser.from_config(data),
+        tile,
+        scale_factor=info["scale_factor"],
+        target_normaliser=BandNormaliser.for_targets(data) if cfg.task == "superres" else None,
+        info=info,
+    )
