@@ -103,9 +103,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     predict.add_argument("--output", required=True, type=Path, metavar="OUT.tif", help="GeoTIFF to write")
     predict.add_argument(
-        "--tile", type=int, default=256, help="side of the tiles the model sees, in pixels (default 256)"
+        "--tile",
+        type=int,
+        help="side of the tiles the model sees, in pixels (default: the model's training size, model.img_size; "
+        "other sizes: multiples of its coarsest feature stride, 32 for Swin)",
     )
-    predict.add_argument("--overlap", type=int, default=64, help="pixels shared by neighbouring tiles (default 64)")
+    predict.add_argument(
+        "--overlap", type=int, help="pixels shared by neighbouring tiles (default: a quarter of the tile)"
+    )
     predict.add_argument("--batch-size", type=int, default=8, help="tiles per model call (default 8)")
     predict.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     predict.set_defaults(handler=_predict)
@@ -166,7 +171,7 @@ def _predict(args: argparse.Namespace) -> None:
     from finetune.predictor import load_predictor
     from geofm.errors import ConfigError
 
-    predictor = load_predictor(args.model)
+    predictor = load_predictor(args.model, args.tile)
     if predictor.task == "change":
         if args.before is None or args.after is None or args.input is not None:
             raise ConfigError(
@@ -183,10 +188,11 @@ def _predict(args: argparse.Namespace) -> None:
         args.output,
         task=predictor.task,
         normaliser=predictor.normaliser,
-        tile=args.tile,
+        tile=predictor.tile,
         overlap=args.overlap,
         batch_size=args.batch_size,
         scale_factor=predictor.scale_factor,
+        target_normaliser=predictor.target_normaliser,
         progress=args.progress,
     )
     print(f"wrote {output}")

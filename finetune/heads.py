@@ -64,7 +64,7 @@ class SimpleFeaturePyramid(nn.Module):
         """One (B, C, H/s, W/s) map per stride, level ``i`` from ``features[i]`` (B, C, H/p, W/p)."""
         if len(features) != len(self.levels):
             raise ValueError(f"expected {len(self.levels)} block outputs, got {len(features)}")
-        return [level(f) for level, f in zip(self.levels, features)]
+        return [level(f) for level, f in zip(self.levels, features, strict=True)]
 
 
 class UperNetHead(nn.Module):
@@ -95,24 +95,33 @@ class SuperresHead(nn.Module):
     The decoder is SimMIM's: a 1x1 convolution to ``stride**2 * hidden`` channels and a PixelShuffle
     by the backbone's output stride, giving ``hidden`` channels at the input resolution. The upsampler
     is a 3x3 convolution to ``hidden * scale**2`` channels, a PixelShuffle by ``scale``, GELU and a
-    3x3 convolution to the output bands. With ``residual``, the input upsampled bicubically is added.
+    3x3 convolution to the output bands. With a ``residual`` map, the input upsampled bicubically and
+    mapped to the output bands by it (a fixed 1x1 convolution) is added.
     """
 
     def __init__(
-        self, in_channels: int, stride: int, out_channels: int, hidden: int, scale_factor: int, residual: bool
+        self,
+        in_channels: int,
+        stride: int,
+        out_channels: int,
+        hidden: int,
+        scale_factor: int,
+        residual: tuple[Tensor, Tensor] | None,
     ) -> None:
         """Initialise a new SuperresHead instance.
 
         Args:
             in_channels: width of the backbone's last feature map.
             stride: its stride relative to the input.
-            out_channels: bands of the output (those of the input).
+            out_channels: bands of the output.
             hidden: channels at the input resolution.
             scale_factor: output / input resolution.
-            residual: add the bicubically upsampled input.
+            residual: weights (out_channels, input bands) and bias (out_channels,) taking the
+                upsampled input to the output bands, or None for no residual. Fixed, and not saved
+                with the weights: it follows from the config.
         """
         super().__init__()
-        self.scale_factor, self.residual = scale_factor, residual
+        self.scale_factor = scale_factor
         self.decoder = nn.Sequential(nn.Conv2d(in_channels, stride**2 * hidden, kernel_size=1), nn.PixelShuffle(stride))
         self.upsampler = nn.Sequential(
             nn.Conv2d(hidden, hidden * scale_factor**2, kernel_size=3, padding=1),
@@ -120,10 +129,14 @@ class SuperresHead(nn.Module):
             nn.GELU(),
             nn.Conv2d(hidden, out_channels, kernel_size=3, padding=1),
         )
+        weight, bias = residual if residual is not None else (None, None)
+        self.register_buffer("residual_weight", None if weight is None else weight[..., None, None], persistent=False)
+        self.register_buffer("residual_bias", bias, persistent=False)
 
     def forward(self, features: Tensor, image: Tensor) -> Tensor:
-        """The high-resolution image (B, C, H*s, W*s) from the last features and the input (B, C, H, W)."""
+        """The high-resolution image (B, C', H*s, W*s) from the last features and the input (B, C, H, W)."""
         out = self.upsampler(self.decoder(features))
-        if self.residual:
-            out = out + F.interpolate(image, scale_factor=self.scale_factor, mode="bicubic", align_corners=False)
+        if self.residual_weight is not None:
+            upsampled = F.interpolate(image, scale_factor=self.scale_factor, mode="bicubic", align_corners=False)
+            out = out + F.conv2d(upsampled, self.residual_weight, self.residual_bias)
         return out

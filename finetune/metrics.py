@@ -8,8 +8,8 @@
                     pixel accuracy; ``iou/<class>`` per class (0 for a class in neither), but the
                     ignored one. Pixels at ``data.ignore_index`` are left out.
 ``change``          ``f1``, ``precision``, ``recall``, ``iou`` of the change class (the argmax of the logits)
-``superres``        ``psnr`` (mean over images) and ``ssim``, in scaled units (``raw * data.scale``) over
-                    ``[0, finetune.superres_data_range]``
+``superres``        ``psnr`` (mean over images) and ``ssim`` of the high-resolution bands, in scaled units
+                    (``raw * scale`` of ``data.hr``, default ``data``) over ``[0, finetune.superres_data_range]``
 ==================  ========================================================================================
 """
 
@@ -31,6 +31,7 @@ from torchmetrics.classification import (
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 
 from geofm.config.finetune import FinetuneConfig, class_labels, metric_names
+from geofm.data.finetune import BandNormaliser
 
 
 def _metrics(cfg: FinetuneConfig) -> dict[str, Metric]:
@@ -82,10 +83,9 @@ class TaskMetrics:
         self.classes = class_labels(cfg.data.num_classes or 0, cfg.data.class_names)
         self.collection = MetricCollection(_metrics(cfg)).to(device)
         if cfg.task == "superres":
-            keep = [cfg.data.dataset_bands.index(b) for b in cfg.data.bands]
-            shape = (1, len(keep), 1, 1)
-            self.mean = torch.tensor([cfg.data.mean[i] for i in keep], device=device).reshape(shape)
-            self.std = torch.tensor([cfg.data.std[i] for i in keep], device=device).reshape(shape)
+            targets = BandNormaliser.for_targets(cfg.data)
+            self.mean = torch.from_numpy(targets.mean).to(device)[None]
+            self.std = torch.from_numpy(targets.std).to(device)[None]
 
     def update(self, outputs: Tensor, target: Tensor) -> None:
         """Add a batch: the model's outputs (logits, or normalised images) and the batch's target."""
@@ -105,7 +105,9 @@ class TaskMetrics:
         flat: dict[str, float] = {}
         for name, value in values.items():
             if value.ndim:
-                flat.update({f"{name}/{label}": float(v) for label, v in zip(self.classes, value.tolist())})
+                flat.update(
+                    {f"{name}/{label}": float(v) for label, v in zip(self.classes, value.tolist(), strict=True)}
+                )
             else:
                 flat[name] = float(value)
         return {name: flat[name] for name in self.names}

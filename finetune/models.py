@@ -11,12 +11,14 @@ timm puts them in the top group, at the full learning rate.
 ``multilabel``      the same, one logit per label
 ``segmentation``    UperNet on features at strides 4-32: logits (B, K, H, W)
 ``change``          one shared (siamese) backbone on both dates, per-scale ``|f1 - f2|``, UperNet
-``superres``        SimMIM-style decoder to the input resolution, then a PixelShuffle upsampler
+``superres``        SimMIM-style decoder to the input resolution, then a PixelShuffle upsampler to the
+                    high-resolution side's bands, plus the upsampled input bands of the same names
 ==================  ==============================================================================
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -27,7 +29,8 @@ from finetune.heads import PYRAMID_STRIDES, SimpleFeaturePyramid, SuperresHead, 
 from geofm.checkpoints import LoadReport, load_backbone_for_bands
 from geofm.checkpoints.convert import model_family
 from geofm.config.finetune import FinetuneConfig
-from geofm.models.backbones import backbone_kwargs, create_backbone
+from geofm.data.finetune import BandNormaliser
+from geofm.models.backbones import backbone_kwargs, create_backbone, resize_input
 
 BACKBONE = "backbone"
 
@@ -63,6 +66,15 @@ class FinetuneModel(nn.Module):
     def _backbone_grad(self) -> torch.set_grad_enabled:
         """Gradient mode for running the backbone: off when it is frozen."""
         return torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen)
+
+    def size_multiple(self) -> int:
+        """The input sides the model takes are the multiples of this: its backbone's coarsest feature stride."""
+        return max(info["reduction"] for info in self.backbone.feature_info)
+
+    def set_input_size(self, size: int) -> None:
+        """Take ``size`` x ``size`` inputs from now on, ``size`` a multiple of :meth:`size_multiple`
+        (see :func:`geofm.models.backbones.resize_input`)."""
+        resize_input(self.backbone, size)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
@@ -127,6 +139,10 @@ class DenseFeatures(FinetuneModel):
             self.channels = [info[0]["num_chs"]] * len(PYRAMID_STRIDES)
             self.first_stride = PYRAMID_STRIDES[0]
 
+    def size_multiple(self) -> int:
+        """A multiple of the backbone's coarsest stride and of UperNet's, 32."""
+        return math.lcm(super().size_multiple(), PYRAMID_STRIDES[-1])
+
     def features(self, image: Tensor) -> list[Tensor]:
         """Feature maps at strides 4, 8, 16, 32, NCHW."""
         with self._backbone_grad():
@@ -173,12 +189,51 @@ class ChangeDetector(DenseFeatures):
         return self.head([(f[:n] - f[n:]).abs() for f in both])
 
 
+def superres_residual(inputs: BandNormaliser, targets: BandNormaliser) -> tuple[Tensor, Tensor]:
+    """The fixed map adding the (upsampled) input bands to the output bands of the same names.
+
+    A normalised input band ``x`` is ``x * std_in + mean_in`` in scaled units (raw x scale);
+    the residual of the output band of its name is that value in the output's normalisation,
+    ``(x * std_in + mean_in - mean_out) / std_out``. This takes both sides' scaled values to be in
+    the same units (e.g. reflectance). Output bands that are no input band get no residual.
+
+    Returns:
+        Weights (output bands, input bands) and bias (output bands,); the identity with one band spec.
+    """
+    weight = torch.zeros(len(targets.bands), len(inputs.bands))
+    bias = torch.zeros(len(targets.bands))
+    for o, band in enumerate(targets.bands):
+        if band in inputs.bands:
+            i = inputs.bands.index(band)
+            std_in, mean_in = float(inputs.std[i, 0, 0]), float(inputs.mean[i, 0, 0])
+            std_out, mean_out = float(targets.std[o, 0, 0]), float(targets.mean[o, 0, 0])
+            weight[o, i] = std_in / std_out
+            bias[o] = (mean_in - mean_out) / std_out
+    return weight, bias
+
+
 class SuperResolver(FinetuneModel):
-    """The backbone's last (normed) features through :class:`~finetune.heads.SuperresHead`: (B, C, H*s, W*s)."""
+    """The backbone's last (normed) features through :class:`~finetune.heads.SuperresHead`: (B, C', H*s, W*s)."""
 
     def __init__(
-        self, backbone: nn.Module, bands: int, scale_factor: int, hidden: int, residual: bool, frozen: bool
+        self,
+        backbone: nn.Module,
+        bands: int,
+        scale_factor: int,
+        hidden: int,
+        residual: tuple[Tensor, Tensor] | None,
+        frozen: bool,
     ) -> None:
+        """Initialise a new SuperResolver instance.
+
+        Args:
+            backbone: a timm Swin or ViT.
+            bands: output bands (those of the high-resolution side).
+            scale_factor: high / low resolution ratio.
+            hidden: the head's channels at the input resolution.
+            residual: the map of :func:`superres_residual`, or None for no residual.
+            frozen: freeze the backbone.
+        """
         super().__init__(backbone, frozen)
         last = backbone.feature_info[-1]
         self.head = SuperresHead(last["num_chs"], last["reduction"], bands, hidden, scale_factor, residual)
@@ -225,7 +280,7 @@ def build_finetune_model(cfg: FinetuneConfig, load_weights: bool = True) -> tupl
     elif cfg.task == "change":
         model = ChangeDetector(backbone, data.num_classes, frozen, head.feature_blocks, head.decoder_channels)
     else:
-        model = SuperResolver(
-            backbone, len(data.bands), data.scale_factor, head.superres_channels, head.superres_residual, frozen
-        )
+        targets = BandNormaliser.for_targets(data)
+        residual = superres_residual(BandNormaliser.from_config(data), targets) if head.superres_residual else None
+        model = SuperResolver(backbone, len(targets.bands), data.scale_factor, head.superres_channels, residual, frozen)
     return model, report

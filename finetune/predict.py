@@ -16,8 +16,11 @@ size divided by the scale factor):
 * ``segmentation``: class ids, the argmax of the blended scores (a single score channel is a
   logit: class 1 where it is above 0), uint8 (uint16 beyond 255 classes), nodata 255 (65535);
 * ``change``: the same from ``model_fn(before, after)``; both scenes must share CRS, transform and size;
-* ``superres``: the model's bands at ``scale_factor`` times as many rows and columns, de-normalised
-  to the input's units and dtype, with the input's nodata value.
+* ``superres``: the model's output bands (the high-resolution side's, named in the GeoTIFF's band
+  descriptions) at ``scale_factor`` times as many rows and columns, de-normalised to their raw
+  units. Where both sides share a scale (the same units), the output has the input's dtype and
+  nodata value (or the high-resolution side's configured one); otherwise it is float32 with the
+  high-resolution side's nodata value, or NaN.
 
 Input nodata pixels (every band nodata or not finite, as GDAL's dataset mask; for change, in either
 date) are nodata in the output.
@@ -58,14 +61,19 @@ class Predictor:
             images (B, C, tile * scale_factor, tile * scale_factor); it moves tiles to its device.
         task: segmentation, change or superres.
         normaliser: the model's band spec: its bands taken by name from the scene's, scale, mean, std, nodata.
+        tile: side of the tiles ``model_fn`` takes, in input pixels.
         scale_factor: superres: high / low resolution ratio.
+        target_normaliser: superres: the band spec of the outputs, the high-resolution side's
+            (default: ``normaliser``).
         info: what else the model was trained with (classes, bands, the kept weights' record...).
     """
 
     model_fn: ModelFn
     task: str
     normaliser: BandNormaliser
+    tile: int
     scale_factor: int = 1
+    target_normaliser: BandNormaliser | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -107,18 +115,23 @@ class _Output:
         path: Path,
         task: str,
         normaliser: BandNormaliser,
+        targets: BandNormaliser,
         channels: int,
         info: RasterInfo,
         factor: int,
-        nodata: float | None,
     ) -> None:
         self.task = task
-        self.normaliser = normaliser
+        self.normaliser = targets
         self.factor = factor
+        descriptions = None
         if task == "superres":
-            self.dtype = np.dtype(info.dtype)
-            self.fill = nodata if nodata is not None else (np.nan if self.dtype.kind == "f" else None)
-            count, out_nodata = channels, nodata
+            same_units = targets.scale == normaliser.scale
+            self.dtype = np.dtype(info.dtype if same_units else np.float32)
+            out_nodata = targets.nodata
+            if out_nodata is None and same_units:
+                out_nodata = normaliser.nodata_for(info.nodata)
+            self.fill = out_nodata if out_nodata is not None else (np.nan if self.dtype.kind == "f" else None)
+            count, descriptions = channels, targets.bands
         else:
             self.dtype = np.dtype(np.uint8 if max(channels, 2) <= 255 else np.uint16)
             self.fill = out_nodata = int(np.iinfo(self.dtype).max)
@@ -132,6 +145,7 @@ class _Output:
             crs=info.crs,
             transform=scaled_transform(info.transform, factor),
             nodata=out_nodata,
+            descriptions=descriptions,
         )
 
     def write(self, scores: np.ndarray, weights: np.ndarray, valid: np.ndarray, row_off: int) -> None:
@@ -159,9 +173,10 @@ def predict_scene(
     task: str,
     normaliser: BandNormaliser,
     tile: int = 256,
-    overlap: int = 64,
+    overlap: int | None = None,
     batch_size: int = 8,
     scale_factor: int = 1,
+    target_normaliser: BandNormaliser | None = None,
     progress: bool = True,
 ) -> Path:
     """Run a model over a whole scene in overlapping tiles and write its prediction as a GeoTIFF.
@@ -173,9 +188,10 @@ def predict_scene(
         task: segmentation, change or superres.
         normaliser: the model's band spec (bands, scale, mean, std, nodata).
         tile: side of the tiles the model sees, in input pixels.
-        overlap: pixels shared by neighbouring tiles, below ``tile``.
+        overlap: pixels shared by neighbouring tiles, below ``tile`` (default: a quarter of ``tile``).
         batch_size: tiles per model call.
         scale_factor: superres: high / low resolution ratio.
+        target_normaliser: superres: the band spec of the outputs (default: ``normaliser``).
         progress: show a progress bar over tiles.
 
     Returns:
@@ -188,6 +204,7 @@ def predict_scene(
     """
     if task not in PREDICTED_TASKS:
         raise ConfigError(f"geofm predict writes {', '.join(PREDICTED_TASKS)} outputs, not {task!r}")
+    overlap = tile // 4 if overlap is None else overlap
     if tile <= 0 or not 0 <= overlap < tile or batch_size <= 0:
         raise ConfigError(
             f"need tile > 0, 0 <= overlap < tile and batch size > 0, got tile {tile}, overlap {overlap}, "
@@ -198,6 +215,7 @@ def predict_scene(
         wanted = "a before and an after scene" if task == "change" else "one scene"
         raise ConfigError(f"task {task} takes {wanted}, got {len(inputs)}")
     factor = scale_factor if task == "superres" else 1
+    targets = target_normaliser or normaliser
     if factor < 1:
         raise ConfigError(f"scale factor must be a positive integer, got {scale_factor}")
     output_path = Path(output_path)
@@ -230,10 +248,9 @@ def predict_scene(
                 lefts = cols[start : start + batch_size]
                 batches = [torch.from_numpy(np.stack([_tile(strip, left, tile) for left in lefts])) for strip in strips]
                 with torch.inference_mode():
-                    out = _scores(model_fn(*batches), len(lefts), size, task, len(normaliser.bands))
+                    out = _scores(model_fn(*batches), len(lefts), size, task, len(targets.bands))
                 if output is None:
-                    nodata = normaliser.nodata_for(info.nodata)
-                    output = _Output(output_path, task, normaliser, out.shape[1], info, factor, nodata)
+                    output = _Output(output_path, task, normaliser, targets, out.shape[1], info, factor)
                     stack.enter_context(output.writer)  # the scene's GeoTIFF appears only once it is whole
                     scores = np.zeros((out.shape[1], size, width * factor), dtype=np.float32)
                 for b, left in enumerate(lefts):

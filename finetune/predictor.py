@@ -11,20 +11,28 @@ from finetune.best import load_finetuned
 from finetune.predict import Predictor
 from geofm import engine as ds
 from geofm.data.finetune import BandNormaliser
+from geofm.errors import ConfigError
+
+_SIZES_SHOWN = 4
 
 
-def load_predictor(run_dir: str | Path) -> Predictor:
+def load_predictor(run_dir: str | Path, tile: int | None = None) -> Predictor:
     """Load a finetuned run's kept weights as a :class:`~finetune.predict.Predictor`.
 
     Args:
         run_dir: a ``geofm finetune`` run directory (its ``config.yaml`` and ``best/``).
+        tile: side of the tiles the model is to take (default: its training size,
+            ``model.img_size``). Any multiple of the model's coarsest feature stride works (32 for
+            Swin and for dense heads, the patch size for a ViT's super-resolution): a Swin keeps its
+            trained windows and rebuilds its attention masks, a ViT resamples its position embedding.
 
     Returns:
         The predictor. Its ``model_fn`` maps float32 CPU tiles normalised as in training,
         (B, C, H, W) (change: the earlier and the later tiles, two arguments) to float32 CPU
         outputs: class logits (B, K, H, W) (segmentation, change; (B, K) for classification and
-        multilabel), or the normalised high-resolution image (B, C, H*s, W*s) (superres), without
-        gradients on this process's device. Its ``normaliser`` is the run's band spec, and its
+        multilabel), or the normalised high-resolution image (B, C', H*s, W*s) (superres), without
+        gradients on this process's device. Its ``normaliser`` is the run's band spec (superres:
+        ``target_normaliser`` that of the high-resolution side, ``data.hr``), and its
         ``info``: ``task``, ``bands`` (the model's, in order), ``dataset_bands``, ``scale``,
         ``mean``, ``std`` (per dataset band, after scale), ``nodata``, ``num_classes``,
         ``class_names``, ``ignore_index``, ``scale_factor`` (superres), ``img_size`` (the training
@@ -33,9 +41,21 @@ def load_predictor(run_dir: str | Path) -> Predictor:
 
     Raises:
         CheckpointNotFoundError: if ``run_dir`` is no finetuning run, or has kept no weights yet.
+        ConfigError: if the model cannot take ``tile`` x ``tile`` inputs, saying which sides it takes.
     """
     run_dir = Path(run_dir)
     model, cfg, record = load_finetuned(run_dir)
+    trained = cfg.model.img_size
+    tile = trained if tile is None else tile
+    if tile != trained:
+        step = model.size_multiple()
+        if tile <= 0 or tile % step:
+            sizes = ", ".join(str(step * k) for k in range(1, _SIZES_SHOWN + 1))
+            raise ConfigError(
+                f"--tile {tile}: the {cfg.task} model of {run_dir}, trained on {trained} px tiles, takes tiles "
+                f"whose side is a multiple of {step} px ({sizes}, ...)"
+            )
+        model.set_input_size(tile)
     dev = ds.device()
     model.to(dev)
 
@@ -60,4 +80,12 @@ def load_predictor(run_dir: str | Path) -> Predictor:
         "data": data,
         "selected": record,
     }
-    return Predictor(model_fn, cfg.task, BandNormaliser.from_config(data), info["scale_factor"], info)
+    return Predictor(
+        model_fn,
+        cfg.task,
+        BandNormaliser.from_config(data),
+        tile,
+        scale_factor=info["scale_factor"],
+        target_normaliser=BandNormaliser.for_targets(data) if cfg.task == "superres" else None,
+        info=info,
+    )

@@ -61,6 +61,7 @@ RESUME_INVARIANTS = (
     "data.bands",
     "data.custom_bands",
     "data.dataset_bands",
+    "data.hr",
     "data.num_classes",
     "data.train_fraction",
     "run.seed",

@@ -7,7 +7,8 @@ Task families and the sample each dataset yields (after band selection and norma
 ``multilabel``      ``image`` (C, H, W) float, ``label`` float (num_classes,) multi-hot
 ``segmentation``    ``image`` (C, H, W) float, ``mask`` int64 (H, W), ``ignore_index`` unlabeled
 ``change``          ``image1``, ``image2`` (C, H, W) float (before, after), ``mask`` int64 (H, W) 0/1
-``superres``        ``image`` (C, h, w) float low resolution, ``target`` (C, h*s, w*s) high resolution
+``superres``        ``image`` (C, h, w) float low resolution, ``target`` (C', h*s, w*s) high resolution
+                    (C' the bands of ``data.hr``, by default C: the same bands at both resolutions)
 ==================  =====================================================================
 
 Besides ``data`` (the downstream dataset), a config has ``model`` (the backbone, frozen or not),
@@ -31,6 +32,58 @@ Task = Literal["classification", "multilabel", "segmentation", "change", "superr
 Split = Literal["train", "val", "test"]
 
 
+def _check_band_spec(
+    where: str, dataset_bands: list[str], bands: list[str], mean: list[float], std: list[float]
+) -> None:
+    """Refuse model bands the data does not deliver, and statistics that are not one positive std per band.
+
+    Raises:
+        ValueError: naming the fields under ``where`` (``data``, ``data.hr``).
+    """
+    missing = [b for b in bands if b not in dataset_bands]
+    if missing:
+        raise ValueError(
+            f"{where}.bands {missing} are not among the dataset's bands {dataset_bands}: the dataset cannot provide them"
+        )
+    n = len(dataset_bands)
+    if len(mean) != n or len(std) != n:
+        raise ValueError(
+            f"{where}.mean and {where}.std need one value per dataset band ({n}), got {len(mean)} and {len(std)}"
+        )
+    if any(s <= 0 for s in std):
+        raise ValueError(f"{where}.std values must be positive, got {std}")
+
+
+class HighResolutionConfig(Section):
+    """``data.hr``: the high-resolution side of super-resolution pairs, where its bands or units differ.
+
+    SpaceNet's 8-band multispectral chips to its 3-band pan-sharpened RGB chips, Sentinel-2's 20 m
+    bands to its 10 m bands, Landsat's 30 m multispectral bands to its 15 m panchromatic band. The
+    model's outputs are ``bands``, taken by name from the ``dataset_bands`` the high-resolution
+    files (or torchgeo instance) deliver, normalised as ``(raw * scale - mean) / std``. Without
+    ``data.hr`` both sides have the bands and normalisation of the low-resolution side.
+    """
+
+    dataset_bands: list[str] = Field(min_length=1, description="the bands the high-resolution data delivers, in order")
+    bands: list[str] = Field(min_length=1, description="the model's output bands, in order (default: dataset_bands)")
+    scale: float = Field(gt=0.0, description="multiplies raw values (default: data.scale)")
+    nodata: float | None = Field(default=None, description="raw value of missing pixels (default: the files' own)")
+    mean: list[float] = Field(description="per high-resolution dataset band, after scale")
+    std: list[float] = Field(description="per high-resolution dataset band, after scale")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_bands(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "bands" not in data and "dataset_bands" in data:
+            return {**data, "bands": data["dataset_bands"]}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> HighResolutionConfig:
+        _check_band_spec("data.hr", self.dataset_bands, self.bands, self.mean, self.std)
+        return self
+
+
 class FinetuneDataConfig(Section):
     """A downstream dataset: a torchgeo dataset class, or folders of GeoTIFF/PNG/JPEG files.
 
@@ -39,7 +92,9 @@ class FinetuneDataConfig(Section):
     holds one folder per split (named by ``splits``) in the task's folder layout (see
     :mod:`geofm.data.finetune`; ``folders`` renames its parts). ``dataset_bands`` names the bands
     in the order the dataset delivers them; ``bands`` are the model's inputs, taken by name from
-    them (names from the band vocabulary of :mod:`geofm.data.bands`, or ``custom_bands``).
+    them (names from the band vocabulary of :mod:`geofm.data.bands`, or ``custom_bands``). For
+    super-resolution these fields describe the low-resolution side, and ``hr``
+    (:class:`HighResolutionConfig`) the high-resolution side when its bands or units differ.
     """
 
     torchgeo: str | None = Field(default=None, description="a torchgeo.datasets class name, e.g. UCMerced")
@@ -89,6 +144,11 @@ class FinetuneDataConfig(Section):
         description="superres with torchgeo: constructor arguments of the high-resolution instance, over kwargs "
         "(SpaceNet2: {image: MUL-PanSharpen})",
     )
+    hr: HighResolutionConfig | None = Field(
+        default=None,
+        description="superres: bands and normalisation of the high-resolution side (default: those of the "
+        "low-resolution side, above)",
+    )
     train_fraction: float = Field(default=1.0, gt=0.0, le=1.0, description="share of the train split used (1%: 0.01)")
     subset_seed: int = Field(
         default=0, description="seed of the train_fraction subset: the same subset for every run and backbone compared"
@@ -111,23 +171,16 @@ class FinetuneDataConfig(Section):
         """Resolve aliases and refuse unknown band names before the fields are checked."""
         if not isinstance(data, dict):
             return data
-        return canonical_band_lists(data, ("bands", "dataset_bands"), data.get("custom_bands") or [], "data")
+        custom = data.get("custom_bands") or []
+        data = canonical_band_lists(data, ("bands", "dataset_bands"), custom, "data")
+        if isinstance(data.get("hr"), dict):
+            hr = canonical_band_lists(data["hr"], ("bands", "dataset_bands"), custom, "data.hr")
+            data["hr"] = {"scale": data.get("scale", 1.0), **hr}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> FinetuneDataConfig:
-        missing = [b for b in self.bands if b not in self.dataset_bands]
-        if missing:
-            raise ValueError(
-                f"data.bands {missing} are not among the dataset's bands {self.dataset_bands}: "
-                "the dataset cannot provide them"
-            )
-        n = len(self.dataset_bands)
-        if len(self.mean) != n or len(self.std) != n:
-            raise ValueError(
-                f"data.mean and data.std need one value per dataset band ({n}), got {len(self.mean)} and {len(self.std)}"
-            )
-        if any(s <= 0 for s in self.std):
-            raise ValueError(f"data.std values must be positive, got {self.std}")
+        _check_band_spec("data", self.dataset_bands, self.bands, self.mean, self.std)
         if self.class_names is not None and self.num_classes is not None and len(self.class_names) != self.num_classes:
             raise ValueError(f"data.class_names has {len(self.class_names)} names for num_classes {self.num_classes}")
         if self.class_names is not None and len(set(self.class_names)) != len(self.class_names):
@@ -181,7 +234,9 @@ class HeadConfig(Section):
     )
     superres_channels: int = Field(default=16, gt=0, description="superres: channels at the input resolution")
     superres_residual: bool = Field(
-        default=True, description="superres: add the bicubically upsampled input to the output (learn the residual)"
+        default=True,
+        description="superres: add the bicubically upsampled input bands to the output bands of the same names, "
+        "in the output's normalisation (learn the residual); output bands that are no input band are learned whole",
     )
 
 
@@ -277,6 +332,10 @@ class FinetuneConfig(ProgramConfig):
             raise ValueError(f"task {task} needs data.num_classes")
         if task == "superres" and data.scale_factor is None:
             raise ValueError("task superres needs data.scale_factor")
+        if task != "superres" and data.hr is not None:
+            raise ValueError(
+                f"data.hr describes the high-resolution side of super-resolution pairs, not of {task} data"
+            )
         if task == "change" and data.num_classes != 2:
             raise ValueError(f"task change has 2 classes (no change, change), got data.num_classes {data.num_classes}")
         if task != "classification" and (opt.mixing or opt.label_smoothing):

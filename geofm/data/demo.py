@@ -31,7 +31,7 @@ from geofm.data.readers import write_geotiff
 SCENES = 24
 PUBLIC_SCENES = 16
 CRS = "EPSG:32632"
-_VERSION = 3
+_VERSION = 4
 _MARKER = ".complete"
 
 SCENE_CLASSES = ("farmland", "forest", "residential", "water")
@@ -93,8 +93,10 @@ finetune/          labelled downstream data, one folder per task, each with trai
                    (and light and noise differ); label uint8 0 = no change, 255 = new
                    building; some pairs have no change; {cd_counts} pairs.
   superres/        <split>/hr/scene_*.tif RGB uint8 256 x 256 px of 0.5 m and <split>/lr/
-                   scene_*.tif its {factor} x {factor} area average, 64 x 64 px of {lr_gsd} m, same
-                   upper-left corner; {sr_counts} pairs.
+                   scene_*.tif the {factor} x {factor} area average of those bands and near infrared
+                   (red, green, blue, nir uint8), 64 x 64 px of {lr_gsd} m, same upper-left corner:
+                   4-band multispectral to pan-sharpened RGB, as from a Pleiades-like sensor;
+                   {sr_counts} pairs.
                    Split counts are train/val/test.
 
 Regenerate with the same seed to get identical pixels.
@@ -333,7 +335,7 @@ def _write_finetune(root: Path, seed: int) -> dict[str, Path]:
     folders = {family: root / family for family in FINETUNE_SPLITS}
     for s, split in enumerate(("train", "val", "test")):
 
-        def at(family: int, i: int, pixel: float, size: int) -> tuple[float, ...]:
+        def at(family: int, i: int, pixel: float, size: int, s: int = s) -> tuple[float, ...]:
             """Transform of scene i of a family: families and splits in separate areas of the zone."""
             x0 = 400_000.0 + family * 20_000.0 + (i % 8) * size * pixel
             y0 = 5_300_000.0 - s * 10_000.0 - (i // 8) * size * pixel
@@ -349,14 +351,20 @@ def _write_finetune(root: Path, seed: int) -> dict[str, Path]:
         out = folders["multilabel"] / split
         rows = ["image," + ",".join(LAND_COVER)]
         for i in range(FINETUNE_SPLITS["multilabel"][split]):
-            pixels, cover = satellite_scene_with_cover(np.random.default_rng([seed, 11, s, i]), 64, swath_edge=i % 3 == 0)
-            write_geotiff(out / "images" / f"scene_{i:03d}.tif", pixels, transform=at(1, i, 10.0, 64), crs=CRS, nodata=0)
+            pixels, cover = satellite_scene_with_cover(
+                np.random.default_rng([seed, 11, s, i]), 64, swath_edge=i % 3 == 0
+            )
+            write_geotiff(
+                out / "images" / f"scene_{i:03d}.tif", pixels, transform=at(1, i, 10.0, 64), crs=CRS, nodata=0
+            )
             rows.append(f"scene_{i:03d}.tif," + ",".join(map(str, _present_cover(cover))))
         (out / "labels.csv").write_text("\n".join(rows) + "\n")
 
         out = folders["segmentation"] / split
         for i in range(FINETUNE_SPLITS["segmentation"][split]):
-            pixels, cover = satellite_scene_with_cover(np.random.default_rng([seed, 12, s, i]), 96, swath_edge=i % 3 == 0)
+            pixels, cover = satellite_scene_with_cover(
+                np.random.default_rng([seed, 12, s, i]), 96, swath_edge=i % 3 == 0
+            )
             transform = at(2, i, 10.0, 96)
             write_geotiff(out / "images" / f"scene_{i:03d}.tif", pixels, transform=transform, crs=CRS, nodata=0)
             write_geotiff(out / "masks" / f"scene_{i:03d}.tif", cover[None], transform=transform, crs=CRS)
@@ -371,11 +379,11 @@ def _write_finetune(root: Path, seed: int) -> dict[str, Path]:
 
         out = folders["superres"] / split
         for i in range(FINETUNE_SPLITS["superres"][split]):
-            high = aerial_scene(np.random.default_rng([seed, 14, s, i]), size=64 * SR_FACTOR)
+            scene = uav_scene(np.random.default_rng([seed, 14, s, i]), size=64 * SR_FACTOR)
             transform = at(4, i, 0.5, 64 * SR_FACTOR)
-            write_geotiff(out / "hr" / f"scene_{i:03d}.tif", high, transform=transform, crs=CRS)
+            write_geotiff(out / "hr" / f"scene_{i:03d}.tif", scene[:3], transform=transform, crs=CRS)
             low = (transform[0] * SR_FACTOR, 0.0, transform[2], 0.0, transform[4] * SR_FACTOR, transform[5])
-            write_geotiff(out / "lr" / f"scene_{i:03d}.tif", area_average(high, SR_FACTOR), transform=low, crs=CRS)
+            write_geotiff(out / "lr" / f"scene_{i:03d}.tif", area_average(scene, SR_FACTOR), transform=low, crs=CRS)
     return folders
 
 

@@ -162,7 +162,9 @@ def _check_layout(
         raise RasterReadError(path, f"has {src.count} bands, source declares {expected_bands}{declared}")
     kinds = {np.dtype(d).kind for d in src.dtypes}
     if not kinds <= {"i", "u", "f"}:
-        raise RasterReadError(path, f"has dtype {', '.join(sorted(set(src.dtypes)))}; expected an integer or float type")
+        raise RasterReadError(
+            path, f"has dtype {', '.join(sorted(set(src.dtypes)))}; expected an integer or float type"
+        )
 
 
 def _info(src: DatasetReader, path: str | Path) -> RasterInfo:
@@ -228,7 +230,9 @@ class WindowReader:
     Use it as a context manager; :attr:`info` holds the header.
     """
 
-    def __init__(self, path: str | Path, expected_bands: int | None = None, band_names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, path: str | Path, expected_bands: int | None = None, band_names: Sequence[str] | None = None
+    ) -> None:
         """Open a raster for windowed reading.
 
         Args:
@@ -344,6 +348,7 @@ class GeoTiffWriter:
         crs: str | None,
         transform: Sequence[float],
         nodata: float | None = None,
+        descriptions: Sequence[str] | None = None,
     ) -> None:
         """Create the file.
 
@@ -356,7 +361,13 @@ class GeoTiffWriter:
             crs: coordinate reference system, or None.
             transform: affine coefficients ``(a, b, c, d, e, f)``.
             nodata: value marking pixels without data, or None.
+            descriptions: a name per band (GDAL band descriptions, e.g. ``red``), or None.
+
+        Raises:
+            ValueError: if ``descriptions`` does not name every band.
         """
+        if descriptions is not None and len(descriptions) != count:
+            raise ValueError(f"{path}: {len(descriptions)} band descriptions for {count} bands")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.partial = path, path.with_name(path.name + ".partial")
@@ -379,6 +390,8 @@ class GeoTiffWriter:
             **({"blockxsize": 256, "blockysize": 256} if blocked else {}),
             BIGTIFF="IF_SAFER",
         )
+        if descriptions is not None:
+            self._dst.descriptions = tuple(descriptions)
 
     def write(self, array: np.ndarray, row_off: int, col_off: int = 0) -> None:
         """Write a (bands, rows, columns) block with its top-left pixel at ``(row_off, col_off)``.

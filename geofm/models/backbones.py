@@ -13,6 +13,7 @@ from typing import Any
 
 import timm
 import torch
+from timm.models.swin_transformer import SwinTransformer
 from torch import nn
 
 from geofm.errors import ConfigError
@@ -94,6 +95,27 @@ def create_backbone(arch: str, kwargs: dict[str, Any], drop_path_rate: float = 0
     """Build a randomly initialised timm backbone from :func:`backbone_kwargs`."""
     backbone_family(arch)
     return timm.create_model(arch, pretrained=False, drop_path_rate=drop_path_rate, **kwargs)
+
+
+def resize_input(model: nn.Module, img_size: int) -> None:
+    """Make a timm Swin or ViT take ``img_size`` x ``img_size`` inputs, in place (timm's ``set_input_size``).
+
+    A Swin keeps the window each stage has now, so on larger inputs every relative position table
+    is used as it was trained and only the attention masks are rebuilt (there are more windows,
+    shifted where a stage now has more than one); a stage whose feature map becomes smaller than
+    its window gets a window of the map's size, its table resized by timm. A ViT's absolute
+    position embedding is resampled to the new patch grid (timm, bicubic).
+
+    Raises:
+        ValueError: if ``img_size`` is not positive.
+    """
+    if img_size <= 0:
+        raise ValueError(f"an input size must be positive, got {img_size}")
+    size = (img_size, img_size)
+    if isinstance(model, SwinTransformer):
+        model.set_input_size(img_size=size, window_size=[stage.blocks[0].window_size for stage in model.layers])
+    else:
+        model.set_input_size(img_size=size)
 
 
 def feature_pyramid(model: nn.Module, images: torch.Tensor, indices: int | list[int] = 4) -> list[torch.Tensor]:

@@ -86,6 +86,11 @@ def test_metric_names_per_task():
         ("classification", {"finetune": {"eval_every": 0}}, r"finetune\.eval_every"),
         ("classification", {"layer_decay": 0.9}, r"layer_decay: unknown key"),
         ("superres", {"data": {"scale_factor": None}}, "task superres needs data.scale_factor"),
+        (
+            "segmentation",
+            {"data": {"hr": {"dataset_bands": ["red"], "mean": [0.0], "std": [1.0]}}},
+            r"data\.hr describes the high-resolution side of super-resolution pairs, not of segmentation data",
+        ),
         ("change", {"train": {"micro_batch_size": 1}}, r"need train\.micro_batch_size >= 2"),
     ],
 )

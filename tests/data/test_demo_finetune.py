@@ -21,7 +21,7 @@ STATS_FILES = {
     "multilabel": "train/images/*.tif",
     "segmentation": "train/images/*.tif",
     "change": "train/[AB]/*.tif",
-    "superres": "train/hr/*.tif",
+    "superres": "train/lr/*.tif",
 }
 
 
@@ -51,9 +51,22 @@ def test_demo_configs_read_every_split(archive: dict[str, Path], family: str) ->
 def test_demo_configs_carry_the_archive_statistics(archive: dict[str, Path], family: str) -> None:
     data = _config(family, archive).data
     stats = compute_band_stats(
-        root=archive[family], pattern=STATS_FILES[family], bands=data.dataset_bands, scale=data.scale, nodata=data.nodata
+        root=archive[family],
+        pattern=STATS_FILES[family],
+        bands=data.dataset_bands,
+        scale=data.scale,
+        nodata=data.nodata,
     )
     assert np.allclose(stats.mean, data.mean, rtol=1e-4) and np.allclose(stats.std, data.std, rtol=1e-4), family
+
+
+def test_demo_superres_config_carries_the_high_resolution_statistics(archive: dict[str, Path]) -> None:
+    hr = _config("superres", archive).data.hr
+    assert hr is not None and hr.bands == ["red", "green", "blue"] and hr.scale == pytest.approx(1 / 255)
+    stats = compute_band_stats(
+        root=archive["superres"], pattern="train/hr/*.tif", bands=hr.dataset_bands, scale=hr.scale
+    )
+    assert np.allclose(stats.mean, hr.mean, rtol=1e-4) and np.allclose(stats.std, hr.std, rtol=1e-4)
 
 
 def test_scene_classes_look_different(archive: dict[str, Path]) -> None:
@@ -90,7 +103,9 @@ def test_change_masks_mark_new_buildings(archive: dict[str, Path]) -> None:
         if mask.any():
             changed += 1
             difference = np.abs(after.data.astype(int) - before.data.astype(int)).sum(axis=0)
-            assert difference[mask == 255].mean() > 3 * difference[mask == 0].mean(), f"pair {i}: change where the mask says"
+            assert difference[mask == 255].mean() > 3 * difference[mask == 0].mean(), (
+                f"pair {i}: change where the mask says"
+            )
     assert 0 < changed < FINETUNE_SPLITS["change"]["train"], "some pairs change, some do not"
 
 
@@ -98,11 +113,13 @@ def test_superres_pairs_are_area_averages_on_finer_grids(archive: dict[str, Path
     folder = archive["superres"] / "val"
     for i in range(FINETUNE_SPLITS["superres"]["val"]):
         high = read_raster(folder / "hr" / f"scene_{i:03d}.tif", 3)
-        low = read_raster(folder / "lr" / f"scene_{i:03d}.tif", 3)
+        low = read_raster(folder / "lr" / f"scene_{i:03d}.tif", 4)
         bands, height, width = high.data.shape
-        assert low.data.shape == (bands, height // SR_FACTOR, width // SR_FACTOR)
-        average = high.data.reshape(bands, height // SR_FACTOR, SR_FACTOR, width // SR_FACTOR, SR_FACTOR).mean(axis=(2, 4))
-        assert np.abs(low.data - average).max() <= 0.5
+        assert low.data.shape == (4, height // SR_FACTOR, width // SR_FACTOR), "red, green, blue and nir"
+        average = high.data.reshape(bands, height // SR_FACTOR, SR_FACTOR, width // SR_FACTOR, SR_FACTOR).mean(
+            axis=(2, 4)
+        )
+        assert np.abs(low.data[:3] - average).max() <= 0.5, "the low-resolution red, green, blue average the high"
         assert low.transform[0] == SR_FACTOR * high.transform[0] and low.transform[4] == SR_FACTOR * high.transform[4]
         assert low.transform[2] == high.transform[2] and low.transform[5] == high.transform[5]
         assert raster_info(folder / "lr" / f"scene_{i:03d}.tif").crs == "EPSG:32632"

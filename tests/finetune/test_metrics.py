@@ -12,7 +12,7 @@ from finetune.metrics import TaskMetrics
 
 def _compute(cfg, outputs, target, batches: int = 1) -> dict[str, float]:
     metrics = TaskMetrics(cfg)
-    for out, tgt in zip(outputs.chunk(batches), target.chunk(batches)):
+    for out, tgt in zip(outputs.chunk(batches), target.chunk(batches), strict=True):
         metrics.update(out, tgt)
     return metrics.compute()
 
@@ -74,3 +74,11 @@ def test_psnr_in_scaled_units_is_the_mean_over_images(task_config):
     expected = (10 * math.log10(1 / 0.1**2) + 10 * math.log10(1 / 0.2**2)) / 2
     assert result["psnr"] == pytest.approx(expected, rel=1e-5)
     assert 0 < result["ssim"] <= 1
+
+
+def test_psnr_of_other_high_resolution_bands_is_in_their_own_units(task_config):
+    hr = {"dataset_bands": ["pan", "red"], "bands": ["pan"], "mean": [0.5, 0.0], "std": [0.2, 1.0]}
+    cfg = task_config("superres", data={"hr": hr}, finetune={"superres_data_range": 1.0})
+    target = torch.zeros(2, 1, 16, 16)  # normalised 0 -> scaled 0.5
+    outputs = target + 1.0  # scaled error 0.2 (pan's std), not 0.1 (the inputs' std)
+    assert _compute(cfg, outputs, target)["psnr"] == pytest.approx(10 * math.log10(1 / 0.2**2), rel=1e-5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from finetune.heads import SimpleFeaturePyramid
 from finetune.models import build_finetune_model
@@ -75,6 +76,47 @@ def test_superres_reaches_the_input_resolution_then_upsamples_by_the_scale(make_
         "the SimMIM-style decoder ends at the input resolution (hidden channels 4)"
     )
     assert out.shape == (2, 4, 128, 128), "the upsampler multiplies the resolution by the scale factor"
+
+
+def _learned_part_off(model) -> None:
+    """Zero the upsampler's last convolution: the model's output is then its residual alone."""
+    torch.nn.init.zeros_(model.head.upsampler[-1].weight)
+    torch.nn.init.zeros_(model.head.upsampler[-1].bias)
+
+
+def test_superres_outputs_the_high_resolution_bands_and_adds_the_inputs_of_the_same_name(make_model):
+    # inputs: red, green, blue, nir, mean 0.25 and std 0.1 after scale; outputs: red, green, pan
+    hr = {
+        "dataset_bands": ["pan", "green", "red"],
+        "bands": ["red", "green", "pan"],
+        "mean": [0.2, 0.1, 0.5],
+        "std": [0.1, 0.05, 0.2],
+    }
+    model = make_model("superres", data={"hr": hr})
+    _learned_part_off(model)
+    image = torch.randn(2, 4, 32, 32)
+    with torch.no_grad():
+        out = model(image)
+    assert out.shape == (2, 3, 64, 64), "the head outputs the high-resolution side's bands"
+    up = F.interpolate(image, scale_factor=2, mode="bicubic", align_corners=False)
+    scaled = up * 0.1 + 0.25  # the inputs in scaled units
+    torch.testing.assert_close(out[:, 0], (scaled[:, 0] - 0.5) / 0.2, msg="red: the input's red, renormalised")
+    torch.testing.assert_close(out[:, 1], (scaled[:, 1] - 0.1) / 0.05, msg="green: the input's green, renormalised")
+    assert torch.equal(out[:, 2], torch.zeros_like(out[:, 2])), "pan has no input band of its name: learned whole"
+    assert not [k for k in model.state_dict() if k.startswith("head.") and "residual" in k], "nothing new to save"
+
+
+def test_superres_with_one_band_spec_adds_the_upsampled_input_itself(make_model):
+    model = make_model("superres")
+    _learned_part_off(model)
+    image = torch.randn(2, 4, 32, 32)
+    with torch.no_grad():
+        out = model(image)
+    assert torch.equal(out, F.interpolate(image, scale_factor=2, mode="bicubic", align_corners=False))
+    residual_off = make_model("superres", head={"superres_residual": False})
+    _learned_part_off(residual_off)
+    with torch.no_grad():
+        assert torch.equal(residual_off(image), torch.zeros(2, 4, 64, 64))
 
 
 @pytest.mark.parametrize(("family", "blocks"), [("swin", 1 + 1 + 2 + 1), ("vit", 4)])

@@ -31,9 +31,9 @@ def fake_program(monkeypatch):
         asked = []
         norm = BandNormaliser(["red"], ["red"], 1.0, [0.0], [1.0])
 
-        def load_predictor(run_dir):
+        def load_predictor(run_dir, tile):
             asked.append(run_dir)
-            return Predictor(model_fn=lambda *x: torch.cat([-x[-1], x[-1]], dim=1), task=task, normaliser=norm)
+            return Predictor(lambda *x: torch.cat([-x[-1], x[-1]], dim=1), task, norm, tile or 256)
 
         monkeypatch.setitem(sys.modules, "finetune.predictor", types.SimpleNamespace(load_predictor=load_predictor))
         return asked
@@ -54,8 +54,12 @@ def test_predict_segmentation_scene(tmp_path, fake_program, capsys):
             str(tmp_path / "scene.tif"),
             "--output",
             str(tmp_path / "out.tif"),
+            "--tile",
+            "32",
+            "--overlap",
+            "8",
+            "--no-progress",
         ]
-        + ["--tile", "32", "--overlap", "8", "--no-progress"]
     )
     args.handler(args)
     assert asked == [tmp_path / "run"]
@@ -66,9 +70,46 @@ def test_predict_segmentation_scene(tmp_path, fake_program, capsys):
 def test_inputs_must_fit_the_task(tmp_path, fake_program):
     fake_program("change")
     args = _parse(["predict", "--model", "run", "--input", "scene.tif", "--output", "out.tif"])
-    with pytest.raises(ConfigError, match="change detection model: give --before A.tif and --after B.tif"):
+    with pytest.raises(ConfigError, match=r"change detection model: give --before A\.tif and --after B\.tif"):
         args.handler(args)
     fake_program("segmentation")
     args = _parse(["predict", "--model", "run", "--before", "a.tif", "--after", "b.tif", "--output", "out.tif"])
-    with pytest.raises(ConfigError, match="segmentation model: give --input SCENE.tif"):
+    with pytest.raises(ConfigError, match=r"segmentation model: give --input SCENE\.tif"):
         args.handler(args)
+
+
+@pytest.fixture
+def run_at_64(task_config, random_datasets):
+    """A segmentation run of the tiny Swin trained on 64 px tiles (4 bands, 3 classes)."""
+    from finetune.run import finetune
+
+    return finetune(task_config("segmentation", model={"img_size": 64}, train={"epochs": 1, "warmup_epochs": 0.5}))
+
+
+def _predict(run_dir, scene, out, *extra: str) -> int:
+    from geofm.cli import main
+
+    return main(
+        ["predict", "--model", str(run_dir), "--input", str(scene), "--output", str(out), "--no-progress", *extra]
+    )
+
+
+def test_predict_tiles_as_the_model_was_trained_by_default_or_as_asked(run_at_64, tmp_path, capsys):
+    pixels = np.random.default_rng(0).integers(1, 5000, (4, 100, 150)).astype(np.uint16)
+    write_geotiff(tmp_path / "scene.tif", pixels, transform=(10, 0, 500_000, 0, -10, 4_000_000), crs=32632)
+    outputs = {}
+    for name, extra in (("default", ()), ("own", ("--tile", "64")), ("larger", ("--tile", "128", "--overlap", "32"))):
+        assert _predict(run_at_64, tmp_path / "scene.tif", tmp_path / f"{name}.tif", *extra) == 0, (
+            capsys.readouterr().err
+        )
+        outputs[name] = read_raster(tmp_path / f"{name}.tif", 1).data[0]
+        assert outputs[name].shape == (100, 150) and outputs[name].max() < 3, name
+    assert np.array_equal(outputs["default"], outputs["own"]), "the default tile is the model's own size, 64 px"
+
+
+def test_predict_refuses_a_tile_the_model_cannot_take_in_one_line(run_at_64, tmp_path, capsys):
+    write_geotiff(tmp_path / "scene.tif", np.ones((4, 70, 70), np.uint16), transform=(1, 0, 0, 0, -1, 0), crs=32632)
+    assert _predict(run_at_64, tmp_path / "scene.tif", tmp_path / "out.tif", "--tile", "80") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("geofm: error: --tile 80: ") and err.count("\n") == 1, err
+    assert "multiple of 32 px (32, 64, 96, 128, ...)" in err and not (tmp_path / "out.tif").exists()

@@ -155,14 +155,19 @@ class FolderSource(SceneSource):
         info = raster_info(next(iter(self.items[index].values())))
         return info.height, info.width
 
-    def read_image(self, path: Path) -> tuple[Tensor, Raster]:
+    def read_image(self, path: Path, normaliser: BandNormaliser | None = None) -> tuple[Tensor, Raster]:
         """An image file, normalised in the model's bands, and its raster.
 
+        Args:
+            path: the file.
+            normaliser: the band spec of the file (default: the data section's, ``self.normaliser``).
+
         Raises:
-            RasterReadError: if the file cannot be read or has another band count than ``data.dataset_bands``.
+            RasterReadError: if the file cannot be read or has another band count than the spec's dataset bands.
         """
-        raster = read_raster(path, len(self.cfg.dataset_bands), self.cfg.dataset_bands)
-        image, _ = self.normaliser(raster.data, raster.nodata, str(path))
+        normaliser = normaliser or self.normaliser
+        raster = read_raster(path, len(normaliser.dataset_bands), normaliser.dataset_bands)
+        image, _ = normaliser(raster.data, raster.nodata, str(path))
         return image, raster
 
     def read_mask(self, path: Path) -> Raster:
@@ -174,5 +179,7 @@ class FolderSource(SceneSource):
         """
         raster = read_raster(path, 1, ["mask"])
         if raster.data.dtype.kind == "f" and not (raster.data == raster.data.round()).all():
-            raise DataMismatchError(f"{path}: mask of dtype {raster.dtype} holds non-integer values; expected class ids")
+            raise DataMismatchError(
+                f"{path}: mask of dtype {raster.dtype} holds non-integer values; expected class ids"
+            )
         return raster

@@ -28,6 +28,7 @@ class BandNormaliser:
         mean: Sequence[float],
         std: Sequence[float],
         nodata: float | None = None,
+        section: str = "data",
     ) -> None:
         """Initialise a new BandNormaliser instance.
 
@@ -38,6 +39,7 @@ class BandNormaliser:
             mean: per dataset band, after scale.
             std: per dataset band, after scale.
             nodata: raw value of missing pixels; None: the file's own, if any.
+            section: the config section of this band spec, for messages (``data``, ``data.hr``).
 
         Raises:
             DataMismatchError: naming the model bands the dataset does not deliver.
@@ -54,20 +56,31 @@ class BandNormaliser:
         self.bands = list(bands)
         self.scale = float(scale)
         self.nodata = nodata
+        self.section = section
         self.keep = [self.dataset_bands.index(b) for b in self.bands]
         self.mean = np.asarray(mean, dtype=np.float32)[self.keep, None, None]
         self.std = np.asarray(std, dtype=np.float32)[self.keep, None, None]
 
     @classmethod
     def from_config(cls, cfg: FinetuneDataConfig) -> BandNormaliser:
-        """The normaliser of a downstream data section."""
+        """The normaliser of a downstream data section (super-resolution: of the low-resolution side)."""
         return cls(cfg.dataset_bands, cfg.bands, cfg.scale, cfg.mean, cfg.std, cfg.nodata)
+
+    @classmethod
+    def for_targets(cls, cfg: FinetuneDataConfig) -> BandNormaliser:
+        """The normaliser of super-resolution targets: ``data.hr``, or the low-resolution side's without it."""
+        hr = cfg.hr
+        if hr is None:
+            return cls.from_config(cfg)
+        return cls(hr.dataset_bands, hr.bands, hr.scale, hr.mean, hr.std, hr.nodata, section="data.hr")
 
     def nodata_for(self, file_nodata: float | None) -> float | None:
         """The nodata value in force: the configured one, else the file's own."""
         return self.nodata if self.nodata is not None else file_nodata
 
-    def __call__(self, raw: np.ndarray, file_nodata: float | None = None, where: str = "image") -> tuple[Tensor, Tensor]:
+    def __call__(
+        self, raw: np.ndarray, file_nodata: float | None = None, where: str = "image"
+    ) -> tuple[Tensor, Tensor]:
         """Select and normalise the model's bands of a raw image.
 
         Args:
@@ -83,7 +96,7 @@ class BandNormaliser:
         """
         if raw.ndim != 3 or raw.shape[0] != len(self.dataset_bands):
             raise DataMismatchError(
-                f"{where}: has {raw.shape[0] if raw.ndim == 3 else raw.shape} bands; data.dataset_bands declares "
+                f"{where}: has {raw.shape[0] if raw.ndim == 3 else raw.shape} bands; {self.section}.dataset_bands declares "
                 f"{len(self.dataset_bands)} ({', '.join(self.dataset_bands)})"
             )
         pixels, valid = normalise_pixels(raw[self.keep], self.scale, self.mean, self.std, self.nodata_for(file_nodata))

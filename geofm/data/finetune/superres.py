@@ -8,6 +8,7 @@ from torch import Tensor
 from geofm.config.finetune import FinetuneDataConfig, Split
 from geofm.data.finetune.checks import superres_extent
 from geofm.data.finetune.folders import FolderSource, pair_by_stem
+from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.readers import Raster, RasterInfo, raster_info, scaled_transform
 from geofm.errors import DataMismatchError
 
@@ -30,7 +31,8 @@ class SuperresFolders(FolderSource):
     """``<split>/lr/`` and ``<split>/hr/``: pairs with the same file stem.
 
     The high-resolution image is ``scale_factor`` times the low-resolution one per side and, when
-    both are georeferenced, covers the same area (pixel size divided by the factor).
+    both are georeferenced, covers the same area (pixel size divided by the factor). Its bands and
+    normalisation are ``data.hr``'s (default: the low-resolution side's).
     """
 
     def __init__(self, cfg: FinetuneDataConfig, split: Split) -> None:
@@ -42,6 +44,7 @@ class SuperresFolders(FolderSource):
         """
         super().__init__(cfg, "superres", split)
         self.factor = int(cfg.scale_factor or 0)
+        self.target_normaliser = BandNormaliser.for_targets(cfg)
         self.items = pair_by_stem({"image": self.part("lr"), "target": self.part("hr")}, cfg.suffixes)
 
     def _where(self, index: int) -> str:
@@ -55,7 +58,7 @@ class SuperresFolders(FolderSource):
     def load(self, index: int) -> dict[str, Tensor]:
         files = self.items[index]
         image, lr = self.read_image(files["image"])
-        target, hr = self.read_image(files["target"])
+        target, hr = self.read_image(files["target"], self.target_normaliser)
         where = self._where(index)
         h, w = superres_extent(image.shape[1:], target.shape[1:], self.factor, self.cfg.superres_trim, where)
         _check_georeferencing(lr, hr, self.factor, where)

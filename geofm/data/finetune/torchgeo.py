@@ -13,7 +13,8 @@ samples become the task's format:
                     ``image1``/``image2`` -> ``image1``, ``image2``; ``mask`` -> (H, W) in {0, 1}
 ``superres``        two instances of the class, ``kwargs`` + ``lr_kwargs`` and ``kwargs`` +
                     ``hr_kwargs`` (SpaceNet2: ``image: MUL`` and ``image: MUL-PanSharpen``),
-                    paired by chip; ``image`` of the first, ``target`` of the second
+                    paired by chip; ``image`` of the first, ``target`` of the second in the
+                    bands of ``data.hr`` (SpaceNet2 ``image: RGB-PanSharpen``: red, green, blue)
 ==================  =====================================================================
 
 For the classes of :data:`KNOWN_BANDS` (and classes whose instances list band names, e.g. OSCD,
@@ -131,22 +132,26 @@ class TorchgeoSource(SceneSource):
                 test split), or super-resolution chips lack their partner.
         """
         if "download" in cfg.kwargs:
-            raise ConfigError("data.kwargs.download: geofm never downloads; fetch the dataset beforehand and set data.root")
+            raise ConfigError(
+                "data.kwargs.download: geofm never downloads; fetch the dataset beforehand and set data.root"
+            )
         self.cfg = cfg
         self.task = task
         self.name = str(cfg.torchgeo)
         self.split = split
-        self.normaliser = BandNormaliser.from_config(cfg)
+        # the band spec of each instance: the low-resolution one's is data's, the high-resolution one's data.hr's
+        self.normalisers = [BandNormaliser.from_config(cfg)]
         cls = dataset_class(self.name)
         if task == "superres":
             low, high = {**cfg.kwargs, **cfg.lr_kwargs}, {**cfg.kwargs, **cfg.hr_kwargs}
             self.datasets = [self._open(cls, low), self._open(cls, high)]
+            self.normalisers.append(BandNormaliser.for_targets(cfg))
             self.pairs = self._pair(*self.datasets)
         else:
             self.datasets = [self._open(cls, dict(cfg.kwargs))]
             self.pairs = [(i,) for i in range(len(self.datasets[0]))]
-        for dataset in self.datasets:
-            self._check_bands(dataset)
+        for dataset, normaliser in zip(self.datasets, self.normalisers, strict=True):
+            self._check_bands(dataset, normaliser)
         if task in _TARGETS and len(self.pairs):
             self._check_target(*self._get(0, 0))
 
@@ -166,17 +171,19 @@ class TorchgeoSource(SceneSource):
                 f"{err or 'invalid argument'} (data.splits maps train/val/test to the class's split names)"
             ) from err
         except ImportError as err:
-            raise ConfigError(f"data.torchgeo: torchgeo {self.name} needs a package that is not installed: {err}") from err
+            raise ConfigError(
+                f"data.torchgeo: torchgeo {self.name} needs a package that is not installed: {err}"
+            ) from err
 
-    def _check_bands(self, dataset: Dataset) -> None:
+    def _check_bands(self, dataset: Dataset, spec: BandNormaliser) -> None:
         delivered = delivered_bands(self.name, dataset)
-        if delivered is None or delivered == self.cfg.dataset_bands:
+        if delivered is None or delivered == spec.dataset_bands:
             return
-        lacking = [b for b in self.cfg.bands if b not in delivered]
+        lacking = [b for b in spec.bands if b not in delivered]
         consequence = f"; it cannot provide the model bands {lacking}" if lacking else ""
         raise DataMismatchError(
-            f"torchgeo {self.name} delivers the bands {delivered}, data.dataset_bands declares "
-            f"{self.cfg.dataset_bands}{consequence}"
+            f"torchgeo {self.name} delivers the bands {delivered}, {spec.section}.dataset_bands declares "
+            f"{spec.dataset_bands}{consequence}"
         )
 
     def _check_target(self, sample: dict[str, Tensor], where: str) -> None:
@@ -220,7 +227,9 @@ class TorchgeoSource(SceneSource):
         return len(self.pairs)
 
     def describe(self, index: int) -> str:
-        return " and ".join(describe_item(self.name, d, i) for d, i in zip(self.datasets, self.pairs[index]))
+        return " and ".join(
+            describe_item(self.name, d, i) for d, i in zip(self.datasets, self.pairs[index], strict=True)
+        )
 
     def labels(self) -> list[int] | None:
         targets = getattr(self.datasets[0], "targets", None)
@@ -241,8 +250,9 @@ class TorchgeoSource(SceneSource):
         except _LOAD_ERRORS as err:
             raise RasterReadError(where, f"torchgeo cannot load it: {type(err).__name__}: {err}") from err
 
-    def _image(self, image: Tensor, where: str) -> Tensor:
-        return self.normaliser(np.asarray(image), None, where)[0]
+    def _image(self, image: Tensor, where: str, which: int = 0) -> Tensor:
+        """An image of instance ``which`` (super-resolution: 1 is the high-resolution one) in its model bands."""
+        return self.normalisers[which](np.asarray(image), None, where)[0]
 
     def load(self, index: int) -> dict[str, Tensor]:
         pair = self.pairs[index]
@@ -250,7 +260,7 @@ class TorchgeoSource(SceneSource):
         cfg = self.cfg
         if self.task == "superres":
             high, where_high = self._get(1, pair[1])
-            image, target = self._image(sample["image"], where), self._image(high["image"], where_high)
+            image, target = self._image(sample["image"], where), self._image(high["image"], where_high, 1)
             s = int(cfg.scale_factor or 0)
             h, w = superres_extent(image.shape[1:], target.shape[1:], s, cfg.superres_trim, f"{where} and {where_high}")
             return {"image": image[:, :h, :w], "target": target[:, : h * s, : w * s]}

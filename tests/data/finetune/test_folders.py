@@ -9,6 +9,7 @@ from PIL import Image
 
 from geofm.data.finetune import build_finetune_dataset
 from geofm.data.grid import grid_origins
+from geofm.errors import RasterReadError
 
 
 def _check_format(sample: dict, expected: dict) -> None:
@@ -21,7 +22,7 @@ def _check_format(sample: dict, expected: dict) -> None:
 def test_classification_folders(tmp_path, tif, data_cfg):
     rng = np.random.default_rng(0)
     for split in ("train", "val"):
-        for c, name in enumerate(["beach", "forest", "harbor"]):
+        for name in ["beach", "forest", "harbor"]:
             for i in range(3):
                 tif(tmp_path / split / name / f"{name}_{i}.tif", rng.integers(0, 200, (3, 40, 48)).astype(np.uint8))
     Image.fromarray(rng.integers(0, 200, (40, 48, 3), dtype=np.uint8)).save(tmp_path / "train" / "beach" / "extra.png")
@@ -41,11 +42,18 @@ def test_classification_normalisation_selects_model_bands_by_name(tmp_path, tif,
     raw[:, 0, 0] = 0
     tif(tmp_path / "val" / "a" / "x.tif", raw, nodata=0)
     cfg = data_cfg(
-        tmp_path, dataset_bands=["blue", "green", "red"], bands=["red", "green"], scale=0.01, mean=[1.0, 2.0, 3.0], std=[0.5, 0.25, 2.0]
+        tmp_path,
+        dataset_bands=["blue", "green", "red"],
+        bands=["red", "green"],
+        scale=0.01,
+        mean=[1.0, 2.0, 3.0],
+        std=[0.5, 0.25, 2.0],
     )
     image = build_finetune_dataset(cfg, "classification", "val", 8, train=False)[0]["image"]
     assert image.shape == (2, 8, 8)
-    np.testing.assert_allclose(image[0, 1:, 1:], (300 * 0.01 - 3.0) / 2.0, err_msg="red = third dataset band, its own statistics")
+    np.testing.assert_allclose(
+        image[0, 1:, 1:], (300 * 0.01 - 3.0) / 2.0, err_msg="red = third dataset band, its own statistics"
+    )
     np.testing.assert_allclose(image[1, 1:, 1:], (200 * 0.01 - 2.0) / 0.25, err_msg="green = second dataset band")
     assert (image[:, 0, 0] == 0).all(), "nodata pixels are 0 after normalisation"
 
@@ -74,11 +82,19 @@ def test_segmentation_folders_and_evaluation_grid(tmp_path, tif, data_cfg, posit
     mask[0, 0, :5] = 255
     tif(tmp_path / "val" / "images" / "tile_a.tif", image, nodata=0)
     tif(tmp_path / "val" / "masks" / "tile_a.png", mask, crs=None)
-    cfg = data_cfg(tmp_path, dataset_bands=["red", "nir"], scale=0.5, mean=[1.0, 2.0], std=[2.0, 4.0], num_classes=3, ignore_index=255)
+    cfg = data_cfg(
+        tmp_path,
+        dataset_bands=["red", "nir"],
+        scale=0.5,
+        mean=[1.0, 2.0],
+        std=[2.0, 4.0],
+        num_classes=3,
+        ignore_index=255,
+    )
     ds = build_finetune_dataset(cfg, "segmentation", "val", 32, train=False)
     assert grid_origins(40, 32) == [0, 8] and grid_origins(48, 32) == [0, 16]
     assert len(ds) == 4, "a 2 x 2 grid of 32 px tiles covers the 40 x 48 scene"
-    for sample, (top, left) in zip(ds, [(0, 0), (0, 16), (8, 0), (8, 16)]):
+    for sample, (top, left) in zip(ds, [(0, 0), (0, 16), (8, 0), (8, 16)], strict=True):
         _check_format(sample, {"image": ((2, 32, 32), torch.float32), "mask": ((32, 32), torch.int64)})
         window = image[:, top : top + 32, left : left + 32].astype(np.float32)
         expected = (window * 0.5 - np.array([1.0, 2.0])[:, None, None]) / np.array([2.0, 4.0])[:, None, None]
@@ -111,7 +127,9 @@ def test_change_folders(tmp_path, tif, data_cfg, positions, folders):
     cfg = data_cfg(tmp_path, num_classes=2, folders=folders)
     ds = build_finetune_dataset(cfg, "change", "train", 36, train=False)
     sample = ds[0]
-    _check_format(sample, {k: ((1, 36, 36), torch.float32) for k in ("image1", "image2")} | {"mask": ((36, 36), torch.int64)})
+    _check_format(
+        sample, {k: ((1, 36, 36), torch.float32) for k in ("image1", "image2")} | {"mask": ((36, 36), torch.int64)}
+    )
     assert torch.equal(sample["image2"], 2 * sample["image1"])
     assert int(sample["mask"].sum()) == 40 and set(sample["mask"].unique().tolist()) == {0, 1}, "255 means change: 1"
 
@@ -132,6 +150,37 @@ def test_superres_folders(tmp_path, tif, data_cfg):
     from_val = cfg.model_copy(update={"splits": {"train": "val", "val": "val", "test": "val"}})
     train = build_finetune_dataset(from_val, "superres", "train", 16, True)
     _check_format(train[0], {"image": ((3, 16, 16), torch.float32), "target": ((3, 64, 64), torch.float32)})
+
+
+def test_superres_sides_have_their_own_bands_and_normalisation(tmp_path, tif, data_cfg):
+    """4 low-resolution bands (blue, green, red, nir; uint16) to 1 high-resolution band (pan; uint8)."""
+    rng = np.random.default_rng(2)
+    low = rng.integers(1, 10000, (4, 16, 16)).astype(np.uint16)
+    pan = rng.integers(0, 255, (1, 32, 32)).astype(np.uint8)
+    tif(tmp_path / "val" / "lr" / "a.tif", low, transform=(2.0, 0, 100.0, 0, -2.0, 200.0))
+    tif(tmp_path / "val" / "hr" / "a.tif", pan, transform=(1.0, 0, 100.0, 0, -1.0, 200.0))
+    hr = {"dataset_bands": ["pan"], "scale": 1 / 255, "mean": [0.5], "std": [0.25]}
+    cfg = data_cfg(
+        tmp_path,
+        dataset_bands=["blue", "green", "red", "nir"],
+        bands=["red", "nir"],
+        scale=1e-4,
+        mean=[0.1, 0.2, 0.3, 0.4],
+        std=[0.1, 0.1, 0.2, 0.2],
+        scale_factor=2,
+        hr=hr,
+    )
+    ds = build_finetune_dataset(cfg, "superres", "val", 16, train=False)
+    sample = ds[0]
+    _check_format(sample, {"image": ((2, 16, 16), torch.float32), "target": ((1, 32, 32), torch.float32)})
+    expected_low = (low[[2, 3]] * np.float32(1e-4) - np.float32([[[0.3]], [[0.4]]])) / np.float32(0.2)
+    np.testing.assert_allclose(sample["image"].numpy(), expected_low, rtol=1e-5, atol=1e-6)
+    expected_pan = (pan / np.float32(255) - np.float32(0.5)) / np.float32(0.25)
+    np.testing.assert_allclose(sample["target"].numpy(), expected_pan, rtol=1e-5, atol=1e-6)
+
+    tif(tmp_path / "val" / "hr" / "a.tif", np.repeat(pan, 3, axis=0), transform=(1.0, 0, 100.0, 0, -1.0, 200.0))
+    with pytest.raises(RasterReadError, match=r"hr/a\.tif: has 3 bands, source declares 1 \(pan\)"):
+        build_finetune_dataset(cfg, "superres", "val", 16, train=False)[0]
 
 
 def test_dataloader_workers_collate_samples_and_keep_error_types(tmp_path, tif, data_cfg):
