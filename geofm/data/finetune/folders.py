@@ -174,5 +174,7 @@ class FolderSource(SceneSource):
         """
         raster = read_raster(path, 1, ["mask"])
         if raster.data.dtype.kind == "f" and not (raster.data == raster.data.round()).all():
-            raise DataMismatchError(f"{path}: mask of dtype {raster.dtype} holds non-integer values; expected class ids")
+            raise DataMismatchError(
+                f"{path}: mask of dtype {raster.dtype} holds non-integer values; expected class ids"
+            )
         return raster

@@ -67,7 +67,9 @@ class BandNormaliser:
         """The nodata value in force: the configured one, else the file's own."""
         return self.nodata if self.nodata is not None else file_nodata
 
-    def __call__(self, raw: np.ndarray, file_nodata: float | None = None, where: str = "image") -> tuple[Tensor, Tensor]:
+    def __call__(
+        self, raw: np.ndarray, file_nodata: float | None = None, where: str = "image"
+    ) -> tuple[Tensor, Tensor]:
         """Select and normalise the model's bands of a raw image.
 
         Args:

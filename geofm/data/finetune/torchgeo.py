@@ -131,7 +131,9 @@ class TorchgeoSource(SceneSource):
                 test split), or super-resolution chips lack their partner.
         """
         if "download" in cfg.kwargs:
-            raise ConfigError("data.kwargs.download: geofm never downloads; fetch the dataset beforehand and set data.root")
+            raise ConfigError(
+                "data.kwargs.download: geofm never downloads; fetch the dataset beforehand and set data.root"
+            )
         self.cfg = cfg
         self.task = task
         self.name = str(cfg.torchgeo)
@@ -166,7 +168,9 @@ class TorchgeoSource(SceneSource):
                 f"{err or 'invalid argument'} (data.splits maps train/val/test to the class's split names)"
             ) from err
         except ImportError as err:
-            raise ConfigError(f"data.torchgeo: torchgeo {self.name} needs a package that is not installed: {err}") from err
+            raise ConfigError(
+                f"data.torchgeo: torchgeo {self.name} needs a package that is not installed: {err}"
+            ) from err
 
     def _check_bands(self, dataset: Dataset) -> None:
         delivered = delivered_bands(self.name, dataset)
