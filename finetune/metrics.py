@@ -6,11 +6,16 @@
                     per label; ``f1_micro`` at probability 0.5
 ``segmentation``    ``miou``: mean IoU over the classes present in predictions or targets; ``accuracy``:
                     pixel accuracy; ``iou/<class>`` per class (0 for a class in neither), but the
-                    ignored one. Pixels at ``data.ignore_index`` are left out.
+                    ignored one. Pixels at ``data.ignore_index`` and padding are left out.
 ``change``          ``f1``, ``precision``, ``recall``, ``iou`` of the change class (the argmax of the logits)
 ``superres``        ``psnr`` (mean over images) and ``ssim`` of the high-resolution bands, in scaled units
-                    (``raw * scale`` of ``data.hr``, default ``data``) over ``[0, finetune.superres_data_range]``
+                    (``raw * scale`` of ``data.hr``, default ``data``) over ``[0, finetune.superres_data_range]``,
+                    on each image's area without padding (an image under SSIM's 11 px window counts for
+                    PSNR only)
 ==================  ========================================================================================
+
+Padding of scenes smaller than the model's input never counts: masks carry the unscored label
+there, super-resolution targets NaN.
 """
 
 from __future__ import annotations
@@ -33,9 +38,12 @@ from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMe
 from geofm.config.finetune import FinetuneConfig, class_labels, metric_names
 from geofm.data.finetune import BandNormaliser
 
+SSIM_WINDOW = 11
+"""Side of the Gaussian window of torchmetrics' SSIM (its default)."""
+
 
 def _metrics(cfg: FinetuneConfig) -> dict[str, Metric]:
-    k, ignore = cfg.data.num_classes, cfg.data.ignore_index
+    k, ignore = cfg.data.num_classes, cfg.data.unscored_label
     if cfg.task == "classification":
         return {"accuracy": MulticlassAccuracy(k, average="micro")}
     if cfg.task == "multilabel":
@@ -95,9 +103,21 @@ class TaskMetrics:
         elif self.task == "multilabel":
             self.collection.update(outputs, target.long())
         elif self.task == "superres":
-            self.collection.update(outputs * self.std + self.mean, target.float() * self.std + self.mean)
+            self._update_superres(outputs * self.std + self.mean, target.float() * self.std + self.mean)
         else:
             self.collection.update(outputs, target)
+
+    def _update_superres(self, outputs: Tensor, targets: Tensor) -> None:
+        """Each image on its area without padding (NaN, at the bottom and right of a small scene)."""
+        for output, target in zip(outputs, targets, strict=True):
+            finite = torch.isfinite(target).all(dim=0)
+            rows, cols = int(finite.any(dim=1).sum()), int(finite.any(dim=0).sum())
+            if not rows or not cols:
+                continue
+            pair = output[None, :, :rows, :cols], target[None, :, :rows, :cols]
+            self.collection["psnr"].update(*pair)
+            if min(rows, cols) >= SSIM_WINDOW:
+                self.collection["ssim"].update(*pair)
 
     def compute(self) -> dict[str, float]:
         """The metrics of everything added, in :func:`~geofm.config.finetune.metric_names` order."""

@@ -10,11 +10,16 @@ task                inputs -> target                  loss
 ``change``          ``image1``, ``image2`` -> ``mask``  cross-entropy over (no change, change)
 ``superres``        ``image`` -> ``target``          L1
 ==================  ================================  ===============================================
+
+Dense losses are means over the pixels that count: labelled mask pixels (padding carries the
+unscored label, see :attr:`~geofm.config.finetune.FinetuneDataConfig.unscored_label`) and finite
+target pixels (padding is NaN). A batch without one is a loss of 0 with the graph intact, not a NaN.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor, nn
@@ -35,8 +40,6 @@ TARGET_KEY = {
     "change": "mask",
     "superres": "target",
 }
-# torch's cross-entropy default for "no ignored value"
-NO_IGNORE = -100
 
 
 def model_inputs(task: str, batch: dict[str, Tensor], device: torch.device, dtype: torch.dtype) -> list[Tensor]:
@@ -51,7 +54,7 @@ def batch_target(task: str, batch: dict[str, Tensor], device: torch.device) -> T
 
 def build_criterion(cfg: FinetuneConfig) -> nn.Module:
     """The task's training loss of (outputs, target)."""
-    task, ignore = cfg.task, cfg.data.ignore_index
+    task = cfg.task
     if task == "classification":
         if cfg.finetune.mixing:
             return SoftTargetCrossEntropy()
@@ -59,8 +62,29 @@ def build_criterion(cfg: FinetuneConfig) -> nn.Module:
     if task == "multilabel":
         return nn.BCEWithLogitsLoss()
     if task in ("segmentation", "change"):
-        return nn.CrossEntropyLoss(ignore_index=NO_IGNORE if ignore is None else ignore)
-    return nn.L1Loss()
+        return LabelledCrossEntropy(cfg.data.unscored_label)
+    return FiniteL1()
+
+
+class LabelledCrossEntropy(nn.Module):
+    """Cross-entropy averaged over the labelled pixels; 0 for a batch without any (never NaN)."""
+
+    def __init__(self, unscored_label: int) -> None:
+        super().__init__()
+        self.unscored_label = unscored_label
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        total = F.cross_entropy(logits, target, ignore_index=self.unscored_label, reduction="sum")
+        return total / (target != self.unscored_label).sum().clamp(min=1)
+
+
+class FiniteL1(nn.Module):
+    """L1 averaged over the finite target pixels (padding is NaN); 0 for a batch without any."""
+
+    def forward(self, output: Tensor, target: Tensor) -> Tensor:
+        valid = torch.isfinite(target)
+        difference = torch.where(valid, output - target.nan_to_num(), 0.0)
+        return difference.abs().sum() / valid.sum().clamp(min=1)
 
 
 def build_mixing(cfg: FinetuneConfig) -> Mixup | None:

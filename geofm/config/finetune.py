@@ -30,6 +30,9 @@ from geofm.models.backbones import arch_info
 TASKS = ("classification", "multilabel", "segmentation", "change", "superres")
 Task = Literal["classification", "multilabel", "segmentation", "change", "superres"]
 Split = Literal["train", "val", "test"]
+PADDING_LABEL = -100
+"""Mask value of padding (and of unlabelled pixels) when ``data.ignore_index`` is not set; torch's
+cross-entropy and torchmetrics leave it out. Not a class index, so padding can never pass for class 0."""
 
 
 def _check_band_spec(
@@ -126,7 +129,9 @@ class FinetuneDataConfig(Section):
     std: list[float] = Field(description="per dataset band, after scale")
     num_classes: int | None = Field(default=None, gt=0, description="classes of the task (not for superres)")
     class_names: list[str] | None = None
-    ignore_index: int | None = Field(default=None, description="segmentation: mask value left out of loss and metrics")
+    ignore_index: int | None = Field(
+        default=None, description="segmentation, change: mask value left out of loss and metrics"
+    )
     scale_factor: int | None = Field(default=None, gt=1, description="superres: high / low resolution ratio")
     superres_trim: bool = Field(
         default=False,
@@ -159,6 +164,14 @@ class FinetuneDataConfig(Section):
     hflip: bool = Field(default=True, description="training: flip left-right with probability 0.5")
     vflip: bool = Field(default=True, description="training: flip top-bottom with probability 0.5")
     num_workers: int = Field(default=2, ge=0)
+
+    @property
+    def unscored_label(self) -> int:
+        """The mask value never trained on nor scored: ``ignore_index``, or :data:`PADDING_LABEL` without one.
+
+        Dense scenes smaller than the model's input are padded with it, so padding never counts.
+        """
+        return PADDING_LABEL if self.ignore_index is None else self.ignore_index
 
     @field_validator("splits")
     @classmethod

@@ -6,8 +6,9 @@ and the mask; super-resolution pairs a random ``img_size`` crop of the low-resol
 high-resolution crop of the same area (``scale_factor`` times the size, at ``scale_factor`` times
 the offset), flipped together. Evaluation: classification scenes are resized whole to
 ``img_size``; dense scenes are cut into a grid of ``img_size`` tiles (:func:`geofm.data.grid.grid_origins`).
-Scenes smaller than ``img_size`` are padded: images with 0 (the mean), masks with
-``ignore_index`` (0 without one).
+Scenes smaller than ``img_size`` are padded: images with 0 (the mean), masks with the value that is
+never trained on or scored (``data.ignore_index``, or -100 without one), super-resolution targets
+with NaN, which the loss and the metrics leave out.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import Tensor
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
+from geofm.config.finetune import PADDING_LABEL
 from geofm.data.transforms import random_flips
 
 _IMAGES = ("image", "image1", "image2")
@@ -32,17 +34,17 @@ def _pad_to(tensor: Tensor, height: int, width: int, fill: float) -> Tensor:
 
 
 def crop_tile(
-    sample: dict[str, Tensor], top: int, left: int, size: int, factor: int = 1, mask_fill: int = 0
+    sample: dict[str, Tensor], top: int, left: int, size: int, factor: int = 1, mask_fill: int = PADDING_LABEL
 ) -> dict[str, Tensor]:
     """The ``size`` x ``size`` tile at ``(top, left)`` of every image and mask of a sample.
 
     ``target`` (super-resolution) is cut at ``factor`` times the offset and size. Tiles reaching
-    past a smaller scene are padded.
+    past a smaller scene are padded (see the module docstring).
     """
     tile = {}
     for key, value in sample.items():
         scale = factor if key == "target" else 1
-        fill = mask_fill if key == "mask" else 0.0
+        fill = {"mask": mask_fill, "target": float("nan")}.get(key, 0.0)
         part = value[..., top * scale : (top + size) * scale, left * scale : (left + size) * scale]
         tile[key] = _pad_to(part, size * scale, size * scale, fill)
     return tile
@@ -87,7 +89,7 @@ class ClassificationView:
 class DenseAugmentation:
     """A random ``img_size`` crop and flips, with one geometry for every image and the mask of a sample."""
 
-    def __init__(self, img_size: int, hflip: bool = True, vflip: bool = True, mask_fill: int = 0) -> None:
+    def __init__(self, img_size: int, hflip: bool = True, vflip: bool = True, mask_fill: int = PADDING_LABEL) -> None:
         """Initialise a new DenseAugmentation instance.
 
         Args:

@@ -100,7 +100,9 @@ def multi_hot(label: np.ndarray | Tensor, num_classes: int | None, where: str) -
     if num_classes is not None and label.numel() != num_classes:
         raise DataMismatchError(f"{where}: {label.numel()} labels for num_classes {num_classes}")
     if not bool(((label == 0) | (label == 1)).all()):
-        raise DataMismatchError(f"{where}: multi-label values must be 0 or 1, got {_listed(torch.unique(label).numpy())}")
+        raise DataMismatchError(
+            f"{where}: multi-label values must be 0 or 1, got {_listed(torch.unique(label).numpy())}"
+        )
     return label.to(torch.float32)
 
 

@@ -24,7 +24,7 @@ from geofm.data.finetune.subset import subset_indices
 from geofm.data.finetune.superres import SuperresFolders
 from geofm.data.finetune.torchgeo import TorchgeoSource
 from geofm.data.grid import grid_origins
-from geofm.errors import ConfigError
+from geofm.errors import ConfigError, DataMismatchError
 
 logger = logging.getLogger("geofm.data")
 
@@ -74,8 +74,7 @@ class FinetuneDataset(Dataset[dict[str, Tensor]]):
         self.train = train
         self.scenes = list(range(len(source))) if scenes is None else list(scenes)
         self.factor = int(cfg.scale_factor or 1) if self.task == "superres" else 1
-        mask_fill = cfg.ignore_index if cfg.ignore_index is not None else 0
-        self.mask_fill = mask_fill
+        self.mask_fill = mask_fill = cfg.unscored_label
         dense = self.task in ("segmentation", "change", "superres")
         self.tiles: list[tuple[int, int, int]] = []
         if dense and not train:
@@ -83,7 +82,9 @@ class FinetuneDataset(Dataset[dict[str, Tensor]]):
                 logger.info("reading %d scenes of torchgeo %s once for their sizes", len(self.scenes), source.name)
             for scene in self.scenes:
                 height, width = source.shape(scene)
-                self.tiles += [(scene, y, x) for y in grid_origins(height, img_size) for x in grid_origins(width, img_size)]
+                self.tiles += [
+                    (scene, y, x) for y in grid_origins(height, img_size) for x in grid_origins(width, img_size)
+                ]
         else:
             self.tiles = [(scene, 0, 0) for scene in self.scenes]
         if not dense:
@@ -155,4 +156,27 @@ def build_finetune_dataset(
                 task,
             )
         scenes = subset_indices(len(source), data_cfg.train_fraction, data_cfg.subset_seed, labels)
-    return FinetuneDataset(source, data_cfg, img_size, train, scenes)
+    dataset = FinetuneDataset(source, data_cfg, img_size, train, scenes)
+    if task in ("segmentation", "change"):
+        check_labelled(dataset, data_cfg, split)
+    return dataset
+
+
+def check_labelled(dataset: FinetuneDataset, data_cfg: FinetuneDataConfig, split: Split) -> None:
+    """Refuse a split of a dense task without a single labelled pixel: nothing to learn or score.
+
+    Reads scenes only until the first labelled pixel (the first scene, as a rule).
+
+    Raises:
+        DataMismatchError: naming the dataset, split and root.
+    """
+    unscored = data_cfg.unscored_label
+    for scene in dataset.scenes:
+        if bool((dataset.source.load(scene)["mask"] != unscored).any()):
+            return
+    what = f"torchgeo {data_cfg.torchgeo}" if data_cfg.torchgeo else "the folders"
+    raise DataMismatchError(
+        f"{what} at {data_cfg.root}, split {split} ({data_cfg.splits[split]!r}): none of its {len(dataset.scenes)} "
+        f"scenes has a labelled pixel (every mask value is data.ignore_index={data_cfg.ignore_index}); there is "
+        "nothing to train on or score"
+    )
