@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
-from geofm.config.base import Section
+from geofm.config.base import Section, checks_architecture
 from geofm.data.bands import RGB, UnknownBandError, canonical_bands
 from geofm.models.backbones import backbone_family, patch_size_of, stage_count_of
 
@@ -27,7 +27,9 @@ class BackboneConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _check_arch(self) -> BackboneConfig:
+    def _check_arch(self, info: ValidationInfo) -> BackboneConfig:
+        if not checks_architecture(info):
+            return self
         family = backbone_family(self.arch)
         if self.window_size is not None and family != "swin":
             raise ValueError(f"window_size applies to Swin backbones only, not {self.arch}")
@@ -92,8 +94,8 @@ class TeacherConfig(BackboneConfig):
     )
 
     @model_validator(mode="after")
-    def _check_tap(self) -> TeacherConfig:
-        if self.family == "swin":
+    def _check_tap(self, info: ValidationInfo) -> TeacherConfig:
+        if checks_architecture(info) and self.family == "swin":
             stages = stage_count_of(self.arch, self.timm_kwargs)
             if self.stage > stages or (self.stage == stages and self.include_merging):
                 raise ValueError(
