@@ -49,6 +49,10 @@ class DatasetNotFoundError(GeoFMError, FileNotFoundError):
     """A data source points at a folder that is missing or holds no matching image."""
 
 
+class DatasetTooSmallError(GeoFMError, ValueError):
+    """A split or a pretraining pile holds no sample, or fewer samples than one global batch."""
+
+
 class DataMismatchError(GeoFMError, ValueError):
     """Files of one sample do not fit together or with the config.
 
