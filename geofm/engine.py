@@ -43,7 +43,7 @@ from torch import nn
 
 from geofm.checkpoints.io import load_training_file
 from geofm.config import OptimizerConfig, TrainConfig
-from geofm.errors import DatasetTooSmallError
+from geofm.errors import CheckpointNotFoundError, DatasetTooSmallError
 
 log = logging.getLogger("geofm.engine")
 # Start-up noise with no bearing on a run: torch's extension loader looks for CUDA on CPU machines,
@@ -346,10 +346,19 @@ def save_checkpoint(engine, directory: Path, tag: str, client_state: dict) -> No
 
 
 def load_checkpoint(engine, directory: Path, tag: str) -> dict:
-    """Restore a checkpoint saved by :func:`save_checkpoint`; return its client state."""
-    path, client_state = engine.load_checkpoint(str(directory), tag=tag)
+    """Restore a checkpoint saved by :func:`save_checkpoint`; return its client state.
+
+    Raises:
+        CheckpointNotFoundError: if ``directory/tag`` holds no DeepSpeed model states.
+    """
+    path, client_state = None, {}
+    if any(Path(directory, tag).glob("*model_states.pt")):
+        path, client_state = engine.load_checkpoint(str(directory), tag=tag)
     if path is None:
-        raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {directory}")
+        raise CheckpointNotFoundError(
+            f"{Path(directory, tag).resolve()}: no DeepSpeed checkpoint (model and optimizer states) to resume from; "
+            "restore it or choose a new run.output_dir"
+        )
     return client_state
 
 

@@ -70,6 +70,10 @@ class CheckpointFormatError(GeoFMError, ValueError):
     """A checkpoint's layout is not one geofm knows, or it is unsafe to load."""
 
 
+class LossNotFiniteError(GeoFMError, FloatingPointError):
+    """The training loss became NaN or infinite (learning rate too high, bad input); earlier checkpoints are intact."""
+
+
 class RunInterrupted(GeoFMError):
     """A run stopped on request (SIGINT/SIGTERM) after checkpointing the step it reached."""
 

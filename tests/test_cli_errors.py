@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import yaml
 
 from geofm.cli import main
@@ -78,6 +79,16 @@ def test_a_pile_smaller_than_one_global_batch_names_its_sources_and_the_batch(tm
     assert not (tmp_path / "run").exists(), "refused before the run directory is created"
 
 
+def test_a_resume_whose_engine_checkpoint_is_gone_names_it(tmp_path, capsys):
+    config = _pretrain_config(tmp_path, images=4, micro_batch_size=2)
+    assert main(["pretrain", "--config", config, "run.stop_after_steps=1"]) == 0
+    last = (tmp_path / "run/checkpoints/last").resolve()
+    for states in last.glob("*_states.pt"):
+        states.unlink()
+    err = _error(capsys, ["pretrain", "--config", config])
+    assert f"geofm: error: {last}: no DeepSpeed checkpoint" in err and "choose a new run.output_dir" in err
+
+
 def test_a_finetuning_train_split_smaller_than_one_global_batch_names_the_dataset(
     tmp_path, capsys, task_tree, torchgeo_layouts
 ):
@@ -119,3 +130,33 @@ def test_an_empty_torchgeo_split_names_the_class_split_and_root(tmp_path, capsys
     )
     err = _error(capsys, ["finetune", "--config", str(config), "data.train_fraction=0.5"])
     assert "split='train')): no sample to draw a data.train_fraction 0.5 subset from" in err
+
+
+def test_a_vit_tap_beyond_the_depth_is_a_config_error(tmp_path, capsys):
+    student = _pretrain_config(tmp_path, images=4, model={**MICRO_VIT, "distill_block": 9}, micro_batch_size=2)
+    err = _error(capsys, ["pretrain", "--config", student])
+    assert "  config: model.distill_block 9 does not exist in vit_small_patch16_224 (4 blocks)" in err
+    teacher = {**MICRO_VIT, "checkpoint": str(tmp_path / "teacher.pth"), "block": 5}
+    config = _pretrain_config(tmp_path, images=4, model=MICRO_VIT, teacher=teacher, micro_batch_size=2)
+    err = _error(capsys, ["pretrain", "--config", config])
+    assert "  teacher: block 5 does not exist in vit_small_patch16_224 (4 blocks)" in err
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--max-files", "0"], "geofm: error: max_files (--max-files) must be positive, got 0"),
+        (["--nodata", "0"], "have no valid pixel (all nodata or not finite) in the 1 files read from {rgb}"),
+    ],
+)
+def test_band_statistics_the_files_cannot_give(tmp_path, capsys, args, expected):
+    folder = tmp_path / "rgb"
+    write_geotiff(folder / "zeros.tif", np.zeros((3, 8, 8), np.uint8), transform=TRANSFORM, crs=32632)
+    err = _error(capsys, ["data", "stats", str(folder), "--bands", *RGB, *args])
+    assert expected.format(rgb=folder) in err
+
+
+def test_an_unknown_benchmark_setting(capsys):
+    assert "geofm: error: unknown setting 'bitz'; this benchmark has bits" in _error(
+        capsys, ["bench", "codec", "bitz=1"]
+    )

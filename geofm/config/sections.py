@@ -95,13 +95,17 @@ class TeacherConfig(BackboneConfig):
 
     @model_validator(mode="after")
     def _check_tap(self, info: ValidationInfo) -> TeacherConfig:
-        if checks_architecture(info) and self.family == "swin":
-            stages = stage_count_of(self.arch, self.timm_kwargs)
-            if self.stage > stages or (self.stage == stages and self.include_merging):
+        if not checks_architecture(info):
+            return self
+        depth = stage_count_of(self.arch, self.timm_kwargs)
+        if self.family == "swin":
+            if self.stage > depth or (self.stage == depth and self.include_merging):
                 raise ValueError(
                     f"stage {self.stage} with include_merging={self.include_merging} does not exist in {self.arch} "
-                    f"({stages} stages; the last has no patch merging after it)"
+                    f"({depth} stages; the last has no patch merging after it)"
                 )
+        elif self.block is not None and self.block > depth:
+            raise ValueError(f"block {self.block} does not exist in {self.arch} ({depth} blocks)")
         return self
 
 
@@ -296,6 +300,9 @@ def check_masked_pretraining(
         raise ValueError(f"masking.mask_patch_size {mp} is not divisible by the backbone's patch size {patch}")
     if model.family == "swin" and model.distill_block is not None:
         raise ValueError("model.distill_block applies to ViT students; a Swin student is tapped at teacher.stage")
+    depth = stage_count_of(model.arch, model.timm_kwargs)
+    if model.distill_block is not None and model.distill_block > depth:
+        raise ValueError(f"model.distill_block {model.distill_block} does not exist in {model.arch} ({depth} blocks)")
     if teacher is not None and len(data.bands) != 3 and data.rgb_indices is None:
         raise ValueError(
             f"a teacher sees RGB: data.bands {data.bands} must name red, green and blue (or hold exactly 3 bands)"
