@@ -17,7 +17,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import yaml
+from geofm.config.base import parse_overrides
+from geofm.errors import ConfigError, GeoFMError
 
 BENCHMARKS = {
     "pretrain-step": (
@@ -58,18 +59,15 @@ def settings_of(bench: ModuleType, quick: bool, pairs: list[str]) -> dict[str, A
     """The benchmark's defaults, with ``--quick``'s changes and then the ``key=value`` overrides.
 
     Raises:
-        SystemExit: through argparse-style messages for an unknown key or a malformed pair.
+        ConfigError: for an unknown key or a malformed pair.
     """
     settings = dict(bench.DEFAULTS)
     if quick:
         settings.update(bench.QUICK)
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep:
-            raise ValueError(f"setting {pair!r} is not key=value")
+    for key, value in parse_overrides(pairs):
         if key not in settings:
-            raise ValueError(f"unknown setting {key!r}; this benchmark has {', '.join(sorted(settings))}")
-        settings[key] = yaml.safe_load(text)
+            raise ConfigError(f"unknown setting {key!r}; this benchmark has {', '.join(sorted(settings))}")
+        settings[key] = value
     return settings
 
 
@@ -104,10 +102,7 @@ def _run(args: argparse.Namespace) -> None:
     from benchmarks.common import format_report, machine, result_record
 
     bench = module(args.name)
-    try:
-        settings = settings_of(bench, args.quick, args.settings)
-    except ValueError as err:
-        raise SystemExit(f"geofm bench {args.name}: {err}") from None
+    settings = settings_of(bench, args.quick, args.settings)
     if args.threads:
         torch.set_num_threads(args.threads)
     started, before = time.perf_counter(), machine()
@@ -132,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args.handler(args)
+    try:
+        args.handler(args)
+    except GeoFMError as exc:
+        parser.exit(2, f"geofm: error: {exc}\n")
     return 0
 
 

@@ -117,10 +117,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _finetune(args: argparse.Namespace) -> None:
-    from finetune.run import finetune
     from geofm.config.finetune import FinetuneConfig
 
     cfg = FinetuneConfig.from_file(args.config, args.overrides)
+    from finetune.run import finetune  # loads torch: only once the config is valid
+
     run_dir = finetune(cfg, source=str(args.config))
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"run directory: {run_dir}")

@@ -17,9 +17,9 @@ from torch.utils.data import DataLoader, Dataset
 from finetune.best import load_finetuned
 from finetune.metrics import TaskMetrics
 from finetune.objective import batch_target, model_inputs
+from finetune.splits import build_split
 from geofm import engine as ds
 from geofm.config.finetune import FinetuneConfig, Split
-from geofm.data.finetune import build_finetune_dataset
 
 
 @torch.no_grad()
@@ -89,6 +89,6 @@ def evaluate_run(run_dir: Path, split: Split = "test", cfg: FinetuneConfig | Non
     model, cfg, record = load_finetuned(run_dir, cfg)
     dev = ds.device()
     model.to(dev)
-    dataset = build_finetune_dataset(cfg.data, cfg.task, split, cfg.model.img_size, train=False)
+    dataset = build_split(cfg, split, train=False)
     metrics = evaluate(model, dataset, cfg, dev)
     return eval_record(cfg, split, metrics, run_dir=str(run_dir), samples=len(dataset), selected=record)

@@ -30,11 +30,11 @@ from finetune.best import load_best_weights, read_best, restore_best, save_best,
 from finetune.evaluate import eval_record, evaluate, write_json
 from finetune.models import build_finetune_model
 from finetune.objective import batch_target, build_criterion, build_mixing, model_inputs
+from finetune.splits import build_split, describe_split
 from geofm import engine as ds
 from geofm.checkpoints import LoadReport
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config.finetune import FinetuneConfig
-from geofm.data.finetune import build_finetune_dataset
 from geofm.runlog import MetricsLog, Throughput, plot_loss_curve, plot_metric_curve, progress_bar
 from geofm.training import (
     TRAIN_SCHEDULE_KEYS,
@@ -114,6 +114,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         ConfigError: a missing checkpoint, a resume that would change the run, a checkpoint without
             any of the task's bands.
         DatasetNotFoundError: missing downstream data (before the run directory is created).
+        DatasetTooSmallError: a split without samples, or a train split smaller than one global batch.
     """
     start = start_run(
         cfg,
@@ -133,10 +134,11 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
     )
     run_dir = cfg.run.output_dir
 
-    img, task, opt = cfg.model.img_size, cfg.task, cfg.finetune
-    train_set = build_finetune_dataset(cfg.data, task, "train", img, train=True)
-    val_set = build_finetune_dataset(cfg.data, task, opt.val_split, img, train=False) if opt.val_split else None
-    test_set = build_finetune_dataset(cfg.data, task, "test", img, train=False)
+    opt = cfg.finetune
+    train_set = build_split(cfg, "train", train=True)
+    val_set = build_split(cfg, opt.val_split, train=False) if opt.val_split else None
+    test_set = build_split(cfg, "test", train=False)
+    schedule = ds.make_schedule(cfg.train, len(train_set), world, describe_split(cfg, "train"))
 
     torch.manual_seed(cfg.run.seed)
     model, report = build_finetune_model(cfg)
@@ -148,7 +150,6 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
                 report.fresh_bands,
                 cfg.checkpoint,
             )
-    schedule = ds.make_schedule(cfg.train, len(train_set), world)
     groups = model.param_groups(cfg.train.weight_decay, opt.layer_decay)
     engine = ds.initialize(model, cfg.train, world, schedule, param_groups=groups)
     dtype = ds.compute_dtype(cfg.train)

@@ -43,6 +43,7 @@ from torch import nn
 
 from geofm.checkpoints.io import load_training_file
 from geofm.config import OptimizerConfig, TrainConfig
+from geofm.errors import CheckpointNotFoundError, DatasetTooSmallError
 
 log = logging.getLogger("geofm.engine")
 # Start-up noise with no bearing on a run: torch's extension loader looks for CUDA on CPU machines,
@@ -70,13 +71,26 @@ def global_batch(train: OptimizerConfig, world_size: int) -> int:
     return train.micro_batch_size * train.grad_accum_steps * world_size
 
 
-def make_schedule(train: TrainConfig, samples_per_epoch: int, world_size: int) -> Schedule:
-    """Steps per epoch (incomplete global batches are dropped), total and warmup steps."""
+def make_schedule(
+    train: TrainConfig, samples_per_epoch: int, world_size: int, data: str = "the training data"
+) -> Schedule:
+    """Steps per epoch (incomplete global batches are dropped), total and warmup steps.
+
+    Args:
+        train: the optimisation settings.
+        samples_per_epoch: samples of one epoch, over all processes.
+        world_size: processes training together.
+        data: what the samples are (dataset or sources, split, root), for the error.
+
+    Raises:
+        DatasetTooSmallError: if an epoch holds no complete global batch.
+    """
     steps_per_epoch = samples_per_epoch // global_batch(train, world_size)
     if steps_per_epoch == 0:
-        raise ValueError(
-            f"an epoch of {samples_per_epoch} samples holds no complete global batch of "
-            f"{train.micro_batch_size} x {train.grad_accum_steps} accumulation x {world_size} processes"
+        raise DatasetTooSmallError(
+            f"{data}: an epoch of {samples_per_epoch} samples holds no complete global batch of "
+            f"{global_batch(train, world_size)} images (train.micro_batch_size {train.micro_batch_size} x "
+            f"train.grad_accum_steps {train.grad_accum_steps} x {world_size} process(es)); add data or use a smaller batch"
         )
     return Schedule(
         steps_per_epoch,
@@ -332,10 +346,19 @@ def save_checkpoint(engine, directory: Path, tag: str, client_state: dict) -> No
 
 
 def load_checkpoint(engine, directory: Path, tag: str) -> dict:
-    """Restore a checkpoint saved by :func:`save_checkpoint`; return its client state."""
-    path, client_state = engine.load_checkpoint(str(directory), tag=tag)
+    """Restore a checkpoint saved by :func:`save_checkpoint`; return its client state.
+
+    Raises:
+        CheckpointNotFoundError: if ``directory/tag`` holds no DeepSpeed model states.
+    """
+    path, client_state = None, {}
+    if any(Path(directory, tag).glob("*model_states.pt")):
+        path, client_state = engine.load_checkpoint(str(directory), tag=tag)
     if path is None:
-        raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {directory}")
+        raise CheckpointNotFoundError(
+            f"{Path(directory, tag).resolve()}: no DeepSpeed checkpoint (model and optimizer states) to resume from; "
+            "restore it or choose a new run.output_dir"
+        )
     return client_state
 
 

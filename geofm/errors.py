@@ -49,6 +49,10 @@ class DatasetNotFoundError(GeoFMError, FileNotFoundError):
     """A data source points at a folder that is missing or holds no matching image."""
 
 
+class DatasetTooSmallError(GeoFMError, ValueError):
+    """A split or a pretraining pile holds no sample, or fewer samples than one global batch."""
+
+
 class DataMismatchError(GeoFMError, ValueError):
     """Files of one sample do not fit together or with the config.
 
@@ -64,6 +68,10 @@ class CheckpointNotFoundError(GeoFMError, FileNotFoundError):
 
 class CheckpointFormatError(GeoFMError, ValueError):
     """A checkpoint's layout is not one geofm knows, or it is unsafe to load."""
+
+
+class LossNotFiniteError(GeoFMError, FloatingPointError):
+    """The training loss became NaN or infinite (learning rate too high, bad input); earlier checkpoints are intact."""
 
 
 class RunInterrupted(GeoFMError):

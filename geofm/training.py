@@ -27,7 +27,7 @@ from geofm import engine as ds
 from geofm.checkpoints.io import LAST_CHECKPOINT, resolve_checkpoint_path
 from geofm.config import OptimizerConfig, RunConfig, Section, config_to_dict
 from geofm.data.sources import list_images
-from geofm.errors import ConfigError, GeoFMError, RunInterrupted
+from geofm.errors import ConfigError, GeoFMError, LossNotFiniteError, RunInterrupted
 from geofm.runlog import Phases, is_finite
 
 log = logging.getLogger("geofm.training")
@@ -372,8 +372,9 @@ class StepBoundaries:
     Used as ``with StepBoundaries(save, ...) as boundaries:`` around the loop, calling
     :meth:`reached` after every optimizer step. ``save(step)`` writes a checkpoint (all processes
     call it together). An input error (:class:`~geofm.errors.GeoFMError`, ``OSError``) raised in the
-    loop on one process saves the step reached before it propagates; several processes would wait
-    on each other in the collective save, so they rely on their periodic checkpoints.
+    loop on one process saves the step reached before it propagates (a non-finite loss does not:
+    that step is not worth keeping); several processes would wait on each other in the collective
+    save, so they rely on their periodic checkpoints.
 
     Args:
         save: writes the checkpoint of a step.
@@ -395,19 +396,20 @@ class StepBoundaries:
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         self.signals.__exit__(exc_type, exc, traceback)
-        if exc_type is not None and issubclass(exc_type, (GeoFMError, OSError)):
-            if self.world_size == 1 and self.step > self.saved_step:
-                self.save()
-                log.warning("stopped at step %d: saved a checkpoint; fix the input and rerun to resume", self.step)
+        bad_input = exc_type is not None and issubclass(exc_type, (GeoFMError, OSError))
+        diverged = exc_type is not None and issubclass(exc_type, LossNotFiniteError)
+        if bad_input and not diverged and self.world_size == 1 and self.step > self.saved_step:
+            self.save()
+            log.warning("stopped at step %d: saved a checkpoint; fix the input and rerun to resume", self.step)
 
     def check_finite(self, record: dict) -> None:
         """Stop the run at a logged record whose losses are not finite, keeping the checkpoints intact.
 
         Raises:
-            FloatingPointError: naming the step and the last checkpoint.
+            LossNotFiniteError: naming the step and the last checkpoint.
         """
         if not is_finite(record):
-            raise FloatingPointError(
+            raise LossNotFiniteError(
                 f"step {record['step']}: loss is not finite ({record}); checkpoints up to step {self.saved_step} are intact"
             )
 

@@ -173,11 +173,11 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     startup.lap("student")
     masks = MaskGenerator(cfg.model.img_size, cfg.masking.mask_patch_size, model.patch_size, cfg.masking.mask_ratio)
     pile = PretrainPile(cfg.data, cfg.model.img_size, mask_fn=masks)
+    schedule = ds.make_schedule(cfg.train, pile.samples_per_epoch, world, pile.describe())
     sampler = PileSampler(
         pile.source_sizes, pile.weights, pile.samples_per_epoch, seed=cfg.run.seed, rank=rank, world_size=world
     )
     startup.lap("data_index")
-    schedule = ds.make_schedule(cfg.train, pile.samples_per_epoch, world)
     prepare_models(model, teacher, cfg, dev)
     engine = ds.initialize(model, cfg.train, world, schedule)
     dtype = ds.compute_dtype(cfg.train)

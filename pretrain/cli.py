@@ -46,9 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> None:
     from geofm.config import PretrainConfig
-    from pretrain.central import pretrain
 
     cfg = PretrainConfig.from_file(args.config, args.overrides)
+    from pretrain.central import pretrain  # loads torch: only once the config is valid
+
     run_dir = pretrain(cfg, extend=args.extend, source=str(args.config))
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"run directory: {run_dir}")

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from geofm.errors import GeoFMError, RunInterrupted
+from geofm.errors import GeoFMError, LossNotFiniteError, RunInterrupted
 from geofm.training import StepBoundaries
 
 
@@ -64,12 +64,13 @@ def test_nothing_saved_twice_when_the_error_follows_a_checkpoint():
     assert saved == [3]
 
 
-def test_a_non_finite_loss_names_the_step_and_the_intact_checkpoint():
+def test_a_non_finite_loss_names_the_step_and_the_intact_checkpoint_and_saves_nothing():
     saved = []
-    with boundaries(saved) as guard:
+    message = "step 5: loss is not finite .*checkpoints up to step 3 are intact"
+    with pytest.raises(LossNotFiniteError, match=message) as info, boundaries(saved) as guard:
         guard.reached(3)
         guard.check_finite({"step": 4, "loss": 0.5})
-        with pytest.raises(
-            FloatingPointError, match="step 5: loss is not finite .*checkpoints up to step 3 are intact"
-        ):
-            guard.check_finite({"step": 5, "loss": math.nan})
+        guard.reached(4)
+        guard.check_finite({"step": 5, "loss": math.nan})
+    assert isinstance(info.value, GeoFMError), "the command line reports it as one line"
+    assert saved == [3], "the diverged weights are not checkpointed"

@@ -18,9 +18,20 @@ from pathlib import Path
 from typing import Any, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
 
 from geofm.errors import ConfigError
+
+_FORM_ONLY = {"check_architecture": False}
+
+
+def checks_architecture(info: ValidationInfo) -> bool:
+    """Whether a validator runs its checks that build the backbone's architecture (importing timm and torch).
+
+    :meth:`ProgramConfig.from_tree` first validates without them, so that a config with errors of
+    its own keys and values is refused without loading the deep-learning stack.
+    """
+    return (info.context or {}).get("check_architecture", True)
 
 
 class Section(BaseModel):
@@ -170,8 +181,13 @@ class ProgramConfig(Section):
 
     @classmethod
     def from_tree(cls, tree: dict, source: str = "<config>") -> Self:
-        """Validate an already-parsed config tree; ``source`` names it in errors."""
+        """Validate an already-parsed config tree; ``source`` names it in errors.
+
+        Keys and values are checked first; the checks that need the backbone's architecture (timm)
+        run once they pass.
+        """
         try:
+            cls.model_validate(tree, context=_FORM_ONLY)
             return cls.model_validate(tree)
         except ValidationError as exc:
             raise ConfigError(f"{source}: invalid configuration\n{_format_validation_error(exc, cls)}") from None

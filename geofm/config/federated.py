@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
-from geofm.config.base import ProgramConfig, Section
+from geofm.config.base import ProgramConfig, Section, checks_architecture
 from geofm.config.sections import (
     DataConfig,
     MaskingConfig,
@@ -179,8 +179,9 @@ class FederatedConfig(ProgramConfig):
     algorithm: AlgorithmConfig = AlgorithmConfig()
 
     @model_validator(mode="after")
-    def _check_combination(self) -> FederatedConfig:
-        check_masked_pretraining(self.model, self.masking, self.teacher, self.data)
+    def _check_combination(self, info: ValidationInfo) -> FederatedConfig:
+        if checks_architecture(info):
+            check_masked_pretraining(self.model, self.masking, self.teacher, self.data)
         fed, names = self.federation, [s.name for s in self.data.sources]
         unknown = [n for n in fed.public_sources if n not in names]
         if unknown:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import model_validator
+from pydantic import ValidationInfo, model_validator
 
-from geofm.config.base import ProgramConfig
+from geofm.config.base import ProgramConfig, checks_architecture
 from geofm.config.sections import (
     DataConfig,
     MaskingConfig,
@@ -27,6 +27,7 @@ class PretrainConfig(ProgramConfig):
     train: TrainConfig
 
     @model_validator(mode="after")
-    def _check_combination(self) -> PretrainConfig:
-        check_masked_pretraining(self.model, self.masking, self.teacher, self.data)
+    def _check_combination(self, info: ValidationInfo) -> PretrainConfig:
+        if checks_architecture(info):
+            check_masked_pretraining(self.model, self.masking, self.teacher, self.data)
         return self

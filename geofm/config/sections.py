@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
-from geofm.config.base import Section
+from geofm.config.base import Section, checks_architecture
 from geofm.data.bands import RGB, UnknownBandError, canonical_bands
 from geofm.models.backbones import backbone_family, patch_size_of, stage_count_of
 
@@ -27,7 +27,9 @@ class BackboneConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _check_arch(self) -> BackboneConfig:
+    def _check_arch(self, info: ValidationInfo) -> BackboneConfig:
+        if not checks_architecture(info):
+            return self
         family = backbone_family(self.arch)
         if self.window_size is not None and family != "swin":
             raise ValueError(f"window_size applies to Swin backbones only, not {self.arch}")
@@ -92,14 +94,18 @@ class TeacherConfig(BackboneConfig):
     )
 
     @model_validator(mode="after")
-    def _check_tap(self) -> TeacherConfig:
+    def _check_tap(self, info: ValidationInfo) -> TeacherConfig:
+        if not checks_architecture(info):
+            return self
+        depth = stage_count_of(self.arch, self.timm_kwargs)
         if self.family == "swin":
-            stages = stage_count_of(self.arch, self.timm_kwargs)
-            if self.stage > stages or (self.stage == stages and self.include_merging):
+            if self.stage > depth or (self.stage == depth and self.include_merging):
                 raise ValueError(
                     f"stage {self.stage} with include_merging={self.include_merging} does not exist in {self.arch} "
-                    f"({stages} stages; the last has no patch merging after it)"
+                    f"({depth} stages; the last has no patch merging after it)"
                 )
+        elif self.block is not None and self.block > depth:
+            raise ValueError(f"block {self.block} does not exist in {self.arch} ({depth} blocks)")
         return self
 
 
@@ -294,6 +300,9 @@ def check_masked_pretraining(
         raise ValueError(f"masking.mask_patch_size {mp} is not divisible by the backbone's patch size {patch}")
     if model.family == "swin" and model.distill_block is not None:
         raise ValueError("model.distill_block applies to ViT students; a Swin student is tapped at teacher.stage")
+    depth = stage_count_of(model.arch, model.timm_kwargs)
+    if model.distill_block is not None and model.distill_block > depth:
+        raise ValueError(f"model.distill_block {model.distill_block} does not exist in {model.arch} ({depth} blocks)")
     if teacher is not None and len(data.bands) != 3 and data.rgb_indices is None:
         raise ValueError(
             f"a teacher sees RGB: data.bands {data.bands} must name red, green and blue (or hold exactly 3 bands)"

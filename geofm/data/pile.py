@@ -208,6 +208,12 @@ class PretrainPile(Dataset[dict[str, Tensor | int]]):
         """Sampling weight of each source."""
         return [s.cfg.weight for s in self.sources]
 
+    def describe(self) -> str:
+        """The sources with their sizes and folders, and the epoch length, for messages."""
+        sources = ", ".join(f"{s.cfg.name} ({len(s)} samples under {s.cfg.root.resolve()})" for s in self.sources)
+        epoch = f"; data.samples_per_epoch {self.cfg.samples_per_epoch}" if self.cfg.samples_per_epoch else ""
+        return f"data.sources {sources}{epoch}"
+
     def _load(self, source: int, file: int) -> tuple[Tensor, Tensor, int]:
         """Load a file, or with ``on_bad_file="skip"`` the next readable file of the same source."""
         src = self.sources[source]

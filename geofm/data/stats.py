@@ -10,6 +10,7 @@ import numpy as np
 from geofm.config import SourceConfig
 from geofm.data.readers import read_raster
 from geofm.data.sources import list_images
+from geofm.errors import ConfigError, DataMismatchError
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,13 @@ def compute_band_stats(
     Raises:
         DatasetNotFoundError: if the folder is missing or no file matches.
         RasterReadError: if a file cannot be read or holds another number of bands.
-        ValueError: if ``max_files`` is not positive or a band has no valid pixel.
+        ConfigError: if ``max_files`` is not positive.
+        DataMismatchError: if a band has no valid pixel.
     """
     files = list_images(root, pattern)
     if max_files is not None:
         if max_files <= 0:
-            raise ValueError(f"max_files must be positive, got {max_files}")
+            raise ConfigError(f"max_files (--max-files) must be positive, got {max_files}")
         if max_files < len(files):
             picks = np.unique(np.linspace(0, len(files) - 1, max_files).round().astype(int))
             files = [files[i] for i in picks]
@@ -87,7 +89,9 @@ def compute_band_stats(
 
     empty = [name for name, n in zip(bands, count) if n == 0]
     if empty:
-        raise ValueError(f"bands {empty} have no valid pixel in the {len(files)} files read from {root}")
+        raise DataMismatchError(
+            f"bands {empty} have no valid pixel (all nodata or not finite) in the {len(files)} files read from {root}"
+        )
     return BandStats(
         bands=list(bands),
         mean=mean.tolist(),

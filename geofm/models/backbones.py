@@ -2,6 +2,9 @@
 
 The model returned by :func:`create_backbone` is a plain timm model (``num_classes=0``), so its
 ``state_dict`` is in timm's key layout and exports load into ``timm.create_model`` unchanged.
+
+Config validation imports this module, so timm and torch are imported by the functions that use
+them: a config error is reported without loading them.
 """
 
 from __future__ import annotations
@@ -9,20 +12,21 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any
-
-import timm
-import torch
-from timm.models.swin_transformer import SwinTransformer
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from geofm.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 FAMILIES = {"swin": "swin_transformer", "vit": "vision_transformer"}
 
 
 @functools.cache
 def _registered(module: str) -> frozenset[str]:
+    import timm
+
     return frozenset(timm.list_models(module=module))
 
 
@@ -53,6 +57,9 @@ class ArchInfo:
 
 @functools.cache
 def _arch_info(arch: str, kwargs_json: str) -> ArchInfo:
+    import timm
+    import torch
+
     family = backbone_family(arch)
     with torch.device("meta"):
         model = timm.create_model(arch, pretrained=False, num_classes=0, **json.loads(kwargs_json))
@@ -93,6 +100,8 @@ def backbone_kwargs(
 
 def create_backbone(arch: str, kwargs: dict[str, Any], drop_path_rate: float = 0.0) -> nn.Module:
     """Build a randomly initialised timm backbone from :func:`backbone_kwargs`."""
+    import timm
+
     backbone_family(arch)
     return timm.create_model(arch, pretrained=False, drop_path_rate=drop_path_rate, **kwargs)
 
@@ -109,6 +118,8 @@ def resize_input(model: nn.Module, img_size: int) -> None:
     Raises:
         ValueError: if ``img_size`` is not positive.
     """
+    from timm.models.swin_transformer import SwinTransformer
+
     if img_size <= 0:
         raise ValueError(f"an input size must be positive, got {img_size}")
     size = (img_size, img_size)

@@ -190,9 +190,9 @@ def _data_roots(items: list[str]) -> dict[str, str]:
 
 
 def _simulate(args: argparse.Namespace) -> None:
-    from pretrain.federated.flower import simulate  # imports flwr: only this command needs it
-
     run_config = program_run_config(args)
+    from pretrain.federated.flower import simulate  # imports flwr and torch: only once the config is valid
+
     if not run_config[INSTITUTIONS]:
         raise ConfigError("--institutions names the simulated nodes of another program")
     simulate(

@@ -61,15 +61,13 @@ class RandomTaskData(Dataset):
 @pytest.fixture
 def random_datasets(monkeypatch):
     """Make the finetuning program read :class:`RandomTaskData` (8 train, 4 val, 4 test samples)."""
-    import finetune.evaluate
-    import finetune.run
+    import finetune.splits
 
     def build(data_cfg, task, split, img_size, train):
         size, seed = {"train": (8, 0), "val": (4, 1), "test": (4, 2)}[split]
         return RandomTaskData(task, size, img_size, len(data_cfg.bands), seed=seed)
 
-    monkeypatch.setattr(finetune.run, "build_finetune_dataset", build)
-    monkeypatch.setattr(finetune.evaluate, "build_finetune_dataset", build)
+    monkeypatch.setattr(finetune.splits, "build_finetune_dataset", build)
     return build
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from geofm.errors import DatasetTooSmallError
+
 
 def _strata(labels: list[int] | np.ndarray | None) -> np.ndarray | None:
     """A stratum per sample: its class, its rarest positive label (multi-label), or None (no labels)."""
@@ -37,13 +39,13 @@ def subset_indices(count: int, fraction: float, seed: int, labels: list[int] | n
         Sorted indices.
 
     Raises:
-        ValueError: if ``fraction`` is outside (0, 1], ``count`` is not positive, or ``labels`` has
-            another length than ``count``.
+        DatasetTooSmallError: if ``count`` is not positive.
+        ValueError: if ``fraction`` is outside (0, 1] or ``labels`` has another length than ``count``.
     """
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     if count <= 0:
-        raise ValueError(f"cannot draw a subset of {count} samples")
+        raise DatasetTooSmallError(f"no sample to draw a data.train_fraction {fraction} subset from")
     rng = np.random.default_rng(seed)
     strata = _strata(labels)
     if strata is None:
