@@ -171,6 +171,8 @@ def check_labelled(dataset: FinetuneDataset, data_cfg: FinetuneDataConfig, split
         DataMismatchError: naming the dataset, split and root.
     """
     unscored = data_cfg.unscored_label
+    if not dataset.scenes:
+        return  # an empty split is refused with its own message where it is used
     for scene in dataset.scenes:
         if bool((dataset.source.load(scene)["mask"] != unscored).any()):
             return
