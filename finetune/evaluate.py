@@ -1,15 +1,16 @@
 """Evaluating a finetuned model on a split, and the evaluation record (``eval.json``) that reports compare.
 
 An evaluation record holds ``task``, ``dataset``, ``train_fraction``, ``split``, ``metrics`` (see
-:mod:`finetune.metrics`), ``primary_metric`` and its value as ``score``, plus provenance the
-caller adds (checkpoint, selection, epochs, seconds...).
+:mod:`finetune.metrics`), ``primary_metric`` and its value as ``score``, for dense tasks
+``scored_pixels`` (the target pixels the metrics counted: never padding, nor ``data.ignore_index``),
+plus provenance the caller adds (checkpoint, selection, epochs, seconds...).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -22,6 +23,13 @@ from geofm import engine as ds
 from geofm.config.finetune import FinetuneConfig, Split
 
 
+class Evaluation(NamedTuple):
+    """The metrics of a model on a dataset, and the target pixels they counted (None: not a dense task)."""
+
+    metrics: dict[str, float]
+    scored_pixels: int | None
+
+
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
@@ -31,7 +39,7 @@ def evaluate(
     dtype: torch.dtype = torch.float32,
     rank: int = 0,
     world_size: int = 1,
-) -> dict[str, float]:
+) -> Evaluation:
     """The task's metrics of ``model`` on ``dataset`` (each process takes every ``world_size``-th sample).
 
     The model is put in eval mode for the pass and returned to its previous mode.
@@ -49,21 +57,23 @@ def evaluate(
     for batch in loader:
         outputs = model(*model_inputs(cfg.task, batch, device, dtype))
         metrics.update(outputs, batch_target(cfg.task, batch, device))
-    result = metrics.compute()
+    result = Evaluation(metrics.compute(), metrics.scored_pixels())
     model.train(was_training)
     return result
 
 
-def eval_record(cfg: FinetuneConfig, split: str, metrics: dict[str, float], **provenance: Any) -> dict[str, Any]:
+def eval_record(cfg: FinetuneConfig, split: str, evaluation: Evaluation, **provenance: Any) -> dict[str, Any]:
     """An evaluation record: what was evaluated on which data, the metrics, and ``provenance``."""
+    pixels = {} if evaluation.scored_pixels is None else {"scored_pixels": evaluation.scored_pixels}
     return {
         "task": cfg.task,
         "dataset": cfg.dataset_name,
         "train_fraction": cfg.data.train_fraction,
         "split": split,
         "primary_metric": cfg.primary_metric,
-        "score": metrics[cfg.primary_metric],
-        "metrics": metrics,
+        "score": evaluation.metrics[cfg.primary_metric],
+        "metrics": evaluation.metrics,
+        **pixels,
         **provenance,
     }
 
@@ -90,5 +100,5 @@ def evaluate_run(run_dir: Path, split: Split = "test", cfg: FinetuneConfig | Non
     dev = ds.device()
     model.to(dev)
     dataset = build_split(cfg, split, train=False)
-    metrics = evaluate(model, dataset, cfg, dev)
-    return eval_record(cfg, split, metrics, run_dir=str(run_dir), samples=len(dataset), selected=record)
+    evaluation = evaluate(model, dataset, cfg, dev)
+    return eval_record(cfg, split, evaluation, run_dir=str(run_dir), samples=len(dataset), selected=record)

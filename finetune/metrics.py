@@ -15,14 +15,15 @@
 ==================  ========================================================================================
 
 Padding of scenes smaller than the model's input never counts: masks carry the unscored label
-there, super-resolution targets NaN.
+there, super-resolution targets NaN. :meth:`TaskMetrics.scored_pixels` says how many target pixels
+the metrics of a dense task counted.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric, MetricCollection
+from torchmetrics import Metric, MetricCollection, SumMetric
 from torchmetrics.classification import (
     BinaryF1Score,
     BinaryJaccardIndex,
@@ -90,6 +91,8 @@ class TaskMetrics:
         self.names = metric_names(cfg.task, cfg.data.num_classes, cfg.data.class_names, cfg.data.ignore_index)
         self.classes = class_labels(cfg.data.num_classes or 0, cfg.data.class_names)
         self.collection = MetricCollection(_metrics(cfg)).to(device)
+        self.unscored_label = cfg.data.unscored_label
+        self.pixels = SumMetric().to(device) if cfg.task in ("segmentation", "change", "superres") else None
         if cfg.task == "superres":
             targets = BandNormaliser.for_targets(cfg.data)
             self.mean = torch.from_numpy(targets.mean).to(device)[None]
@@ -99,10 +102,12 @@ class TaskMetrics:
         """Add a batch: the model's outputs (logits, or normalised images) and the batch's target."""
         outputs = outputs.detach().float()
         if self.task in ("segmentation", "change"):
+            self.pixels.update((target != self.unscored_label).sum())
             self.collection.update(outputs.argmax(dim=1), target)
         elif self.task == "multilabel":
             self.collection.update(outputs, target.long())
         elif self.task == "superres":
+            self.pixels.update(torch.isfinite(target).all(dim=1).sum())
             self._update_superres(outputs * self.std + self.mean, target.float() * self.std + self.mean)
         else:
             self.collection.update(outputs, target)
@@ -132,6 +137,15 @@ class TaskMetrics:
                 flat[name] = float(value)
         return {name: flat[name] for name in self.names}
 
+    def scored_pixels(self) -> int | None:
+        """Target pixels the metrics counted, of everything added (None: not a dense task).
+
+        Neither padding nor pixels at ``data.ignore_index``; super-resolution: high-resolution pixels.
+        """
+        return None if self.pixels is None else int(self.pixels.compute())
+
     def reset(self) -> None:
         """Forget every batch added."""
         self.collection.reset()
+        if self.pixels is not None:
+            self.pixels.reset()

@@ -195,7 +195,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
 
     def validate(epoch: float) -> None:
         nonlocal best
-        values = evaluate(engine.module, val_set, cfg, dev, dtype, rank, world)
+        values = evaluate(engine.module, val_set, cfg, dev, dtype, rank, world).metrics
         if metrics is not None:
             metrics.write({"step": step, "epoch": epoch, "val": values})
             log.info("step %d (epoch %g): %s %s", step, epoch, opt.val_split, _format(values))
@@ -274,12 +274,12 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         save_best(engine.module, run_dir, final)
     ds.barrier()
     selected = load_best_weights(engine.module, run_dir)
-    test_metrics = evaluate(engine.module, test_set, cfg, dev, dtype, rank, world)
+    test = evaluate(engine.module, test_set, cfg, dev, dtype, rank, world)
     if rank == 0:
         record = eval_record(
             cfg,
             "test",
-            test_metrics,
+            test,
             checkpoint=checkpoint_provenance(cfg, report),
             arch=cfg.model.arch,
             bands=list(cfg.data.bands),
@@ -292,7 +292,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         )
         write_json(record, run_dir / EVAL_FILE)
         plot(metrics.read())
-        log.info("test %s (weights of step %d): %s", cfg.dataset_name, selected["step"], _format(test_metrics))
+        log.info("test %s (weights of step %d): %s", cfg.dataset_name, selected["step"], _format(test.metrics))
     return run_dir
 
 

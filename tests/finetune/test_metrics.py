@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from finetune.metrics import TaskMetrics
+from geofm.config.finetune import PADDING_LABEL
 
 
 def _compute(cfg, outputs, target, batches: int = 1) -> dict[str, float]:
@@ -82,3 +83,33 @@ def test_psnr_of_other_high_resolution_bands_is_in_their_own_units(task_config):
     target = torch.zeros(2, 1, 16, 16)  # normalised 0 -> scaled 0.5
     outputs = target + 1.0  # scaled error 0.2 (pan's std), not 0.1 (the inputs' std)
     assert _compute(cfg, outputs, target)["psnr"] == pytest.approx(10 * math.log10(1 / 0.2**2), rel=1e-5)
+
+
+def test_segmentation_without_ignore_index_scores_the_real_pixels_only(task_config):
+    cfg = task_config("segmentation", data={"ignore_index": None})
+    real = torch.tensor([[0, 1, 2, 0], [1, 1, 0, 2]])
+    pred = torch.tensor([[0, 1, 1, 0], [2, 1, 0, 0]])
+    target = torch.full((1, 8, 8), PADDING_LABEL)
+    target[0, :2, :4] = real
+    logits = torch.zeros(1, 3, 8, 8)  # padding predicted as class 0, which it must not be credited for
+    logits[0, :, :2, :4] = torch.nn.functional.one_hot(pred, 3).permute(2, 0, 1).float()
+    metrics = TaskMetrics(cfg)
+    metrics.update(logits, target)
+    alone = _compute(cfg, torch.nn.functional.one_hot(pred, 3).permute(2, 0, 1)[None].float(), real[None])
+    assert metrics.compute() == pytest.approx(alone) and alone["accuracy"] == pytest.approx(5 / 8)
+    assert metrics.scored_pixels() == 8
+
+
+def test_superres_metrics_score_the_unpadded_part_of_each_image(task_config):
+    cfg = task_config("superres", data={"mean": [0.5] * 4, "std": [0.25] * 4})
+    torch.manual_seed(0)
+    target, outputs = torch.rand(2, 4, 24, 24) - 0.5, torch.rand(2, 4, 24, 24) - 0.5
+    padded = target.clone()
+    padded[0, :, 12:] = float("nan")  # image 0: a 12 x 24 scene padded at the bottom
+    metrics = TaskMetrics(cfg)
+    metrics.update(outputs, padded)
+    parts = TaskMetrics(cfg)
+    parts.update(outputs[:1, :, :12], target[:1, :, :12])
+    parts.update(outputs[1:], target[1:])
+    assert metrics.compute() == pytest.approx(parts.compute()), "each image scored on its own pixels"
+    assert metrics.scored_pixels() == 12 * 24 + 24 * 24

@@ -1,0 +1,70 @@
+"""Dense losses: means over the scored pixels only; a batch without one is a loss of 0 that still backpropagates."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from finetune.models import build_finetune_model
+from finetune.objective import build_criterion
+from geofm.config.finetune import PADDING_LABEL
+
+
+def _unscored_target(task: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A target of a batch without any scored pixel: ignore_index 255 (segmentation), padding (change, superres)."""
+    if task == "segmentation":
+        return torch.full(shape, 255)
+    if task == "change":
+        return torch.full(shape, PADDING_LABEL)
+    return torch.full(shape, float("nan"))
+
+
+@pytest.mark.parametrize("task", ["segmentation", "change", "superres"])
+def test_a_batch_without_a_scored_pixel_is_a_zero_loss_with_zero_gradients(task, task_config):
+    cfg = task_config(task)  # segmentation: ignore_index 255; change and superres: none
+    torch.manual_seed(0)
+    model, _ = build_finetune_model(cfg)
+    criterion = build_criterion(cfg)
+    inputs = [torch.randn(2, 4, 32, 32) for _ in range(2 if task == "change" else 1)]
+    unscored = _unscored_target(task, (2, 4, 64, 64) if task == "superres" else (2, 32, 32))
+    scored = torch.randn(unscored.shape) if task == "superres" else torch.zeros_like(unscored)
+
+    def gradients(target: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        loss = criterion(model(*inputs).float(), target)
+        loss.backward()
+        return float(loss.detach()), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    loss, grads = gradients(unscored)
+    assert math.isfinite(loss) and loss == 0.0, f"{task}: loss {loss}"
+    reached = set(gradients(scored)[1])
+    assert set(grads) == reached, f"{task}: the graph must reach what a labelled batch reaches, {reached - set(grads)}"
+    assert all(bool((g == 0).all()) for g in grads.values()), f"{task}: an unscored batch must not move weights"
+
+
+def test_cross_entropy_is_the_mean_over_the_real_labelled_pixels(task_config):
+    cfg = task_config("change")  # no ignore_index: padding is the only unscored value
+    torch.manual_seed(1)
+    logits = torch.randn(2, 2, 8, 8, requires_grad=True)
+    target = torch.full((2, 8, 8), PADDING_LABEL)
+    target[0, :3, :5] = torch.randint(0, 2, (3, 5))
+    loss = build_criterion(cfg)(logits, target)
+    real = F.cross_entropy(logits[0, :, :3, :5][None], target[0, :3, :5][None])
+    assert float(loss.detach()) == pytest.approx(float(real.detach())), "padding and the all-padding image add nothing"
+
+
+def test_l1_is_the_mean_over_the_unpadded_target(task_config):
+    cfg = task_config("superres")
+    torch.manual_seed(2)
+    outputs = torch.randn(2, 4, 16, 16, requires_grad=True)
+    target = torch.full((2, 4, 16, 16), float("nan"))
+    target[:, :, :6, :10] = torch.randn(2, 4, 6, 10)
+    loss = build_criterion(cfg)(outputs, target)
+    assert float(loss.detach()) == pytest.approx(
+        float(F.l1_loss(outputs[:, :, :6, :10], target[:, :, :6, :10]).detach())
+    )
+    loss.backward()
+    assert bool(outputs.grad.isfinite().all()) and bool((outputs.grad[:, :, 6:] == 0).all()), "padding gets no gradient"
