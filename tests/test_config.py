@@ -4,6 +4,7 @@ import pytest
 import yaml
 
 from geofm.config import PretrainConfig
+from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
 
 CONFIGS = sorted(Path(__file__).parents[1].joinpath("configs", "pretrain").glob("*.yaml"))
@@ -150,9 +151,29 @@ def test_a_config_builds_on_its_base_section_by_section(demo_tree, tmp_path):
         PretrainConfig.from_file(orphan)
 
 
+def test_base_files_and_overrides_combine_mappings_alike_and_replace_only_when_told(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("data: {kwargs: {bands: s2, num_classes: 19}, root: r}\nmodel: {timm_kwargs: {embed_dim: 16}}\n")
+    merging = tmp_path / "merging.yaml"
+    merging.write_text("base: base.yaml\ndata: {kwargs: {bands: all}}\n")
+    replacing = tmp_path / "replacing.yaml"
+    replacing.write_text("base: base.yaml\ndata: {kwargs: !replace {bands: s2}}\n")
+    assert read_config_tree(merging)["data"] == {"kwargs": {"bands": "all", "num_classes": 19}, "root": "r"}
+    assert read_config_tree(replacing)["data"]["kwargs"] == {"bands": "s2"}
+    # The command line combines in the same way as a base file does.
+    assert read_config_tree(base, ["data.kwargs={bands: all}"])["data"]["kwargs"] == {"bands": "all", "num_classes": 19}
+    assert read_config_tree(base, ["data.kwargs=!replace {bands: s2}"])["data"]["kwargs"] == {"bands": "s2"}
+    assert read_config_tree(base, ["data.kwargs={}"])["data"]["kwargs"] == {}, "an empty mapping clears"
+    assert read_config_tree(base, ["model=null"])["model"] is None, "anything but a mapping replaces"
+    tree = read_config_tree(replacing)
+    assert type(tree["data"]["kwargs"]) is dict, "the marker is gone once the tree is read"
+
+
 def test_malformed_override_and_missing_file(demo_tree):
     path, _ = demo_tree
     with pytest.raises(ConfigError, match="key.path=value"):
         PretrainConfig.from_file(path, ["train.epochs"])
+    with pytest.raises(ConfigError, match=r"override 'train.epochs=\[1,': the value is not valid YAML"):
+        PretrainConfig.from_file(path, ["train.epochs=[1,"])
     with pytest.raises(ConfigError, match="does not exist"):
         PretrainConfig.from_file("nope.yaml")

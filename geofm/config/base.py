@@ -54,7 +54,8 @@ def _child(node: Any, key: str, dotted: str, where: str, source: str) -> Any:
 def set_dotted(tree: dict, dotted: str, value: Any, source: str = "<config>") -> None:
     """Set ``value`` at ``dotted`` (``train.epochs``, ``data.sources.0.root``) inside a parsed config.
 
-    Missing sections are created; list entries are addressed by their index.
+    Missing sections are created; list entries are addressed by their index. A mapping merges into
+    the mapping already there, as a ``base:`` file's does (:func:`_merged`).
 
     Raises:
         ConfigError: when the path runs through a value that is neither a section nor a list.
@@ -72,19 +73,45 @@ def set_dotted(tree: dict, dotted: str, value: Any, source: str = "<config>") ->
     last = keys[-1]
     if isinstance(node, list):
         _child(node, last, dotted, ".".join(keys[:-1]), source)
-        node[int(last)] = value
+        node[int(last)] = _merged(node[int(last)], value)
     else:
-        node[last] = value
+        node[last] = _merged(node.get(last), value)
+
+
+class Replace(dict):
+    """A mapping written ``!replace {...}``: it replaces the mapping beneath it instead of merging into it."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader plus the ``!replace`` tag."""
+
+
+_ConfigLoader.add_constructor(
+    "!replace",
+    lambda loader, node: Replace(loader.construct_mapping(node, deep=True)),  # type: ignore[arg-type]
+)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML as configs and overrides are read (``!replace`` marks a mapping that replaces, see :func:`_merged`)."""
+    return yaml.load(text, Loader=_ConfigLoader)
 
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, Any]]:
-    """Turn ``["train.epochs=3", "teacher=null"]`` into (key, YAML-parsed value) pairs."""
+    """Turn ``["train.epochs=3", "teacher=null"]`` into (key, YAML-parsed value) pairs.
+
+    Raises:
+        ConfigError: an override without ``=``, or whose value is not valid YAML.
+    """
     pairs = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.path=value")
-        pairs.append((key.strip(), yaml.safe_load(raw)))
+        try:
+            pairs.append((key.strip(), load_yaml(raw)))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from None
     return pairs
 
 
@@ -125,14 +152,27 @@ def _format_validation_error(err: ValidationError, schema: type[BaseModel]) -> s
 BASE_KEY = "base"
 
 
-def _merged(base: dict, override: dict) -> dict:
-    """``override`` on top of ``base``: mappings merge key by key; anything else (lists too, and an
-    empty mapping, which clears the base's) is replaced."""
+def _merged(base: Any, override: Any) -> Any:
+    """``override`` on top of ``base``, as both ``base:`` files and command-line overrides combine.
+
+    Mappings merge key by key; anything else (lists too) is replaced, and so is a mapping written
+    ``!replace {...}`` (an empty mapping ``{}`` clears the one beneath it).
+    """
+    if not (isinstance(override, dict) and override and isinstance(base, dict)) or isinstance(override, Replace):
+        return _plain(override)
     merged = dict(base)
     for key, value in override.items():
-        nested = isinstance(value, dict) and value and isinstance(merged.get(key), dict)
-        merged[key] = _merged(merged[key], value) if nested else value
+        merged[key] = _merged(merged.get(key), value)
     return merged
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every :class:`Replace` mapping turned into a plain dict (the marker has done its work)."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _read_yaml_tree(path: Path, chain: tuple[Path, ...] = ()) -> dict:
@@ -142,14 +182,14 @@ def _read_yaml_tree(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     if path.resolve() in chain:
         raise ConfigError(f"{path}: base configs form a cycle: {' -> '.join(str(p) for p in (*chain, path.resolve()))}")
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     base = tree.pop(BASE_KEY, None)
     if base is None:
-        return tree
+        return _plain(tree)
     return _merged(_read_yaml_tree(path.parent / str(base), (*chain, path.resolve())), tree)
 
 
@@ -157,8 +197,11 @@ def read_config_tree(path: str | Path, overrides: list[str] | tuple[str, ...] = 
     """The parsed mapping of a config file with the overrides applied (not yet validated).
 
     A file may start from another: ``base: other.yaml`` (relative to the file) is read first and
-    the file's own keys are merged on top of it, section by section (``{}`` clears a mapping), so a
-    baseline or an ablation is a few lines over the setting it varies.
+    the file's own keys are merged on top of it, so a baseline or an ablation is a few lines over
+    the setting it varies. Overrides combine with the tree the same way: a mapping value merges into
+    the mapping at its path (``data.kwargs={split: val}`` changes one argument), any other value
+    replaces, and ``!replace {...}`` (or ``{}``, which clears) replaces a mapping whole, in a file
+    and on the command line alike.
     """
     path = Path(path)
     tree = _read_yaml_tree(path)

@@ -28,6 +28,7 @@ import difflib
 import importlib
 import inspect
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,60 @@ def dataset_class(name: str) -> type[Dataset]:
     return cls
 
 
+_LITERAL_SPLITS = {"InriaAerialImageLabeling": ("train", "val", "test"), "SpaceNet2": ("train", "test")}
+"""Splits of classes that check them with a literal instead of a class attribute."""
+
+
+def valid_splits(cls: type) -> tuple[str, ...] | None:
+    """The split names a torchgeo class accepts, from its class attributes; None where it does not say."""
+    if cls.__name__ in _LITERAL_SPLITS:
+        return _LITERAL_SPLITS[cls.__name__]
+    for attribute in ("splits", "valid_splits", "splits_metadata"):
+        names = getattr(cls, attribute, None)
+        if isinstance(names, (list, tuple, dict)) and names and all(isinstance(n, str) for n in names):
+            return tuple(names)
+    return None
+
+
+def check_torchgeo_arguments(cfg: FinetuneDataConfig, task: str, splits: Sequence[Split] | None = None) -> None:
+    """Check ``data.torchgeo``'s class and the arguments geofm passes it for ``splits``, without data.
+
+    The arguments (``root``, ``split`` and ``kwargs``, plus ``lr_kwargs``/``hr_kwargs`` for
+    super-resolution) are bound to the class's signature, and the class's split names that
+    ``data.splits`` maps ``splits`` to (default: train, val and test) checked against those it declares.
+
+    Raises:
+        ConfigError: naming every problem, with the accepted arguments and splits.
+    """
+    cls = dataset_class(str(cfg.torchgeo))
+    name = cls.__name__
+    parameters = inspect.signature(cls.__init__).parameters
+    problems = []
+    argument_sets = [("kwargs", {**cfg.kwargs})]
+    if task == "superres":
+        argument_sets = [
+            ("kwargs + lr_kwargs", {**cfg.kwargs, **cfg.lr_kwargs}),
+            ("kwargs + hr_kwargs", {**cfg.kwargs, **cfg.hr_kwargs}),
+        ]
+    for label, kwargs in argument_sets:
+        try:
+            inspect.signature(cls.__init__).bind(None, root=str(cfg.root), split="train", **kwargs)
+        except TypeError as err:
+            accepted = [p for p in parameters if p not in ("self", "root", "split", "transforms")]
+            problems.append(f"data.{label} {kwargs}: {err}; {name} takes {accepted}")
+    known = valid_splits(cls)
+    if known is not None:
+        for ours in splits or sorted(cfg.splits):
+            theirs = cfg.splits[ours]
+            if theirs not in known:
+                hint = " (map it to one that exists, e.g. data.splits: {val: test})" if ours == "val" else ""
+                problems.append(
+                    f"data.splits.{ours}: {name} has no split {theirs!r}; its splits are {list(known)}{hint}"
+                )
+    if problems:
+        raise ConfigError("data.torchgeo " + name + ": " + "; ".join(problems))
+
+
 def _how_to_get(cls: type) -> str:
     """Where the data of a torchgeo class comes from, from its signature and docstring."""
     name = cls.__name__
@@ -141,6 +196,7 @@ class TorchgeoSource(SceneSource):
         self.split = split
         # the band spec of each instance: the low-resolution one's is data's, the high-resolution one's data.hr's
         self.normalisers = [BandNormaliser.from_config(cfg)]
+        check_torchgeo_arguments(cfg, task, [split])
         cls = dataset_class(self.name)
         if task == "superres":
             low, high = {**cfg.kwargs, **cfg.lr_kwargs}, {**cfg.kwargs, **cfg.hr_kwargs}
@@ -166,9 +222,11 @@ class TorchgeoSource(SceneSource):
                 f"documents; {_how_to_get(cls)}"
             ) from err
         except (AssertionError, TypeError) as err:
+            splits = valid_splits(cls)
+            known = f"its splits are {list(splits)}; " if splits else ""
             raise ConfigError(
-                f"data.torchgeo: torchgeo {self.name} refuses split={split!r} with kwargs {kwargs}: "
-                f"{err or 'invalid argument'} (data.splits maps train/val/test to the class's split names)"
+                f"data.torchgeo: torchgeo {self.name} at {self.cfg.root} refuses split={split!r} with kwargs {kwargs}: "
+                f"{err or 'an argument it asserts on'} ({known}data.splits maps train/val/test to the class's split names)"
             ) from err
         except ImportError as err:
             raise ConfigError(

@@ -1,0 +1,41 @@
+"""Every config shipped under configs/ resolves against its program's schema, and its torchgeo class takes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from geofm.config.federated import FederatedConfig
+from geofm.config.finetune import FinetuneConfig
+from geofm.config.pretrain import PretrainConfig
+from geofm.data.finetune.torchgeo import check_torchgeo_arguments
+from geofm.errors import ConfigError
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+SCHEMAS = {"pretrain": PretrainConfig, "federated": FederatedConfig, "finetune": FinetuneConfig}
+SHIPPED = sorted(CONFIGS.glob("*/*.yaml"))
+
+
+def test_every_config_folder_has_a_schema():
+    assert SHIPPED and {path.parent.name for path in SHIPPED} <= set(SCHEMAS)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_a_shipped_config_resolves(path):
+    cfg = SCHEMAS[path.parent.name].from_file(path)
+    if isinstance(cfg, FinetuneConfig) and cfg.data.torchgeo:
+        check_torchgeo_arguments(cfg.data, cfg.task)
+
+
+def test_a_split_the_class_lacks_is_named_with_the_splits_it_has(task_config):
+    cfg = task_config("segmentation", data={"torchgeo": "Vaihingen2D", "splits": {"val": "val"}})
+    with pytest.raises(
+        ConfigError, match=r"data.splits.val: Vaihingen2D has no split 'val'; its splits are \['train', 'test'\]"
+    ):
+        check_torchgeo_arguments(cfg.data, cfg.task)
+    cfg = task_config(
+        "segmentation", data={"torchgeo": "Vaihingen2D", "splits": {"val": "test"}, "kwargs": {"scene": 1}}
+    )
+    with pytest.raises(ConfigError, match=r"data.kwargs \{'scene': 1\}: .*unexpected keyword argument 'scene'"):
+        check_torchgeo_arguments(cfg.data, cfg.task)
