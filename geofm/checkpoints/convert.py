@@ -142,6 +142,12 @@ def backbone_state_dict(
     where = f"{path}: " if path else ""
     source = teacher_source(raw, path=path) if teacher else locate_backbone(raw, path=path)
     family = model_family(model)
+    if source.family == "beit" and family == "vit":
+        raise CheckpointFormatError(
+            f"{where}the checkpoint holds a BEiT-style ViT (SimMIM's: relative-position bias, q/v biases, layer "
+            "scale), which a timm VisionTransformer cannot hold without changing what it computes; geofm trains "
+            "Swin and ViT backbones, so use it through `geofm checkpoint convert` (a timm beit_* export) in timm"
+        )
     if source.family != family:
         raise CheckpointFormatError(
             f"{where}the checkpoint holds a {source.family} backbone, the model is a {family} ({type(model).__name__})"
