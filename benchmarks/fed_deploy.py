@@ -32,7 +32,11 @@ DEFAULTS: dict[str, Any] = {
     "num_cpus": 2,
     "modes": ["simulated", "deployed", "deployed_without_worker"],
 }
-QUICK: dict[str, Any] = {"rounds": 3, "overrides": ["train.local_steps=1", "train.local_epochs=null"]}
+QUICK: dict[str, Any] = {
+    "rounds": 2,
+    "modes": ["simulated", "deployed"],
+    "overrides": ["train.local_steps=1", "train.local_epochs=null"],
+}
 MODES = ("simulated", "deployed", "deployed_without_worker")
 
 
