@@ -15,6 +15,7 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from geofm import PROJECT_LOGGERS
 from geofm.errors import GeoFMError
 
 
@@ -167,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     level = logging.DEBUG if args.verbose else logging.INFO if rank == 0 else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    # Other libraries' INFO lines (matplotlib's font cache on a first run, say) only with --verbose.
+    root_level = logging.DEBUG if args.verbose else logging.WARNING
+    logging.basicConfig(level=root_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for name in PROJECT_LOGGERS:
+        logging.getLogger(name).setLevel(level)
     if not args.verbose:
         # GDAL's own messages about a broken file repeat what geofm's error says; --verbose shows them.
         logging.getLogger("rasterio").setLevel(logging.ERROR)

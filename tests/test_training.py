@@ -44,11 +44,12 @@ def test_bad_input_on_one_process_keeps_the_progress():
 @pytest.mark.parametrize(
     "world_size, error, expected",
     [
+        (1, GeoFMError("corrupt.tif"), [1]),  # bad input on one process: the step reached is kept
         (2, GeoFMError("corrupt.tif"), []),  # several processes would wait on each other in a lone save
         (1, ValueError("a bug, not bad input"), []),
     ],
 )
-def test_no_extra_save_across_processes_or_for_other_errors(world_size, error, expected):
+def test_a_save_on_bad_input_only_on_one_process_and_never_for_other_errors(world_size, error, expected):
     saved = []
     with pytest.raises(type(error)), boundaries(saved, world_size=world_size) as guard:
         guard.reached(1)

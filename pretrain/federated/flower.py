@@ -35,6 +35,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
+from geofm import PROJECT_LOGGERS
 from geofm.errors import ConfigError, FederatedRunError, GeoFMError
 from pretrain.federated.nodeworker import NodeWorker
 from pretrain.federated.processes import kill_marked, start_watchdog
@@ -181,10 +182,6 @@ def _run_config(context: Context, bound: Mapping[str, Scalar]) -> dict[str, Scal
     return {**RUN_CONFIG_DEFAULTS, **context.run_config, **bound}
 
 
-SERVER_LOG_PACKAGES = ("geofm", "pretrain", "finetune")
-"""Packages whose INFO lines a deployed server shows: the round loop's and the program's (losses, bytes, resume)."""
-
-
 def _show_round_log() -> None:
     """Let the run's INFO lines reach stderr when nothing configured logging (a ``flwr-serverapp``
     process, whose output ``flwr log`` shows), as ``geofm fed simulate`` shows them; the root logger
@@ -193,7 +190,7 @@ def _show_round_log() -> None:
         return
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-    for name in SERVER_LOG_PACKAGES:
+    for name in PROJECT_LOGGERS:
         logger = logging.getLogger(name)
         if not logger.handlers:
             logger.addHandler(handler)
