@@ -9,7 +9,7 @@ DEMO_FEDERATED := configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yam
 DEMO_CENTRAL := configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml
 DEMO_FINETUNE := configs/finetune/demo_classification__swin_micro.yaml
 
-.PHONY: setup demo demo-central test clean-demo
+.PHONY: setup demo demo-central test lint clean-demo
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ demo-central: setup
 
 test: setup
 	DS_ACCELERATOR=cpu $(BIN)/python -m pytest -q
+
+# ruff's lint rules and formatter, as configured in pyproject.toml.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean-demo:
 	rm -rf runs/demo_*

@@ -288,10 +288,7 @@ def _serve(variant: str, settings: dict[str, Any], folder: Path) -> None:
         elif command == "syncs":
             answer = {"syncs": host_syncs(step)}
         else:  # memory
-            if step.dev.type == "cuda":
-                peak = torch.cuda.max_memory_allocated() / 2**20
-            else:
-                peak = peak_rss_mib()
+            peak = torch.cuda.max_memory_allocated() / 2**20 if step.dev.type == "cuda" else peak_rss_mib()
             answer = {"peak_mib": peak, "step_mib": None if built is None else peak - built}
         reply.write(json.dumps(answer) + "\n")
 

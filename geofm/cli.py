@@ -37,7 +37,7 @@ def _data_stats(args: argparse.Namespace) -> None:
         nodata=args.nodata,
         max_files=args.max_files,
     )
-    print(f"# {stats.files} files, valid pixels per band: {dict(zip(stats.bands, stats.pixels))}")
+    print(f"# {stats.files} files, valid pixels per band: {dict(zip(stats.bands, stats.pixels, strict=False))}")
     print(format_stats_yaml(stats))
 
 

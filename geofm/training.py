@@ -459,7 +459,7 @@ class IntervalMeans:
         sums = self.sums if self.sums is not None else torch.zeros(len(self.keys))
         values = ds.mean_across_ranks(sums / max(self.count, 1))
         self._reset()
-        return dict(zip(self.keys, values.tolist()))
+        return dict(zip(self.keys, values.tolist(), strict=False))
 
 
 def threads_beside_workers(num_workers: int) -> int:

@@ -85,7 +85,7 @@ def test_config_errors_name_the_field(demo_tree, override, message):
 def test_source_stats_must_match_bands(demo_tree, tmp_path):
     _, tree = demo_tree
     tree["data"]["sources"][1]["mean"] = [0.1, 0.2]
-    with pytest.raises(ConfigError, match="satellite_4band.*one value per band"):
+    with pytest.raises(ConfigError, match=r"satellite_4band.*one value per band"):
         PretrainConfig.from_file(_write(tmp_path, tree))
 
 
@@ -120,7 +120,7 @@ def test_band_aliases_resolve_and_custom_bands_are_declared(demo_tree):
         "red",
         "nir",
     ]
-    with pytest.raises(ConfigError, match="declare other bands under data.custom_bands"):
+    with pytest.raises(ConfigError, match=r"declare other bands under data.custom_bands"):
         PretrainConfig.from_file(path, ["data.sources.1.bands=[blue, green, red, ndvi]"])
     cfg = PretrainConfig.from_file(
         path,
@@ -171,7 +171,7 @@ def test_base_files_and_overrides_combine_mappings_alike_and_replace_only_when_t
 
 def test_malformed_override_and_missing_file(demo_tree):
     path, _ = demo_tree
-    with pytest.raises(ConfigError, match="key.path=value"):
+    with pytest.raises(ConfigError, match=r"key.path=value"):
         PretrainConfig.from_file(path, ["train.epochs"])
     with pytest.raises(ConfigError, match=r"override 'train.epochs=\[1,': the value is not valid YAML"):
         PretrainConfig.from_file(path, ["train.epochs=[1,"])

@@ -253,7 +253,7 @@ def _fresh_bands(target: list[str] | None, band_sources: list[int | None] | None
     """The model bands that no checkpoint band feeds (band mapping by name)."""
     if target is None or band_sources is None:
         return []
-    return [band for band, source in zip(target, band_sources) if source is None]
+    return [band for band, source in zip(target, band_sources, strict=False) if source is None]
 
 
 def export_metadata(info: dict[str, Any], report: LoadReport) -> dict[str, Any]:

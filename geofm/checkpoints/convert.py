@@ -237,9 +237,8 @@ def apply_state_dict(model: nn.Module, state: dict[str, Tensor], report: LoadRep
 def _belongs_to_backbone(name: str, target: dict[str, Tensor]) -> bool:
     if name.rsplit(".", 1)[-1] in NON_BACKBONE_NAMES:
         return False
-    if name.startswith("head.") and not any(k.startswith("head.") for k in target):
-        return False  # classifier of a model trained with classes; the backbone is headless
-    return True
+    # a classifier of a model trained with classes does not belong: the backbone is headless
+    return not (name.startswith("head.") and not any(k.startswith("head.") for k in target))
 
 
 def _resize_notes(before: dict[str, Tensor], after: dict[str, Tensor]) -> list[str]:

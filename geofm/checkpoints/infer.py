@@ -382,7 +382,7 @@ def _recorded(facts: CheckpointFacts, arch: str, kwargs: dict[str, Any], inferre
         raise CheckpointFormatError(
             f"{facts.path}: the {inferred_from} names {arch} ({family}) but the weights hold a {facts.family}"
         )
-    structure, notes = structure_from_weights(family, facts.weights)
+    structure, _notes = structure_from_weights(family, facts.weights)
     structure.update({k: v for k, v in kwargs.items() if k in (*STRUCTURE_KEYS[family], "img_size", "window_size")})
     if structure.get("num_heads") is None:
         structure["num_heads"] = arch_defaults(arch).get("num_heads")

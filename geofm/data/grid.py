@@ -9,4 +9,4 @@ def grid_origins(length: int, size: int) -> list[int]:
     if length <= size:
         return [0]
     origins = list(range(0, length - size, size))
-    return origins + [length - size]
+    return [*origins, length - size]

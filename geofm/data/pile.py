@@ -276,7 +276,9 @@ class SkippedFiles:
 
     def add_batch(self, batch: dict) -> None:
         """Record the files a collated batch skipped."""
-        for source, file, count in zip(batch["source"].tolist(), batch["file"].tolist(), batch["skipped"].tolist()):
+        for source, file, count in zip(
+            batch["source"].tolist(), batch["file"].tolist(), batch["skipped"].tolist(), strict=False
+        ):
             size = self.source_sizes[source]
             self.files.update((source, (file + k) % size) for k in range(count))
 

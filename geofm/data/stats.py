@@ -76,7 +76,7 @@ def compute_band_stats(
     m2 = np.zeros(len(bands), dtype=np.float64)
     for path in files:
         raster = read_raster(path, len(bands), band_names=bands)
-        for b, (raw, valid) in enumerate(zip(raster.data, raster.valid(nodata))):
+        for b, (raw, valid) in enumerate(zip(raster.data, raster.valid(nodata), strict=False)):
             x = raw[valid].astype(np.float64) * scale
             if x.size == 0:
                 continue
@@ -87,7 +87,7 @@ def compute_band_stats(
             mean[b] += delta * n / total
             count[b] = total
 
-    empty = [name for name, n in zip(bands, count) if n == 0]
+    empty = [name for name, n in zip(bands, count, strict=False) if n == 0]
     if empty:
         raise DataMismatchError(
             f"bands {empty} have no valid pixel (all nodata or not finite) in the {len(files)} files read from {root}"

@@ -165,7 +165,7 @@ def test_a_vit_needs_its_heads_from_a_config_or_the_caller(kit, save):
     assert "--arch" in str(err.value) and "num_heads" in str(err.value)
 
     for kwargs in ({"arch": kit.VIT, "timm_kwargs": {"num_heads": 2}}, {"timm_kwargs": {"num_heads": 2}}):
-        model, report, info = build_backbone(path, **kwargs)
+        model, _report, info = build_backbone(path, **kwargs)
         assert info["inferred_from"] == "weights+arguments" and info["timm_kwargs"]["num_heads"] == 2
         torch.testing.assert_close(kit.features(model), kit.features(source), rtol=0, atol=0)
     assert build_backbone(path, arch=kit.VIT, timm_kwargs={"num_heads": 2})[2]["arch"] == kit.VIT
@@ -248,7 +248,7 @@ def test_clear_errors(kit, save, tmp_path):
     assert "unknown checkpoint layout" in str(err.value) and all(name in str(err.value) for name in LAYOUTS)
 
     swin = save(kit.make_swin().state_dict(), "swin.pth")
-    with pytest.raises(CheckpointFormatError, match="vit.*checkpoint holds a swin"):
+    with pytest.raises(CheckpointFormatError, match=r"vit.*checkpoint holds a swin"):
         build_backbone(swin, arch=kit.VIT)
     with pytest.raises(ConfigError, match="unknown timm architecture"):
         build_backbone(swin, arch="resnet_of_my_dreams")
@@ -262,7 +262,7 @@ def test_a_pickle_that_would_run_code_is_refused(kit, tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "gfm.pth"
     torch.save({"model": kit.prefixed("encoder.", kit.make_swin().state_dict()), "config": kit.Exploit(marker)}, path)
-    with pytest.raises(CheckpointFormatError, match="refused to unpickle.*system"):
+    with pytest.raises(CheckpointFormatError, match=r"refused to unpickle.*system"):
         build_backbone(path)
     assert not marker.exists()
 

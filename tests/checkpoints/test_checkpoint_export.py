@@ -51,8 +51,8 @@ def test_export_loads_into_plain_timm_with_the_same_features(kit, tmp_path, capl
     }
     with safe_open(str(weights), "pt") as f:
         assert set(f.keys()) == set(model.state_dict())
-        assert not any(k.startswith("head") for k in f.keys())
-        assert all(f.get_tensor(k).dtype == torch.float32 for k in f.keys())
+        assert not any(k.startswith("head") for k in f)
+        assert all(f.get_tensor(k).dtype == torch.float32 for k in f)
 
     with caplog.at_level(logging.INFO, logger="timm"):
         via_timm = _timm_load(sidecar, weights).eval()
@@ -81,7 +81,7 @@ def test_timm_load_of_an_export_is_strict(kit, tmp_path):
 def test_export_refuses_what_would_not_load_back(kit, tmp_path):
     kwargs = kit.swin_kwargs()
     model = create_backbone(kit.SWIN, kwargs)
-    with pytest.raises(ConfigError, match="reserved|written by geofm"):
+    with pytest.raises(ConfigError, match=r"reserved|written by geofm"):
         export_backbone(model, tmp_path, arch=kit.SWIN, create_kwargs=kwargs, metadata={"arch": "other"})
     with pytest.raises(ConfigError, match="does not rebuild"):
         export_backbone(model, tmp_path, arch=kit.SWIN, create_kwargs={**kwargs, "in_chans": 4}, metadata={})
@@ -99,7 +99,7 @@ def test_export_refuses_what_would_not_load_back(kit, tmp_path):
 
 
 def test_read_export_sidecar_errors(tmp_path):
-    with pytest.raises(CheckpointNotFoundError, match="backbone.json"):
+    with pytest.raises(CheckpointNotFoundError, match=r"backbone.json"):
         read_export_sidecar(tmp_path)
     (tmp_path / "backbone.json").write_text('{"format": "other/2"}')
     with pytest.raises(CheckpointFormatError, match="other/2"):

@@ -34,10 +34,10 @@ def test_unknown_suffix_and_corrupt_files_are_format_errors(tmp_path):
     with pytest.raises(CheckpointFormatError, match="suffix"):
         load_checkpoint_file(tmp_path / "w.npz")
     (tmp_path / "w.pth").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointFormatError, match="w.pth"):
+    with pytest.raises(CheckpointFormatError, match=r"w.pth"):
         load_checkpoint_file(tmp_path / "w.pth")
     (tmp_path / "w.safetensors").write_bytes(b"\x08\0\0\0\0\0\0\0{}")
-    with pytest.raises(CheckpointFormatError, match="w.safetensors"):
+    with pytest.raises(CheckpointFormatError, match=r"w.safetensors"):
         load_checkpoint_file(tmp_path / "w.safetensors")
 
 
@@ -47,7 +47,7 @@ def test_folders_resolve_to_the_deepspeed_or_export_file(tmp_path, save):
     for folder in ("run", "run/checkpoints", "run/checkpoints/last", "run/checkpoints/step_0000100"):
         assert resolve_checkpoint_path(tmp_path / folder).resolve() == tagged.resolve(), folder
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointNotFoundError, match="mp_rank_00_model_states.pt"):
+    with pytest.raises(CheckpointNotFoundError, match=r"mp_rank_00_model_states.pt"):
         resolve_checkpoint_path(tmp_path / "empty")
 
 

@@ -103,8 +103,14 @@ def test_complete_archive_not_rewritten(tmp_path: Path) -> None:
 def test_demo_feeds_the_pile(archive: dict[str, Path], model_bands: list[str]) -> None:
     sources = [
         SourceConfig(
-            name=name, root=archive[name], pattern="*.tif", bands=bands, scale=scale, nodata=nodata,
-            mean=[0.0] * len(bands), std=[1.0] * len(bands),
+            name=name,
+            root=archive[name],
+            pattern="*.tif",
+            bands=bands,
+            scale=scale,
+            nodata=nodata,
+            mean=[0.0] * len(bands),
+            std=[1.0] * len(bands),
         )
         for name, (bands, scale, nodata, *_) in SOURCES.items()
     ]
@@ -130,7 +136,11 @@ def test_demo_configs_carry_the_archive_statistics(tmp_path):
     for path, schema in demos:
         for source in schema.from_file(path).data.sources:
             stats = compute_band_stats(
-                root=roots[source.name], pattern=source.pattern, bands=source.bands, scale=source.scale, nodata=source.nodata
+                root=roots[source.name],
+                pattern=source.pattern,
+                bands=source.bands,
+                scale=source.scale,
+                nodata=source.nodata,
             )
             assert np.allclose(stats.mean, source.mean, rtol=1e-4), (path.name, source.name)
             assert np.allclose(stats.std, source.std, rtol=1e-4), (path.name, source.name)

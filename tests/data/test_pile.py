@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import Counter
 from pathlib import Path
@@ -67,7 +68,7 @@ def test_sampler_walks_each_source_without_replacement() -> None:
         full_rounds = len(files) // size
         if full_rounds >= 2:
             rounds = [files[r * size : (r + 1) * size] for r in range(full_rounds)]
-            assert any(a != b for a, b in zip(rounds, rounds[1:])), "no reshuffle between rounds"
+            assert any(a != b for a, b in itertools.pairwise(rounds)), "no reshuffle between rounds"
 
 
 def test_sampler_set_start_resumes_same_order() -> None:
@@ -172,7 +173,7 @@ def test_pile_same_batches_with_0_and_2_workers(data_cfg: DataConfig) -> None:
 
     serial, parallel = batches(0), batches(2)
     assert len(serial) == len(parallel) == 3
-    for a, b in zip(serial, parallel):
+    for a, b in zip(serial, parallel, strict=False):
         assert a.keys() == b.keys()
         for key in a:
             assert torch.equal(a[key], b[key]), key

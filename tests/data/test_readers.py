@@ -72,7 +72,7 @@ def test_truncated_geotiff(tmp_path: Path, write_tif) -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(RasterReadError, match="nope.tif"):
+    with pytest.raises(RasterReadError, match=r"nope.tif"):
         read_raster(tmp_path / "nope.tif", 1)
 
 
@@ -129,15 +129,21 @@ def test_geotiff_writer_writes_blocks(tmp_path: Path) -> None:
 
 
 def test_an_interrupted_geotiff_write_leaves_the_earlier_file_and_no_partial_one(tmp_path: Path) -> None:
-    grid = {"width": 40, "height": 30, "count": 1, "dtype": "uint8", "crs": "EPSG:32632", "transform": (1, 0, 0, 0, -1, 0)}
+    grid = {
+        "width": 40,
+        "height": 30,
+        "count": 1,
+        "dtype": "uint8",
+        "crs": "EPSG:32632",
+        "transform": (1, 0, 0, 0, -1, 0),
+    }
     path = tmp_path / "scene_pred.tif"
     with GeoTiffWriter(path, **grid) as writer:
         writer.write(np.full((1, 30, 40), 1, dtype=np.uint8), 0)
         assert not path.exists(), "the path is taken only once the file is whole"
-    with pytest.raises(KeyboardInterrupt):
-        with GeoTiffWriter(path, **grid) as writer:
-            writer.write(np.full((1, 10, 40), 2, dtype=np.uint8), 0)
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), GeoTiffWriter(path, **grid) as writer:
+        writer.write(np.full((1, 10, 40), 2, dtype=np.uint8), 0)
+        raise KeyboardInterrupt
     assert (read_raster(path, 1).data == 1).all(), "the earlier prediction is intact"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scene_pred.tif"], "no partial file is left behind"
 

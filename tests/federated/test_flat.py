@@ -67,4 +67,6 @@ def test_mismatched_module_and_tensors() -> None:
     with pytest.raises(LayoutMismatchError, match=r"'2.weight' has shape \(4, 2\), layout expects \(2, 4\)"):
         layout.flatten(tensors)
     with pytest.raises(LayoutMismatchError, match="unexpected \\['extra'\\]"):
-        layout.flatten({**dict(zip(layout.names, [torch.zeros(s) for s in layout.shapes])), "extra": torch.zeros(1)})
+        layout.flatten(
+            {**dict(zip(layout.names, [torch.zeros(s) for s in layout.shapes], strict=False)), "extra": torch.zeros(1)}
+        )

@@ -32,7 +32,7 @@ def test_by_source() -> None:
     clients = partition_by_source(sources, num_clients=3, public={1})
     assert_each_private_file_once(clients, sources, {1})
     assert [{f.source for f in files} for files in clients] == [{0}, {2}, {3}]
-    with pytest.raises(ConfigError, match="3 private sources .* cannot make 4 clients"):
+    with pytest.raises(ConfigError, match=r"3 private sources .* cannot make 4 clients"):
         partition_by_source(sources, num_clients=4, public={1})
     with pytest.raises(ConfigError, match="sources \\[1\\] have no file"):
         partition_by_source([["a.tif"], []], num_clients=2)
@@ -69,7 +69,7 @@ def test_dirichlet_skew_grows_as_alpha_shrinks() -> None:
 
 
 def test_dirichlet_reports_clients_it_cannot_fill() -> None:
-    with pytest.raises(ConfigError, match="left clients .* empty in 100 draws"):
+    with pytest.raises(ConfigError, match=r"left clients .* empty in 100 draws"):
         partition_dirichlet([["a.tif", "b.tif"]], num_clients=4, alpha=1.0)
     with pytest.raises(ConfigError, match="alpha must be positive"):
         partition_dirichlet([["a.tif"]], num_clients=1, alpha=0.0)

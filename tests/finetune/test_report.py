@@ -55,7 +55,7 @@ def test_tasks_are_matched_by_task_dataset_and_train_fraction(tmp_path):
 
 def test_records_that_cannot_be_compared_are_refused(tmp_path):
     a = _record(tmp_path, "a", "segmentation", "WHU", 0.9, metric="iou/building")
-    with pytest.raises(ConfigError, match="by iou/building, .* by miou"):
+    with pytest.raises(ConfigError, match=r"by iou/building, .* by miou"):
         compare([a], [_record(tmp_path, "b", "segmentation", "WHU", 0.8, metric="miou")])
     with pytest.raises(ConfigError, match="share no task"):
         compare([a], [_record(tmp_path, "c", "segmentation", "Vaihingen", 0.8, metric="iou/building")])

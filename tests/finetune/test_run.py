@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -62,7 +62,7 @@ def test_a_stopped_run_resumes_to_the_same_result(class_folders, task_tree, clas
     finetune(FinetuneConfig.from_tree(task_tree("classification", "resumed", data={"root": str(class_folders)})))
     resumed, straight = _records(run_dir), _records(classification_run)
     assert [r["step"] for r in resumed] == [r["step"] for r in straight]
-    for a, b in zip(resumed, straight):
+    for a, b in zip(resumed, straight, strict=False):
         if "loss" in a:
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-4), f"step {a['step']}: the resumed run diverged"
             assert a["lr"] == pytest.approx(b["lr"])

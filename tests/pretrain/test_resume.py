@@ -71,7 +71,7 @@ def test_a_finished_run_is_extended_only_explicitly(tiny_tree):
     assert finished[-1]["step"] == 12 and json.loads((run_dir / "backbone.json").read_text())["steps"] == 12
     with pytest.raises(ConfigError, match=r"train\.epochs 2 -> 3.*rerun with --extend"):
         pretrain(PretrainConfig.from_tree(tiny_tree("extend", train={"epochs": 3})))
-    with pytest.raises(ConfigError, match="--extend needs a larger train.epochs"):
+    with pytest.raises(ConfigError, match=r"--extend needs a larger train.epochs"):
         pretrain(PretrainConfig.from_tree(tiny_tree("extend", train={"base_lr": 1e-3})), extend=True)
 
     pretrain(PretrainConfig.from_tree(tiny_tree("extend", train={"epochs": 3})), extend=True)

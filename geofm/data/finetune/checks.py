@@ -122,12 +122,12 @@ def superres_extent(
     Raises:
         DataMismatchError: naming ``where``, both sizes and the scale factor.
     """
-    exact = all(hi == lo * factor for lo, hi in zip(lr_hw, hr_hw))
+    exact = all(hi == lo * factor for lo, hi in zip(lr_hw, hr_hw, strict=False))
     if exact:
         return tuple(lr_hw)
-    close = all(abs(hi - lo * factor) < factor for lo, hi in zip(lr_hw, hr_hw))
+    close = all(abs(hi - lo * factor) < factor for lo, hi in zip(lr_hw, hr_hw, strict=False))
     if trim and close:
-        return tuple(min(lo, hi // factor) for lo, hi in zip(lr_hw, hr_hw))
+        return tuple(min(lo, hi // factor) for lo, hi in zip(lr_hw, hr_hw, strict=False))
     hint = "" if trim or not close else " (data.superres_trim crops such pairs to the largest exact fit)"
     raise DataMismatchError(
         f"{where}: high resolution {hr_hw[0]}x{hr_hw[1]} is not scale_factor {factor} x low resolution "

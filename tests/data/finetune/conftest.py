@@ -19,7 +19,9 @@ TRANSFORM = (10.0, 0.0, 500_000.0, 0.0, -10.0, 5_000_000.0)
 def tif() -> Callable[..., Path]:
     """Write a (bands, H, W) GeoTIFF, by default georeferenced at 10 m in EPSG:32632."""
 
-    def write(path: Path, array: np.ndarray, transform=TRANSFORM, crs: str | None = CRS, nodata: float | None = None) -> Path:
+    def write(
+        path: Path, array: np.ndarray, transform=TRANSFORM, crs: str | None = CRS, nodata: float | None = None
+    ) -> Path:
         write_geotiff(path, array, transform=transform, crs=crs, nodata=nodata)
         return path
 

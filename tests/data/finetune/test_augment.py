@@ -18,7 +18,9 @@ def _decode(position: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Ten
 
 def _check_geometry(rows: list[torch.Tensor], cols: list[torch.Tensor]) -> None:
     """The crops move about and flips happen in both directions over the draws."""
-    assert len({(int(r[0, 0]), int(c[0, 0])) for r, c in zip(rows, cols)}) > 3, "crops should land at different places"
+    assert len({(int(r[0, 0]), int(c[0, 0])) for r, c in zip(rows, cols, strict=False)}) > 3, (
+        "crops should land at different places"
+    )
     assert any(bool((c[:, 1] < c[:, 0]).all()) for c in cols), "some draws should flip left-right"
     assert any(bool((r[1] < r[0]).all()) for r in rows), "some draws should flip top-bottom"
 
@@ -75,7 +77,9 @@ def test_superres_crops_are_aligned_at_the_scale_factor(tmp_path, tif, data_cfg,
         sample = ds[0]
         assert sample["image"].shape == (1, 16, 16) and sample["target"].shape == (1, 48, 48)
         expected = sample["image"].repeat_interleave(3, dim=-2).repeat_interleave(3, dim=-1)
-        assert torch.equal(sample["target"], expected), "each low-resolution pixel sits on its 3 x 3 high-resolution block"
+        assert torch.equal(sample["target"], expected), (
+            "each low-resolution pixel sits on its 3 x 3 high-resolution block"
+        )
         r, c = _decode(sample["image"][0], 26)
         rows.append(r)
         cols.append(c)

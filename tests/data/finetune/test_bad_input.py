@@ -49,7 +49,7 @@ def test_ignore_index_is_allowed_but_a_split_without_a_labelled_pixel_is_refused
 def test_classification_label_outside_the_classes_from_torchgeo_style_labels():
     from geofm.data.finetune.checks import class_label
 
-    with pytest.raises(DataMismatchError, match="sample.png: class id 4 is outside the classes 0..3"):
+    with pytest.raises(DataMismatchError, match=r"sample.png: class id 4 is outside the classes 0..3"):
         class_label(4, 4, "sample.png")
 
 
@@ -101,7 +101,7 @@ def test_superres_trim_crops_near_misses_to_the_exact_fit(tmp_path, tif, data_cf
         np.ones((1, 162, 162), dtype=np.uint8),
         transform=(1.0, 0, 0.0, 0, -1.0, 0.0),
     )
-    with pytest.raises(DataMismatchError, match="data.superres_trim crops such pairs"):
+    with pytest.raises(DataMismatchError, match=r"data.superres_trim crops such pairs"):
         build_finetune_dataset(data_cfg(tmp_path, scale_factor=4), "superres", "train", 40, train=False)
     trimmed = build_finetune_dataset(
         data_cfg(tmp_path, scale_factor=4, superres_trim=True), "superres", "train", 40, train=False
@@ -118,7 +118,7 @@ def test_superres_pair_of_other_areas(tmp_path, tif, data_cfg):
     tif(tmp_path / "train" / "hr" / "a.tif", np.ones((1, 8, 8), dtype=np.uint8), transform=(2.0, 0, 50.0, 0, -2.0, 0.0))
     ds = build_finetune_dataset(data_cfg(tmp_path, scale_factor=2), "superres", "train", 4, train=True)
     with pytest.raises(
-        DataMismatchError, match="high-resolution transform .* is not the low-resolution one at scale_factor 2"
+        DataMismatchError, match=r"high-resolution transform .* is not the low-resolution one at scale_factor 2"
     ):
         ds[0]
 
@@ -154,7 +154,7 @@ def test_dataset_without_the_model_bands_names_the_missing_ones(tmp_path):
 
 
 def test_missing_split_folder_and_unknown_layout_part(tmp_path, data_cfg):
-    with pytest.raises(DatasetNotFoundError, match="the val split folder .*/val does not exist"):
+    with pytest.raises(DatasetNotFoundError, match=r"the val split folder .*/val does not exist"):
         build_finetune_dataset(data_cfg(tmp_path), "segmentation", "val", 8, train=False)
     (tmp_path / "val").mkdir()
     with pytest.raises(ConfigError, match=r"data.folders: \['labels'\] are not parts of a change split folder"):

@@ -149,7 +149,9 @@ def test_unknown_class_split_and_download_are_config_errors(tmp_path, data_cfg):
             data_cfg(tmp_path, torchgeo="UCMerce", dataset_bands=RGB), "classification", "train", 32, True
         )
     cfg = data_cfg(tmp_path, torchgeo="Vaihingen2D", dataset_bands=["nir", "red", "green"], num_classes=6)
-    with pytest.raises(ConfigError, match=r"data.splits.val: Vaihingen2D has no split 'val'; its splits are \['train', 'test'\]"):
+    with pytest.raises(
+        ConfigError, match=r"data.splits.val: Vaihingen2D has no split 'val'; its splits are \['train', 'test'\]"
+    ):
         build_finetune_dataset(cfg, "segmentation", "val", 32, train=False)
     cfg = data_cfg(tmp_path, torchgeo="UCMerced", kwargs={"download": True}, dataset_bands=RGB)
     with pytest.raises(ConfigError, match="geofm never downloads"):
