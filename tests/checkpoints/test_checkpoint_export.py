@@ -51,8 +51,8 @@ def test_export_loads_into_plain_timm_with_the_same_features(kit, tmp_path, capl
     }
     with safe_open(str(weights), "pt") as f:
         assert set(f.keys()) == set(model.state_dict())
-        assert not any(k.startswith("head") for k in f)
-        assert all(f.get_tensor(k).dtype == torch.float32 for k in f)
+        assert not any(k.startswith("head") for k in f.keys())  # noqa: SIM118 - safe_open is not iterable
+        assert all(f.get_tensor(k).dtype == torch.float32 for k in f.keys())  # noqa: SIM118
 
     with caplog.at_level(logging.INFO, logger="timm"):
         via_timm = _timm_load(sidecar, weights).eval()
