@@ -14,9 +14,9 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from finetune.models import FinetuneModel, build_finetune_model
+from geofm.config.base import CONFIG_FILE
 from geofm.config.finetune import FinetuneConfig
 from geofm.errors import CheckpointNotFoundError
-from geofm.training import CONFIG_FILE
 
 BEST_DIR = "best"
 MODEL_WEIGHTS = "model.safetensors"

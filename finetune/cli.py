@@ -128,11 +128,10 @@ def _finetune(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from finetune.evaluate import evaluate_run, write_json
     from geofm.config import read_config_tree
+    from geofm.config.base import CONFIG_FILE
     from geofm.config.finetune import FinetuneConfig
     from geofm.errors import ConfigError
-    from geofm.training import CONFIG_FILE
 
     settings = {"checkpoint": None, "split": "test"}
     overrides = []
@@ -149,6 +148,8 @@ def _eval(args: argparse.Namespace) -> None:
     run_dir = Path(settings["checkpoint"])
     source = Path(args.config) if args.config else run_dir / CONFIG_FILE
     cfg = FinetuneConfig.from_tree(read_config_tree(source, overrides), str(source))
+    from finetune.evaluate import evaluate_run, write_json  # the training stack, once the config is valid
+
     record = evaluate_run(run_dir, settings["split"], cfg)
     write_json(record, args.out or run_dir / f"eval_{settings['split']}.json")
     print(json.dumps(record, indent=2, default=str))

@@ -26,6 +26,7 @@ import yaml
 from geofm import engine as ds
 from geofm.checkpoints.io import LAST_CHECKPOINT, resolve_checkpoint_path
 from geofm.config import OptimizerConfig, RunConfig, Section, config_to_dict
+from geofm.config.base import CONFIG_FILE
 from geofm.data.sources import list_images
 from geofm.errors import ConfigError, GeoFMError, LossNotFiniteError, RunInterrupted
 from geofm.runlog import Phases, is_finite
@@ -33,7 +34,6 @@ from geofm.runlog import Phases, is_finite
 log = logging.getLogger("geofm.training")
 
 PROGRESS_FILE = "progress.json"
-CONFIG_FILE = "config.yaml"
 # The ``train`` settings that define a run's learning-rate schedule and its length (see check_resume).
 TRAIN_SCHEDULE_KEYS = (
     "train.epochs",

@@ -54,6 +54,8 @@ def test_help_imports_no_heavy_package(args):
         ["finetune", "--config", FINETUNE, "train.micro_batch_size=0"],
         ["fed", "simulate", "--config", FEDERATED, "federation.rounds=0"],
         ["pretrain", "--config", "missing.yaml"],
+        ["eval", f"checkpoint={REPO}/runs/none", "train.micro_batch_size=0", "--config", FINETUNE],
+        ["eval", f"checkpoint={REPO}/runs/none", "split=dev"],
     ],
 )
 def test_a_config_error_imports_no_heavy_package(args):

@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
 from geofm.errors import ConfigError
 
 _FORM_ONLY = {"check_architecture": False}
+CONFIG_FILE = "config.yaml"
+"""The validated config a run keeps in its directory."""
 
 
 def checks_architecture(info: ValidationInfo) -> bool:
