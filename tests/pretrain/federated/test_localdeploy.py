@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
+import torch
 import toy_federated_program as toy
+from safetensors.torch import load_file
 
 from pretrain.federated.cli import PROGRAM
 from pretrain.federated.deploy import COMPLETED, register_nodes
+from pretrain.federated.flower import simulate
 from pretrain.federated.localdeploy import LocalDeployment
-from pretrain.federated.runtime import CONFIG, config_entry
+from pretrain.federated.runtime import CONFIG, INSTITUTIONS, config_entry
 
 
 def _alive(pids: set[int]) -> set[int]:
@@ -55,15 +59,22 @@ def test_deployment_with_tls_and_node_auth_runs_rounds_keeps_state_and_refuses_u
     print(f"ClientApp process start-up before train(): {', '.join(f'{s:.2f}' for s in startup)} s")
 
 
-def test_fedsense_deployed_trains_each_institution_on_the_data_its_node_config_names(tmp_path, fed_tree, archive):
-    """The real program on a real deployment: the config travels in the run config, data roots in node configs."""
+def test_fedsense_deployed_trains_each_institution_on_the_data_its_node_config_names(
+    tmp_path, fed_tree, archive, one_torch_thread
+):
+    """The real program on a real deployment: the config travels in the run config, data roots in node configs.
+
+    With one thread per process both ways, the deployed run ends with the very model a simulation of
+    the same config gives.
+    """
     tree = fed_tree("deployed", federation={"rounds": 2})
     tree["data"]["sources"] = [s for s in tree["data"]["sources"] if s["name"] != "uav_rgbn"]
     for source in tree["data"]["sources"][:2]:
         source["root"] = f"/nonexistent/{source['name']}"  # only each SuperNode's data-root knows the way
     run_config = {**PROGRAM, CONFIG: config_entry(tree)}
     roots = {name: str(archive[name]) for name in ("aerial_rgb", "satellite_4band")}
-    with LocalDeployment(tmp_path / "fed", list(roots), data_roots=roots) as deployment:
+    threads = {"OMP_NUM_THREADS": "1"}  # as Ray gives each simulated node
+    with LocalDeployment(tmp_path / "fed", list(roots), data_roots=roots, env=threads) as deployment:
         run_id = deployment.launch(run_config)
         run = deployment.wait(run_id)
         log = deployment.logs(run_id)
@@ -72,6 +83,14 @@ def test_fedsense_deployed_trains_each_institution_on_the_data_its_node_config_n
     rounds = [json.loads(line) for line in (tmp_path / "deployed/rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2] and all(r["clients"] == sorted(roots) for r in rounds)
     assert json.loads((tmp_path / "deployed/backbone.json").read_text())["federation"]["uplink_bits"] == 1
+
+    simulated = copy.deepcopy(tree)
+    simulated["run"]["output_dir"] = str(tmp_path / "simulated")
+    for source in simulated["data"]["sources"][:2]:
+        source["root"] = roots[source["name"]]
+    simulate({**PROGRAM, CONFIG: config_entry(simulated), INSTITUTIONS: ",".join(sorted(roots))}, num_cpus=2)
+    deployed, simulated = (load_file(tmp_path / name / "backbone.safetensors") for name in ("deployed", "simulated"))
+    assert all(torch.equal(deployed[k], simulated[k]) for k in deployed), "deployed and simulated: the same model"
 
 
 def test_a_supernode_killed_mid_round_without_a_timeout_leaves_the_run_to_finish_with_the_others(
