@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from geofm import engine as ds
-from geofm.checkpoints import export_backbone, load_backbone_for_bands, pretraining_parts
+from geofm.checkpoints import export_backbone, load_backbone_for_bands
 from geofm.checkpoints.infer import gsd_range
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config import PretrainConfig, config_to_dict
@@ -61,41 +61,21 @@ def student_kwargs(cfg: PretrainConfig | FederatedConfig) -> dict:
 
 
 def build_student(cfg: PretrainConfig | FederatedConfig) -> MaskedImageModel:
-    """Student backbone with mask token, decoder and, with a teacher, the projector onto the teacher's
-    feature width: random, or from ``model.init_checkpoint``, whose encoder and, where it holds them
-    (a released GFM or SimMIM pretraining file, a geofm run), mask token, decoder and projector it
-    continues from."""
+    """Student backbone (random, or from ``model.init_checkpoint``) with mask token, decoder and, with a
+    teacher, the projector onto the teacher's feature width."""
     encoder = create_backbone(cfg.model.arch, student_kwargs(cfg), drop_path_rate=cfg.model.drop_path_rate)
-    if cfg.teacher is None:
-        model = MaskedImageModel(encoder, len(cfg.data.bands))
-    else:
-        if cfg.model.family == "swin":
-            tap = Tap(cfg.teacher.stage, cfg.teacher.include_merging)
-        else:
-            tap = Tap(cfg.model.distill_block) if cfg.model.distill_block else default_vit_tap(encoder)
-        model = MaskedImageModel(
-            encoder,
-            len(cfg.data.bands),
-            tap,
-            teacher_channels(cfg.teacher),
-            cfg.teacher.alpha,
-            cfg.teacher.distill_loss,
-        )
     if cfg.model.init_checkpoint is not None:
-        initialise_student(model, cfg.model.init_checkpoint, cfg.data.bands)
-    return model
-
-
-def initialise_student(model: MaskedImageModel, path: Path, bands: list[str]) -> None:
-    """Load ``path`` into the student: its encoder, then the mask token, decoder and projector it holds (logged)."""
-    report = load_backbone_for_bands(model.encoder, path, bands)
-    parts, fresh = pretraining_parts(path, model.state_dict(), bands)
-    model.load_state_dict(parts, strict=False)
-    log.info("student initialised from %s: %s", path, report)
-    if parts:
-        log.info("  restored from it too: %s", ", ".join(sorted(parts)))
-    for line in fresh:
-        log.info("  starts fresh: %s", line)
+        report = load_backbone_for_bands(encoder, cfg.model.init_checkpoint, cfg.data.bands)
+        log.info("student initialised from %s: %s", cfg.model.init_checkpoint, report)
+    if cfg.teacher is None:
+        return MaskedImageModel(encoder, len(cfg.data.bands))
+    if cfg.model.family == "swin":
+        tap = Tap(cfg.teacher.stage, cfg.teacher.include_merging)
+    else:
+        tap = Tap(cfg.model.distill_block) if cfg.model.distill_block else default_vit_tap(encoder)
+    return MaskedImageModel(
+        encoder, len(cfg.data.bands), tap, teacher_channels(cfg.teacher), cfg.teacher.alpha, cfg.teacher.distill_loss
+    )
 
 
 # What a resumed run must share with the run that wrote its checkpoints.

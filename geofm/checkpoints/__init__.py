@@ -21,7 +21,6 @@ from geofm.checkpoints.build import (
     format_inspection,
     inspect_checkpoint,
     load_backbone_for_bands,
-    pretraining_parts,
 )
 from geofm.checkpoints.card import model_card
 from geofm.checkpoints.convert import LoadReport, backbone_state_dict, load_backbone_weights
@@ -49,7 +48,6 @@ __all__ = [
     "load_checkpoint_file",
     "locate_backbone",
     "model_card",
-    "pretraining_parts",
     "read_checkpoint",
     "read_export_sidecar",
     "resolve_checkpoint_path",

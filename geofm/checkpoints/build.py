@@ -125,98 +125,22 @@ def build_backbone(
 
 
 def load_backbone_for_bands(
-    model: nn.Module, path: str | Path, bands: Sequence[str], *, strict: bool = True, teacher: bool = False
+    model: nn.Module, path: str | Path, bands: Sequence[str], *, strict: bool = True
 ) -> LoadReport:
     """Load a checkpoint of any known layout into an existing backbone whose input bands are ``bands``.
 
     Patch-embedding kernels follow band names (those of an export or training run; an unnamed
     3-band checkpoint is red, green, blue); the model's other bands keep their fresh initialisation.
-    Used to start pretraining or finetuning from released or earlier weights; ``teacher`` loads a GFM
-    file's frozen teacher instead of its student.
+    Used to start pretraining or finetuning from released or earlier weights.
     """
     facts = read_checkpoint(path)
-    band_sources = _checkpoint_band_sources(facts, bands)
-    state, report = backbone_state_dict(facts.raw, model, band_sources=band_sources, path=facts.path, teacher=teacher)
+    have = int(facts.weights["patch_embed.proj.weight"].shape[1])
+    named, _ = source_bands(facts, have)
+    band_sources = _band_sources(named, list(bands), have, None)
+    state, report = backbone_state_dict(facts.raw, model, band_sources=band_sources, path=facts.path)
     apply_state_dict(model, state, report, strict=strict)
     report.fresh_bands = _fresh_bands(list(bands), band_sources)
     return report
-
-
-def _checkpoint_band_sources(facts: CheckpointFacts, bands: Sequence[str]) -> list[int | None] | None:
-    """For each of ``bands``, the index of the checkpoint band feeding it (see :func:`_band_sources`)."""
-    have = int(facts.weights["patch_embed.proj.weight"].shape[1])
-    named, _ = source_bands(facts, have)
-    return _band_sources(named, list(bands), have, None)
-
-
-MIM_PARTS = {
-    "mask_token": ("mask_token", "encoder.mask_token"),
-    "decoder.0.weight": ("decoder.0.weight",),
-    "decoder.0.bias": ("decoder.0.bias",),
-    "projector.weight": ("projector.weight",),
-    "projector.bias": ("projector.bias",),
-}
-"""A masked-image model's parts beside its encoder, and their names in GFM, SimMIM and geofm training files."""
-
-
-def pretraining_parts(
-    path: str | Path, model_state: dict[str, torch.Tensor], bands: Sequence[str]
-) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """The mask token, decoder and projector a pretraining checkpoint holds, fitted to a masked-image model.
-
-    Read from a released GFM or SimMIM pretraining file, or a geofm training run, so that continual
-    pretraining starts from all of it, not from the encoder alone. The mask token is reshaped to the
-    model's; the decoder's output channels (``stride^2`` per reconstructed band, in band order) follow
-    the band mapping of the patch embedding, bands the file lacks keeping their fresh rows.
-
-    Args:
-        path: the checkpoint.
-        model_state: the model's state dict (:class:`~geofm.models.mim.MaskedImageModel` keys).
-        bands: the model's input bands.
-
-    Returns:
-        The tensors to load (model keys), and one line per model part that starts fresh, saying why.
-    """
-    facts = read_checkpoint(path)
-    weights = facts.source.weights
-    band_sources = _checkpoint_band_sources(facts, bands)
-    restored: dict[str, torch.Tensor] = {}
-    fresh: list[str] = []
-    for key, names in MIM_PARTS.items():
-        if key not in model_state:
-            continue
-        found = next((weights[name] for name in names if name in weights), None)
-        target = model_state[key]
-        if found is None:
-            fresh.append(f"{key}: not in the {facts.layout} checkpoint")
-        elif key.startswith("decoder."):
-            fitted = _decoder_rows(found, target, band_sources)
-            if fitted is None:
-                fresh.append(f"{key}: {tuple(found.shape)} in the checkpoint, {tuple(target.shape)} in the model")
-            else:
-                restored[key] = fitted
-        elif found.numel() == target.numel():
-            restored[key] = found.reshape(target.shape).to(target.dtype)
-        else:
-            fresh.append(f"{key}: {tuple(found.shape)} in the checkpoint, {tuple(target.shape)} in the model")
-    return restored, fresh
-
-
-def _decoder_rows(
-    found: torch.Tensor, target: torch.Tensor, band_sources: Sequence[int | None] | None
-) -> torch.Tensor | None:
-    """The decoder's output rows for the model's bands from the checkpoint's (None when the shapes cannot fit)."""
-    bands = len(band_sources) if band_sources is not None else None
-    per_band = target.shape[0] // bands if bands else None
-    if band_sources is None:
-        return found.to(target.dtype) if found.shape == target.shape else None
-    if found.shape[1:] != target.shape[1:] or found.shape[0] % per_band:
-        return None
-    fitted = target.clone()
-    for band, source in enumerate(band_sources):
-        if source is not None and (source + 1) * per_band <= found.shape[0]:
-            fitted[band * per_band : (band + 1) * per_band] = found[source * per_band : (source + 1) * per_band]
-    return fitted
 
 
 def create_model(arch: str, kwargs: dict[str, Any]) -> nn.Module:

@@ -22,7 +22,7 @@ from timm.models import beit, swin_transformer, vision_transformer
 from torch import Tensor, nn
 
 from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
-from geofm.checkpoints.layouts import locate_backbone, teacher_source
+from geofm.checkpoints.layouts import locate_backbone
 from geofm.errors import CheckpointFormatError, ConfigError
 
 PATCH_EMBED_WEIGHT = "patch_embed.proj.weight"
@@ -113,7 +113,6 @@ def backbone_state_dict(
     rgb_positions: Sequence[int] | None = None,
     band_sources: Sequence[int | None] | None = None,
     path: str | Path | None = None,
-    teacher: bool = False,
 ) -> tuple[dict[str, Tensor], LoadReport]:
     """Extract the backbone from a loaded checkpoint in any known layout, in ``model``'s timm names.
 
@@ -128,8 +127,6 @@ def backbone_state_dict(
             band whose kernel it receives, or None to keep the model's initialisation (bands matched
             by name: reordered, dropped or added).
         path: the file ``raw`` came from: recognises an export by its sidecar, names the file in errors.
-        teacher: extract the teacher: a GFM file's ``teacher.*`` rather than its student
-            (:func:`~geofm.checkpoints.layouts.teacher_source`).
 
     Returns:
         The converted state dict (the model's keys plus any ``unexpected`` ones) and a report.
@@ -140,14 +137,8 @@ def backbone_state_dict(
         ConfigError: if ``rgb_positions`` is needed but missing or invalid.
     """
     where = f"{path}: " if path else ""
-    source = teacher_source(raw, path=path) if teacher else locate_backbone(raw, path=path)
+    source = locate_backbone(raw, path=path)
     family = model_family(model)
-    if source.family == "beit" and family == "vit":
-        raise CheckpointFormatError(
-            f"{where}the checkpoint holds a BEiT-style ViT (SimMIM's: relative-position bias, q/v biases, layer "
-            "scale), which a timm VisionTransformer cannot hold without changing what it computes; geofm trains "
-            "Swin and ViT backbones, so use it through `geofm checkpoint convert` (a timm beit_* export) in timm"
-        )
     if source.family != family:
         raise CheckpointFormatError(
             f"{where}the checkpoint holds a {source.family} backbone, the model is a {family} ({type(model).__name__})"

@@ -8,8 +8,7 @@ layout             what the file holds
 ``microsoft_swin`` a Swin state dict in Microsoft's names (``layers.N.downsample`` ends stage N),
                    bare or under ``model``, as in the official ImageNet releases
 ``gfm``            a GFM pretraining checkpoint: ``model`` holds ``encoder.*`` (the student Swin,
-                   Microsoft names), ``teacher.*`` (the frozen ImageNet teacher: what a teacher
-                   loads from such a file, :func:`teacher_source`), ``decoder.*`` and ``projector.*``
+                   Microsoft names), ``teacher.*``, ``decoder.*`` and ``projector.*``
 ``simmim``         a SimMIM checkpoint, Swin or ViT: pretraining (``model`` holds ``encoder.*`` +
                    ``decoder.*``) or finetuning (``model`` holds a Microsoft Swin, or SimMIM's
                    BEiT-style ViT, next to the training state)
@@ -163,23 +162,6 @@ def locate_backbone(raw: Mapping[str, Any], *, path: str | Path | None = None) -
         f"{path or 'checkpoint'}: unknown checkpoint layout (top-level keys: {_preview(raw)}). Known layouts:\n"
         + "\n".join(f"  {name}: {text}" for name, text in LAYOUTS.items())
     )
-
-
-def teacher_source(raw: Mapping[str, Any], *, path: str | Path | None = None) -> BackboneSource:
-    """Where a teacher's weights sit in a checkpoint: a GFM file's ``teacher.*`` (its frozen
-    ImageNet encoder, not the student it trained), any other layout's backbone.
-
-    Raises:
-        CheckpointFormatError: an unknown layout, or a GFM file whose ``teacher.*`` is no backbone.
-    """
-    source = locate_backbone(raw, path=path)
-    if source.layout != "gfm":
-        return source
-    family = _family(source.weights, "teacher.")
-    if family is None:
-        raise CheckpointFormatError(f"{path or 'checkpoint'}: a GFM checkpoint whose teacher.* holds no Swin or ViT")
-    microsoft = "teacher." + _MICROSOFT_SWIN in source.weights
-    return BackboneSource("gfm", source.weights, "teacher.", family, microsoft)
 
 
 def _weights_mapping(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str | None]:

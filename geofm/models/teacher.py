@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 from timm.models.swin_transformer import SwinTransformer
@@ -14,8 +12,6 @@ from geofm.config import TeacherConfig
 from geofm.data.bands import RGB
 from geofm.models.backbones import backbone_kwargs, create_backbone
 from geofm.models.mim import Tap, check_tap, default_vit_tap, embed_tokens, run_backbone, tap_channels
-
-log = logging.getLogger(__name__)
 
 
 class FrozenTeacher(nn.Module):
@@ -131,10 +127,6 @@ def build_teacher(cfg: TeacherConfig, band_indices: list[int]) -> FrozenTeacher:
     The teacher sees red, green, blue in that order; a checkpoint with named bands in another
     order (a geofm export of a BGR model, say) has its kernels rearranged to match.
 
-    From a GFM pretraining file, the teacher is its ``teacher.*`` (the frozen ImageNet encoder),
-    never the student it trained. Every key of the teacher must be in the file and every teacher key
-    of the file must fit it; what was adapted (e.g. a position table resized) is logged.
-
     Raises:
         CheckpointNotFoundError: when ``cfg.checkpoint`` does not exist.
         CheckpointFormatError: when the file's layout or keys do not fit ``cfg.arch``.
@@ -143,8 +135,7 @@ def build_teacher(cfg: TeacherConfig, band_indices: list[int]) -> FrozenTeacher:
         in_chans=3, img_size=cfg.img_size, window_size=cfg.window_size, timm_kwargs=cfg.timm_kwargs
     )
     backbone = create_backbone(cfg.arch, kwargs)
-    report = load_backbone_for_bands(backbone, cfg.checkpoint, RGB, strict=True, teacher=True)
-    log.info("teacher loaded: %s", report)
+    load_backbone_for_bands(backbone, cfg.checkpoint, RGB)
     return FrozenTeacher(
         backbone, teacher_tap(cfg, backbone), band_indices, cfg.img_size, cfg.resize_mode, cfg.align_corners
     )

@@ -281,13 +281,3 @@ def test_conversions_load_in_plain_timm_with_the_same_features(kit, save, save_w
     for model in (via_timm.eval(), via_geofm):
         torch.testing.assert_close(kit.features(model, in_chans=in_chans, img=img), expected, rtol=0, atol=0)
     assert meta["converted_from"]["layout"] == report.layout and meta["bands"] == info["bands"]
-
-
-def test_a_simmim_vit_given_to_a_vit_model_is_refused_with_what_to_do_instead(kit, save, save_with_yacs, tmp_path):
-    """The routes that build a timm ViT (init_checkpoint, finetuning, teacher) all load through load_backbone_for_bands."""
-    from geofm.checkpoints import load_backbone_for_bands
-
-    path, *_ = _case("simmim_vit_pretrain", kit, save, save_with_yacs, tmp_path)
-    vit = kit.make_vit(img_size=kit.BEIT_IMG)
-    with pytest.raises(CheckpointFormatError, match=r"BEiT-style ViT \(SimMIM's.*geofm checkpoint convert"):
-        load_backbone_for_bands(vit, path, ["red", "green", "blue"])
