@@ -31,6 +31,7 @@ from geofm.checkpoints.infer import (
     source_bands,
 )
 from geofm.checkpoints.layouts import LAYOUTS
+from geofm.checkpoints.pretraining import PretrainingReport, pretraining_state
 from geofm.errors import ConfigError, GeoFMError
 
 
@@ -145,6 +146,30 @@ def load_backbone_for_bands(
     state, report = backbone_state_dict(facts.raw, model, band_sources=band_sources, path=facts.path, teacher=teacher)
     apply_state_dict(model, state, report, strict=strict)
     report.fresh_bands = _fresh_bands(list(bands), band_sources)
+    return report
+
+
+def load_pretraining_model(model: nn.Module, path: str | Path, bands: Sequence[str]) -> PretrainingReport:
+    """Start a pretraining module from a checkpoint: its ``encoder`` and whatever else the file holds of it.
+
+    The module is geofm's masked image model (:class:`~geofm.models.mim.MaskedImageModel`): a timm
+    backbone ``encoder``, ``mask_token``, ``decoder`` and, with a teacher, ``projector``. The encoder
+    is loaded as :func:`load_backbone_for_bands` does; the mask token, decoder and projector of a
+    GFM, SimMIM or geofm training checkpoint are restored (see :mod:`geofm.checkpoints.pretraining`),
+    and the report says what was restored and what starts fresh.
+
+    Raises:
+        CheckpointNotFoundError, CheckpointFormatError, ConfigError: as :func:`load_backbone_for_bands`.
+    """
+    facts = read_checkpoint(path)
+    band_sources = _named_band_sources(facts, bands)
+    encoder_state, backbone = backbone_state_dict(facts.raw, model.encoder, band_sources=band_sources, path=facts.path)
+    state, used, report = pretraining_state(facts.source, model.state_dict(), list(bands), band_sources)
+    apply_state_dict(model.encoder, encoder_state, backbone)
+    model.load_state_dict(state, strict=False)
+    backbone.fresh_bands = _fresh_bands(list(bands), band_sources)
+    backbone.dropped = [key for key in backbone.dropped if key not in used]
+    report.backbone = backbone
     return report
 
 
@@ -366,4 +391,5 @@ __all__ = [
     "format_inspection",
     "inspect_checkpoint",
     "load_backbone_for_bands",
+    "load_pretraining_model",
 ]

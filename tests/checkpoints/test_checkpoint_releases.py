@@ -22,6 +22,7 @@ from geofm.cli import main
 from geofm.config import PretrainConfig, TeacherConfig
 from geofm.errors import CheckpointFormatError
 from geofm.models.teacher import build_teacher
+from pretrain.central import build_student
 
 BANDS = ["red", "green", "blue", "nir"]
 STRIDE = 32  # the tiny Swin's encoder stride: patch 4, three patch mergings
@@ -81,6 +82,80 @@ def simmim_vit_file(kit, save_with_yacs):
     return path, model, source
 
 
+# Continual pretraining from a release restores its mask token, decoder and projector.
+
+
+def test_gfm_release_continues_with_its_mask_token_decoder_and_projector(kit, gfm_file, tmp_path, caplog):
+    path, release, *_ = gfm_file
+    cfg = _pretrain_config(kit, tmp_path, _swin_model(kit, path, 2), _swin_teacher(kit, path))
+    torch.manual_seed(0)
+    with caplog.at_level(logging.INFO, logger="geofm.pretrain"):
+        model = build_student(cfg)
+    torch.manual_seed(0)
+    fresh = build_student(cfg.model_copy(update={"model": cfg.model.model_copy(update={"init_checkpoint": None})}))
+
+    torch.testing.assert_close(model.mask_token.detach(), release["encoder.mask_token"].flatten(), rtol=0, atol=0)
+    area = STRIDE**2
+    for key in ("decoder.0.weight", "decoder.0.bias"):
+        loaded, initial = model.state_dict()[key], fresh.state_dict()[key]
+        for band in range(3):  # red, green, blue: the release's own reconstruction
+            assert torch.equal(_band_rows(loaded, band, area), _band_rows(release[key], band, area)), key
+        assert torch.equal(_band_rows(loaded, 3, area), _band_rows(initial, 3, area)), f"{key}: nir starts fresh"
+    assert torch.equal(model.projector.weight.detach(), release["projector.weight"])
+    assert torch.equal(model.projector.bias.detach(), release["projector.bias"])
+    student = build_backbone(path)[0].state_dict()  # the release's student, red, green, blue
+    kernel = "patch_embed.proj.weight"
+    assert torch.equal(model.encoder.state_dict()[kernel][:, :3], student[kernel])  # nir gets a fresh kernel
+    for key, value in model.encoder.state_dict().items():
+        assert key == kernel or torch.equal(value, student[key]), key
+
+    text = caplog.text
+    assert "restored with the encoder: mask_token (from encoder.mask_token, 1x1x16 -> 16)" in text
+    assert "decoder (output bands red, green, blue); projector" in text
+    assert "starting fresh: decoder output bands nir (not in the checkpoint)" in text
+    assert "fresh bands (not in the checkpoint, newly initialised): nir" in text
+    dropped = text.split("dropped", 1)[1].split("\n", 1)[0]
+    assert "teacher.*" in dropped and "decoder" not in dropped and "projector" not in dropped
+
+
+def test_simmim_swin_release_without_projector_says_the_projector_starts_fresh(kit, save_with_yacs, tmp_path, caplog):
+    source = kit.make_swin(seed=1)
+    release = {
+        **kit.prefixed("encoder.", kit.microsoft_swin_state(source, num_classes=None)),
+        "encoder.mask_token": torch.randn(1, 1, 16),
+        **kit.mim_decoder(source.num_features, STRIDE),
+    }
+    path = save_with_yacs({"model": release, **kit.TRAINING_STATE}, kit.yacs_config("swin", kit.IMG), "simmim.pth")
+    teacher = tmp_path / "teacher.pth"
+    torch.save(kit.make_swin(seed=5).state_dict(), teacher)
+    cfg = _pretrain_config(kit, tmp_path, _swin_model(kit, path), _swin_teacher(kit, teacher))
+    with caplog.at_level(logging.INFO, logger="geofm.pretrain"):
+        model = build_student(cfg)
+    torch.testing.assert_close(model.mask_token.detach(), release["encoder.mask_token"].flatten(), rtol=0, atol=0)
+    assert torch.equal(
+        _band_rows(model.decoder[0].bias.detach(), 2, STRIDE**2), _band_rows(release["decoder.0.bias"], 2, STRIDE**2)
+    )
+    assert "starting fresh: decoder output bands nir (not in the checkpoint); projector (not in the checkpoint)" in (
+        caplog.text
+    )
+
+
+def test_a_geofm_training_checkpoint_restores_the_whole_pretraining_module(kit, tmp_path):
+    """geofm's own layout (``module``, mask token of shape (C,)) continues through the same route."""
+    teacher = tmp_path / "teacher.pth"
+    torch.save(kit.make_swin(seed=5).state_dict(), teacher)
+    cfg = _pretrain_config(kit, tmp_path, _swin_model(kit, None), _swin_teacher(kit, teacher))
+    torch.manual_seed(1)
+    trained = build_student(cfg)
+    tag = tmp_path / "checkpoints" / "step_0000010"
+    tag.mkdir(parents=True)
+    torch.save({"module": trained.state_dict(), "global_steps": 10}, tag / "mp_rank_00_model_states.pt")
+    torch.manual_seed(2)
+    restored = build_student(cfg.model_copy(update={"model": cfg.model.model_copy(update={"init_checkpoint": tag})}))
+    for key, value in trained.state_dict().items():
+        assert torch.equal(restored.state_dict()[key], value), key
+
+
 # A GFM file as the teacher gives its teacher; a key that does not fit is an error.
 
 
@@ -138,6 +213,21 @@ def test_simmim_vit_converts_to_a_timm_vit_with_the_same_features(kit, simmim_vi
     result = json.loads(capsys.readouterr().out)
     assert (result["layout"], result["family"], result["arch"]) == ("simmim", "vit", meta["arch"])
     assert result["tensors"] == {"used": 34, "dropped": 3, "missing": 0, "unexpected": 0}
+
+
+def test_simmim_vit_starts_pretraining_with_its_mask_token_and_decoder(kit, simmim_vit_file, tmp_path):
+    path, release, source = simmim_vit_file
+    model = {"arch": kit.VIT, "img_size": 32, "timm_kwargs": kit.VIT_OF_SIMMIM_APE, "init_checkpoint": str(path)}
+    student = build_student(_pretrain_config(kit, tmp_path, model))
+    torch.testing.assert_close(student.mask_token.detach(), release["encoder.mask_token"].flatten(), rtol=0, atol=0)
+    area = 8**2
+    assert torch.equal(
+        _band_rows(student.decoder[0].weight.detach(), 1, area), _band_rows(release["decoder.0.weight"], 1, area)
+    )
+    rgb = build_backbone(path)[0]
+    kernel = student.encoder.patch_embed.proj.weight.detach()
+    assert torch.equal(kernel[:, :3], rgb.patch_embed.proj.weight)
+    assert torch.equal(student.encoder.blocks[1].ls2.gamma, source.blocks[1].gamma_2)
 
 
 def test_simmim_vit_finetunes(kit, simmim_vit_file, task_config):
