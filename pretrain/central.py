@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from geofm import engine as ds
-from geofm.checkpoints import export_backbone, load_backbone_for_bands
+from geofm.checkpoints import export_backbone, load_pretraining_model
 from geofm.checkpoints.infer import gsd_range
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config import PretrainConfig, config_to_dict
@@ -61,21 +61,29 @@ def student_kwargs(cfg: PretrainConfig | FederatedConfig) -> dict:
 
 
 def build_student(cfg: PretrainConfig | FederatedConfig) -> MaskedImageModel:
-    """Student backbone (random, or from ``model.init_checkpoint``) with mask token, decoder and, with a
-    teacher, the projector onto the teacher's feature width."""
+    """Student backbone with mask token, decoder and, with a teacher, the projector onto the teacher's
+    feature width: random, or from ``model.init_checkpoint`` (all of these the file holds: a GFM,
+    SimMIM or geofm pretraining checkpoint continues where it stopped)."""
     encoder = create_backbone(cfg.model.arch, student_kwargs(cfg), drop_path_rate=cfg.model.drop_path_rate)
-    if cfg.model.init_checkpoint is not None:
-        report = load_backbone_for_bands(encoder, cfg.model.init_checkpoint, cfg.data.bands)
-        log.info("student initialised from %s: %s", cfg.model.init_checkpoint, report)
     if cfg.teacher is None:
-        return MaskedImageModel(encoder, len(cfg.data.bands))
-    if cfg.model.family == "swin":
-        tap = Tap(cfg.teacher.stage, cfg.teacher.include_merging)
+        model = MaskedImageModel(encoder, len(cfg.data.bands))
     else:
-        tap = Tap(cfg.model.distill_block) if cfg.model.distill_block else default_vit_tap(encoder)
-    return MaskedImageModel(
-        encoder, len(cfg.data.bands), tap, teacher_channels(cfg.teacher), cfg.teacher.alpha, cfg.teacher.distill_loss
-    )
+        if cfg.model.family == "swin":
+            tap = Tap(cfg.teacher.stage, cfg.teacher.include_merging)
+        else:
+            tap = Tap(cfg.model.distill_block) if cfg.model.distill_block else default_vit_tap(encoder)
+        model = MaskedImageModel(
+            encoder,
+            len(cfg.data.bands),
+            tap,
+            teacher_channels(cfg.teacher),
+            cfg.teacher.alpha,
+            cfg.teacher.distill_loss,
+        )
+    if cfg.model.init_checkpoint is not None:
+        report = load_pretraining_model(model, cfg.model.init_checkpoint, cfg.data.bands)
+        log.info("student initialised from %s: %s", cfg.model.init_checkpoint, report)
+    return model
 
 
 # What a resumed run must share with the run that wrote its checkpoints.

@@ -13,6 +13,10 @@ or, into a model built already::
 
     report = load_backbone_weights(model, "swin_base_patch4_window7_224_22k.pth", rgb_positions=[2, 1, 0])
     export_backbone(model, out_dir, arch=arch, create_kwargs=kwargs, metadata={"bands": bands})
+
+or a whole pretraining module (encoder, mask token, decoder, projector), to continue pretraining::
+
+    report = load_pretraining_model(masked_image_model, "gfm.pth", bands=["red", "green", "blue", "nir"])
 """
 
 from geofm.checkpoints.build import (
@@ -21,6 +25,7 @@ from geofm.checkpoints.build import (
     format_inspection,
     inspect_checkpoint,
     load_backbone_for_bands,
+    load_pretraining_model,
 )
 from geofm.checkpoints.card import model_card
 from geofm.checkpoints.convert import LoadReport, backbone_state_dict, load_backbone_weights
@@ -28,6 +33,7 @@ from geofm.checkpoints.export import export_backbone, timm_pretrained_cfg_overla
 from geofm.checkpoints.infer import ArchSpec, infer_architecture, read_checkpoint
 from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
 from geofm.checkpoints.layouts import LAYOUTS, detect_layout, locate_backbone, read_export_sidecar
+from geofm.checkpoints.pretraining import PretrainingReport
 from geofm.checkpoints.weights_enum import GeoFMWeights, torchgeo_weights
 
 __all__ = [
@@ -35,6 +41,7 @@ __all__ = [
     "ArchSpec",
     "GeoFMWeights",
     "LoadReport",
+    "PretrainingReport",
     "backbone_state_dict",
     "build_backbone",
     "convert_checkpoint",
@@ -46,6 +53,7 @@ __all__ = [
     "load_backbone_for_bands",
     "load_backbone_weights",
     "load_checkpoint_file",
+    "load_pretraining_model",
     "locate_backbone",
     "model_card",
     "read_checkpoint",

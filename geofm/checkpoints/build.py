@@ -31,6 +31,7 @@ from geofm.checkpoints.infer import (
     source_bands,
 )
 from geofm.checkpoints.layouts import LAYOUTS
+from geofm.checkpoints.pretraining import PretrainingReport, pretraining_state
 from geofm.errors import ConfigError, GeoFMError
 
 
@@ -125,22 +126,58 @@ def build_backbone(
 
 
 def load_backbone_for_bands(
-    model: nn.Module, path: str | Path, bands: Sequence[str], *, strict: bool = True
+    model: nn.Module, path: str | Path, bands: Sequence[str], *, strict: bool = True, teacher: bool = False
 ) -> LoadReport:
     """Load a checkpoint of any known layout into an existing backbone whose input bands are ``bands``.
 
     Patch-embedding kernels follow band names (those of an export or training run; an unnamed
     3-band checkpoint is red, green, blue); the model's other bands keep their fresh initialisation.
-    Used to start pretraining or finetuning from released or earlier weights.
+    Used to start finetuning from released or earlier weights, and to load a GFM teacher.
+
+    Args:
+        model: a timm Swin/ViT/BEiT backbone.
+        path: a weights file or a folder (export, run directory, DeepSpeed checkpoint).
+        bands: the model's input bands, in order.
+        strict: fail when the model has tensors the checkpoint lacks, or the reverse.
+        teacher: load a GFM file's teacher (``teacher.*``) rather than its student.
     """
-    facts = read_checkpoint(path)
-    have = int(facts.weights["patch_embed.proj.weight"].shape[1])
-    named, _ = source_bands(facts, have)
-    band_sources = _band_sources(named, list(bands), have, None)
-    state, report = backbone_state_dict(facts.raw, model, band_sources=band_sources, path=facts.path)
+    facts = read_checkpoint(path, teacher=teacher)
+    band_sources = _named_band_sources(facts, bands)
+    state, report = backbone_state_dict(facts.raw, model, band_sources=band_sources, path=facts.path, teacher=teacher)
     apply_state_dict(model, state, report, strict=strict)
     report.fresh_bands = _fresh_bands(list(bands), band_sources)
     return report
+
+
+def load_pretraining_model(model: nn.Module, path: str | Path, bands: Sequence[str]) -> PretrainingReport:
+    """Start a pretraining module from a checkpoint: its ``encoder`` and whatever else the file holds of it.
+
+    The module is geofm's masked image model (:class:`~geofm.models.mim.MaskedImageModel`): a timm
+    backbone ``encoder``, ``mask_token``, ``decoder`` and, with a teacher, ``projector``. The encoder
+    is loaded as :func:`load_backbone_for_bands` does; the mask token, decoder and projector of a
+    GFM, SimMIM or geofm training checkpoint are restored (see :mod:`geofm.checkpoints.pretraining`),
+    and the report says what was restored and what starts fresh.
+
+    Raises:
+        CheckpointNotFoundError, CheckpointFormatError, ConfigError: as :func:`load_backbone_for_bands`.
+    """
+    facts = read_checkpoint(path)
+    band_sources = _named_band_sources(facts, bands)
+    encoder_state, backbone = backbone_state_dict(facts.raw, model.encoder, band_sources=band_sources, path=facts.path)
+    state, used, report = pretraining_state(facts.source, model.state_dict(), list(bands), band_sources)
+    apply_state_dict(model.encoder, encoder_state, backbone)
+    model.load_state_dict(state, strict=False)
+    backbone.fresh_bands = _fresh_bands(list(bands), band_sources)
+    backbone.dropped = [key for key in backbone.dropped if key not in used]
+    report.backbone = backbone
+    return report
+
+
+def _named_band_sources(facts: CheckpointFacts, bands: Sequence[str]) -> list[int | None] | None:
+    """For each of ``bands``, the checkpoint band of the same name (None: fresh); None for the same bands in order."""
+    have = int(facts.weights["patch_embed.proj.weight"].shape[1])
+    named, _ = source_bands(facts, have)
+    return _band_sources(named, list(bands), have, None)
 
 
 def create_model(arch: str, kwargs: dict[str, Any]) -> nn.Module:
@@ -177,7 +214,7 @@ def _fresh_bands(target: list[str] | None, band_sources: list[int | None] | None
     """The model bands that no checkpoint band feeds (band mapping by name)."""
     if target is None or band_sources is None:
         return []
-    return [band for band, source in zip(target, band_sources, strict=False) if source is None]
+    return [band for band, source in zip(target, band_sources, strict=True) if source is None]
 
 
 def export_metadata(info: dict[str, Any], report: LoadReport) -> dict[str, Any]:
@@ -353,4 +390,6 @@ __all__ = [
     "export_metadata",
     "format_inspection",
     "inspect_checkpoint",
+    "load_backbone_for_bands",
+    "load_pretraining_model",
 ]

@@ -3,8 +3,9 @@
 The renaming of Microsoft's Swin keys, the resizing of relative-position-bias tables to the model's
 window size, the resampling of ViT position embeddings and patch kernels are timm's own
 ``checkpoint_filter_fn`` (of ``swin_transformer``, ``vision_transformer`` or ``beit``); this module
-picks the backbone out of the checkpoint, drops what a headless backbone does not hold, and places
-the checkpoint's patch-embedding kernels into the bands of the model (RGB into an N-band model, or
+picks the backbone out of the checkpoint, drops what a headless backbone does not hold, renames a
+ViT stored in BEiT/SimMIM names into timm's ``VisionTransformer`` names, and places the
+checkpoint's patch-embedding kernels into the bands of the model (RGB into an N-band model, or
 band by band by name).
 """
 
@@ -18,14 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from timm.models import beit, swin_transformer, vision_transformer
 from torch import Tensor, nn
 
 from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
-from geofm.checkpoints.layouts import locate_backbone
+from geofm.checkpoints.layouts import BackboneSource, locate_backbone, relative_position_bias
 from geofm.errors import CheckpointFormatError, ConfigError
 
 PATCH_EMBED_WEIGHT = "patch_embed.proj.weight"
+REL_POS_TABLE = "relative_position_bias_table"
 # Entries of Swin/ViT checkpoints that a headless timm backbone never holds: buffers rebuilt at
 # construction (Microsoft's checkpoints store them) and SimMIM's mask token.
 NON_BACKBONE_NAMES = ("relative_position_index", "attn_mask", "mask_token")
@@ -113,6 +116,7 @@ def backbone_state_dict(
     rgb_positions: Sequence[int] | None = None,
     band_sources: Sequence[int | None] | None = None,
     path: str | Path | None = None,
+    teacher: bool = False,
 ) -> tuple[dict[str, Tensor], LoadReport]:
     """Extract the backbone from a loaded checkpoint in any known layout, in ``model``'s timm names.
 
@@ -127,22 +131,21 @@ def backbone_state_dict(
             band whose kernel it receives, or None to keep the model's initialisation (bands matched
             by name: reordered, dropped or added).
         path: the file ``raw`` came from: recognises an export by its sidecar, names the file in errors.
+        teacher: take a GFM file's teacher (``teacher.*``) rather than its student.
 
     Returns:
         The converted state dict (the model's keys plus any ``unexpected`` ones) and a report.
 
     Raises:
-        CheckpointFormatError: unknown layout, a Swin checkpoint for a ViT (or the reverse), a
-            band count that cannot be adapted, or tensors whose shapes do not fit the model.
+        CheckpointFormatError: unknown layout, a Swin checkpoint for a ViT (or the reverse), a ViT
+            with relative position bias for timm's VisionTransformer, a band count that cannot be
+            adapted, or tensors whose shapes do not fit the model.
         ConfigError: if ``rgb_positions`` is needed but missing or invalid.
     """
     where = f"{path}: " if path else ""
-    source = locate_backbone(raw, path=path)
+    source = locate_backbone(raw, path=path, teacher=teacher)
     family = model_family(model)
-    if source.family != family:
-        raise CheckpointFormatError(
-            f"{where}the checkpoint holds a {source.family} backbone, the model is a {family} ({type(model).__name__})"
-        )
+    _check_family(source, family, model, where)
     target = model.state_dict()
     report = LoadReport(layout=source.layout, dropped=source.other_keys(), path=str(path) if path else None)
 
@@ -156,7 +159,20 @@ def backbone_state_dict(
 
     if source.microsoft_names:
         report.adapted.append("Microsoft Swin names -> timm: layers.N.downsample moved to layers.N+1.downsample")
-    converted = FAMILY_CLASSES[family][1](state, model)
+    filter_options = {}
+    if family == "vit" and source.beit_names:
+        state = _fuse_qv_biases(state)
+        filter_options["adapt_layer_scale"] = True  # timm renames gamma_1/gamma_2 to ls1.gamma/ls2.gamma
+        report.adapted.append(
+            "BEiT/SimMIM ViT names -> timm VisionTransformer: attn.q_bias, attn.v_bias -> attn.qkv.bias "
+            "(k bias 0), gamma_1/gamma_2 -> ls1.gamma/ls2.gamma"
+        )
+    # timm's filters resize each relative-position table to its block in the model: tables of blocks the
+    # model lacks go around them, to be reported as unexpected.
+    modules = dict(model.named_modules())
+    outside = {k: v for k, v in state.items() if k.endswith(REL_POS_TABLE) and k.rpartition(".")[0] not in modules}
+    converted = FAMILY_CLASSES[family][1]({k: v for k, v in state.items() if k not in outside}, model, **filter_options)
+    converted.update(outside)
     report.adapted += _resize_notes(state, converted)
 
     if band_sources is not None:
@@ -178,6 +194,48 @@ def backbone_state_dict(
     report.missing = [k for k in target if k not in converted]
     report.unexpected = [k for k in converted if k not in target]
     return converted, report
+
+
+def _check_family(source: BackboneSource, family: str, model: nn.Module, where: str) -> None:
+    """Refuse a backbone of another family; a ViT in BEiT names also fits timm's Beit."""
+    if source.family == family or (source.beit_names and (source.family, family) == ("vit", "beit")):
+        return
+    if (source.family, family) == ("beit", "vit"):
+        raise CheckpointFormatError(f"{where}{_relative_position_refusal(source)}")
+    raise CheckpointFormatError(
+        f"{where}the checkpoint holds a {source.family} backbone, the model is a {family} ({type(model).__name__})"
+    )
+
+
+def _relative_position_refusal(source: BackboneSource) -> str:
+    """Why a ViT with relative position bias cannot become a timm VisionTransformer, and what can."""
+    shared = relative_position_bias(source.weights, source.prefix) == "shared"
+    held = (
+        f"one table shared by all blocks, {source.prefix}rel_pos_bias.relative_position_bias_table "
+        "(SimMIM's MODEL.VIT.USE_SHARED_RPB, as in its released ViT pretraining checkpoints)"
+        if shared
+        else f"a table per block, {source.prefix}blocks.N.attn.relative_position_bias_table "
+        "(SimMIM's MODEL.VIT.USE_RPB, as in its finetuning checkpoints; BEiT)"
+    )
+    return (
+        f"this ViT adds relative position bias to its attention, {held}; timm's VisionTransformer (vit_*, the "
+        "ViT that geofm pretrains, finetunes and distils from) has no place for it. geofm models take SimMIM/BEiT "
+        "ViTs with absolute position embeddings only (SimMIM: MODEL.VIT.USE_APE True, USE_RPB False, "
+        "USE_SHARED_RPB False). This file converts to timm's Beit for use with timm: "
+        "geofm checkpoint convert FILE OUT_DIR"
+    )
+
+
+def _fuse_qv_biases(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """BEiT/SimMIM attention biases as one ``qkv.bias``: q bias, zero k bias (BEiT has none), v bias."""
+    fused: dict[str, Tensor] = {}
+    for key, value in state.items():
+        if key.endswith(".attn.q_bias"):
+            stem = key[: -len("q_bias")]
+            fused[stem + "qkv.bias"] = torch.cat([value, torch.zeros_like(value), state[stem + "v_bias"]])
+        elif not key.endswith(".attn.v_bias"):
+            fused[key] = value
+    return fused
 
 
 def load_backbone_weights(
@@ -228,8 +286,8 @@ def apply_state_dict(model: nn.Module, state: dict[str, Tensor], report: LoadRep
 def _belongs_to_backbone(name: str, target: dict[str, Tensor]) -> bool:
     if name.rsplit(".", 1)[-1] in NON_BACKBONE_NAMES:
         return False
-    # a classifier of a model trained with classes does not belong: the backbone is headless
-    return not (name.startswith("head.") and not any(k.startswith("head.") for k in target))
+    # a classifier of a model trained with classes belongs to a backbone only when that has a head too
+    return not name.startswith("head.") or any(k.startswith("head.") for k in target)
 
 
 def _resize_notes(before: dict[str, Tensor], after: dict[str, Tensor]) -> list[str]:
@@ -242,7 +300,7 @@ def _resize_notes(before: dict[str, Tensor], after: dict[str, Tensor]) -> list[s
         old = before.get(key)
         if old is None or old.shape == new.shape:
             continue
-        if key.endswith("relative_position_bias_table"):
+        if key.endswith(REL_POS_TABLE):
             s, t = _table_side(old.shape[0]), _table_side(new.shape[0])
             notes.append(f"{key}: {s}x{s} -> {t}x{t} table (window {(s + 1) // 2} -> {(t + 1) // 2})")
         elif key == "pos_embed":

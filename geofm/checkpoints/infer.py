@@ -183,8 +183,12 @@ class ArchSpec:
     notes: list[str] = field(default_factory=list)
 
 
-def read_checkpoint(path: str | Path) -> CheckpointFacts:
+def read_checkpoint(path: str | Path, *, teacher: bool = False) -> CheckpointFacts:
     """Load a checkpoint (file or folder) and gather its sidecar, run config or pickled config.
+
+    Args:
+        path: a weights file or a folder (export, run directory, DeepSpeed checkpoint).
+        teacher: the backbone wanted is a GFM file's teacher (``teacher.*``) rather than its student.
 
     Raises:
         CheckpointNotFoundError: nothing at ``path``.
@@ -192,7 +196,7 @@ def read_checkpoint(path: str | Path) -> CheckpointFacts:
     """
     resolved = resolve_checkpoint_path(path)
     raw = load_checkpoint_file(resolved)
-    source = locate_backbone(raw, path=resolved)
+    source = locate_backbone(raw, path=resolved, teacher=teacher)
     weights = {k[len(source.prefix) :]: v for k, v in source.weights.items() if k.startswith(source.prefix)}
     facts = CheckpointFacts(resolved, raw, source, weights)
     if source.layout == "geofm_export":
@@ -382,7 +386,7 @@ def _recorded(facts: CheckpointFacts, arch: str, kwargs: dict[str, Any], inferre
         raise CheckpointFormatError(
             f"{facts.path}: the {inferred_from} names {arch} ({family}) but the weights hold a {facts.family}"
         )
-    structure, _notes = structure_from_weights(family, facts.weights)
+    structure, _ = structure_from_weights(family, facts.weights)
     structure.update({k: v for k, v in kwargs.items() if k in (*STRUCTURE_KEYS[family], "img_size", "window_size")})
     if structure.get("num_heads") is None:
         structure["num_heads"] = arch_defaults(arch).get("num_heads")
@@ -481,11 +485,11 @@ def _vit_structure(family: str, weights: Mapping[str, Tensor], s: dict[str, Any]
         grid = (_table_side(table.shape[0]) + 1) // 2 if table is not None else None
         prefix = 1
     else:
-        s.update(
-            qkv_bias="blocks.0.attn.qkv.bias" in weights,
+        s.update(  # timm's names, or BEiT/SimMIM's (q_bias and v_bias, gamma_1 and gamma_2)
+            qkv_bias="blocks.0.attn.qkv.bias" in weights or "blocks.0.attn.q_bias" in weights,
             class_token="cls_token" in weights,
             reg_tokens=int(weights["reg_token"].shape[1]) if "reg_token" in weights else 0,
-            init_values=1e-5 if "blocks.0.ls1.gamma" in weights else None,
+            init_values=1e-5 if "blocks.0.ls1.gamma" in weights or "blocks.0.gamma_1" in weights else None,
             pre_norm="norm_pre.weight" in weights,
             no_embed_class=False,
         )

@@ -8,25 +8,31 @@ layout             what the file holds
 ``microsoft_swin`` a Swin state dict in Microsoft's names (``layers.N.downsample`` ends stage N),
                    bare or under ``model``, as in the official ImageNet releases
 ``gfm``            a GFM pretraining checkpoint: ``model`` holds ``encoder.*`` (the student Swin,
-                   Microsoft names), ``teacher.*``, ``decoder.*`` and ``projector.*``
-``simmim``         a SimMIM checkpoint, Swin or ViT: pretraining (``model`` holds ``encoder.*`` +
-                   ``decoder.*``) or finetuning (``model`` holds a Microsoft Swin, or SimMIM's
-                   BEiT-style ViT, next to the training state)
+                   Microsoft names, with ``mask_token``), ``teacher.*`` (the frozen teacher Swin),
+                   ``decoder.*`` and ``projector.*``
+``simmim``         a SimMIM checkpoint, Swin or ViT: pretraining (``model`` holds ``encoder.*`` with
+                   ``mask_token``, + ``decoder.*``) or finetuning (``model`` holds a Microsoft Swin,
+                   or SimMIM's BEiT-style ViT, next to the training state)
 ``geofm_train``    this project's DeepSpeed model-states file: ``module`` holds the training
                    module (``encoder.*`` a timm backbone, ``decoder.*``, ``projector.*``, ``mask_token``)
 ``geofm_export``   an exported ``backbone.safetensors`` (timm names) with its ``backbone.json``
 =================  ========================================================================
 
 Backbone families: ``swin`` (timm's ``SwinTransformer``), ``vit`` (timm's ``VisionTransformer``)
-and ``beit`` (timm's ``Beit``: the ViT of SimMIM and BEiT, with per-block or shared
-relative-position tables, ``q_bias``/``v_bias`` and ``gamma_1``/``gamma_2`` layer scales).
+and ``beit`` (timm's ``Beit``: a ViT with relative position bias, per block or one table shared by
+all blocks). SimMIM's and BEiT's ViT code names a ViT's weights its own way (``q_bias``/``v_bias``
+next to a bias-free ``qkv``, ``gamma_1``/``gamma_2`` layer scales): such a ViT without relative
+position bias is a ``vit`` in BEiT names (:attr:`BackboneSource.beit_names`), with it a ``beit``.
+
+A GFM file holds two backbones, the student (``encoder.*``) and its teacher (``teacher.*``); the
+other layouts one. ``locate_backbone(raw, teacher=True)`` picks the teacher of a GFM file.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +55,10 @@ EXPORT_SIDECAR = "backbone.json"  # next to backbone.safetensors
 # Microsoft's stage 0 ends with a patch merging, timm's stage 0 has none (timm tests the same key).
 _PATCH_EMBED = "patch_embed.proj.weight"
 _MICROSOFT_SWIN = "layers.0.downsample.reduction.weight"
-# Key endings found only in BEiT-style ViTs (SimMIM's ViT, timm's Beit), never in timm's VisionTransformer.
-_BEIT_MARKERS = (".attn.q_bias", ".attn.relative_position_bias_table", ".gamma_1")
+# Key endings of a ViT in BEiT/SimMIM names (never in timm's VisionTransformer): q/v biases, layer scales.
+_BEIT_NAMES = (".attn.q_bias", ".gamma_1")
+# Relative position bias of a ViT: a table per block, or one shared by all blocks.
+_BLOCK_REL_POS = ".attn.relative_position_bias_table"
 _SHARED_REL_POS = "rel_pos_bias.relative_position_bias_table"
 # Keys a training script stores next to the weights (SimMIM/Swin `save_checkpoint`).
 _TRAINING_STATE = ("optimizer", "lr_scheduler", "epoch", "config", "max_accuracy")
@@ -66,6 +74,7 @@ class BackboneSource:
         prefix: prefix of the backbone keys in ``weights`` (``"encoder."`` or ``""``).
         family: ``"swin"``, ``"vit"`` or ``"beit"``.
         microsoft_names: the keys follow Microsoft's Swin names rather than timm's.
+        beit_names: a ViT's keys follow BEiT/SimMIM names (``q_bias``/``v_bias``, ``gamma_1``/``gamma_2``).
     """
 
     layout: str
@@ -73,6 +82,7 @@ class BackboneSource:
     prefix: str
     family: str
     microsoft_names: bool
+    beit_names: bool = False
 
     def backbone_keys(self) -> list[str]:
         return [k for k in self.weights if k.startswith(self.prefix)]
@@ -125,43 +135,68 @@ def detect_layout(raw: Mapping[str, Any], *, path: str | Path | None = None) -> 
     return locate_backbone(raw, path=path).layout
 
 
-def locate_backbone(raw: Mapping[str, Any], *, path: str | Path | None = None) -> BackboneSource:
+def locate_backbone(raw: Mapping[str, Any], *, path: str | Path | None = None, teacher: bool = False) -> BackboneSource:
     """Find the backbone weights inside a loaded checkpoint and name the layout.
 
+    Args:
+        raw: the mapping returned by :func:`~geofm.checkpoints.io.load_checkpoint_file`.
+        path: the file it came from (finds an export's sidecar, names the file in errors).
+        teacher: the backbone wanted is a GFM teacher: a GFM file's ``teacher.*`` rather than its
+            student; files of the other layouts hold one backbone, which is returned either way.
+
     Raises:
-        CheckpointFormatError: if the keys match no known layout.
+        CheckpointFormatError: if the keys match no known layout, or a GFM file's ``teacher.*`` is
+            not a backbone.
     """
     module = raw.get("module")
     if _is_weights(module):
         family = _family(module, "encoder.")
         if family is not None:
-            return BackboneSource("geofm_train", module, "encoder.", family, False)
+            return _source("geofm_train", module, "encoder.", family)
 
     weights, container = _weights_mapping(raw)
     if weights is not None:
         encoder = _family(weights, "encoder.") if _has_prefix(weights, "encoder.") else None
         if encoder is not None:
-            microsoft = "encoder." + _MICROSOFT_SWIN in weights
             if _has_prefix(weights, "teacher."):
-                return BackboneSource("gfm", weights, "encoder.", encoder, microsoft)
+                return _source("gfm", weights, "encoder.", encoder) if not teacher else _gfm_teacher(weights, path)
             if _has_prefix(weights, "decoder."):
-                return BackboneSource("simmim", weights, "encoder.", encoder, microsoft)
+                return _source("simmim", weights, "encoder.", encoder)
         family = _family(weights, "")
         if family is not None:
-            microsoft = family == "swin" and _MICROSOFT_SWIN in weights
+            source = _source("timm", weights, "", family)
             trained = container == "model" and any(k in raw for k in _TRAINING_STATE)
-            if microsoft:
+            if source.microsoft_names:
                 layout = "simmim" if trained else "microsoft_swin"
-            elif family == "beit" and trained:
+            elif (family == "beit" or source.beit_names) and trained:
                 layout = "simmim"
             else:
                 layout = "geofm_export" if container is None and _is_export(path) else "timm"
-            return BackboneSource(layout, weights, "", family, microsoft)
+            return replace(source, layout=layout)
 
     raise CheckpointFormatError(
         f"{path or 'checkpoint'}: unknown checkpoint layout (top-level keys: {_preview(raw)}). Known layouts:\n"
         + "\n".join(f"  {name}: {text}" for name, text in LAYOUTS.items())
     )
+
+
+def _source(layout: str, weights: Mapping[str, Any], prefix: str, family: str) -> BackboneSource:
+    microsoft = family == "swin" and prefix + _MICROSOFT_SWIN in weights
+    beit_names = family != "swin" and any(
+        isinstance(k, str) and k.startswith(prefix + "blocks.") and k.endswith(_BEIT_NAMES) for k in weights
+    )
+    return BackboneSource(layout, weights, prefix, family, microsoft, beit_names)
+
+
+def _gfm_teacher(weights: Mapping[str, Any], path: str | Path | None) -> BackboneSource:
+    """The teacher backbone of a GFM file (``teacher.*``)."""
+    family = _family(weights, "teacher.")
+    if family is None:
+        raise CheckpointFormatError(
+            f"{path or 'checkpoint'}: a GFM checkpoint whose teacher.* keys hold no Swin or ViT backbone "
+            f"(no teacher.{_PATCH_EMBED} with teacher.layers.* or teacher.blocks.*)"
+        )
+    return _source("gfm", weights, "teacher.", family)
 
 
 def _weights_mapping(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str | None]:
@@ -188,10 +223,17 @@ def _family(weights: Mapping[str, Any], prefix: str) -> str | None:
     if _has_prefix(weights, prefix + "layers."):
         return "swin"
     if _has_prefix(weights, prefix + "blocks."):
-        beit = prefix + _SHARED_REL_POS in weights or any(
-            isinstance(k, str) and k.startswith(prefix + "blocks.") and k.endswith(_BEIT_MARKERS) for k in weights
-        )
-        return "beit" if beit else "vit"
+        return "beit" if relative_position_bias(weights, prefix) else "vit"
+    return None
+
+
+def relative_position_bias(weights: Mapping[str, Any], prefix: str = "") -> str | None:
+    """How a ViT's weights hold relative position bias: ``"shared"`` (one table), ``"per block"``, or None."""
+    if prefix + _SHARED_REL_POS in weights:
+        return "shared"
+    blocks = prefix + "blocks."
+    if any(isinstance(k, str) and k.startswith(blocks) and k.endswith(_BLOCK_REL_POS) for k in weights):
+        return "per block"
     return None
 
 

@@ -54,7 +54,11 @@ class StudentConfig(BackboneConfig):
     """The backbone being pretrained."""
 
     drop_path_rate: float = Field(default=0.0, ge=0.0, lt=1.0)
-    init_checkpoint: Path | None = Field(default=None, description="start from these weights instead of random")
+    init_checkpoint: Path | None = Field(
+        default=None,
+        description="start from these weights instead of random; a GFM, SimMIM or geofm pretraining checkpoint "
+        "also gives the mask token, decoder and projector it holds",
+    )
     distill_block: int | None = Field(
         default=None, ge=1, description="ViT only: block whose output is distilled (default: 3/4 of the depth)"
     )
@@ -70,7 +74,10 @@ class MaskingConfig(Section):
 class TeacherConfig(BackboneConfig):
     """Frozen ImageNet teacher, truncated where its features are distilled."""
 
-    checkpoint: Path = Field(description="local weights file (timm or Microsoft Swin layout, or a geofm export)")
+    checkpoint: Path = Field(
+        description="local weights file in any layout geofm checkpoint reads (timm, Microsoft Swin, geofm export...); "
+        "of a GFM checkpoint, its teacher (teacher.*)"
+    )
     stage: int = Field(default=3, ge=1, description="Swin: distil after this stage (1-based)")
     include_merging: bool = Field(default=True, description="Swin: include the patch merging that ends the stage")
     block: int | None = Field(

@@ -39,9 +39,15 @@ def backbone_family(arch: str) -> str:
     for family, module in FAMILIES.items():
         if arch in _registered(module):
             return family
+    beit = (
+        f": {arch} is timm's Beit, a ViT with relative position bias, which geofm converts (geofm checkpoint "
+        "convert) but does not train; a SimMIM/BEiT ViT with absolute position embeddings loads into vit_*"
+        if arch in _registered("beit")
+        else ""
+    )
     raise ConfigError(
         f"unknown backbone architecture {arch!r}: expected a timm Swin or ViT name such as "
-        "swin_base_patch4_window7_224 or vit_base_patch16_224 (see timm.list_models('swin*'))"
+        f"swin_base_patch4_window7_224 or vit_base_patch16_224 (see timm.list_models('swin*')){beit}"
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from timm.models.swin_transformer import SwinTransformer
@@ -12,6 +14,8 @@ from geofm.config import TeacherConfig
 from geofm.data.bands import RGB
 from geofm.models.backbones import backbone_kwargs, create_backbone
 from geofm.models.mim import Tap, check_tap, default_vit_tap, embed_tokens, run_backbone, tap_channels
+
+log = logging.getLogger("geofm.models")
 
 
 class FrozenTeacher(nn.Module):
@@ -122,20 +126,25 @@ def teacher_channels(cfg: TeacherConfig) -> int:
 
 
 def build_teacher(cfg: TeacherConfig, band_indices: list[int]) -> FrozenTeacher:
-    """Build the teacher from its local weights file (timm or Microsoft layout, or a geofm export).
+    """Build the teacher from its local weights file, in any layout ``geofm checkpoint`` reads.
 
-    The teacher sees red, green, blue in that order; a checkpoint with named bands in another
-    order (a geofm export of a BGR model, say) has its kernels rearranged to match.
+    A GFM checkpoint gives its teacher (``teacher.*``), never its student; other files hold one
+    backbone. Every tensor of ``cfg.arch`` must come from the file and every backbone tensor of the
+    file must fit it; what was loaded and adapted is logged. The teacher sees red, green, blue in
+    that order; a checkpoint with named bands in another order (a geofm export of a BGR model, say)
+    has its kernels rearranged to match.
 
     Raises:
         CheckpointNotFoundError: when ``cfg.checkpoint`` does not exist.
-        CheckpointFormatError: when the file's layout or keys do not fit ``cfg.arch``.
+        CheckpointFormatError: when the file's layout or keys do not fit ``cfg.arch`` (a missing or
+            unexpected key included).
     """
     kwargs = backbone_kwargs(
         in_chans=3, img_size=cfg.img_size, window_size=cfg.window_size, timm_kwargs=cfg.timm_kwargs
     )
     backbone = create_backbone(cfg.arch, kwargs)
-    load_backbone_for_bands(backbone, cfg.checkpoint, RGB)
+    report = load_backbone_for_bands(backbone, cfg.checkpoint, RGB, strict=True, teacher=True)
+    log.info("teacher loaded from %s: %s", cfg.checkpoint, report)
     return FrozenTeacher(
         backbone, teacher_tap(cfg, backbone), band_indices, cfg.img_size, cfg.resize_mode, cfg.align_corners
     )

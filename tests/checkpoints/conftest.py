@@ -47,6 +47,17 @@ SIMMIM_VIT_PRETRAIN = {
     "global_pool": "token",
 }
 SIMMIM_VIT_FINETUNE = {**BEIT_KWARGS, "use_rel_pos_bias": True, "use_shared_rel_pos_bias": False, "global_pool": "avg"}
+# SimMIM's ViT with absolute position embeddings and no relative position bias (MODEL.VIT.USE_APE True,
+# USE_RPB and USE_SHARED_RPB False): BEiT names, the function of timm's VisionTransformer.
+SIMMIM_VIT_APE = {
+    **BEIT_KWARGS,
+    "use_abs_pos_emb": True,
+    "use_rel_pos_bias": False,
+    "use_shared_rel_pos_bias": False,
+    "global_pool": "token",
+}
+# The timm VisionTransformer that holds it (init_values: layer scales exist; their values are loaded over).
+VIT_OF_SIMMIM_APE = {"patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "init_values": 0.1}
 
 
 @pytest.fixture(autouse=True)
@@ -88,8 +99,9 @@ def features(model: nn.Module, in_chans: int = 3, seed: int = 1, img: int = IMG)
         return model.forward_features(images)
 
 
-def microsoft_swin_state(model: nn.Module, num_classes: int = 10) -> dict[str, torch.Tensor]:
-    """A timm Swin's weights in Microsoft's names, with the buffers and classifier the releases hold."""
+def microsoft_swin_state(model: nn.Module, num_classes: int | None = 10) -> dict[str, torch.Tensor]:
+    """A timm Swin's weights in Microsoft's names, with the buffers and classifier the releases hold
+    (``num_classes=None``: without classifier, as SimMIM's and GFM's pretraining encoders and GFM's teacher)."""
     state = {}
     for key, value in model.state_dict().items():
         key = re.sub(r"^layers\.(\d+)\.downsample", lambda m: f"layers.{int(m.group(1)) - 1}.downsample", key)
@@ -97,8 +109,9 @@ def microsoft_swin_state(model: nn.Module, num_classes: int = 10) -> dict[str, t
     for name, buffer in model.named_buffers():  # relative_position_index and attn_mask, not persistent in timm
         state[name] = buffer.clone()
     assert any(k.endswith("attn_mask") for k in state) and any(k.endswith("relative_position_index") for k in state)
-    state["head.weight"] = torch.randn(num_classes, model.num_features)
-    state["head.bias"] = torch.zeros(num_classes)
+    if num_classes is not None:
+        state["head.weight"] = torch.randn(num_classes, model.num_features)
+        state["head.bias"] = torch.zeros(num_classes)
     return state
 
 
@@ -119,6 +132,76 @@ def decoder_state(prefix: str = "decoder.") -> dict[str, torch.Tensor]:
     return {prefix + "0.weight": torch.randn(48, 128, 1, 1), prefix + "0.bias": torch.zeros(48)}
 
 
+def mim_decoder(in_features: int, stride: int, in_chans: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
+    """SimMIM's pixel decoder: a 1x1 convolution to ``stride**2 * in_chans`` channels (a pixel shuffle follows)."""
+    generator = torch.Generator().manual_seed(seed)
+    out = stride**2 * in_chans
+    return {
+        "decoder.0.weight": torch.randn(out, in_features, 1, 1, generator=generator),
+        "decoder.0.bias": torch.randn(out, generator=generator),
+    }
+
+
+def gfm_release(student: nn.Module, teacher: nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The ``model`` of a checkpoint written by mmendiet/GFM's pretraining (``main_teacher.py``).
+
+    ``SimMIM(encoder, encoder_stride=32, teacher)``: the student ``encoder.*`` (Microsoft Swin names,
+    no classifier, ``mask_token`` of shape (1, 1, C)), the frozen ``teacher.*`` (a whole Microsoft Swin
+    whose classifier is None), ``decoder.0`` (to ``32**2 * 3`` channels) and ``projector`` (a linear
+    map from the student's width to the same width).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    width, embed = student.num_features, student.patch_embed.proj.out_channels
+    return {
+        **prefixed("encoder.", microsoft_swin_state(student, num_classes=None)),
+        "encoder.mask_token": torch.randn(1, 1, embed, generator=generator),
+        **prefixed("teacher.", microsoft_swin_state(teacher, num_classes=None)),
+        **mim_decoder(width, 32, seed=seed),
+        "projector.weight": torch.randn(width, width, generator=generator),
+        "projector.bias": torch.randn(width, generator=generator),
+    }
+
+
+def simmim_vit_release(source: nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The ``model`` of microsoft/SimMIM's ViT pretraining checkpoint (``main_simmim.py``).
+
+    ``SimMIM(VisionTransformerForSimMIM, encoder_stride=patch size)``: ``encoder.*`` in BEiT names
+    with ``mask_token`` (1, 1, C), and ``decoder.0`` to ``patch**2 * 3`` channels.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    embed, patch = source.embed_dim, source.patch_embed.proj.kernel_size[0]
+    return {
+        **prefixed("encoder.", simmim_vit_state(source)),
+        "encoder.mask_token": torch.randn(1, 1, embed, generator=generator),
+        **mim_decoder(embed, patch, seed=seed),
+    }
+
+
+def simmim_vit_keys(depth: int) -> set[str]:
+    """The keys microsoft/SimMIM saves for its ViT with USE_APE, QKV_BIAS and INIT_VALUES set, no relative
+    position bias and no mean pooling (``models/simmim.py``, ``models/vision_transformer.py``)."""
+    block = [
+        "norm1.weight",
+        "norm1.bias",
+        "attn.qkv.weight",
+        "attn.q_bias",
+        "attn.v_bias",
+        "attn.proj.weight",
+        "attn.proj.bias",
+        "norm2.weight",
+        "norm2.bias",
+        "mlp.fc1.weight",
+        "mlp.fc1.bias",
+        "mlp.fc2.weight",
+        "mlp.fc2.bias",
+        "gamma_1",
+        "gamma_2",
+    ]
+    encoder = ["cls_token", "pos_embed", "mask_token", "patch_embed.proj.weight", "patch_embed.proj.bias"]
+    encoder += ["norm.weight", "norm.bias", *(f"blocks.{i}.{key}" for i in range(depth) for key in block)]
+    return {f"encoder.{key}" for key in encoder} | {"decoder.0.weight", "decoder.0.bias"}
+
+
 TRAINING_STATE = {"optimizer": {"state": {}, "param_groups": []}, "lr_scheduler": {}, "epoch": 99}
 SWIN_SECTION = {
     "PATCH_SIZE": 4,
@@ -131,12 +214,13 @@ SWIN_SECTION = {
 # yacs default trees hold both model sections; only the one of MODEL.TYPE describes the model
 VIT_SECTION = {"PATCH_SIZE": 8, "IN_CHANS": 3, "EMBED_DIM": 32, "DEPTH": 2, "NUM_HEADS": 2, "USE_SHARED_RPB": True}
 SIMMIM_VIT_DEFAULTS = {"PATCH_SIZE": 16, "EMBED_DIM": 768, "DEPTH": 12, "NUM_HEADS": 12}
+VIT_APE_SECTION = {**VIT_SECTION, "USE_APE": True, "USE_RPB": False, "USE_SHARED_RPB": False, "INIT_VALUES": 0.1}
 
 
-def yacs_config(kind: str, img: int, **extra) -> dict:
+def yacs_config(kind: str, img: int, vit_section: dict = VIT_SECTION, **extra) -> dict:
     model = {"TYPE": kind, "NAME": f"simmim_{kind}", "SWIN": SWIN_SECTION, "VIT": SIMMIM_VIT_DEFAULTS}
     if kind == "vit":
-        model.update(SWIN={**SWIN_SECTION, "EMBED_DIM": 96}, VIT=VIT_SECTION)
+        model.update(SWIN={**SWIN_SECTION, "EMBED_DIM": 96}, VIT=vit_section)
     return {
         "MODEL": model,
         "DATA": {"IMG_SIZE": img, "DATASET": "geopile", "DATA_PATH": "/data/GeoPileV0", "MASK_PATCH_SIZE": 32},
