@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -210,6 +211,7 @@ def test_a_simulation_killed_with_sigkill_leaves_no_ray_process_and_no_ray_folde
         main.wait()
     while any(start_time(pid) == started for pid, started in ray.items()) or list(short_tmp.glob("geofm-ray-*")):
         time.sleep(0.2)
+    shutil.rmtree(short_tmp)  # what the test itself made: the folder of the simulation's temporary files
 
 
 def _marked_by_any(marker: str) -> set[int]:
