@@ -30,8 +30,10 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from geofm.errors import ConfigError, FederatedRunError
+from pretrain.federated.processes import kill_marked
 from pretrain.federated.runtime import DATA_ROOT, INSTITUTION, Scalar
 
 APP_DIR = Path(__file__).parent / "app"
@@ -364,6 +367,8 @@ def supernode_command(
 
 
 ACTIVATION_REFUSED = "Failed to activate SuperNode"
+SUPERNODE_MARKER = "GEOFM_SUPERNODE"
+"""Environment variable marking the processes of one start of flower-supernode (see :func:`run_supernode`)."""
 
 
 def run_supernode(arguments: Sequence[str], retry_activation_s: float, pause_s: float = 5.0) -> int:
@@ -378,20 +383,27 @@ def run_supernode(arguments: Sequence[str], retry_activation_s: float, pause_s: 
     """
     deadline = time.monotonic() + retry_activation_s
     while True:
+        # flower-supernode starts a SuperExec that outlives it when it exits on an error, retrying its
+        # connection forever with this output open: a marker finds it (and any other leftover) after.
+        token = uuid.uuid4().hex
         process = subprocess.Popen(
-            ["flower-supernode", *arguments], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            ["flower-supernode", *arguments],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, SUPERNODE_MARKER: token},
         )
+        refused = threading.Event()
+        relay = threading.Thread(target=_relay, args=(process.stdout, refused), daemon=True)
+        relay.start()
         forward = signal.signal(signal.SIGTERM, lambda signum, frame, child=process: child.terminate())
-        refused = False
         try:
-            for line in process.stdout:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-                refused = refused or ACTIVATION_REFUSED in line
             code = process.wait()
         finally:
             signal.signal(signal.SIGTERM, forward)
-        if code == 0 or not refused or time.monotonic() + pause_s > deadline:
+        kill_marked(SUPERNODE_MARKER, token)
+        relay.join()  # every writer of its output is gone now
+        if code == 0 or not refused.is_set() or time.monotonic() + pause_s > deadline:
             return code
         print(
             f"# the SuperLink refused activation (a previous process of this node may count as online for up to "
@@ -399,6 +411,15 @@ def run_supernode(arguments: Sequence[str], retry_activation_s: float, pause_s: 
             flush=True,
         )
         time.sleep(pause_s)
+
+
+def _relay(stream, refused: threading.Event) -> None:
+    """Copy a SuperNode's output to this process's, noting a refused activation."""
+    for line in stream:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if ACTIVATION_REFUSED in line:
+            refused.set()
 
 
 def run_command(

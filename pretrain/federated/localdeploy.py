@@ -203,10 +203,10 @@ class LocalDeployment:
         )
         return self._spawn(institution, command)
 
-    def wait_for_log(self, name: str, text: str) -> None:
-        """Wait until a process has logged ``text``."""
+    def wait_for_log(self, name: str, text: str, count: int = 1) -> None:
+        """Wait until a process has logged ``text`` (``count`` times: its log file spans restarts)."""
         process = self.processes[name]
-        self._await(lambda: text in process.text(), f"{name} to log {text!r}", process)
+        self._await(lambda: process.text().count(text) >= count, f"{name} to log {text!r} x{count}", process)
 
     def wait_for_file(self, path: Path, name: str) -> None:
         """Wait until ``path`` exists, failing at once if process ``name`` exits first."""

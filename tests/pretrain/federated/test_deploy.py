@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import tomllib
+from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -24,6 +25,7 @@ from pretrain.federated.deploy import (
     run_supernode,
     write_deployment_files,
 )
+from pretrain.federated.processes import is_zombie
 from pretrain.federated.runtime import config_entry
 
 
@@ -151,16 +153,20 @@ def test_a_supernode_the_superlink_refuses_is_started_again_for_a_bounded_time(t
     starts = tmp_path / "starts"
     fake = tmp_path / "bin" / "flower-supernode"
     fake.parent.mkdir()
-    fake.write_text(
+    leftovers = tmp_path / "leftovers"
+    fake.write_text(  # refused twice; each refused start leaves a child holding its output, as SuperExec does
         "#!/bin/sh\n"
         f'echo start >> "{starts}"\n'
-        f'if [ "$(wc -l < "{starts}")" -lt 3 ]; then echo "ERROR: Failed to activate SuperNode."; exit 1; fi\n'
+        f'if [ "$(wc -l < "{starts}")" -lt 3 ]; then sleep 600 & echo $! >> "{leftovers}"; '
+        'echo "ERROR: Failed to activate SuperNode."; exit 1; fi\n'
         'echo "SuperNode ID: 7 $*"\n'
     )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     assert run_supernode(["--superlink", "h:1"], retry_activation_s=60, pause_s=0) == 0
     assert starts.read_text().count("start") == 3 and "SuperNode ID: 7 --superlink h:1" in capfd.readouterr().out
+    left = [int(pid) for pid in leftovers.read_text().split()]
+    assert len(left) == 2 and not any(Path(f"/proc/{pid}").exists() and not is_zombie(pid) for pid in left)
     starts.unlink()
     assert run_supernode([], retry_activation_s=0, pause_s=0) == 1, "no retry without a window: refused for good"
     assert starts.read_text().count("start") == 1

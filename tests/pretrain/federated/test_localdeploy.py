@@ -113,3 +113,18 @@ def test_a_supernode_killed_mid_round_without_a_timeout_leaves_the_run_to_finish
     assert set(rounds[1]["replies"]) == {"a", "b"} and set(rounds[1]["failures"]) == {"c"}, rounds[1]
     assert set(rounds[2]["replies"]) == {"a", "b"}, "the dead node is no longer selected"
     assert again == dict.fromkeys("abc", "already registered"), "registering again is harmless"
+
+
+def test_a_supernode_restarted_right_after_a_kill_keeps_trying_until_the_superlink_takes_it(tmp_path, toy_pythonpath):
+    """The SuperLink counts a killed node online for two missed heartbeats and refuses its restart meanwhile;
+    `geofm fed supernode` starts it again (ending what each refused start left) until it is taken."""
+    with LocalDeployment(tmp_path / "fed", ["a"], env={"PYTHONPATH": toy_pythonpath}) as deployment:
+        node_id = deployment.node_ids["a"]
+        deployment.kill("a")
+        deployment.start_supernode("a")
+        deployment.wait_for_log("a", "starting again in")  # refused at first
+        deployment.wait_for_log("a", f"SuperNode ID: {node_id}", count=2)  # then taken, as the same node
+        text = deployment.processes["a"].text()
+        seen = deployment.process_ids()
+    assert "Connection attempt failed" not in text, "no SuperExec left retrying for a refused start"
+    assert seen, "the restarted SuperNode runs"
