@@ -38,7 +38,7 @@ from flwr.serverapp import Grid, ServerApp
 from geofm import PROJECT_LOGGERS
 from geofm.errors import ConfigError, FederatedRunError, GeoFMError
 from pretrain.federated.nodeworker import NodeWorker
-from pretrain.federated.processes import kill_marked, start_watchdog
+from pretrain.federated.processes import PROCESS_GROUP_ENV, kill_marked, start_watchdog
 from pretrain.federated.runtime import (
     CLIENT_FACTORY,
     INSTITUTION,
@@ -375,6 +375,8 @@ def simulate(
     # watchdog then ends what Ray left (its agents outlive their raylet by minutes) and removes its folder.
     token = uuid.uuid4().hex
     os.environ[SIMULATION_MARKER] = token
+    # Ray's processes inherit this environment: not the process group this process may have joined.
+    group = {key: os.environ.pop(key) for key in PROCESS_GROUP_ENV if key in os.environ}
     watchdog = start_watchdog(os.getpid(), SIMULATION_MARKER, token, remove=ray_dir)
     try:
         with _quiet_simulation():
@@ -391,6 +393,7 @@ def simulate(
             )
     finally:
         del os.environ[SIMULATION_MARKER]
+        os.environ.update(group)
         kill_marked(SIMULATION_MARKER, token, exclude={os.getpid()})
         shutil.rmtree(ray_dir, ignore_errors=True)
         watchdog.kill()

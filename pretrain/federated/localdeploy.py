@@ -46,13 +46,10 @@ from pretrain.federated.deploy import (
     write_node_keys,
     write_run_config,
 )
-from pretrain.federated.processes import marked_processes, start_time
+from pretrain.federated.processes import PROCESS_GROUP_ENV, marked_processes, start_time
 from pretrain.federated.runtime import DATA_ROOT, INSTITUTION, Scalar
 
 MARKER = "GEOFM_LOCAL_DEPLOYMENT"
-# A process group's variables (set by a launcher, or by a program in this process): not passed on, or
-# every ClientApp would join this process's group instead of making its own.
-PROCESS_GROUP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 HOST = "127.0.0.1"
 
 

@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 
 WATCH_S = 0.5
+PROCESS_GROUP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""A process group's variables, set by a launcher or by a one-process group this process formed: never
+passed to the processes of a federated run, or every client would try to join this process's group."""
 
 
 def marked_processes(marker: str, token: str, exclude: set[int] | None = None) -> set[int]:
