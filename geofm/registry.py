@@ -1,0 +1,114 @@
+"""Named registries users extend, in the style of timm's ``register_model`` and torchgeo's ``get_model``.
+
+A :class:`Registry` maps a name to an object (a class, a factory). Built-in entries are registered
+lazily as ``"package.module:attribute"`` strings, so that listing names imports nothing; a
+decorator registers an object defined in code; and a third-party package adds entries without
+editing geofm through an entry point of the registry's group::
+
+    # the plug-in's pyproject.toml
+    [project.entry-points."geofm.algorithms"]
+    fedfancy = "fancy_fl.algorithm:FedFancy"
+
+Only registered names can be loaded: a config names an entry, never an import path, so a node of
+a federation imports only modules its installation registered. An unknown name is an error that
+lists the nearest registered names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
+from typing import Generic, TypeVar
+
+from geofm.errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Names to objects of one kind.
+
+    Args:
+        kind: what the entries are, for messages (``"algorithm"``).
+        group: the entry-point group third-party packages register in (``"geofm.algorithms"``).
+    """
+
+    def __init__(self, kind: str, group: str) -> None:
+        self.kind, self.group = kind, group
+        self._entries: dict[str, T | str] = {}
+        self._entry_points_read = False
+
+    def register(self, name: str, target: T | str | None = None) -> Callable[[T], T] | T | str:
+        """Register ``target`` (an object, or a lazy ``"module:attribute"``) under ``name``.
+
+        Without ``target`` it is a decorator: ``@ALGORITHMS.register("fedavg")``. Registering a
+        name again replaces the entry (a plug-in may override a built-in on purpose).
+        """
+        if target is None:
+
+            def decorate(obj: T) -> T:
+                self._entries[name] = obj
+                return obj
+
+            return decorate
+        if isinstance(target, str) and target.count(":") != 1:
+            raise ValueError(f"{self.kind} {name!r}: a lazy entry is 'package.module:attribute', got {target!r}")
+        self._entries[name] = target
+        return target
+
+    def _read_entry_points(self) -> None:
+        if self._entry_points_read:
+            return
+        self._entry_points_read = True
+        for point in entry_points(group=self.group):
+            self._entries.setdefault(point.name, point.value)
+
+    def names(self) -> list[str]:
+        """Every registered name, built-in and from installed plug-ins, sorted."""
+        self._read_entry_points()
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def unknown(self, name: object) -> str:
+        """The message for a name that is not registered, with the nearest registered names."""
+        names = self.names()
+        close = difflib.get_close_matches(str(name), names, n=3, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        return f"unknown {self.kind} {name!r}{hint} (registered: {', '.join(names)})"
+
+    def check(self, name: object) -> str:
+        """``name`` if it is registered (for config validators), else ValueError with the nearest names."""
+        if name not in self:
+            raise ValueError(self.unknown(name))
+        return str(name)
+
+    def get(self, name: str) -> T:
+        """The object registered as ``name``, importing its module on first use.
+
+        Raises:
+            ConfigError: ``name`` is not registered (listing the nearest names), or its module
+                cannot be imported or lacks the attribute.
+        """
+        if name not in self:
+            raise ConfigError(self.unknown(name))
+        entry = self._entries[name]
+        if isinstance(entry, str):
+            module_name, attribute = entry.split(":")
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as err:
+                raise ConfigError(f"{self.kind} {name!r}: cannot import {module_name!r} ({err})") from err
+            if not hasattr(module, attribute):
+                raise ConfigError(f"{self.kind} {name!r}: module {module_name!r} has no attribute {attribute!r}")
+            entry = self._entries[name] = getattr(module, attribute)
+        return entry
+
+
+__all__ = ["Registry"]

@@ -1,0 +1,69 @@
+"""Registries: lazy built-ins, decorators, entry points of installed plug-ins, nearest-name errors."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+
+import pytest
+
+from geofm.errors import ConfigError
+from geofm.registry import Registry
+
+
+def test_lazy_entry_imports_on_first_get():
+    reg = Registry("thing", "geofm.tests-none")
+    reg.register("dumps", "json:dumps")
+    assert reg.names() == ["dumps"]
+    import json
+
+    assert reg.get("dumps") is json.dumps
+
+
+def test_decorator_registers_the_object():
+    reg = Registry("thing", "geofm.tests-none")
+
+    @reg.register("double")
+    def double(x):
+        return 2 * x
+
+    assert reg.get("double") is double and "double" in reg
+
+
+def test_unknown_name_lists_the_nearest():
+    reg = Registry("algorithm", "geofm.tests-none")
+    for name in ("fedavg", "fedprox", "scaffold"):
+        reg.register(name, "json:dumps")
+    with pytest.raises(ConfigError, match=r"unknown algorithm 'fedavgm'; did you mean 'fedavg'") as err:
+        reg.get("fedavgm")
+    assert "registered: fedavg, fedprox, scaffold" in str(err.value)
+    with pytest.raises(ValueError, match="did you mean 'scaffold'"):
+        reg.check("scafold")
+
+
+def test_broken_lazy_entry_names_the_module():
+    reg = Registry("task", "geofm.tests-none")
+    reg.register("gone", "no_such_module_anywhere:thing")
+    reg.register("missing", "json:no_such_attribute")
+    with pytest.raises(ConfigError, match="task 'gone': cannot import 'no_such_module_anywhere'"):
+        reg.get("gone")
+    with pytest.raises(ConfigError, match="module 'json' has no attribute 'no_such_attribute'"):
+        reg.get("missing")
+    with pytest.raises(ValueError, match=r"package\.module:attribute"):
+        reg.register("bad", "json.dumps")
+
+
+def test_installed_plugin_registers_through_its_entry_point(tmp_path, monkeypatch):
+    """A package installed beside geofm adds an entry without editing geofm: its dist-info's entry points."""
+    (tmp_path / "geofm_plugin_demo.py").write_text("def make():\n    return 'from the plug-in'\n")
+    dist = tmp_path / "geofm_plugin_demo-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: geofm-plugin-demo\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[geofm.tests-plugins]\nplugged = geofm_plugin_demo:make\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    reg = Registry("thing", "geofm.tests-plugins")
+    reg.register("builtin", "json:dumps")
+    assert reg.names() == ["builtin", "plugged"]
+    assert reg.get("plugged")() == "from the plug-in"
+    sys.modules.pop("geofm_plugin_demo", None)
