@@ -1,0 +1,35 @@
+"""The task registry: what a program trains, each task declared in one module.
+
+A task names its data, model and head, loss, metrics and best-metric rule, evaluation tiling and
+prediction output in one place (its module); programs look it up by the name a config gives. The
+built-in tasks are registered here lazily by import path, so the library never imports the
+programs that implement them; a third-party package registers another through the
+``geofm.tasks`` entry-point group (see :mod:`geofm.registry`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from geofm.registry import Registry
+
+TASKS: Registry = Registry("task", "geofm.tasks")
+
+
+@dataclass
+class StepOutput:
+    """One micro-batch's forward pass as the training loop and an algorithm's hooks see it.
+
+    Attributes:
+        losses: ``"loss"`` is what is minimised; every other entry is logged beside it.
+        outputs: what the model returned (logits, features), for hooks that need it.
+    """
+
+    losses: dict[str, Tensor]
+    outputs: Any = field(default=None)
+
+
+__all__ = ["TASKS", "StepOutput"]
