@@ -10,11 +10,12 @@ programs that implement them; a third-party package registers another through th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from geofm.registry import Registry
+
+if TYPE_CHECKING:  # config validation reads the registry without importing torch
+    from torch import Tensor
 
 TASKS: Registry = Registry("task", "geofm.tasks")
 
