@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from geofm.data.readers import write_geotiff
+from geofm.data.writers import write_geotiff
 
 SCENES = 24
 PUBLIC_SCENES = 16
