@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 
 from geofm import engine as ds
 from geofm.checkpoints import export_backbone, load_pretraining_model
-from geofm.checkpoints.infer import gsd_range
 from geofm.checkpoints.io import LAST_CHECKPOINT
+from geofm.checkpoints.provenance import gsd_range
 from geofm.config import PretrainConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile, SkippedFiles
