@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.config.base import ProgramConfig, Section, checks_architecture
 from geofm.config.sections import (
@@ -71,6 +71,96 @@ class UplinkConfig(CodecConfig):
     )
 
 
+def _foreign_keys(section: Section, used: dict[str, set[str]]) -> None:
+    """Refuse a built-in ``section.name`` given a non-default value of a key only other built-ins use."""
+    if section.name not in used:
+        return
+    defaults = type(section).model_fields
+    keys = set().union(*used.values()) - used[section.name]
+    foreign = sorted(key for key in keys if getattr(section, key) != defaults[key].default)
+    if foreign:
+        owners = sorted(name for name, own in used.items() if set(foreign) & own)
+        raise ValueError(f"{section.name} has no {', '.join(foreign)} (used by {', '.join(owners)})")
+
+
+class ServerOptimizerConfig(Section):
+    """How the round's combined update ``Delta`` moves the global model (Reddi et al. 2021, Algorithm 2).
+
+    ``sgd``: ``x + lr Delta`` (lr 1: FedAvg). ``fedavgm``: server momentum. ``fedadam``, ``fedyogi``:
+    adaptive steps ``lr m / (sqrt(v) + tau)``. A plug-in's optimiser reads the keys it needs.
+    """
+
+    name: str = Field(default="sgd", description="sgd, fedavgm, fedadam, fedyogi, or a plug-in's name")
+    lr: float | None = Field(
+        default=None, gt=0.0, description="server learning rate; null: 1.0 (sgd, fedavgm); fedadam and fedyogi need it"
+    )
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="fedavgm: server momentum")
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="fedadam, fedyogi: decay of the first moment")
+    beta2: float = Field(default=0.99, ge=0.0, lt=1.0, description="fedadam, fedyogi: decay of the second moment")
+    tau: float = Field(default=1e-3, gt=0.0, description="fedadam, fedyogi: adaptivity, added to sqrt(v)")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str, info: ValidationInfo) -> str:
+        # The registry's module imports torch: its names are checked with the architecture.
+        if not checks_architecture(info):
+            return name
+        from geofm.federated.server_optimizers import SERVER_OPTIMIZERS
+
+        return SERVER_OPTIMIZERS.check(name)
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> ServerOptimizerConfig:
+        _foreign_keys(
+            self,
+            {
+                "sgd": set(),
+                "fedavgm": {"momentum"},
+                "fedadam": {"beta1", "beta2", "tau"},
+                "fedyogi": {"beta1", "beta2", "tau"},
+            },
+        )
+        if self.name in ("fedadam", "fedyogi") and self.lr is None:
+            raise ValueError(f"{self.name} needs lr (Reddi et al. tune it between 1e-3 and 1)")
+        return self
+
+
+class AggregatorConfig(Section):
+    """How the server combines the accepted client updates: the weighted mean, or a Byzantine-robust rule."""
+
+    name: str = Field(default="mean", description="mean, median, trimmed_mean, krum, or a plug-in's name")
+    trim_fraction: float = Field(
+        default=0.1, ge=0.0, lt=0.5, description="trimmed_mean: share of the values dropped at each end, per coordinate"
+    )
+    byzantine_clients: int = Field(default=0, ge=0, description="krum: f, the assumed number of Byzantine clients")
+    multi_krum: int | None = Field(
+        default=None, gt=0, description="krum: average the m updates of lowest score; null: Krum's single best"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str, info: ValidationInfo) -> str:
+        # The registry's module imports torch: its names are checked with the architecture.
+        if not checks_architecture(info):
+            return name
+        from geofm.federated.robust import AGGREGATORS
+
+        return AGGREGATORS.check(name)
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> AggregatorConfig:
+        _foreign_keys(
+            self,
+            {
+                "mean": set(),
+                "median": set(),
+                "trimmed_mean": {"trim_fraction"},
+                "krum": {"byzantine_clients", "multi_krum"},
+            },
+        )
+        return self
+
+
 class AlgorithmConfig(Section):
     """The federated algorithm: client update rule, server update rule and what travels each way.
 
@@ -110,6 +200,8 @@ class AlgorithmConfig(Section):
         description="a client's weight counts at most this multiple of the median example count of the "
         "round's other uploads; null: weights as claimed",
     )
+    server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
+    aggregator: AggregatorConfig = AggregatorConfig()
 
     @model_validator(mode="after")
     def _check_components(self) -> AlgorithmConfig:
@@ -201,6 +293,12 @@ class FederatedConfig(ProgramConfig):
         if undeclared:
             raise ValueError(
                 f"federation.declared_examples names {undeclared}, not clients of this run {self.client_names}"
+            )
+        krum = self.algorithm.aggregator
+        if krum.name == "krum" and fed.min_clients <= 2 * krum.byzantine_clients + 2:
+            raise ValueError(
+                f"algorithm.aggregator krum with byzantine_clients {krum.byzantine_clients} needs "
+                f"federation.min_clients above 2f + 2 = {2 * krum.byzantine_clients + 2}, got {fed.min_clients}"
             )
         if self.algorithm.distill_steps and not fed.public_sources:
             raise ValueError("algorithm.distill_steps needs a public source for the server (federation.public_sources)")
