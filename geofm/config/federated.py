@@ -10,6 +10,7 @@ same program with different ``algorithm`` sections.
 
 from __future__ import annotations
 
+import importlib
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -71,6 +72,17 @@ class UplinkConfig(CodecConfig):
     )
 
 
+def _registered(name: str, info: ValidationInfo, registry: str) -> str:
+    """``name`` if the registry ``"module:ATTRIBUTE"`` has it, else ValueError with the nearest names.
+
+    The registries' modules import torch, so names are checked with the architecture (second pass).
+    """
+    if not checks_architecture(info):
+        return name
+    module, attribute = registry.split(":")
+    return getattr(importlib.import_module(module), attribute).check(name)
+
+
 def _foreign_keys(section: Section, used: dict[str, set[str]]) -> None:
     """Refuse a built-in ``section.name`` given a non-default value of a key only other built-ins use."""
     if section.name not in used:
@@ -102,12 +114,7 @@ class ServerOptimizerConfig(Section):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str, info: ValidationInfo) -> str:
-        # The registry's module imports torch: its names are checked with the architecture.
-        if not checks_architecture(info):
-            return name
-        from geofm.federated.server_optimizers import SERVER_OPTIMIZERS
-
-        return SERVER_OPTIMIZERS.check(name)
+        return _registered(name, info, "geofm.federated.server_optimizers:SERVER_OPTIMIZERS")
 
     @model_validator(mode="after")
     def _check_keys(self) -> ServerOptimizerConfig:
@@ -140,12 +147,7 @@ class AggregatorConfig(Section):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str, info: ValidationInfo) -> str:
-        # The registry's module imports torch: its names are checked with the architecture.
-        if not checks_architecture(info):
-            return name
-        from geofm.federated.robust import AGGREGATORS
-
-        return AGGREGATORS.check(name)
+        return _registered(name, info, "geofm.federated.robust:AGGREGATORS")
 
     @model_validator(mode="after")
     def _check_keys(self) -> AggregatorConfig:
@@ -168,7 +170,8 @@ class AlgorithmConfig(Section):
     ``proximal_beta / 2 ||theta - Theta||^2``. ``fedsense``: plus drift-aware perturbed local steps
     (``perturbation_radius``, server-to-client guidance), the proximal term if ``proximal_beta``,
     K-means of client models (``clusters``) and similarity distillation on the server's public data
-    (``distill_steps``). Every algorithm can quantise the uplink (with error feedback) and downlink.
+    (``distill_steps``). Every algorithm can quantise the uplink (with error feedback) and downlink,
+    and combines the uploads with ``aggregator`` and steps the global model with ``server_optimizer``.
     """
 
     name: Literal["fedavg", "fedprox", "fedsense"] = "fedsense"

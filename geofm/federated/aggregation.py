@@ -17,7 +17,8 @@ A client's weight is its example count, bounded: never more than the count decla
 institution (``declared_examples``), and never more than ``examples_factor`` times the median
 count of the round's other accepted uploads, so that one client claiming 10^9 examples cannot take
 the round. Rejected uploads come back with a reason, bounded counts with both numbers, for the
-caller to log.
+caller to log. The accepted updates are combined by their weighted mean, or by the configured
+:class:`Aggregator` (:mod:`~geofm.federated.robust`).
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ class RoundAggregate:
     """The outcome of a round's uploads.
 
     Attributes:
-        update: data-weighted mean of the accepted updates, or None if none was accepted.
+        update: the accepted updates combined (by default their data-weighted mean), or None if
+            none was accepted or the aggregator found too few.
         accepted: the accepted uploads with their decoded updates, in upload order.
         weights: each accepted upload's weight (its share of the accepted examples).
         rejected: the uploads left out, with reasons.
