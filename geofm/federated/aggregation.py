@@ -17,7 +17,8 @@ A client's weight is its example count, bounded: never more than the count decla
 institution (``declared_examples``), and never more than ``examples_factor`` times the median
 count of the round's other accepted uploads, so that one client claiming 10^9 examples cannot take
 the round. Rejected uploads come back with a reason, bounded counts with both numbers, for the
-caller to log.
+caller to log. The accepted updates are combined by their weighted mean, or by the configured
+:class:`Aggregator` (:mod:`~geofm.federated.robust`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -109,7 +111,8 @@ class RoundAggregate:
     """The outcome of a round's uploads.
 
     Attributes:
-        update: data-weighted mean of the accepted updates, or None if none was accepted.
+        update: the accepted updates combined (by default their data-weighted mean), or None if
+            none was accepted or the aggregator found too few.
         accepted: the accepted uploads with their decoded updates, in upload order.
         weights: each accepted upload's weight (its share of the accepted examples).
         rejected: the uploads left out, with reasons.
@@ -121,6 +124,16 @@ class RoundAggregate:
     weights: list[float]
     rejected: list[Rejection]
     bounded: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+class Aggregator(Protocol):
+    """Combines equally long update vectors (one per accepted client, with its weight) into one."""
+
+    def combine(self, updates: Sequence[Tensor], weights: Sequence[float]) -> Tensor: ...
+
+
+class TooFewUpdates(ValueError):
+    """A round has fewer accepted updates than its aggregator needs."""
 
 
 def weighted_mean(vectors: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
@@ -244,14 +257,29 @@ def bound_examples(
 
 
 def aggregate_uploads(
-    uploads: Sequence[Upload], rules: UploadRules, recent_norms: Sequence[float] = ()
+    uploads: Sequence[Upload],
+    rules: UploadRules,
+    recent_norms: Sequence[float] = (),
+    aggregator: Aggregator | None = None,
 ) -> RoundAggregate:
-    """Screen a round's uploads and average the accepted updates weighted by their bounded example counts."""
+    """Screen a round's uploads and combine the accepted updates, weighted by their bounded example counts.
+
+    ``aggregator`` (see :mod:`~geofm.federated.robust`) combines them; None: the weighted mean. When
+    it finds the round too small (:class:`TooFewUpdates`), every accepted upload is rejected with its
+    reason and the round has no update.
+    """
     accepted, rejected = screen_uploads(uploads, rules, recent_norms)
     if not accepted:
         return RoundAggregate(update=None, accepted=[], weights=[], rejected=rejected)
     accepted, bounded = bound_examples(accepted, rules)
     total = sum(a.num_examples for a in accepted)
     weights = [a.num_examples / total for a in accepted]
-    update = weighted_mean([a.update for a in accepted], weights)
+    updates = [a.update for a in accepted]
+    if aggregator is None:
+        return RoundAggregate(weighted_mean(updates, weights), accepted, weights, rejected, bounded)
+    try:
+        update = aggregator.combine(updates, weights)
+    except TooFewUpdates as exc:
+        unused = [Rejection(a.client, f"not combined: {exc}") for a in accepted]
+        return RoundAggregate(update=None, accepted=[], weights=[], rejected=rejected + unused, bounded=bounded)
     return RoundAggregate(update=update, accepted=accepted, weights=weights, rejected=rejected, bounded=bounded)

@@ -35,6 +35,8 @@ from geofm.federated.clustering import cluster_clients
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
 from geofm.federated.perturbation import Perturbation, proximal_term
+from geofm.federated.robust import build_aggregator
+from geofm.federated.server_optimizers import build_server_optimizer
 
 # A server-side refinement of the new global model from the round's group models and their weights
 # (FedSense's similarity distillation); returns the refined model and its mean loss.
@@ -98,6 +100,8 @@ class FedAvg:
             examples_factor=cfg.examples_factor,
             declared_examples=declared_examples or {},
         )
+        self.aggregator = build_aggregator(cfg.aggregator)
+        self.server_optimizer = build_server_optimizer(cfg.server_optimizer, num_values)
 
     # ---- client side ---------------------------------------------------------------------
     def local_hooks(self, params: Sequence[Tensor], anchor: Sequence[Tensor]) -> LocalHooks:
@@ -124,12 +128,12 @@ class FedAvg:
 
     # ---- server side ---------------------------------------------------------------------
     def screen(self, uploads: Sequence[Upload], recent_norms: Sequence[float] = ()) -> RoundAggregate:
-        """Decode, screen and average the round's uploads by their bounded example counts."""
-        return aggregate_uploads(uploads, self.rules, recent_norms)
+        """Decode and screen the round's uploads and combine them with the configured aggregator."""
+        return aggregate_uploads(uploads, self.rules, recent_norms, self.aggregator)
 
     def server_update(self, model: Tensor, aggregate: RoundAggregate, refine: Refiner | None) -> ServerRound:
-        """The next global model: ``Theta + sum_i w_i delta_i``."""
-        return ServerRound(model + aggregate.update)
+        """The next global model: the server optimiser's step by the combined update (``Theta + Delta`` by default)."""
+        return ServerRound(self.server_optimizer.step(model, aggregate.update))
 
     def downlink(self, model: Tensor, reference: Tensor | None, generator: torch.Generator) -> tuple[Packet, Tensor]:
         """What a client holding ``reference`` receives, and the copy it holds afterwards.

@@ -22,6 +22,7 @@ checkpoint, with the same clients selected, the same data and the same result.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -432,6 +433,7 @@ class FederatedServer:
         server_metrics: dict[str, float] = {}
         discarded = None
         if aggregate.update is not None:
+            optimizer_state = copy.deepcopy(self.algorithm.server_optimizer.state_dict())
             outcome = self.algorithm.server_update(self.global_model, aggregate, self._distil(rnd))
             discarded = non_finite_model(outcome.model, aggregate)
             if discarded is None:
@@ -439,6 +441,7 @@ class FederatedServer:
                 self.recent_norms = [*self.recent_norms, [a.norm for a in aggregate.accepted]]
                 self.recent_norms = self.recent_norms[-self.cfg.algorithm.norm_history_rounds :]
             else:
+                self.algorithm.server_optimizer.load_state_dict(optimizer_state)
                 log.error("round %d: %s; the global model stays as it was", rnd, discarded)
         else:
             log.warning("round %d: no upload was accepted; the global model stays as it was", rnd)
@@ -560,6 +563,7 @@ class FederatedServer:
             "reference": self.reference,
             "synced": dict(self.synced),
             "recent_norms": self.recent_norms,
+            "server_optimizer": self.algorithm.server_optimizer.state_dict(),
         }
         torch.save({"module": self.model.state_dict(), "server": server}, folder / DEEPSPEED_MODEL_STATES)
         self.checkpoints.commit(tag, self._progress(rnd))
@@ -591,6 +595,8 @@ class FederatedServer:
         self.distill_optimizer.load_state_dict(server["distill_optimizer"])
         self.reference, self.synced = server["reference"], dict(server["synced"])
         self.recent_norms = server.get("recent_norms", [])
+        if "server_optimizer" in server:  # absent from checkpoints of older versions: a fresh state
+            self.algorithm.server_optimizer.load_state_dict(server["server_optimizer"])
         if not bool(torch.isfinite(self.global_model).all()):
             raise GeoFMError(
                 f"{self.checkpoints.latest().resolve()} holds a global model with non-finite values; "
