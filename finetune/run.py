@@ -32,6 +32,7 @@ from finetune.models import build_finetune_model
 from finetune.objective import batch_target, build_criterion, build_mixing, model_inputs
 from finetune.splits import build_split, describe_split
 from geofm import engine as ds
+from geofm.boundaries import StepBoundaries
 from geofm.checkpoints import LoadReport
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config.finetune import FinetuneConfig
@@ -41,7 +42,6 @@ from geofm.training import (
     InputPath,
     IntervalMeans,
     Progress,
-    StepBoundaries,
     start_run,
     step_seed,
 )

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from geofm import engine as ds
+from geofm.boundaries import StepBoundaries
 from geofm.checkpoints import export_backbone, load_pretraining_model
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.checkpoints.provenance import gsd_range
@@ -43,7 +44,6 @@ from geofm.training import (
     InputPath,
     IntervalMeans,
     Progress,
-    StepBoundaries,
     leave_cores_to_workers,
     start_run,
     step_seed,
