@@ -1,6 +1,6 @@
 """Run-directory machinery shared by every training program: inputs checked up front, checkpoints with
-``last``, progress records, resume rules and per-interval loss means (the step boundaries are in
-:mod:`geofm.boundaries`).
+``last``, progress records, resume rules, and torch's threads beside the loader workers (the steps
+themselves run in :mod:`geofm.loop`).
 
 A run directory holds ``config.yaml`` (the validated config), ``checkpoints/step_*`` (DeepSpeed
 checkpoints, each with a ``progress.json`` that can be read without building anything) and
@@ -27,6 +27,7 @@ from geofm.config import OptimizerConfig, RunConfig, Section, config_to_dict
 from geofm.config.base import CONFIG_FILE
 from geofm.data.sources import list_images
 from geofm.errors import ConfigError, GeoFMError
+from geofm.loop import IntervalMeans as IntervalMeans  # imported from here by the federated client
 from geofm.runlog import Phases
 
 PROGRESS_FILE = "progress.json"
@@ -324,33 +325,6 @@ def _batch_hint(images: int, world_size: int) -> str:
     return f"train.micro_batch_size={per_process} train.grad_accum_steps=1 with {world_size} process(es)"
 
 
-class IntervalMeans:
-    """Sums of named losses since the last log line, averaged over steps and ranks on demand.
-
-    The sums stay on the losses' device: adding a step's losses never waits for the device, only
-    :meth:`means` does.
-    """
-
-    def __init__(self, keys: Iterable[str]) -> None:
-        self.keys = tuple(keys)
-        self._reset()
-
-    def _reset(self) -> None:
-        self.sums: torch.Tensor | None = None
-        self.count = 0
-
-    def add(self, losses: Mapping[str, torch.Tensor]) -> None:
-        step = torch.stack([losses[key].detach().float() for key in self.keys])
-        self.sums = step if self.sums is None else self.sums + step
-        self.count += 1
-
-    def means(self) -> dict[str, float]:
-        sums = self.sums if self.sums is not None else torch.zeros(len(self.keys))
-        values = ds.mean_across_ranks(sums / max(self.count, 1))
-        self._reset()
-        return dict(zip(self.keys, values.tolist(), strict=False))
-
-
 def threads_beside_workers(num_workers: int) -> int:
     """torch threads that leave one core to each of ``num_workers`` DataLoader workers (at least one).
 
@@ -374,8 +348,3 @@ def leave_cores_to_workers(num_workers: int) -> int:
     """
     torch.set_num_threads(threads_beside_workers(num_workers))
     return torch.get_num_threads()
-
-
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """Seed of the global RNG (drop path) for one step: a pure function, so resumes match."""
-    return (seed * 1_000_003 + step * 7_919 + rank) % 2**63
