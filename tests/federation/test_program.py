@@ -15,12 +15,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from federation.client import FederatedClient
+from federation.program import client_shares, local_config, round_lr
+from federation.runtime import Failure, Reply, run_server
+from federation.server import FederatedServer
 from geofm.checkpoints import inspect_checkpoint
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError, DatasetNotFoundError, FederatedRunError
 from geofm.federated.codec import Codec
-from pretrain.federated.program import FederatedClient, FederatedServer, client_shares, local_config, round_lr
-from pretrain.federated.runtime import Failure, Reply, run_server
 
 
 class InProcess:

@@ -35,8 +35,8 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
 
+from federation.runtime import Scalar, client_program
 from geofm.errors import FederatedRunError
-from pretrain.federated.runtime import Scalar, client_program
 
 STALE_S = 2 * 86_400.0
 """Files of workers that ended without cleaning up (killed) are removed after this long."""
