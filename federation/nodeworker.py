@@ -61,8 +61,8 @@ class NodeWorker:
 
     Args:
         run_id: the run, so that two runs never share a client program.
-        run_config: the run config, as the client program's factory takes it.
-        node_config: the node's config, as the client program's factory takes it.
+        run_config: the run config, as the registered program builds its client from it.
+        node_config: the node's config, as the registered program builds its client from it.
         supernode_pid: the process whose end ends the worker (the SuperNode that started this ClientApp).
     """
 

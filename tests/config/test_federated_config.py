@@ -42,6 +42,8 @@ def test_the_paper_setting_and_its_baselines_differ_only_in_their_algorithm():
         ("train.local_steps=4", "set exactly one of train.local_epochs and train.local_steps"),
         ("algorithm.uplink.bits=3", r"algorithm\.uplink\.bits"),
         ("federation.min_clients=4", "min_clients 4 exceeds the 3 clients"),
+        ("federation.partition=by_regoin", "unknown partitioner 'by_regoin'; did you mean 'by_region'"),
+        ("task=mimm", "unknown task 'mimm'; did you mean 'mim'"),
     ],
 )
 def test_federated_config_errors_name_the_field(override, message):
