@@ -53,7 +53,7 @@ PROGRAM = "program"
 CONFIG = "config"
 INSTITUTIONS = "institutions"
 RUN_CONFIG_DEFAULTS: dict[str, Scalar] = {
-    PROGRAM: "",
+    PROGRAM: "geofm",
     CONFIG: "",
     INSTITUTIONS: "",
 }
