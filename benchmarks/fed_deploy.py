@@ -3,7 +3,7 @@
 The same config (the demo's FedSense by default, on a fresh synthetic archive with random teacher
 weights) runs three ways, one after the other: in Flower's simulation engine (``geofm fed simulate``,
 whose node processes live for the run), deployed on 127.0.0.1 with TLS and SuperNode authentication
-(:class:`~pretrain.federated.localdeploy.LocalDeployment`) as shipped, where each node's long-lived
+(:class:`~federation.localdeploy.LocalDeployment`) as shipped, where each node's long-lived
 worker answers every message, and deployed with a ClientApp that builds the client program in each
 message's own process (``client_app_without_worker``, how deployed nodes ran before the worker).
 The figure is the server's ``seconds`` per round from ``rounds.jsonl`` (configure to aggregate,
@@ -85,11 +85,11 @@ def _simulate(config: Path, num_cpus: int) -> None:
 
 
 def _deploy(config: Path, tree: dict, folder: Path, with_worker: bool) -> None:
+    from federation.cli import BUILT_IN
+    from federation.deploy import APP_DIR, COMPLETED
+    from federation.localdeploy import LocalDeployment
+    from federation.runtime import CONFIG, PROGRAM, config_entry
     from geofm.config.federated import FederatedConfig
-    from pretrain.federated.cli import PROGRAM
-    from pretrain.federated.deploy import APP_DIR, COMPLETED
-    from pretrain.federated.localdeploy import LocalDeployment
-    from pretrain.federated.runtime import CONFIG, config_entry
 
     app_dir = APP_DIR
     if not with_worker:
@@ -101,7 +101,7 @@ def _deploy(config: Path, tree: dict, folder: Path, with_worker: bool) -> None:
     roots = {name: str(folder / "archive" / name) for name in names}
     home = folder / ("fed" if with_worker else "fed_without_worker")
     with LocalDeployment(home, names, data_roots=roots, env={"OMP_NUM_THREADS": "1"}) as deployment:
-        run_id = deployment.launch({**PROGRAM, CONFIG: config_entry(tree)}, app_dir)
+        run_id = deployment.launch({PROGRAM: BUILT_IN, CONFIG: config_entry(tree)}, app_dir)
         run = deployment.wait(run_id)
         if run["status"] != COMPLETED:
             raise RuntimeError(f"deployed run ended {run['status']}:\n{deployment.logs(run_id)[-3000:]}")

@@ -73,7 +73,7 @@ class Server:
     def __init__(self, cfg, algorithm, model, layout, uploads) -> None:
         from geofm import engine as ds
         from geofm.federated.similarity import distill_similarity
-        from pretrain.federated.program import pooled_features
+        from pretrain.task import pooled_features
 
         ds.keep_freed_memory()  # as FederatedServer does
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # config validation reads the registry without importing torc
     from torch import Tensor
 
 TASKS: Registry = Registry("task", "geofm.tasks")
+TASKS.register("mim", "pretrain.task:MaskedImageModelling")
 
 
 @dataclass

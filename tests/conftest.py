@@ -332,3 +332,32 @@ def _levircd_pair(folder: Path, name: str, size: int, value: int) -> None:
 def torchgeo_layouts() -> type[TorchgeoLayouts]:
     """:class:`TorchgeoLayouts`: ``torchgeo_layouts.<class>(root, ...)`` writes a tiny dataset, returns its data fields."""
     return TorchgeoLayouts
+
+
+# Pretraining and federated tests share one generated archive, one stand-in teacher and child environments.
+@pytest.fixture(scope="session")
+def archive(tmp_path_factory) -> dict[str, Path]:
+    from geofm.data.demo import make_demo_archive
+
+    return make_demo_archive(tmp_path_factory.mktemp("demo"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def teacher_file(tmp_path_factory) -> Path:
+    """A random tiny Swin saved as a plain timm state dict (.pth), standing in for ImageNet weights."""
+    import torch
+
+    from geofm.models.backbones import backbone_kwargs, create_backbone
+
+    torch.manual_seed(123)
+    kwargs = backbone_kwargs(in_chans=3, img_size=32, window_size=4, timm_kwargs=TINY_SWIN)
+    path = tmp_path_factory.mktemp("teacher") / "teacher_timm.pth"
+    torch.save(create_backbone("swin_tiny_patch4_window7_224", kwargs).state_dict(), path)
+    return path
+
+
+@pytest.fixture
+def child_env() -> dict[str, str]:
+    """Environment for a child geofm process: CPU accelerator, without this process's own process-group variables."""
+    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    return {**{k: v for k, v in os.environ.items() if k not in launcher}, "DS_ACCELERATOR": "cpu"}

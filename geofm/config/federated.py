@@ -25,6 +25,7 @@ from geofm.config.sections import (
     TeacherConfig,
     check_masked_pretraining,
 )
+from geofm.tasks import TASKS
 
 ALGORITHMS = ("fedavg", "fedprox", "fedsense")
 
@@ -236,7 +237,7 @@ class FederationConfig(Section):
     """
 
     rounds: int = Field(gt=0)
-    partition: Literal["by_source", "by_region", "dirichlet"] = "by_source"
+    partition: str = Field(default="by_source", description="a registered partitioner: by_source, by_region, dirichlet")
     clients: int | None = Field(default=None, gt=0, description="by_region, dirichlet: number of clients")
     dirichlet_alpha: float = Field(default=0.5, gt=0.0)
     public_sources: list[str] = Field(default_factory=list, description="source names held by the server only")
@@ -260,6 +261,13 @@ class FederationConfig(Section):
         description="institution -> the most training examples it may claim; a larger claim is weighted as this",
     )
 
+    @field_validator("partition")
+    @classmethod
+    def _registered_partitioner(cls, name: str) -> str:
+        from geofm.federated.partition import PARTITIONERS  # no deep-learning import: see geofm.federated
+
+        return PARTITIONERS.check(name)
+
 
 class FederatedConfig(ProgramConfig):
     """Federated continual pretraining: GFM (SimMIM without a teacher) on every client, FedSense around it."""
@@ -272,6 +280,12 @@ class FederatedConfig(ProgramConfig):
     train: LocalTrainConfig
     federation: FederationConfig
     algorithm: AlgorithmConfig = AlgorithmConfig()
+    task: str = Field(default="mim", description="the registered task every client trains")
+
+    @field_validator("task")
+    @classmethod
+    def _registered_task(cls, name: str) -> str:
+        return TASKS.check(name)
 
     @model_validator(mode="after")
     def _check_combination(self, info: ValidationInfo) -> FederatedConfig:

@@ -12,6 +12,10 @@ files of the server's public sources, and is deterministic given its inputs and 
 * :func:`partition_dirichlet`: each source's files are dealt to clients in proportions drawn from
   ``Dirichlet(alpha)``; a small ``alpha`` gives each client a few dominant sources (non-IID).
 
+The strategies are registered in :data:`PARTITIONERS` (a config's ``federation.partition`` names
+one) as functions of one signature, :data:`Partitioner`, giving one client its share; a
+plug-in adds another through the ``geofm.partitioners`` entry-point group.
+
 A client left without any file cannot train: every strategy raises
 :class:`~geofm.errors.ConfigError` naming the empty clients rather than returning them. The
 Dirichlet split first redraws its proportions (up to ``max_draws`` times, as is usual for this
@@ -21,15 +25,14 @@ benchmark protocol) before giving up.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from sklearn.cluster import KMeans
 
-from geofm.data.readers import read_bounds_lonlat
 from geofm.errors import ConfigError
+from geofm.registry import Registry
 
 Bounds = tuple[float, float, float, float]
 """A footprint ``(west, south, east, north)`` in degrees (EPSG:4326)."""
@@ -67,6 +70,21 @@ def _files(sources: Sequence[Sequence[str | Path]], private: list[int]) -> list[
     return [ClientFile(s, f, Path(path)) for s in private for f, path in enumerate(sources[s])]
 
 
+def _one_client_per_source(
+    sources: Sequence[Sequence[str | Path]], num_clients: int, public: Collection[int]
+) -> list[int]:
+    """The private sources, one per client; ConfigError if their count is not ``num_clients``."""
+    _check_clients(num_clients)
+    private = _private(sources, public)
+    if num_clients != len(private):
+        raise ConfigError(
+            f"partition by source makes one client per private source: {len(private)} private sources "
+            f"(of {len(sources)}, public {sorted(public)}) cannot make {num_clients} clients; "
+            "use the region or Dirichlet partition to split or merge sources"
+        )
+    return private
+
+
 def partition_by_source(
     sources: Sequence[Sequence[str | Path]], num_clients: int, public: Collection[int] = ()
 ) -> list[list[ClientFile]]:
@@ -84,14 +102,7 @@ def partition_by_source(
         ConfigError: if ``num_clients`` differs from the number of private sources, a public index
             is out of range, or a private source has no file.
     """
-    _check_clients(num_clients)
-    private = _private(sources, public)
-    if num_clients != len(private):
-        raise ConfigError(
-            f"partition by source makes one client per private source: {len(private)} private sources "
-            f"(of {len(sources)}, public {sorted(public)}) cannot make {num_clients} clients; "
-            "use the region or Dirichlet partition to split or merge sources"
-        )
+    private = _one_client_per_source(sources, num_clients, public)
     clients = [_files(sources, [s]) for s in private]
     if empty := _empty(clients):
         raise ConfigError(f"sources {[private[i] for i in empty]} have no file, so their clients would be empty")
@@ -132,6 +143,10 @@ def partition_by_region(
             be empty, or a public index is out of range.
         RasterReadError: if ``bounds`` is None and a file cannot be read or is not georeferenced.
     """
+    from sklearn.cluster import KMeans  # config validation reads the registry here without scikit-learn
+
+    from geofm.data.readers import read_bounds_lonlat
+
     _check_clients(num_clients)
     private = _private(sources, public)
     files = _files(sources, private)
@@ -204,3 +219,60 @@ def partition_dirichlet(
         f"{num_clients} clients left clients {empty} empty in {max_draws} draws; "
         "raise alpha, add files or use fewer clients"
     )
+
+
+Partitioner = Callable[..., list[ClientFile]]
+"""``partitioner(sources, num_clients, client, *, seed, public, alpha) -> client's files``.
+
+``sources`` holds each source's file paths and may list a source only when it is indexed, so a
+strategy that needs one client's own source (``by_source``) reads no other institution's folder.
+"""
+
+
+def share_by_source(
+    sources: Sequence[Sequence[str | Path]],
+    num_clients: int,
+    client: int,
+    *,
+    seed: int = 0,
+    public: Collection[int] = (),
+    alpha: float = 1.0,
+) -> list[ClientFile]:
+    """Client ``client``'s share under :func:`partition_by_source`, reading only its own source."""
+    private = _one_client_per_source(sources, num_clients, public)
+    files = _files(sources, [private[client]])
+    if not files:
+        raise ConfigError(f"source {private[client]} has no file, so its client would be empty")
+    return files
+
+
+def share_by_region(
+    sources: Sequence[Sequence[str | Path]],
+    num_clients: int,
+    client: int,
+    *,
+    seed: int = 0,
+    public: Collection[int] = (),
+    alpha: float = 1.0,
+) -> list[ClientFile]:
+    """Client ``client``'s share under :func:`partition_by_region`."""
+    return partition_by_region(sources, num_clients, seed=seed, public=public)[client]
+
+
+def share_dirichlet(
+    sources: Sequence[Sequence[str | Path]],
+    num_clients: int,
+    client: int,
+    *,
+    seed: int = 0,
+    public: Collection[int] = (),
+    alpha: float = 1.0,
+) -> list[ClientFile]:
+    """Client ``client``'s share under :func:`partition_dirichlet` with concentration ``alpha``."""
+    return partition_dirichlet(sources, num_clients, alpha, seed=seed, public=public)[client]
+
+
+PARTITIONERS: Registry[Partitioner] = Registry("partitioner", "geofm.partitioners")
+PARTITIONERS.register("by_source", share_by_source)
+PARTITIONERS.register("by_region", share_by_region)
+PARTITIONERS.register("dirichlet", share_dirichlet)

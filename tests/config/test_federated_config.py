@@ -52,6 +52,8 @@ def test_the_paper_setting_and_its_baselines_differ_only_in_their_algorithm():
             "algorithm.aggregator={name: krum, byzantine_clients: 1}",
             r"byzantine_clients 1 needs federation\.min_clients above 2f \+ 2 = 4, got 2",
         ),
+        ("federation.partition=by_regoin", "unknown partitioner 'by_regoin'; did you mean 'by_region'"),
+        ("task=mimm", "unknown task 'mimm'; did you mean 'mim'"),
     ],
 )
 def test_federated_config_errors_name_the_field(override, message):

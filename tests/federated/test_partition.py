@@ -8,6 +8,7 @@ import pytest
 from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError
 from geofm.federated.partition import (
+    PARTITIONERS,
     ClientFile,
     partition_by_region,
     partition_by_source,
@@ -115,3 +116,27 @@ def test_by_region_with_given_bounds_and_too_few_locations() -> None:
     assert [[f.file for f in files] for files in clients] == [[0, 1], [2]], "the antimeridian split a region"
     with pytest.raises(ConfigError, match="3 files at 2 distinct locations cannot form 3"):
         partition_by_region([["a", "b", "c"]], num_clients=3, bounds=[[(0, 0, 1, 1), (0, 0, 1, 1), (5, 5, 6, 6)]])
+
+
+class _Listed(list):
+    """Source file lists that record which sources were read."""
+
+    def __init__(self, sources) -> None:
+        super().__init__(sources)
+        self.read: set[int] = set()
+
+    def __getitem__(self, index):
+        self.read.add(index)
+        return super().__getitem__(index)
+
+
+def test_registered_partitioners_give_one_client_its_share_and_by_source_reads_only_its_own() -> None:
+    sources = [[f"a{i}.tif" for i in range(3)], [f"p{i}.tif" for i in range(2)], [f"b{i}.tif" for i in range(4)]]
+    listed = _Listed(sources)
+    share = PARTITIONERS.get("by_source")(listed, 2, 1, seed=0, public=[1], alpha=1.0)
+    assert [f.path.name for f in share] == ["b0.tif", "b1.tif", "b2.tif", "b3.tif"] and listed.read == {2}
+    with pytest.raises(ConfigError, match="cannot make 3 clients"):
+        PARTITIONERS.get("by_source")(sources, 3, 0, public=[1])
+    dealt = [PARTITIONERS.get("dirichlet")(sources, 2, c, seed=3, public=[1], alpha=0.5) for c in (0, 1)]
+    assert dealt == partition_dirichlet(sources, 2, 0.5, seed=3, public=[1])
+    assert PARTITIONERS.names() == ["by_region", "by_source", "dirichlet"]

@@ -3,38 +3,17 @@
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
-
-from geofm.data.demo import make_demo_archive
 
 REPO = Path(__file__).parents[2]
 DEMO_GFM = REPO / "configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml"
 TINY_SWIN = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [1, 2, 4, 8]}
-
-
-@pytest.fixture(scope="session")
-def archive(tmp_path_factory) -> dict[str, Path]:
-    return make_demo_archive(tmp_path_factory.mktemp("demo"), seed=0)
-
-
-@pytest.fixture(scope="session")
-def teacher_file(tmp_path_factory) -> Path:
-    """A random tiny Swin saved as a plain timm state dict (.pth), standing in for ImageNet weights."""
-    from geofm.models.backbones import backbone_kwargs, create_backbone
-
-    torch.manual_seed(123)
-    kwargs = backbone_kwargs(in_chans=3, img_size=32, window_size=4, timm_kwargs=TINY_SWIN)
-    path = tmp_path_factory.mktemp("teacher") / "teacher_timm.pth"
-    torch.save(create_backbone("swin_tiny_patch4_window7_224", kwargs).state_dict(), path)
-    return path
 
 
 @pytest.fixture
@@ -60,13 +39,6 @@ def tiny_tree(archive, teacher_file, tmp_path):
         return tree
 
     return make
-
-
-@pytest.fixture
-def child_env() -> dict[str, str]:
-    """Environment for a child geofm process: CPU accelerator, without this process's own process-group variables."""
-    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-    return {**{k: v for k, v in os.environ.items() if k not in launcher}, "DS_ACCELERATOR": "cpu"}
 
 
 @pytest.fixture

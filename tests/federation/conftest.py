@@ -1,4 +1,4 @@
-"""The toy federated program, importable by name in this process, in Ray workers and in Flower's processes."""
+"""The toy federated program, registered by name in this process, in Ray workers and in Flower's processes."""
 
 from __future__ import annotations
 
@@ -8,15 +8,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pretrain.federated.runtime import config_entry
+from federation.runtime import PROGRAMS, config_entry
 
 HERE = Path(__file__).parent
-REPO = HERE.parents[2]
-TOY = "toy_federated_program"
-# Factories are named by import path, so the toy must be importable as a top-level module: here, in Ray
-# workers (they get this process's sys.path) and in Flower's processes (they get TOY_PYTHONPATH).
-sys.path.insert(0, str(HERE))
-TOY_PYTHONPATH = f"{REPO}:{HERE}"
+REPO = HERE.parents[1]
+TOY = "toy"
+# The toy is registered as an installed plug-in is: plugin/ holds a distribution's metadata with an
+# entry point in the group geofm.federated_programs, found on sys.path here, in Ray workers (they get
+# this process's sys.path) and in Flower's processes (they get TOY_PYTHONPATH). This process also
+# registers it in code, as a script would.
+PLUGIN = HERE / "plugin"
+sys.path[:0] = [str(HERE), str(PLUGIN)]
+PROGRAMS.register(TOY, "toy_federated_program:PROGRAM")
+TOY_PYTHONPATH = f"{REPO}:{HERE}:{PLUGIN}"
 
 
 @pytest.fixture
@@ -25,8 +29,7 @@ def toy_run_config(tmp_path):
 
     def make(config: dict | None = None, **entries) -> dict:
         return {
-            "server-factory": f"{TOY}:make_server",
-            "client-factory": f"{TOY}:make_client",
+            "program": TOY,
             "config": config_entry({"out": str(tmp_path / "records.jsonl"), **(config or {})}),
             **entries,
         }

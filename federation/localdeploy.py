@@ -11,7 +11,7 @@ environment (Linux: read from ``/proc``), and waits until they are gone.
 Example::
 
     with LocalDeployment(tmp / "fed", ["a", "b"], env={"PYTHONPATH": ...}) as deployment:
-        run_id = deployment.launch({"server-factory": "pkg.mod:make_server", "client-factory": "pkg.mod:make_client"})
+        run_id = deployment.launch({"program": "geofm", "config": config_entry(tree)})
         run = deployment.wait(run_id)          # the run's record from `flwr ls`
         assert run["status"] == "finished:completed", deployment.logs(run_id)
 """
@@ -29,8 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from geofm.errors import FederatedRunError
-from pretrain.federated.deploy import (
+from federation.deploy import (
     ACTIVATION_RETRY_S,
     APP_DIR,
     DEFAULT_CONNECTION,
@@ -46,8 +45,9 @@ from pretrain.federated.deploy import (
     write_node_keys,
     write_run_config,
 )
-from pretrain.federated.processes import PROCESS_GROUP_ENV, marked_processes, start_time
-from pretrain.federated.runtime import DATA_ROOT, INSTITUTION, Scalar
+from federation.processes import PROCESS_GROUP_ENV, marked_processes, start_time
+from federation.runtime import DATA_ROOT, INSTITUTION, Scalar
+from geofm.errors import FederatedRunError
 
 MARKER = "GEOFM_LOCAL_DEPLOYMENT"
 HOST = "127.0.0.1"

@@ -8,20 +8,21 @@ import math
 import numpy as np
 import pytest
 
-from geofm.errors import ConfigError, FederatedRunError
-from pretrain.federated.runtime import (
+from federation.runtime import (
+    PROGRAMS,
     Failure,
     Plan,
     Reply,
     RoundTimer,
     client_program,
     config_entry,
-    load_object,
     node_identity,
     program_config,
+    program_of,
     run_server,
     select_nodes,
 )
+from geofm.errors import ConfigError, FederatedRunError
 
 
 class Server:
@@ -149,16 +150,20 @@ def test_node_identity_in_deployment_and_simulation():
         node_identity({}, {})
 
 
-def test_factories_load_by_import_path_and_client_programs_are_built_once_per_process():
-    assert load_object("numpy:uint8", "x") is np.uint8
-    for path, message in [
-        ("numpy.uint8", "expected 'package.module:function'"),
-        ("nope_mod:f", "cannot import"),
-        ("numpy:nope", "has no attribute 'nope'"),
-    ]:
-        with pytest.raises(ConfigError, match=message):
-            load_object(path, "server-factory")
-    run_config = {"client-factory": "toy_federated_program:make_client"}
+def test_programs_load_by_registered_name_and_client_programs_are_built_once_per_process():
+    import toy_federated_program as toy
+
+    assert program_of({"program": "toy"}) is toy.PROGRAM
+    assert program_of({"program": "geofm"}).make_server.__module__ == "federation.program"
+    with pytest.raises(ConfigError, match="unknown federated program 'tyo'; did you mean 'toy'"):
+        program_of({"program": "tyo"})
+    PROGRAMS.register("not-a-program", "numpy:uint8")
+    with pytest.raises(ConfigError, match="'not-a-program' lacks make_server and make_client"):
+        program_of({"program": "not-a-program"})
+    old = {"server-factory": "toy_federated_program:make_server", "client-factory": "toy_federated_program:make_client"}
+    with pytest.raises(ConfigError, match="no longer import factories by path; set 'program' to a registered program"):
+        program_of(old)
+    run_config = {"program": "toy"}
     first = client_program(run_config, {"institution": "a"})
     assert client_program(run_config, {"institution": "a"}) is first
     assert client_program(run_config, {"institution": "b"}) is not first

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from federation.runtime import Program, program_config
 from geofm.errors import GeoFMError
-from pretrain.federated.runtime import program_config
 
 BITS = np.array([0, 1, 127, 128, 254, 255], dtype=np.uint8)
 DEFAULTS = {
@@ -150,3 +150,6 @@ def make_client(run_config: dict, node_config: dict) -> ToyClient:
 
 def read_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+PROGRAM = Program(make_server, make_client)

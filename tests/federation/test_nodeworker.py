@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from pretrain.federated.nodeworker import NodeWorker
+from federation.nodeworker import NodeWorker
 
 
 def test_a_node_worker_keeps_the_client_program_between_messages_and_ends_with_its_supernode(

@@ -35,8 +35,8 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
 
+from federation.runtime import Scalar, client_program
 from geofm.errors import FederatedRunError
-from pretrain.federated.runtime import Scalar, client_program
 
 STALE_S = 2 * 86_400.0
 """Files of workers that ended without cleaning up (killed) are removed after this long."""
@@ -61,8 +61,8 @@ class NodeWorker:
 
     Args:
         run_id: the run, so that two runs never share a client program.
-        run_config: the run config, as the client program's factory takes it.
-        node_config: the node's config, as the client program's factory takes it.
+        run_config: the run config, as the registered program builds its client from it.
+        node_config: the node's config, as the registered program builds its client from it.
         supernode_pid: the process whose end ends the worker (the SuperNode that started this ClientApp).
     """
 

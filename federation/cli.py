@@ -1,14 +1,14 @@
-"""``geofm fed``: federated pretraining on Flower, registered with the geofm command line through an entry point.
+"""``geofm fed``: federated training on Flower, registered with the geofm command line through an entry point.
 
-``geofm fed simulate``  runs a federated pretraining config on this machine (Flower's simulation
+``geofm fed simulate``  runs a federated config on this machine (Flower's simulation
                         engine, one simulated SuperNode per institution);
 ``geofm fed certs``     writes a deployment's certificates, SuperNode keys and CLI connection, then
                         prints its commands;
 ``geofm fed commands``  prints those commands again for a folder ``geofm fed certs`` wrote;
 ``geofm fed launch``    starts a run on a deployment's SuperLink and follows it to its final status.
 
-The federated pretraining program is the default; ``--server-factory``/``--client-factory`` run
-another program written for the same runtime (:mod:`pretrain.federated.runtime`).
+The built-in program (``geofm``: the config's task, algorithm and partition) is the default;
+``--program`` runs another program registered for the same runtime (:mod:`federation.runtime`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from geofm.config.base import read_config_tree
-from geofm.errors import ConfigError
-from pretrain.federated.deploy import (
+from federation.deploy import (
     ACTIVATION_RETRY_S,
     DEFAULT_CONNECTION,
     DEFAULT_PORT,
@@ -29,12 +27,12 @@ from pretrain.federated.deploy import (
     run_supernode,
     write_deployment_files,
 )
-from pretrain.federated.runtime import CLIENT_FACTORY, CONFIG, INSTITUTIONS, SERVER_FACTORY, Scalar, config_entry
+from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, Scalar, config_entry
+from geofm.config.base import read_config_tree
+from geofm.errors import ConfigError
 
-PROGRAM = {
-    SERVER_FACTORY: "pretrain.federated.program:make_server",
-    CLIENT_FACTORY: "pretrain.federated.program:make_client",
-}
+BUILT_IN = "geofm"
+"""The registered program that runs a config's task, algorithm and partition."""
 
 EXAMPLES = """\
 examples:
@@ -149,8 +147,12 @@ def _names(text: str) -> list[str]:
 def _add_program_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, type=Path, help="YAML config, e.g. configs/federated/*.yaml")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="override config values")
-    parser.add_argument("--server-factory", metavar="MODULE:FUNCTION", help="another program's ServerProgram factory")
-    parser.add_argument("--client-factory", metavar="MODULE:FUNCTION", help="another program's ClientProgram factory")
+    parser.add_argument(
+        "--program",
+        default=BUILT_IN,
+        metavar="NAME",
+        help=f"a registered federated program (default {BUILT_IN}: the config's task, algorithm and partition)",
+    )
 
 
 def _add_data_roots(parser: argparse.ArgumentParser) -> None:
@@ -164,19 +166,15 @@ def _add_data_roots(parser: argparse.ArgumentParser) -> None:
 
 
 def program_run_config(args: argparse.Namespace) -> dict[str, Scalar]:
-    """The run config of a command's program: its factories and its config (checked now, not on the nodes)."""
+    """The run config of a command's program: its name and its config (checked now, not on the nodes)."""
     tree = read_config_tree(args.config, args.overrides)
-    if bool(args.server_factory) != bool(args.client_factory):
-        raise ConfigError("--server-factory and --client-factory go together")
-    if args.server_factory:
-        run_config = {SERVER_FACTORY: args.server_factory, CLIENT_FACTORY: args.client_factory}
-        names = getattr(args, "institutions", None) or []
-    else:
+    if args.program == BUILT_IN:
         from geofm.config.federated import FederatedConfig
 
-        run_config = dict(PROGRAM)
         names = FederatedConfig.from_tree(tree, str(args.config)).client_names
-    return {**run_config, CONFIG: config_entry(tree), INSTITUTIONS: ",".join(names)}
+    else:
+        names = getattr(args, "institutions", None) or []
+    return {PROGRAM: args.program, CONFIG: config_entry(tree), INSTITUTIONS: ",".join(names)}
 
 
 def _data_roots(items: list[str]) -> dict[str, str]:
@@ -191,7 +189,7 @@ def _data_roots(items: list[str]) -> dict[str, str]:
 
 def _simulate(args: argparse.Namespace) -> None:
     run_config = program_run_config(args)
-    from pretrain.federated.flower import simulate  # imports flwr and torch: only once the config is valid
+    from federation.flower import simulate  # imports flwr and torch: only once the config is valid
 
     if not run_config[INSTITUTIONS]:
         raise ConfigError("--institutions names the simulated nodes of another program")

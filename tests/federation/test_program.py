@@ -13,15 +13,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
+from federation.client import FederatedClient
+from federation.program import client_shares, local_config, round_lr
+from federation.runtime import Failure, Reply, run_server
+from federation.server import FederatedServer
 from geofm.checkpoints import inspect_checkpoint
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError, DatasetNotFoundError, FederatedRunError
 from geofm.federated.codec import Codec
-from pretrain.federated.program import FederatedClient, FederatedServer, client_shares, local_config, round_lr
-from pretrain.federated.runtime import Failure, Reply, run_server
+from geofm.tasks import TASKS
 
 
 class InProcess:
@@ -107,6 +111,21 @@ def test_a_stopped_server_resumes_to_the_same_result(fed_tree, caplog):
     assert b[1]["downlink_bytes"] < a[0]["downlink_bytes"] / 3, "8-bit changes travel down from round 2 on"
     wa, wb = load_file(straight / "backbone.safetensors"), load_file(resumed / "backbone.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "the resumed run ends with the same weights"
+
+
+def test_a_run_written_before_configs_named_a_task_resumes_and_a_changed_task_is_refused(fed_tree, caplog):
+    """The checkpoint layout is unchanged; a saved config without ``task`` was masked image modelling."""
+    first = _run(fed_tree("old", federation={"rounds": 2, "stop_after_rounds": 1}))
+    saved = yaml.safe_load((first / "config.yaml").read_text())
+    del saved["task"]  # as the previous version wrote it
+    (first / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    TASKS.register("mim_again", "pretrain.task:MaskedImageModelling")
+    with pytest.raises(ConfigError, match="task"):
+        _run({**fed_tree("old", federation={"rounds": 2}), "task": "mim_again"})
+    with caplog.at_level("INFO", logger="geofm.federated"):
+        _run(fed_tree("old", federation={"rounds": 2}))
+    assert "after round 1" in caplog.text
+    assert [r["round"] for r in _rounds(first)] == [1, 2] and (first / "backbone.safetensors").exists()
 
 
 class _LastFirst(InProcess):

@@ -5,7 +5,7 @@ IP, a certificate authority, the SuperLink's TLS certificate and key, one EC P-3
 institution in OpenSSH format (SuperNode authentication) and the Flower CLI's connection
 (``flwr-home/config.toml``). :func:`deployment_commands` spells out every command of a
 deployment; the same argument lists start the processes of
-:class:`~pretrain.federated.localdeploy.LocalDeployment`.
+:class:`~federation.localdeploy.LocalDeployment`.
 
 Layout of the output folder, which must lie outside any git work tree (or be ignored by git), so
 that no ``git add -A`` publishes a private key::
@@ -44,9 +44,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from federation.processes import kill_marked
+from federation.runtime import DATA_ROOT, INSTITUTION, Scalar
 from geofm.errors import ConfigError, FederatedRunError
-from pretrain.federated.processes import kill_marked
-from pretrain.federated.runtime import DATA_ROOT, INSTITUTION, Scalar
 
 APP_DIR = Path(__file__).parent / "app"
 """The Flower App submitted by ``flwr run``: its components are this package's ServerApp and ClientApp."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -15,16 +16,16 @@ import pytest
 import toy_federated_program as toy
 import yaml
 
-from geofm.errors import ConfigError, FederatedRunError
-from pretrain.federated.deploy import APP_DIR
-from pretrain.federated.flower import (
+from federation.deploy import APP_DIR
+from federation.flower import (
     GridTransport,
     from_array_record,
     simulate,
     to_array_record,
     to_config_record,
 )
-from pretrain.federated.runtime import INSTITUTION, RUN_CONFIG_DEFAULTS, load_object
+from federation.runtime import INSTITUTION, PROGRAMS, RUN_CONFIG_DEFAULTS
+from geofm.errors import ConfigError, FederatedRunError
 
 
 def test_array_records_keep_dtype_shape_and_bits_exactly():
@@ -54,8 +55,10 @@ def test_flower_app_names_the_adapter_components_and_declares_every_run_config_k
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
 
-    assert isinstance(load_object(app["components"]["serverapp"], "serverapp"), ServerApp)
-    assert isinstance(load_object(app["components"]["clientapp"], "clientapp"), ClientApp)
+    for name, kind in (("serverapp", ServerApp), ("clientapp", ClientApp)):
+        module, attribute = app["components"][name].split(":")
+        assert isinstance(getattr(importlib.import_module(module), attribute), kind)
+    assert "geofm" in PROGRAMS
 
 
 def test_simulation_rounds_keep_bits_and_client_state_and_go_on_past_a_failing_client(tmp_path, toy_run_config):
@@ -94,8 +97,10 @@ def test_simulation_checks_its_arguments_before_starting(toy_run_config):
         simulate(toy_run_config(institutions="a,b"), num_nodes=3)
     with pytest.raises(ConfigError, match=r"unknown keys \['rounds'\]"):
         simulate({**toy_run_config(), "rounds": 2}, num_nodes=1)
-    with pytest.raises(ConfigError, match="run config 'client-factory': cannot import module 'nope'"):
-        simulate({**toy_run_config(), "client-factory": "nope:make"}, num_nodes=1)
+    with pytest.raises(ConfigError, match="unknown federated program 'nope'"):
+        simulate({**toy_run_config(), "program": "nope"}, num_nodes=1)
+    with pytest.raises(ConfigError, match="run config 'client-factory': nodes no longer import factories by path"):
+        simulate({**toy_run_config(), "client-factory": "toy_federated_program:make_client"}, num_nodes=1)
 
 
 @pytest.mark.parametrize(
@@ -109,7 +114,7 @@ def test_a_failing_client_replies_with_an_error_and_logs_bad_input_in_one_line(
 ):
     from flwr.app import ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
 
-    from pretrain.federated.flower import ARRAYS, SCALARS, _client_reply
+    from federation.flower import ARRAYS, SCALARS, _client_reply
 
     run_config = toy_run_config({failure: "b@1"})
     context = Context(run_id=1, node_id=7, node_config={INSTITUTION: "b"}, state=RecordDict(), run_config=run_config)
@@ -128,9 +133,9 @@ def test_a_failing_client_replies_with_an_error_and_logs_bad_input_in_one_line(
     message = Message(RecordDict({ARRAYS: arrays, SCALARS: scalars}), metadata=metadata)
     supernode = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])  # the worker's watch
     monkeypatch.setenv("PYTHONPATH", toy_pythonpath)
-    monkeypatch.setattr("pretrain.federated.flower.os.getppid", lambda: supernode.pid)
+    monkeypatch.setattr("federation.flower.os.getppid", lambda: supernode.pid)
     try:
-        with caplog.at_level("INFO", logger="pretrain.federated"):
+        with caplog.at_level("INFO", logger="federation"):
             reply = _client_reply(message, context, {}, node_worker)
     finally:
         supernode.kill()
@@ -187,15 +192,14 @@ def test_a_simulation_killed_with_sigkill_leaves_no_ray_process_and_no_ray_folde
     import tempfile
     import time
 
-    from pretrain.federated.flower import SIMULATION_MARKER
-    from pretrain.federated.processes import start_time
+    from federation.flower import SIMULATION_MARKER
+    from federation.processes import start_time
 
     short_tmp = Path(tempfile.mkdtemp(prefix="gt", dir="/tmp"))  # Ray's socket paths must stay short
     out = tmp_path / "records.jsonl"
     config = tmp_path / "toy.yaml"
     config.write_text(yaml.safe_dump({"rounds": 3, "out": str(out), "hang": "b@2", "round_timeout_s": 600.0}))
-    factories = ["--server-factory", f"{toy.__name__}:make_server", "--client-factory", f"{toy.__name__}:make_client"]
-    command = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), *factories]
+    command = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), "--program", "toy"]
     env = {**os.environ, "PYTHONPATH": toy_pythonpath, "TMPDIR": str(short_tmp)}
     main = subprocess.Popen([*command, "--institutions", "a,b", "--num-cpus", "2"], env=env)
     try:

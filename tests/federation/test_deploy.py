@@ -17,16 +17,16 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key, l
 from flwr.cli.flower_config import parse_superlink_connection
 from flwr.common.config import parse_config_args
 
-from geofm.errors import ConfigError
-from pretrain.federated.cli import program_run_config, register
-from pretrain.federated.deploy import (
+from federation.cli import program_run_config, register
+from federation.deploy import (
     deployment_commands,
     format_config_values,
     run_supernode,
     write_deployment_files,
 )
-from pretrain.federated.processes import is_zombie
-from pretrain.federated.runtime import config_entry
+from federation.processes import is_zombie
+from federation.runtime import config_entry
+from geofm.errors import ConfigError
 
 
 def test_files_hold_a_ca_signed_superlink_certificate_p384_openssh_keys_and_the_cli_connection(tmp_path):
@@ -129,10 +129,8 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
             "simulate",
             "--config",
             str(config),
-            "--server-factory",
-            "m:s",
-            "--client-factory",
-            "m:c",
+            "--program",
+            "toy",
             "--institutions",
             "a,b",
             "name=a b",
@@ -141,8 +139,7 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
     )
     assert args.handler.__name__ == "_simulate"
     assert program_run_config(args) == {
-        "server-factory": "m:s",
-        "client-factory": "m:c",
+        "program": "toy",
         "institutions": "a,b",
         "config": config_entry({"rounds": 4, "name": "a b"}),
     }

@@ -1,9 +1,9 @@
-"""Flower adapter: runs any federated program of :mod:`pretrain.federated.runtime` on Flower's Message API.
+"""Flower adapter: runs any federated program of :mod:`federation.runtime` on Flower's Message API.
 
 The only module of the project that imports ``flwr``. It provides
 
 - ``server_app`` and ``client_app``, the components the shipped Flower App names
-  (``pretrain/federated/app/pyproject.toml``) for deployment with ``flwr run``: their run config
+  (``federation/app/pyproject.toml``) for deployment with ``flwr run``: their run config
   comes from Flower (the App's defaults fused with ``flwr run --run-config`` overrides);
 - :func:`build_server_app` / :func:`build_client_app` for apps bound to a run config given in Python;
 - :func:`simulate`, which runs both on one machine with Flower's simulation engine (Ray).
@@ -11,7 +11,7 @@ The only module of the project that imports ``flwr``. It provides
 Messages carry a payload as two records: ``arrays`` (an ArrayRecord of numpy arrays, dtypes kept
 exactly: uint8 stays uint8) and ``scalars`` (a ConfigRecord). The server asks each new node for its
 identity with a ``query`` message and sends work with ``train`` messages; the round loop itself is
-:func:`pretrain.federated.runtime.run_server`. A client's per-node state lives in the ClientApp's
+:func:`federation.runtime.run_server`. A client's per-node state lives in the ClientApp's
 ``context.state`` under :data:`STATE_KEY`; Flower keeps it between messages of a run, in the
 simulation engine and on a SuperNode (which starts a fresh ClientApp process per message).
 """
@@ -35,15 +35,11 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from geofm import PROJECT_LOGGERS
-from geofm.errors import ConfigError, FederatedRunError, GeoFMError
-from pretrain.federated.nodeworker import NodeWorker
-from pretrain.federated.processes import PROCESS_GROUP_ENV, kill_marked, start_watchdog
-from pretrain.federated.runtime import (
-    CLIENT_FACTORY,
+from federation.nodeworker import NodeWorker
+from federation.processes import PROCESS_GROUP_ENV, kill_marked, start_watchdog
+from federation.runtime import (
     INSTITUTION,
     RUN_CONFIG_DEFAULTS,
-    SERVER_FACTORY,
     Arrays,
     ClientProgram,
     Failure,
@@ -52,17 +48,19 @@ from pretrain.federated.runtime import (
     Scalar,
     client_program,
     institutions,
-    load_object,
     make_server_program,
     node_identity,
+    program_of,
     run_server,
 )
+from geofm import PROJECT_LOGGERS
+from geofm.errors import ConfigError, FederatedRunError, GeoFMError
 
 ARRAYS = "arrays"
 SCALARS = "scalars"
 STATE_KEY = "geofm-client-state"
 SIMULATION_MARKER = "GEOFM_SIMULATION"
-"""Environment variable marking a simulation's Ray processes (see :mod:`pretrain.federated.processes`)."""
+"""Environment variable marking a simulation's Ray processes (see :mod:`federation.processes`)."""
 PULL_INTERVAL_S = 0.2
 """How often the server asks the SuperLink for replies while a round runs."""
 _ERROR_NAMES = {code: name.lower().replace("_", " ") for name, code in vars(ErrorCode).items() if name.isupper()}
@@ -108,7 +106,7 @@ def _content(payload: Payload, what: str) -> RecordDict:
 
 
 class GridTransport:
-    """The runtime's :class:`~pretrain.federated.runtime.Transport` over a Flower Grid."""
+    """The runtime's :class:`~federation.runtime.Transport` over a Flower Grid."""
 
     def __init__(self, grid: Grid) -> None:
         self.grid = grid
@@ -206,7 +204,7 @@ def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar
     """Answer a query (identity) or train message with the node's client program.
 
     With ``node_worker`` (deployed nodes, where each message is a fresh process) the program runs
-    in the node's long-lived worker (:mod:`pretrain.federated.nodeworker`); otherwise (simulation,
+    in the node's long-lived worker (:mod:`federation.nodeworker`); otherwise (simulation,
     whose node processes live for the run) in this process, built once.
 
     An exception becomes an error reply whose reason names the institution and the exception; the
@@ -338,7 +336,7 @@ def simulate(
     position ``i`` of the ``institutions`` run-config entry.
 
     Args:
-        run_config: the run config (see :mod:`pretrain.federated.runtime`); keys left out take
+        run_config: the run config (see :mod:`federation.runtime`); keys left out take
             their defaults.
         num_nodes: simulated SuperNodes; default: one per name in ``institutions``.
         cpus_per_node: CPU cores Ray reserves per running ClientApp (how many run at once).
@@ -351,11 +349,10 @@ def simulate(
         Exception: whatever the server program raised, e.g. FederatedRunError.
     """
     config = {**RUN_CONFIG_DEFAULTS, **run_config}
+    program_of(config)
     unknown = sorted(set(config) - set(RUN_CONFIG_DEFAULTS))
     if unknown:
         raise ConfigError(f"run config: unknown keys {unknown}; expected some of {sorted(RUN_CONFIG_DEFAULTS)}")
-    for key in (SERVER_FACTORY, CLIENT_FACTORY):
-        load_object(config[key], key)
     names = institutions(config)
     if num_nodes is None:
         num_nodes = len(names)

@@ -10,11 +10,11 @@ import torch
 import toy_federated_program as toy
 from safetensors.torch import load_file
 
-from pretrain.federated.cli import PROGRAM
-from pretrain.federated.deploy import COMPLETED, register_nodes
-from pretrain.federated.flower import simulate
-from pretrain.federated.localdeploy import LocalDeployment
-from pretrain.federated.runtime import CONFIG, INSTITUTIONS, config_entry
+from federation.cli import BUILT_IN
+from federation.deploy import COMPLETED, register_nodes
+from federation.flower import simulate
+from federation.localdeploy import LocalDeployment
+from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, config_entry
 
 
 def _alive(pids: set[int]) -> set[int]:
@@ -71,7 +71,7 @@ def test_fedsense_deployed_trains_each_institution_on_the_data_its_node_config_n
     tree["data"]["sources"] = [s for s in tree["data"]["sources"] if s["name"] != "uav_rgbn"]
     for source in tree["data"]["sources"][:2]:
         source["root"] = f"/nonexistent/{source['name']}"  # only each SuperNode's data-root knows the way
-    run_config = {**PROGRAM, CONFIG: config_entry(tree)}
+    run_config = {PROGRAM: BUILT_IN, CONFIG: config_entry(tree)}
     roots = {name: str(archive[name]) for name in ("aerial_rgb", "satellite_4band")}
     threads = {"OMP_NUM_THREADS": "1"}  # as Ray gives each simulated node
     with LocalDeployment(tmp_path / "fed", list(roots), data_roots=roots, env=threads) as deployment:
@@ -88,7 +88,7 @@ def test_fedsense_deployed_trains_each_institution_on_the_data_its_node_config_n
     simulated["run"]["output_dir"] = str(tmp_path / "simulated")
     for source in simulated["data"]["sources"][:2]:
         source["root"] = roots[source["name"]]
-    simulate({**PROGRAM, CONFIG: config_entry(simulated), INSTITUTIONS: ",".join(sorted(roots))}, num_cpus=2)
+    simulate({PROGRAM: BUILT_IN, CONFIG: config_entry(simulated), INSTITUTIONS: ",".join(sorted(roots))}, num_cpus=2)
     deployed, simulated = (load_file(tmp_path / name / "backbone.safetensors") for name in ("deployed", "simulated"))
     assert all(torch.equal(deployed[k], simulated[k]) for k in deployed), "deployed and simulated: the same model"
 

@@ -5,15 +5,16 @@ payloads: dicts of numpy arrays (uint8 packed bits, float32 tensors, int64 heade
 scalars. :func:`run_server` drives a server program over any :class:`Transport`: it waits for the
 nodes, learns who each one is (handshake), selects nodes every round, collects their replies with
 a timeout, retries a round that got too few, and stops the run with a :class:`FederatedRunError`
-when it cannot go on. The Flower adapter (``pretrain.federated.flower``) provides the transport
+when it cannot go on. The Flower adapter (``federation.flower``) provides the transport
 and runs the client programs; nothing here imports Flower.
 
-Both programs are built by factories named in the run config (``module:function`` import paths),
-so any algorithm runs on the same runtime:
+Both programs come from a :class:`Program` registered by name in :data:`PROGRAMS` (built in:
+``"geofm"``, :mod:`federation.program`; a plug-in adds one through the
+``geofm.federated_programs`` entry-point group), so any algorithm runs on the same runtime and a
+node imports only programs its installation registered. The run config's keys:
 
-``server-factory``
-    ``make_server(run_config) -> ServerProgram``
-``client-factory``
+``program``
+    the registered program's name; it builds ``make_server(run_config) -> ServerProgram`` and
     ``make_client(run_config, node_config) -> ClientProgram``
 ``config``
     the program's config as JSON text (a YAML file with its overrides applied, see
@@ -29,7 +30,6 @@ A node's config names its institution (``institution``, and e.g. ``data-root``):
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import math
@@ -37,24 +37,23 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
 from geofm.errors import ConfigError, FederatedRunError
+from geofm.registry import Registry
 
 Scalar = bool | int | float | str
 Arrays = dict[str, np.ndarray]
 Scalars = dict[str, Scalar]
 Payload = tuple[Arrays, Scalars]
 
-SERVER_FACTORY = "server-factory"
-CLIENT_FACTORY = "client-factory"
+PROGRAM = "program"
 CONFIG = "config"
 INSTITUTIONS = "institutions"
 RUN_CONFIG_DEFAULTS: dict[str, Scalar] = {
-    SERVER_FACTORY: "",
-    CLIENT_FACTORY: "",
+    PROGRAM: "geofm",
     CONFIG: "",
     INSTITUTIONS: "",
 }
@@ -185,18 +184,37 @@ class Plan:
         return cls(**{name: getattr(program, name) for name in names if hasattr(program, name)})
 
 
-def load_object(path: Scalar, key: str) -> Any:
-    """Import the object a run-config entry names as ``package.module:attribute``."""
-    if not isinstance(path, str) or path.count(":") != 1:
-        raise ConfigError(f"run config {key!r}: expected 'package.module:function', got {path!r}")
-    module_name, attribute = path.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(f"run config {key!r}: cannot import module {module_name!r} ({err})") from err
-    if not hasattr(module, attribute):
-        raise ConfigError(f"run config {key!r}: module {module_name!r} has no attribute {attribute!r}")
-    return getattr(module, attribute)
+class Program(NamedTuple):
+    """A federated program: how to build its server and a node's client from the run config."""
+
+    make_server: Callable[[dict[str, Scalar]], ServerProgram]
+    make_client: Callable[[dict[str, Scalar], dict[str, Scalar]], ClientProgram]
+
+
+PROGRAMS: Registry[Program] = Registry("federated program", "geofm.federated_programs")
+PROGRAMS.register("geofm", "federation.program:PROGRAM")
+
+RETIRED_KEYS = ("server-factory", "client-factory")
+"""Run-config keys of earlier versions, which named any importable factory."""
+
+
+def program_of(run_config: Mapping[str, Scalar]) -> Program:
+    """The registered program the run config's ``program`` entry names.
+
+    Raises:
+        ConfigError: the entry names no registered program (listing the nearest), or the run
+            config still uses the retired ``server-factory``/``client-factory`` keys.
+    """
+    retired = [key for key in RETIRED_KEYS if run_config.get(key)]
+    if retired:
+        raise ConfigError(
+            f"run config {', '.join(map(repr, retired))}: nodes no longer import factories by path; set "
+            f"{PROGRAM!r} to a registered program instead (registered: {', '.join(PROGRAMS.names())})"
+        )
+    program = PROGRAMS.get(str(run_config.get(PROGRAM, "") or ""))
+    if not all(callable(getattr(program, name, None)) for name in ("make_server", "make_client")):
+        raise ConfigError(f"federated program {run_config.get(PROGRAM)!r} lacks make_server and make_client")
+    return program
 
 
 def config_entry(tree: Mapping[str, Any]) -> str:
@@ -228,7 +246,7 @@ def institutions(run_config: Mapping[str, Scalar]) -> list[str]:
 
 
 def node_identity(node_config: Mapping[str, Scalar], run_config: Mapping[str, Scalar]) -> Scalars:
-    """The node config a client factory sees, with ``institution`` always set.
+    """The node config a client program is built with, with ``institution`` always set.
 
     A deployed SuperNode names its institution itself (``--node-config 'institution="a" ...'``); a
     simulated node has only ``partition-id`` and ``num-partitions`` and takes the name at that
@@ -253,8 +271,8 @@ def node_identity(node_config: Mapping[str, Scalar], run_config: Mapping[str, Sc
 
 
 def make_server_program(run_config: Mapping[str, Scalar]) -> ServerProgram:
-    """Build the server program with the factory the run config names."""
-    return load_object(run_config.get(SERVER_FACTORY, ""), SERVER_FACTORY)(dict(run_config))
+    """Build the server program of the registered program the run config names."""
+    return program_of(run_config).make_server(dict(run_config))
 
 
 _client_programs: dict[tuple, ClientProgram] = {}
@@ -264,8 +282,7 @@ def client_program(run_config: Mapping[str, Scalar], node_config: Mapping[str, S
     """The client program for this run and node, built on first use and kept for the process's lifetime."""
     key = (tuple(sorted(run_config.items())), tuple(sorted(node_config.items())))
     if key not in _client_programs:
-        factory = load_object(run_config.get(CLIENT_FACTORY, ""), CLIENT_FACTORY)
-        _client_programs[key] = factory(dict(run_config), dict(node_config))
+        _client_programs[key] = program_of(run_config).make_client(dict(run_config), dict(node_config))
     return _client_programs[key]
 
 

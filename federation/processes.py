@@ -5,7 +5,7 @@ processes (raylet, GCS, agents, actors) all inherit the environment of whoever s
 several rename themselves (``ray::DashboardAgent``): a ``NAME=TOKEN`` variable set before they
 start finds every one of them in ``/proc/PID/environ``, whatever they are called now.
 
-Run as ``python -m pretrain.federated.processes --watch-pid PID --marker NAME --token TOKEN
+Run as ``python -m federation.processes --watch-pid PID --marker NAME --token TOKEN
 [--remove DIR]``, it is a watchdog: once process PID has exited, however it ended (``kill -9``
 included), it kills the marked processes and removes DIR.
 """

@@ -1,0 +1,333 @@
+"""A federated program's server: selects clients, combines their uploads, guides, logs, checkpoints, exports."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import random
+import time
+
+import torch
+
+from federation.program import build_task, federated_inputs, round_lr, stable_id
+from federation.runtime import Arrays, Failure, Reply, Scalars
+from geofm import engine as ds
+from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
+from geofm.config import config_to_dict
+from geofm.config.federated import FederatedConfig
+from geofm.errors import GeoFMError
+from geofm.federated.aggregation import RoundAggregate, Upload
+from geofm.federated.algorithms import FedAvg, build_algorithm
+from geofm.federated.flat import ParameterLayout
+from geofm.federated.similarity import distill_similarity
+from geofm.runlog import MetricsLog, plot_rounds
+from geofm.training import Progress, RunCheckpoints, check_inputs, check_resume
+
+log = logging.getLogger("geofm.federated")
+
+ROUNDS_LOG = "rounds.jsonl"
+FEDERATED_INVARIANTS = (
+    "task",
+    "federation.partition",
+    "federation.clients",
+    "federation.public_sources",
+    "algorithm",
+)
+"""Keys a resumed run keeps, besides its task's own (``resume_invariants``)."""
+FEDERATED_SCHEDULE = (
+    "federation.rounds",
+    "train.base_lr",
+    "train.lr_reference_batch",
+    "train.lr_schedule",
+    "train.warmup_rounds",
+    "train.min_lr_ratio",
+    "train.local_epochs",
+    "train.local_steps",
+)
+
+
+def saved_config(tree: dict | None) -> dict | None:
+    """A checkpoint's saved config, with the ``task`` of runs written before configs named one (they all pretrained)."""
+    if tree is None or "task" in tree:
+        return tree
+    return {**tree, "task": FederatedConfig.model_fields["task"].default}
+
+
+class FederatedServer:
+    """The server of a federated run: selection, aggregation, guidance, logs, checkpoints."""
+
+    def __init__(self, cfg: FederatedConfig) -> None:
+        self.cfg = cfg
+        fed = cfg.federation
+        self.min_clients = fed.min_clients
+        self.fraction = fed.fraction
+        self.round_timeout_s = fed.round_timeout_s
+        self.expected_clients = cfg.num_clients
+        self.connect_timeout_s = fed.connect_timeout_s
+        self.round_retries = fed.round_retries
+        self.run_dir = cfg.run.output_dir
+        check_inputs(federated_inputs(cfg), "the run's config")
+        self.checkpoints = RunCheckpoints(self.run_dir, cfg.run.keep_checkpoints, rank=0, unit="round")
+        self.clients: dict[int, tuple[str, int]] = {}  # node id -> (institution, examples)
+        self._round_started, self._round_downlink = time.perf_counter(), 0
+
+        # The server decodes, averages and sketches model-sized CPU vectors every round: keeping
+        # freed memory spares it faulting them in afresh (about a quarter of its per-client cost).
+        ds.keep_freed_memory()
+        torch.manual_seed(cfg.run.seed)
+        self.task = build_task(cfg)
+        self.model = self.task.build_model()
+        self.layout = ParameterLayout.of(self.model)
+        self.global_model = self.layout.flatten_module(self.model)
+        self.algorithm: FedAvg = build_algorithm(cfg.algorithm, self.global_model.numel(), fed.declared_examples)
+        self.recent_norms: list[list[float]] = []  # accepted update norms of the last rounds, newest last
+        self.reference: torch.Tensor | None = None  # the clients' copy under a compressed downlink
+        self.synced: dict[str, int] = {}  # institution -> round of the reference it holds
+        self.distill_optimizer = torch.optim.AdamW(
+            self.task.distilled_parameters(self.model), lr=cfg.algorithm.distill_lr
+        )
+        self.done = self._resume()
+        self.checkpoints.start(cfg)
+        stop = fed.stop_after_rounds
+        self.num_rounds = fed.rounds if stop is None else min(fed.rounds, self.done + stop)
+        if self.done < self.num_rounds < fed.rounds:
+            log.info(
+                "this invocation runs rounds %d-%d of %d (federation.stop_after_rounds=%d counts from where it "
+                "resumes); rerun to continue",
+                self.done + 1,
+                self.num_rounds,
+                fed.rounds,
+                stop,
+            )
+        self.rounds_log = MetricsLog(self.run_dir / ROUNDS_LOG, resume_step=self.done, key="round")
+
+    # ---- plan --------------------------------------------------------------------------
+    def start_round(self) -> int:
+        return self.done + 1
+
+    def register(self, node_id: int, identity: Scalars) -> None:
+        self.clients[node_id] = (str(identity["client"]), int(identity["num_examples"]))
+
+    def select(self, rnd: int, attempt: int, node_ids: list[int]) -> list[int]:
+        """A seeded ``fraction`` of the institutions, by name, so that a restarted run selects the same ones."""
+        by_name = sorted(node_ids, key=lambda node: self.clients[node][0])
+        count = min(len(by_name), max(self.min_clients, math.ceil(self.fraction * len(by_name))))
+        return random.Random(stable_id(self.cfg.run.seed, rnd, attempt)).sample(by_name, count)
+
+    # ---- rounds --------------------------------------------------------------------------
+    def configure(self, rnd: int, node_ids: list[int]) -> dict[int, tuple[Arrays, Scalars]]:
+        """The global model for each selected client, whole or as a quantised change to its copy."""
+        self._round_started = time.perf_counter()
+        lr = round_lr(self.cfg, rnd)
+        if self.cfg.algorithm.downlink.bits == 32:
+            whole = self.algorithm.downlink(self.global_model, None, torch.Generator())[0].to_arrays()
+            self._round_downlink = len(node_ids) * sum(a.nbytes for a in whole.values())
+            return {node: (whole, {"round": rnd, "lr": lr, "downlink": "model"}) for node in node_ids}
+        generator = torch.Generator().manual_seed(stable_id(self.cfg.run.seed, rnd, "downlink"))
+        previous = self.reference
+        change, self.reference = self.algorithm.downlink(self.global_model, previous, generator)
+        synced = {
+            node for node in node_ids if previous is not None and self.synced.get(self.clients[node][0]) == rnd - 1
+        }
+        # The whole model only for clients without the previous copy (first round, missed rounds).
+        whole = self.algorithm.downlink(self.reference, None, generator)[0] if len(synced) < len(node_ids) else None
+        payloads, nbytes = {}, 0
+        for node in node_ids:
+            packet, kind = (change, "change") if node in synced else (whole, "model")
+            payloads[node] = (packet.to_arrays(), {"round": rnd, "lr": lr, "downlink": kind, "reference_round": rnd})
+            nbytes += packet.nbytes
+        self._round_downlink = nbytes
+        return payloads
+
+    def aggregate(self, rnd: int, replies: list[Reply], failures: list[Failure]) -> None:
+        """Screen and combine the uploads, apply the server rule, log the round and checkpoint it."""
+        # In institution order, not arrival order: float sums and the clustering then give the same
+        # global model whichever client answers first.
+        replies = sorted(replies, key=lambda r: self.clients[r.node_id][0])
+        uploads = [Upload(self.clients[r.node_id][0], r.arrays, self.clients[r.node_id][1]) for r in replies]
+        aggregate = self.algorithm.screen(uploads, [norm for norms in self.recent_norms for norm in norms])
+        for rejection in aggregate.rejected:
+            log.warning("round %d: rejected the upload of %s: %s", rnd, rejection.client, rejection.reason)
+        for client, (claimed, counted) in aggregate.bounded.items():
+            log.warning("round %d: %s claims %d examples; weighted as %d", rnd, client, claimed, counted)
+        server_metrics: dict[str, float] = {}
+        discarded = None
+        if aggregate.update is not None:
+            optimizer_state = copy.deepcopy(self.algorithm.server_optimizer.state_dict())
+            outcome = self.algorithm.server_update(self.global_model, aggregate, self._distil(rnd))
+            discarded = non_finite_model(outcome.model, aggregate)
+            if discarded is None:
+                self.global_model, server_metrics = outcome.model, outcome.metrics
+                self.recent_norms = [*self.recent_norms, [a.norm for a in aggregate.accepted]]
+                self.recent_norms = self.recent_norms[-self.cfg.algorithm.norm_history_rounds :]
+            else:
+                self.algorithm.server_optimizer.load_state_dict(optimizer_state)
+                log.error("round %d: %s; the global model stays as it was", rnd, discarded)
+        else:
+            log.warning("round %d: no upload was accepted; the global model stays as it was", rnd)
+        accepted = {a.client for a in aggregate.accepted} if discarded is None else set()
+        if self.cfg.algorithm.downlink.bits != 32:
+            for reply in replies:
+                self.synced[self.clients[reply.node_id][0]] = rnd
+        # Keyed by the institution each node registered as, never by what a reply claims to be.
+        metrics = {self.clients[r.node_id][0]: r.metrics for r in replies if self.clients[r.node_id][0] in accepted}
+        weights = {a.client: w for a, w in zip(aggregate.accepted, aggregate.weights, strict=True)}
+        record = {
+            "round": rnd,
+            "clients": sorted(accepted),
+            **{
+                key: sum(weights[c] * float(m.get(key, "nan")) for c, m in metrics.items()) if metrics else None
+                for key in self.task.log_keys
+            },
+            **server_metrics,
+            "lr": round_lr(self.cfg, rnd),
+            "uplink_bytes": sum(sum(a.nbytes for a in r.arrays.values()) for r in replies),
+            "downlink_bytes": self._round_downlink,
+            "seconds": round(time.perf_counter() - self._round_started, 3),
+            "rejected": {r.client: r.reason for r in aggregate.rejected},
+            "bounded_examples": {c: {"claimed": a, "counted": b} for c, (a, b) in aggregate.bounded.items()},
+            **({"discarded": discarded} if discarded else {}),
+            "failed": {str(self.clients.get(f.node_id, (f.node_id,))[0]): f.reason for f in failures},
+            "feedback_resets": {c: m["feedback_reset"] for c, m in metrics.items() if m.get("feedback_reset")},
+        }
+        self.rounds_log.write(record)
+        for client, kind in record["feedback_resets"].items():
+            log.warning("round %d: %s reset its error-feedback buffer (%s)", rnd, client, kind)
+        losses = ", ".join(f"{k} {record[k]:.4f}" for k in self.task.log_keys) if metrics else "no update applied"
+        log.info(
+            "round %d/%d: %s, %d clients, up %.1f KiB, down %.1f KiB",
+            rnd,
+            self.cfg.federation.rounds,
+            losses,
+            len(accepted),
+            record["uplink_bytes"] / 1024,
+            record["downlink_bytes"] / 1024,
+        )
+        self._checkpoint(rnd)
+        plot_rounds(self.rounds_log.read(), self.run_dir / "rounds.png", self.run_dir.name)
+
+    def finish(self) -> None:
+        """Export the global backbone once the last round is done."""
+        if self.num_rounds < self.cfg.federation.rounds:
+            log.info("stopped after round %d of %d; rerun to resume", self.num_rounds, self.cfg.federation.rounds)
+            return
+        records = self.rounds_log.read()
+        final = (
+            {"round": records[-1]["round"], **{key: records[-1][key] for key in self.task.log_keys}}
+            if records
+            else None
+        )
+        up, down = sum(r["uplink_bytes"] for r in records), sum(r["downlink_bytes"] for r in records)
+        alg = self.cfg.algorithm
+        federation = {
+            "algorithm": alg.name,
+            "clients": self.cfg.client_names,
+            "partition": self.cfg.federation.partition,
+            "rounds": self.cfg.federation.rounds,
+            "uplink_bits": alg.uplink.bits,
+            "error_feedback": alg.uplink.error_feedback,
+            "downlink_bits": alg.downlink.bits,
+            "uplink_bytes": up,
+            "downlink_bytes": down,
+            "public_sources": list(self.cfg.federation.public_sources),
+        }
+        self.layout.assign(self.model, self.global_model)
+        self.task.export(self.model, self.run_dir, self.num_rounds, final, {"federation": federation})
+
+    # ---- server guidance -------------------------------------------------------------------
+    def _distil(self, rnd: int):
+        """FedSense's refinement: similarity distillation of the new global model on the public source."""
+        cfg = self.cfg
+        if not cfg.algorithm.distill_steps:
+            return None
+
+        def refine(model: torch.Tensor, groups: list[torch.Tensor], weights: list[float]) -> tuple[torch.Tensor, float]:
+            self.layout.assign(self.model, model)
+            self.model.eval()
+            params = [self.layout.unflatten(g) for g in groups]
+            loss = distill_similarity(
+                self.model,
+                params,
+                weights,
+                self.task.public_batches(rnd),
+                self.task.pooled_features,
+                self.distill_optimizer,
+                cfg.algorithm.distill_steps,
+            )
+            return self.layout.flatten_module(self.model), loss
+
+        return refine
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def _checkpoint(self, rnd: int) -> None:
+        self.layout.assign(self.model, self.global_model)
+        tag = self.checkpoints.tag(rnd)
+        folder = self.checkpoints.directory / tag
+        folder.mkdir(parents=True, exist_ok=True)
+        server = {
+            "round": rnd,
+            "distill_optimizer": self.distill_optimizer.state_dict(),
+            "reference": self.reference,
+            "synced": dict(self.synced),
+            "recent_norms": self.recent_norms,
+            "server_optimizer": self.algorithm.server_optimizer.state_dict(),
+        }
+        torch.save({"module": self.model.state_dict(), "server": server}, folder / DEEPSPEED_MODEL_STATES)
+        self.checkpoints.commit(tag, self._progress(rnd))
+
+    def _progress(self, rnd: int) -> Progress:
+        return Progress.of(rnd, self.cfg.federation.rounds, self.cfg.train, world_size=1)
+
+    def _resume(self) -> int:
+        """Load the last server checkpoint, if any; return the rounds it completed."""
+        progress = self.checkpoints.progress()
+        if progress is None:
+            return 0
+        check_resume(
+            self.run_dir,
+            saved_config(self.checkpoints.saved_config()),
+            config_to_dict(self.cfg),
+            progress,
+            invariants=(*self.task.resume_invariants, *FEDERATED_INVARIANTS),
+            schedule_keys=FEDERATED_SCHEDULE,
+            global_batch=self._progress(0).global_batch,
+            world_size=1,
+            zero_stage=0,
+            extend=False,
+        )
+        saved = load_training_file(self.checkpoints.latest() / DEEPSPEED_MODEL_STATES, "cpu", {})
+        self.model.load_state_dict(saved["module"])
+        self.global_model = self.layout.flatten_module(self.model)
+        server = saved["server"]
+        self.distill_optimizer.load_state_dict(server["distill_optimizer"])
+        self.reference, self.synced = server["reference"], dict(server["synced"])
+        self.recent_norms = server.get("recent_norms", [])
+        if "server_optimizer" in server:  # absent from checkpoints of older versions: a fresh state
+            self.algorithm.server_optimizer.load_state_dict(server["server_optimizer"])
+        if not bool(torch.isfinite(self.global_model).all()):
+            raise GeoFMError(
+                f"{self.checkpoints.latest().resolve()} holds a global model with non-finite values; "
+                "delete that checkpoint folder to resume from the one before it"
+            )
+        log.info("resumed from %s after round %d", self.checkpoints.latest().resolve(), progress.step)
+        return progress.step
+
+
+def non_finite_model(model: torch.Tensor, aggregate: RoundAggregate) -> str | None:
+    """Why a round's new global model cannot be kept (it holds NaN or Inf), naming the likely culprit; None if finite.
+
+    Every accepted update is finite on its own, so the culprit is the largest one: its values,
+    added to the model (or through the server's distillation), overflowed.
+    """
+    bad = int((~torch.isfinite(model)).sum())
+    if not bad:
+        return None
+    largest = max(aggregate.accepted, key=lambda a: float(a.update.abs().max()))
+    return (
+        f"the new global model holds {bad} NaN or Inf values; the largest accepted update was "
+        f"{largest.client}'s (max |value| {float(largest.update.abs().max()):.4g}, norm {largest.norm:.4g})"
+    )
+
+
+__all__ = ["FederatedServer", "non_finite_model", "saved_config"]

@@ -1,1 +1,0 @@
-"""Federated pretraining: a runtime contract for federated programs and its Flower adapter."""

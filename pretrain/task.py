@@ -1,0 +1,160 @@
+"""Masked image modelling (GFM, or SimMIM without a teacher) as a task a federated program runs.
+
+The federated program (:mod:`federation`) knows nothing of images or teachers: it builds this task
+from the run's config (registered as ``"mim"`` in :data:`geofm.tasks.TASKS`) and asks it for the
+model, a client's batches, the forward of one micro-batch, the server's public images and pooled
+features for similarity distillation, and the export at the end. Each piece is the one central
+pretraining uses (:mod:`pretrain.central`), so a federated client trains the very same objective.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from geofm import engine as ds
+from geofm.config import TeacherConfig, config_to_dict
+from geofm.config.federated import FederatedConfig
+from geofm.data.pile import PileSampler, PretrainPile
+from geofm.data.sources import list_images
+from geofm.models.backbones import patch_size_of
+from geofm.models.masking import MaskGenerator
+from geofm.models.mim import MaskedImageModel
+from geofm.models.teacher import FrozenTeacher, build_teacher
+from geofm.runlog import LOSS_KEYS
+from geofm.tasks import StepOutput
+from geofm.training import InputPath
+from pretrain.central import RESUME_INVARIANTS, build_student, export_student, prepare_models
+
+EPOCH_STRIDE = 100_003
+"""A sampler's epoch in round ``rnd`` is ``rnd * EPOCH_STRIDE + epoch``: every round draws its own order."""
+
+
+@functools.cache
+def _teacher(teacher_json: str, bands_json: str) -> FrozenTeacher:
+    """The frozen teacher, built once per process (clients sharing a simulation worker share it)."""
+    return build_teacher(TeacherConfig.model_validate(json.loads(teacher_json)), json.loads(bands_json))
+
+
+def frozen_teacher(cfg: FederatedConfig) -> FrozenTeacher | None:
+    """The run's frozen teacher (None for plain SimMIM), loaded from this machine's weights file."""
+    if cfg.teacher is None:
+        return None
+    return _teacher(
+        json.dumps(config_to_dict(cfg)["teacher"], sort_keys=True), json.dumps(cfg.data.teacher_band_indices)
+    )
+
+
+def share_pile(cfg: FederatedConfig, shares: list[list[Path]], mask_fn) -> PretrainPile:
+    """A pile over the sources that have files in ``shares``, with only those files."""
+    keep = [i for i, files in enumerate(shares) if files]
+    data = cfg.data.model_copy(update={"sources": [cfg.data.sources[i] for i in keep]})
+    return PretrainPile(data, cfg.model.img_size, mask_fn=mask_fn, files=[shares[i] for i in keep])
+
+
+def pooled_features(model: MaskedImageModel, images: torch.Tensor) -> torch.Tensor:
+    """Average-pooled final encoder features (p, d) of unmasked images: the similarity distillation's Z."""
+    features = model.encoder.forward_features(images)
+    return features.mean(dim=(1, 2)) if features.ndim == 4 else features[:, model.encoder.num_prefix_tokens :].mean(1)
+
+
+class MaskedImageModelling:
+    """The GFM/SimMIM objective on one machine's view of a federated run.
+
+    Args:
+        cfg: the run's config as this machine sees it (its own data and teacher paths).
+    """
+
+    log_keys = LOSS_KEYS
+    resume_invariants = RESUME_INVARIANTS
+
+    def __init__(self, cfg: FederatedConfig) -> None:
+        self.cfg = cfg
+        self.teacher: FrozenTeacher | None = None
+        self.device, self.dtype = ds.device(), ds.compute_dtype(cfg.train)
+
+    def inputs(self) -> list[InputPath]:
+        """The files a client reads besides its imagery: the teacher's weights."""
+        return [InputPath("teacher.checkpoint", self.cfg.teacher.checkpoint)] if self.cfg.teacher else []
+
+    def build_model(self, initial_weights: bool = True) -> MaskedImageModel:
+        """A fresh student; without ``initial_weights`` it skips ``model.init_checkpoint`` (a client overwrites it)."""
+        cfg = self.cfg
+        if not initial_weights:
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"init_checkpoint": None})})
+        return build_student(cfg)
+
+    def prepare(self, model: MaskedImageModel) -> None:
+        """Load the frozen teacher and move both models to this machine's device for training."""
+        self.teacher = frozen_teacher(self.cfg)
+        prepare_models(model, self.teacher, self.cfg, self.device)
+
+    def local_batches(self, shares: list[list[Path]], steps: int, rnd: int, seed: int) -> Iterator[list[dict]]:
+        """``steps`` local steps, each a list of micro-batches, drawn from ``shares`` in an order fixed by ``seed``."""
+        cfg = self.cfg
+        patch = patch_size_of(cfg.model.arch, cfg.model.timm_kwargs)
+        masks = MaskGenerator(cfg.model.img_size, cfg.masking.mask_patch_size, patch, cfg.masking.mask_ratio)
+        pile = share_pile(cfg, shares, masks)
+        micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
+        images = micro * accum
+        per_epoch = max(images, pile.samples_per_epoch // images * images)
+        sampler = PileSampler(pile.source_sizes, pile.weights, per_epoch, seed=seed)
+        done, epoch = 0, 0
+        while done < steps:
+            sampler.set_epoch(rnd * EPOCH_STRIDE + epoch)
+            loader = DataLoader(
+                pile, batch_size=micro, sampler=sampler, num_workers=cfg.data.num_workers, drop_last=True
+            )
+            batches = iter(loader)
+            for _ in range(per_epoch // images):
+                if done == steps:
+                    break
+                yield [next(batches) for _ in range(accum)]
+                done += 1
+            epoch += 1
+
+    def forward(self, model, batch: dict) -> StepOutput:
+        """The GFM losses of one micro-batch (``model`` is the training engine or the student itself)."""
+        images = batch["image"].to(self.device, self.dtype, non_blocking=True)
+        targets = self.teacher(images) if self.teacher is not None else None
+        losses = model(
+            images,
+            batch["mask"].to(self.device, non_blocking=True),
+            batch["valid"].to(self.device, non_blocking=True),
+            targets,
+        )
+        return StepOutput(losses)
+
+    def public_batches(self, rnd: int) -> Iterator[torch.Tensor]:
+        """Endless batches of the server's public images (``algorithm.distill_batch_size``), reshuffled per round."""
+        cfg = self.cfg
+        shares = [
+            list_images(s.root, s.pattern) if s.name in cfg.federation.public_sources else [] for s in cfg.data.sources
+        ]
+        pile = share_pile(cfg, shares, None)
+        p = cfg.algorithm.distill_batch_size
+        sampler = PileSampler(pile.source_sizes, pile.weights, max(p, pile.samples_per_epoch), seed=cfg.run.seed)
+        epoch = 0
+        while True:
+            sampler.set_epoch(rnd * EPOCH_STRIDE + epoch)
+            for batch in DataLoader(pile, batch_size=p, sampler=sampler, drop_last=True):
+                yield batch["image"]
+            epoch += 1
+
+    def distilled_parameters(self, model: MaskedImageModel):
+        """The parameters the server's similarity distillation trains: the encoder's."""
+        return model.encoder.parameters()
+
+    pooled_features = staticmethod(pooled_features)
+
+    def export(self, model: MaskedImageModel, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
+        """Write the student's backbone like a central run's, with ``extra`` in its sidecar."""
+        return export_student(self.cfg, model, run_dir, step, final, extra)
+
+
+__all__ = ["MaskedImageModelling", "frozen_teacher", "pooled_features", "share_pile"]
