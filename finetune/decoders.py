@@ -1,4 +1,4 @@
-"""Task heads on a backbone's features: UperNet for dense tasks, a ViT feature pyramid, a super-resolution head.
+"""Decoders on a backbone's features: UperNet for dense tasks, a ViT feature pyramid, a super-resolution decoder.
 
 UperNet is segmentation_models_pytorch's ``UPerNetDecoder`` and ``SegmentationHead``, fed by the
 backbone's own ``forward_intermediates`` instead of an smp encoder, so the backbone stays one plain
