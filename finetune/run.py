@@ -29,8 +29,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 from finetune.best import load_best_weights, read_best, restore_best, save_best, snapshot_best
 from finetune.evaluate import eval_record, evaluate, write_json
 from finetune.models import build_finetune_model
-from finetune.objective import batch_target, build_criterion, build_mixing, model_inputs
 from finetune.splits import build_split, describe_split
+from finetune.tasks import FinetuneTask, task_of
 from geofm import engine as ds
 from geofm.checkpoints import LoadReport
 from geofm.checkpoints.io import LAST_CHECKPOINT
@@ -86,15 +86,9 @@ def checkpoint_provenance(cfg: FinetuneConfig, report: LoadReport | None) -> dic
     }
 
 
-def train_micro_step(
-    engine, cfg: FinetuneConfig, criterion, mixing, batch: dict, dev: torch.device, dtype: torch.dtype
-):
-    """Forward and backward of one micro-batch; the engine steps the optimizer at accumulation boundaries."""
-    inputs = model_inputs(cfg.task, batch, dev, dtype)
-    target = batch_target(cfg.task, batch, dev)
-    if mixing is not None:
-        inputs[0], target = mixing(inputs[0], target)
-    loss = criterion(engine(*inputs).float(), target.float() if cfg.task in ("multilabel", "superres") else target)
+def train_micro_step(engine, task: FinetuneTask, batch: dict, dev: torch.device, dtype: torch.dtype):
+    """Forward (the task's) and backward of one micro-batch; the engine steps the optimizer at accumulation boundaries."""
+    loss = task.forward(engine, batch, dev, dtype).losses["loss"]
     engine.backward(loss)
     engine.step()
     return loss
@@ -153,7 +147,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
     groups = model.param_groups(cfg.train.weight_decay, opt.layer_decay)
     engine = ds.initialize(model, cfg.train, world, schedule, param_groups=groups)
     dtype = ds.compute_dtype(cfg.train)
-    criterion, mixing = build_criterion(cfg), build_mixing(cfg)
+    task = task_of(cfg)
     checkpoints.start(cfg)
 
     step, seconds_before = 0, 0.0
@@ -199,7 +193,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         if metrics is not None:
             metrics.write({"step": step, "epoch": epoch, "val": values})
             log.info("step %d (epoch %g): %s %s", step, epoch, opt.val_split, _format(values))
-        if best is None or values[metric] > best["value"]:
+        if best is None or task.improves(metric, values[metric], best["value"]):
             best = {"step": step, "epoch": epoch, "split": opt.val_split, "metric": metric, "value": values[metric]}
             best["metrics"] = values
             if rank == 0:
@@ -232,7 +226,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
                     torch.manual_seed(seed)
                     np.random.seed(seed % 2**32)  # timm's Mixup draws from numpy
                     for _ in range(accum):
-                        loss = train_micro_step(engine, cfg, criterion, mixing, next(batches), dev, dtype)
+                        loss = train_micro_step(engine, task, next(batches), dev, dtype)
                         interval.add({"loss": loss})
                         speed.add(micro * world)
                     step += 1

@@ -18,6 +18,11 @@ if TYPE_CHECKING:  # config validation reads the registry without importing torc
     from torch import Tensor
 
 TASKS: Registry = Registry("task", "geofm.tasks")
+TASKS.register("classification", "finetune.tasks.classification:Classification")
+TASKS.register("multilabel", "finetune.tasks.multilabel:Multilabel")
+TASKS.register("segmentation", "finetune.tasks.segmentation:Segmentation")
+TASKS.register("change", "finetune.tasks.change:Change")
+TASKS.register("superres", "finetune.tasks.superres:Superres")
 
 
 @dataclass
