@@ -171,10 +171,11 @@ def _report(args: argparse.Namespace) -> None:
 def _predict(args: argparse.Namespace) -> None:
     from finetune.predict import predict_scene
     from finetune.predictor import load_predictor
+    from geofm.config.finetune import finetune_task
     from geofm.errors import ConfigError
 
     predictor = load_predictor(args.model, args.tile)
-    if predictor.task == "change":
+    if len(finetune_task(predictor.task).inputs) == 2:
         if args.before is None or args.after is None or args.input is not None:
             raise ConfigError(
                 f"{args.model} is a change detection model: give --before A.tif and --after B.tif, not --input"

@@ -17,7 +17,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from finetune.best import load_finetuned
 from finetune.metrics import TaskMetrics
-from finetune.objective import batch_target, model_inputs
 from finetune.splits import build_split
 from geofm import engine as ds
 from geofm.config.finetune import FinetuneConfig, Split
@@ -54,9 +53,10 @@ def evaluate(
         pin_memory=device.type == "cuda",
     )
     metrics = TaskMetrics(cfg, device)
+    task = metrics.task
     for batch in loader:
-        outputs = model(*model_inputs(cfg.task, batch, device, dtype))
-        metrics.update(outputs, batch_target(cfg.task, batch, device))
+        outputs = model(*task.model_inputs(batch, device, dtype))
+        metrics.update(outputs, task.batch_target(batch, device))
     result = Evaluation(metrics.compute(), metrics.scored_pixels())
     model.train(was_training)
     return result

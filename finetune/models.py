@@ -1,4 +1,4 @@
-"""Finetuning models: a timm backbone under ``backbone`` with the head of a task family.
+"""Finetuning models: a timm backbone under ``backbone`` with a head of :data:`finetune.heads.HEADS`.
 
 Every model keeps the backbone as one plain timm model (its state dict is exactly what
 :mod:`geofm.checkpoints` loads and exports), exposes timm's ``group_matcher`` and
@@ -6,26 +6,28 @@ Every model keeps the backbone as one plain timm model (its state dict is exactl
 from timm's own ``param_groups_layer_decay``. Heads and decoders match none of the backbone's groups:
 timm puts them in the top group, at the full learning rate.
 
-==================  ==============================================================================
-``classification``  timm's own classifier (``reset_classifier``) on pooled features: logits (B, K)
-``multilabel``      the same, one logit per label
-``segmentation``    UperNet on features at strides 4-32: logits (B, K, H, W)
-``change``          one shared (siamese) backbone on both dates, per-scale ``|f1 - f2|``, UperNet
-``superres``        SimMIM-style decoder to the input resolution, then a PixelShuffle upsampler to the
-                    high-resolution side's bands, plus the upsampled input bands of the same names
-==================  ==============================================================================
+===================  =============================================================================
+``linear``           timm's own classifier (``reset_classifier``) on pooled features: logits (B, K)
+                     (classification; multilabel: one logit per label)
+``upernet``          UperNet on features at strides 4-32: logits (B, K, H, W) (segmentation)
+``siamese_upernet``  one shared backbone on both dates, per-scale ``|f1 - f2|``, UperNet (change)
+``pixel_shuffle``    SimMIM-style decoder to the input resolution, then a PixelShuffle upsampler to
+                     the high-resolution side's bands, plus the upsampled input bands of the same
+                     names (superres)
+===================  =============================================================================
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from timm.optim import param_groups_layer_decay
 from torch import Tensor, nn
 
-from finetune.heads import PYRAMID_STRIDES, SimpleFeaturePyramid, SuperresHead, UperNetHead
+from finetune.decoders import PYRAMID_STRIDES, SimpleFeaturePyramid, SuperresHead, UperNetHead
+from finetune.heads import HEADS
 from geofm.checkpoints import LoadReport, load_backbone_for_bands
 from geofm.checkpoints.convert import model_family
 from geofm.config.finetune import FinetuneConfig
@@ -41,7 +43,15 @@ def _prefixed(pattern: str) -> str:
 
 
 class FinetuneModel(nn.Module):
-    """A timm backbone and a task head; a frozen backbone gets no gradients and stays in eval mode."""
+    """A timm backbone and a task head; a frozen backbone gets no gradients and stays in eval mode.
+
+    A subclass registered in :data:`finetune.heads.HEADS` declares the sample keys it is called with
+    (``inputs``), the kind of its output (``output``: logits, dense or image) and builds itself with
+    a classmethod ``from_config(backbone, cfg)``.
+    """
+
+    inputs: ClassVar[tuple[str, ...]] = ("image",)
+    output: ClassVar[str] = "logits"
 
     def __init__(self, backbone: nn.Module, frozen: bool) -> None:
         """Initialise a new FinetuneModel instance.
@@ -114,6 +124,10 @@ class Classifier(FinetuneModel):
         if frozen:
             backbone.get_classifier().requires_grad_(True)
 
+    @classmethod
+    def from_config(cls, backbone: nn.Module, cfg: FinetuneConfig) -> Classifier:
+        return cls(backbone, cfg.data.num_classes, cfg.model.frozen)
+
     def forward(self, image: Tensor) -> Tensor:
         with self._backbone_grad():
             features = self.backbone.forward_features(image)
@@ -122,7 +136,7 @@ class Classifier(FinetuneModel):
 
 class DenseFeatures(FinetuneModel):
     """A backbone giving multi-scale features: a Swin's stages (strides 4-32 with patch size 4), or
-    four of a ViT's blocks through a :class:`~finetune.heads.SimpleFeaturePyramid` (strides 4-32)."""
+    four of a ViT's blocks through a :class:`~finetune.decoders.SimpleFeaturePyramid` (strides 4-32)."""
 
     def __init__(self, backbone: nn.Module, frozen: bool, feature_blocks: list[int] | None) -> None:
         super().__init__(backbone, frozen)
@@ -153,6 +167,8 @@ class DenseFeatures(FinetuneModel):
 class Segmenter(DenseFeatures):
     """UperNet on the backbone's multi-scale features: logits (B, num_classes, H, W)."""
 
+    output = "dense"
+
     def __init__(
         self,
         backbone: nn.Module,
@@ -163,25 +179,22 @@ class Segmenter(DenseFeatures):
     ) -> None:
         super().__init__(backbone, frozen, feature_blocks)
         self.head = UperNetHead(self.channels, num_classes, decoder_channels, self.first_stride)
+
+    @classmethod
+    def from_config(cls, backbone: nn.Module, cfg: FinetuneConfig) -> DenseFeatures:
+        head = cfg.head
+        return cls(backbone, cfg.data.num_classes, cfg.model.frozen, head.feature_blocks, head.decoder_channels)
 
     def forward(self, image: Tensor) -> Tensor:
         return self.head(self.features(image))
 
 
-class ChangeDetector(DenseFeatures):
+class ChangeDetector(Segmenter):
     """A siamese backbone: both dates go through the same backbone (one batch), and UperNet decodes
     the absolute feature difference at every scale: logits (B, num_classes, H, W)."""
 
-    def __init__(
-        self,
-        backbone: nn.Module,
-        num_classes: int,
-        frozen: bool,
-        feature_blocks: list[int] | None,
-        decoder_channels: int,
-    ) -> None:
-        super().__init__(backbone, frozen, feature_blocks)
-        self.head = UperNetHead(self.channels, num_classes, decoder_channels, self.first_stride)
+    inputs = ("image1", "image2")
+    output = "dense"
 
     def forward(self, image1: Tensor, image2: Tensor) -> Tensor:
         both = self.features(torch.cat([image1, image2]))
@@ -213,7 +226,9 @@ def superres_residual(inputs: BandNormaliser, targets: BandNormaliser) -> tuple[
 
 
 class SuperResolver(FinetuneModel):
-    """The backbone's last (normed) features through :class:`~finetune.heads.SuperresHead`: (B, C', H*s, W*s)."""
+    """The backbone's last (normed) features through :class:`~finetune.decoders.SuperresHead`: (B, C', H*s, W*s)."""
+
+    output = "image"
 
     def __init__(
         self,
@@ -238,6 +253,13 @@ class SuperResolver(FinetuneModel):
         last = backbone.feature_info[-1]
         self.head = SuperresHead(last["num_chs"], last["reduction"], bands, hidden, scale_factor, residual)
 
+    @classmethod
+    def from_config(cls, backbone: nn.Module, cfg: FinetuneConfig) -> SuperResolver:
+        data, head = cfg.data, cfg.head
+        targets = BandNormaliser.for_targets(data)
+        residual = superres_residual(BandNormaliser.from_config(data), targets) if head.superres_residual else None
+        return cls(backbone, len(targets.bands), data.scale_factor, head.superres_channels, residual, cfg.model.frozen)
+
     def forward(self, image: Tensor) -> Tensor:
         with self._backbone_grad():
             features = self.backbone.forward_intermediates(image, indices=1, norm=True, intermediates_only=True)[-1]
@@ -253,7 +275,7 @@ def finetune_backbone_kwargs(cfg: FinetuneConfig) -> dict[str, Any]:
 
 
 def build_finetune_model(cfg: FinetuneConfig, load_weights: bool = True) -> tuple[FinetuneModel, LoadReport | None]:
-    """The task's model, its backbone loaded from ``cfg.checkpoint`` (bands mapped by name).
+    """The model of ``cfg``'s head (:data:`finetune.heads.HEADS`), its backbone loaded from ``cfg.checkpoint`` (bands mapped by name).
 
     Args:
         cfg: the finetuning config.
@@ -272,15 +294,4 @@ def build_finetune_model(cfg: FinetuneConfig, load_weights: bool = True) -> tupl
     report = None
     if load_weights and cfg.checkpoint is not None:
         report = load_backbone_for_bands(backbone, cfg.checkpoint, cfg.data.bands)
-    frozen, head, data = cfg.model.frozen, cfg.head, cfg.data
-    if cfg.task in ("classification", "multilabel"):
-        model: FinetuneModel = Classifier(backbone, data.num_classes, frozen)
-    elif cfg.task == "segmentation":
-        model = Segmenter(backbone, data.num_classes, frozen, head.feature_blocks, head.decoder_channels)
-    elif cfg.task == "change":
-        model = ChangeDetector(backbone, data.num_classes, frozen, head.feature_blocks, head.decoder_channels)
-    else:
-        targets = BandNormaliser.for_targets(data)
-        residual = superres_residual(BandNormaliser.from_config(data), targets) if head.superres_residual else None
-        model = SuperResolver(backbone, len(targets.bands), data.scale_factor, head.superres_channels, residual, frozen)
-    return model, report
+    return HEADS.get(cfg.head_name).from_config(backbone, cfg), report

@@ -1,4 +1,4 @@
-"""What a task's model reads from a batch, what it is compared with, and the loss.
+"""The losses of the finetuning tasks; each task (``finetune/tasks/``) declares its inputs, target and loss.
 
 ==================  ================================  ===============================================
 task                inputs -> target                  loss
@@ -20,50 +20,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from timm.data import Mixup
-from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor, nn
 
+from finetune.tasks import task_of
 from geofm.config.finetune import FinetuneConfig
-
-INPUT_KEYS = {
-    "classification": ("image",),
-    "multilabel": ("image",),
-    "segmentation": ("image",),
-    "change": ("image1", "image2"),
-    "superres": ("image",),
-}
-TARGET_KEY = {
-    "classification": "label",
-    "multilabel": "label",
-    "segmentation": "mask",
-    "change": "mask",
-    "superres": "target",
-}
-
-
-def model_inputs(task: str, batch: dict[str, Tensor], device: torch.device, dtype: torch.dtype) -> list[Tensor]:
-    """The model's inputs of a batch, on ``device`` in ``dtype``."""
-    return [batch[key].to(device, dtype, non_blocking=True) for key in INPUT_KEYS[task]]
-
-
-def batch_target(task: str, batch: dict[str, Tensor], device: torch.device) -> Tensor:
-    """The target of a batch, on ``device``: int64 labels or masks, float multi-hot or images."""
-    return batch[TARGET_KEY[task]].to(device, non_blocking=True)
 
 
 def build_criterion(cfg: FinetuneConfig) -> nn.Module:
-    """The task's training loss of (outputs, target)."""
-    task = cfg.task
-    if task == "classification":
-        if cfg.finetune.mixing:
-            return SoftTargetCrossEntropy()
-        return nn.CrossEntropyLoss(label_smoothing=cfg.finetune.label_smoothing)
-    if task == "multilabel":
-        return nn.BCEWithLogitsLoss()
-    if task in ("segmentation", "change"):
-        return LabelledCrossEntropy(cfg.data.unscored_label)
-    return FiniteL1()
+    """The training loss of (outputs, target) of ``cfg``'s task."""
+    return task_of(cfg).criterion
 
 
 class LabelledCrossEntropy(nn.Module):
@@ -85,21 +50,3 @@ class FiniteL1(nn.Module):
         valid = torch.isfinite(target)
         difference = torch.where(valid, output - target.nan_to_num(), 0.0)
         return difference.abs().sum() / valid.sum().clamp(min=1)
-
-
-def build_mixing(cfg: FinetuneConfig) -> Mixup | None:
-    """timm's Mixup/CutMix for classification training batches (it also smooths the labels), or None.
-
-    It draws from numpy's global generator: seed that per step to repeat a run.
-    """
-    opt = cfg.finetune
-    if not opt.mixing:
-        return None
-    return Mixup(
-        mixup_alpha=opt.mixup,
-        cutmix_alpha=opt.cutmix,
-        prob=opt.mix_prob,
-        switch_prob=opt.mix_switch_prob,
-        label_smoothing=opt.label_smoothing,
-        num_classes=cfg.data.num_classes,
-    )

@@ -10,8 +10,9 @@ model whose output at a pixel depends on that pixel alone gives exactly that out
 ``tile`` image rows at a time (windowed reads) and written as soon as no later tile reaches them,
 so memory is bounded by a strip of tiles whatever the scene's size.
 
-Outputs keep the input's CRS and transform (super-resolution: the same origin with the pixel
-size divided by the scale factor):
+A task's ``predicts`` (``finetune/tasks/``) says what is written: nothing (classification,
+multilabel), a class map, or an image. Outputs keep the input's CRS and transform
+(super-resolution: the same origin with the pixel size divided by the scale factor):
 
 * ``segmentation``: class ids, the argmax of the blended scores (a single score channel is a
   logit: class 1 where it is above 0), uint8 (uint16 beyond 255 classes), nodata 255 (65535);
@@ -41,13 +42,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from geofm.config.finetune import finetune_task
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.readers import RasterInfo, WindowReader, same_grid, scaled_transform
 from geofm.data.writers import GeoTiffWriter
 from geofm.errors import ConfigError, DataMismatchError
 from geofm.runlog import progress_bar
-
-PREDICTED_TASKS = ("segmentation", "change", "superres")
 
 ModelFn = Callable[..., Tensor]
 
@@ -60,7 +60,7 @@ class Predictor:
         model_fn: normalised tiles, float32 (B, C, tile, tile) on the CPU (change: before and
             after, two arguments) -> class scores (B, K, tile, tile), or for ``superres`` normalised
             images (B, C, tile * scale_factor, tile * scale_factor); it moves tiles to its device.
-        task: segmentation, change or superres.
+        task: a registered task that predicts (segmentation, change, superres).
         normaliser: the model's band spec: its bands taken by name from the scene's, scale, mean, std, nodata.
         tile: side of the tiles ``model_fn`` takes, in input pixels.
         scale_factor: superres: high / low resolution ratio.
@@ -97,11 +97,11 @@ def _tile(strip: np.ndarray, left: int, tile: int) -> np.ndarray:
     return np.pad(part, ((0, 0), (0, tile - part.shape[1]), (0, tile - part.shape[2])), mode="reflect")
 
 
-def _scores(out: Tensor, batch: int, size: int, task: str, bands: int) -> np.ndarray:
-    """The model's outputs as float32 numpy, after checking their shape."""
+def _scores(out: Tensor, batch: int, size: int, task: str, bands: int | None) -> np.ndarray:
+    """The model's outputs as float32 numpy, after checking their shape (``bands``: of an image output)."""
     shape = tuple(out.shape)
-    if len(shape) != 4 or shape[0] != batch or shape[2:] != (size, size) or (task == "superres" and shape[1] != bands):
-        channels = bands if task == "superres" else "K"
+    if len(shape) != 4 or shape[0] != batch or shape[2:] != (size, size) or (bands is not None and shape[1] != bands):
+        channels = "K" if bands is None else bands
         raise ConfigError(
             f"model_fn returned shape {shape} for {batch} tiles; task {task} expects ({batch}, {channels}, {size}, {size})"
         )
@@ -114,18 +114,18 @@ class _Output:
     def __init__(
         self,
         path: Path,
-        task: str,
+        image: bool,
         normaliser: BandNormaliser,
         targets: BandNormaliser,
         channels: int,
         info: RasterInfo,
         factor: int,
     ) -> None:
-        self.task = task
+        self.image = image
         self.normaliser = targets
         self.factor = factor
         descriptions = None
-        if task == "superres":
+        if image:
             same_units = targets.scale == normaliser.scale
             self.dtype = np.dtype(info.dtype if same_units else np.float32)
             out_nodata = targets.nodata
@@ -152,7 +152,7 @@ class _Output:
     def write(self, scores: np.ndarray, weights: np.ndarray, valid: np.ndarray, row_off: int) -> None:
         """Write blended rows: ``scores`` and ``weights`` summed over tiles, ``valid`` at input resolution."""
         blended = scores / weights[None]
-        if self.task == "superres":
+        if self.image:
             pixels = self.normaliser.denormalise(blended)
             if self.dtype.kind in "iu":
                 limits = np.iinfo(self.dtype)
@@ -186,7 +186,7 @@ def predict_scene(
         model_fn: see :class:`Predictor`.
         input_path: the scene; for ``change`` the pair ``(before, after)``.
         output_path: the GeoTIFF to write.
-        task: segmentation, change or superres.
+        task: a registered task that ``predicts`` (segmentation, change, superres).
         normaliser: the model's band spec (bands, scale, mean, std, nodata).
         tile: side of the tiles the model sees, in input pixels.
         overlap: pixels shared by neighbouring tiles, below ``tile`` (default: a quarter of ``tile``).
@@ -203,8 +203,12 @@ def predict_scene(
         DataMismatchError: if before and after differ in CRS, transform or size.
         RasterReadError: if an input cannot be read or has other bands than ``normaliser.dataset_bands``.
     """
-    if task not in PREDICTED_TASKS:
-        raise ConfigError(f"geofm predict writes {', '.join(PREDICTED_TASKS)} outputs, not {task!r}")
+    spec = finetune_task(task)
+    if spec.predicts is None:
+        raise ConfigError(
+            f"geofm predict writes per-pixel outputs (class maps, images), not {task!r}: its model has none"
+        )
+    writes_image = spec.predicts == "image"
     overlap = tile // 4 if overlap is None else overlap
     if tile <= 0 or not 0 <= overlap < tile or batch_size <= 0:
         raise ConfigError(
@@ -212,10 +216,9 @@ def predict_scene(
             f"batch size {batch_size}"
         )
     inputs = [Path(input_path)] if isinstance(input_path, (str, Path)) else [Path(p) for p in input_path]
-    if len(inputs) != (2 if task == "change" else 1):
-        wanted = "a before and an after scene" if task == "change" else "one scene"
-        raise ConfigError(f"task {task} takes {wanted}, got {len(inputs)}")
-    factor = scale_factor if task == "superres" else 1
+    if len(inputs) != len(spec.inputs):
+        raise ConfigError(f"task {task} takes {spec.scenes}, got {len(inputs)}")
+    factor = scale_factor if writes_image else 1
     targets = target_normaliser or normaliser
     if factor < 1:
         raise ConfigError(f"scale factor must be a positive integer, got {scale_factor}")
@@ -249,9 +252,11 @@ def predict_scene(
                 lefts = cols[start : start + batch_size]
                 batches = [torch.from_numpy(np.stack([_tile(strip, left, tile) for left in lefts])) for strip in strips]
                 with torch.inference_mode():
-                    out = _scores(model_fn(*batches), len(lefts), size, task, len(targets.bands))
+                    out = _scores(
+                        model_fn(*batches), len(lefts), size, task, len(targets.bands) if writes_image else None
+                    )
                 if output is None:
-                    output = _Output(output_path, task, normaliser, targets, out.shape[1], info, factor)
+                    output = _Output(output_path, writes_image, normaliser, targets, out.shape[1], info, factor)
                     stack.enter_context(output.writer)  # the scene's GeoTIFF appears only once it is whole
                     scores = np.zeros((out.shape[1], size, width * factor), dtype=np.float32)
                 for b, left in enumerate(lefts):

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from finetune.best import load_finetuned
 from finetune.predict import Predictor
+from finetune.tasks import task_of
 from geofm import engine as ds
 from geofm.data.finetune import BandNormaliser
 from geofm.errors import ConfigError
@@ -63,7 +64,7 @@ def load_predictor(run_dir: str | Path, tile: int | None = None) -> Predictor:
     def model_fn(*tiles: Tensor) -> Tensor:
         return model(*(t.to(dev, torch.float32) for t in tiles)).float().cpu()
 
-    data = cfg.data
+    data, task = cfg.data, task_of(cfg)
     info = {
         "task": cfg.task,
         "bands": list(data.bands),
@@ -75,7 +76,7 @@ def load_predictor(run_dir: str | Path, tile: int | None = None) -> Predictor:
         "num_classes": data.num_classes,
         "class_names": data.class_names,
         "ignore_index": data.ignore_index,
-        "scale_factor": data.scale_factor if cfg.task == "superres" else 1,
+        "scale_factor": task.scale_factor(),
         "img_size": cfg.model.img_size,
         "data": data,
         "selected": record,
@@ -86,6 +87,6 @@ def load_predictor(run_dir: str | Path, tile: int | None = None) -> Predictor:
         BandNormaliser.from_config(data),
         tile,
         scale_factor=info["scale_factor"],
-        target_normaliser=BandNormaliser.for_targets(data) if cfg.task == "superres" else None,
+        target_normaliser=task.target_normaliser(),
         info=info,
     )

@@ -29,15 +29,14 @@ from torch.utils.data import DataLoader, DistributedSampler
 from finetune.best import load_best_weights, read_best, restore_best, save_best, snapshot_best
 from finetune.evaluate import eval_record, evaluate, write_json
 from finetune.models import build_finetune_model
-from finetune.objective import batch_target, build_criterion, build_mixing, model_inputs
 from finetune.splits import build_split, describe_split
+from finetune.tasks import task_of
 from geofm import engine as ds
 from geofm.checkpoints import LoadReport
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config.finetune import FinetuneConfig
-from geofm.loop import Forward, TrainLoop, epoch_steps, step_seed
+from geofm.loop import TrainLoop, epoch_steps, step_seed
 from geofm.runlog import MetricsLog, plot_loss_curve, plot_metric_curve
-from geofm.tasks import StepOutput
 from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, start_run
 
 log = logging.getLogger("geofm.finetune")
@@ -78,21 +77,6 @@ def checkpoint_provenance(cfg: FinetuneConfig, report: LoadReport | None) -> dic
         "adapted": report.adapted,
         "fresh_bands": report.fresh_bands,
     }
-
-
-def task_forward(engine, cfg: FinetuneConfig, criterion, mixing, dev: torch.device, dtype: torch.dtype) -> Forward:
-    """The forward of a micro-batch through ``engine`` to the task's loss (after mixing, when configured)."""
-
-    def forward(batch: dict) -> StepOutput:
-        inputs = model_inputs(cfg.task, batch, dev, dtype)
-        target = batch_target(cfg.task, batch, dev)
-        if mixing is not None:
-            inputs[0], target = mixing(inputs[0], target)
-        outputs = engine(*inputs)
-        loss = criterion(outputs.float(), target.float() if cfg.task in ("multilabel", "superres") else target)
-        return StepOutput({"loss": loss}, outputs)
-
-    return forward
 
 
 def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
@@ -148,7 +132,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
     groups = model.param_groups(cfg.train.weight_decay, opt.layer_decay)
     engine = ds.initialize(model, cfg.train, world, schedule, param_groups=groups)
     dtype = ds.compute_dtype(cfg.train)
-    criterion, mixing = build_criterion(cfg), build_mixing(cfg)
+    task = task_of(cfg)
     checkpoints.start(cfg)
 
     step, seconds_before = 0, 0.0
@@ -196,7 +180,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         if metrics is not None:
             metrics.write({"step": step, "epoch": epoch, "val": values})
             log.info("step %d (epoch %g): %s %s", step, epoch, opt.val_split, _format(values))
-        if best is None or values[metric] > best["value"]:
+        if best is None or task.improves(metric, values[metric], best["value"]):
             best = {"step": step, "epoch": epoch, "split": opt.val_split, "metric": metric, "value": values[metric]}
             best["metrics"] = values
             if rank == 0:
@@ -222,7 +206,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
 
     loop = TrainLoop(
         engine,
-        task_forward(engine, cfg, criterion, mixing, dev, dtype),
+        lambda batch: task.forward(engine, batch, dev, dtype),
         seed_of=lambda step: step_seed(cfg.run.seed, step, rank),
         seed_numpy=True,  # timm's Mixup draws from numpy
         images=micro * world,

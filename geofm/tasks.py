@@ -19,6 +19,11 @@ if TYPE_CHECKING:  # config validation reads the registry without importing torc
 
 TASKS: Registry = Registry("task", "geofm.tasks")
 TASKS.register("mim", "pretrain.task:MaskedImageModelling")
+TASKS.register("classification", "finetune.tasks.classification:Classification")
+TASKS.register("multilabel", "finetune.tasks.multilabel:Multilabel")
+TASKS.register("segmentation", "finetune.tasks.segmentation:Segmentation")
+TASKS.register("change", "finetune.tasks.change:Change")
+TASKS.register("superres", "finetune.tasks.superres:Superres")
 
 
 @dataclass

@@ -11,8 +11,10 @@ Task families and the sample each dataset yields (after band selection and norma
                     (C' the bands of ``data.hr``, by default C: the same bands at both resolutions)
 ==================  =====================================================================
 
-Besides ``data`` (the downstream dataset), a config has ``model`` (the backbone, frozen or not),
-``head`` (the task head), ``finetune`` (layer decay, Mixup/CutMix, label smoothing, validation and
+``task`` names a registered finetuning task (:data:`geofm.tasks.TASKS`; the built-in ones live in
+``finetune/tasks/``, a plug-in adds more), which declares its config rules, data, head, loss and
+metrics. Besides ``data`` (the downstream dataset), a config has ``model`` (the backbone, frozen or
+not), ``head`` (the task head, from the head registry), ``finetune`` (layer decay, Mixup/CutMix, label smoothing, validation and
 best-weights selection), ``train`` (the optimisation shared with pretraining) and ``run``.
 """
 
@@ -25,10 +27,9 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.config.base import ProgramConfig, Section, checks_architecture
 from geofm.config.sections import BackboneConfig, RunConfig, TrainConfig, canonical_band_lists
-from geofm.models.backbones import arch_info
+from geofm.errors import ConfigError
+from geofm.tasks import TASKS
 
-TASKS = ("classification", "multilabel", "segmentation", "change", "superres")
-Task = Literal["classification", "multilabel", "segmentation", "change", "superres"]
 Split = Literal["train", "val", "test"]
 PADDING_LABEL = -100
 """Mask value of padding (and of unlabelled pixels) when ``data.ignore_index`` is not set; torch's
@@ -228,14 +229,17 @@ class FinetuneModelConfig(BackboneConfig):
 
 
 class HeadConfig(Section):
-    """The task head on the backbone's features.
+    """The task head on the backbone's features, a name of the head registry (``finetune.heads.HEADS``).
 
-    ``classification``/``multilabel``: timm's own linear classifier on pooled features.
-    ``segmentation``/``change``: UperNet (segmentation_models_pytorch's decoder) on features at strides
-    4, 8, 16, 32; Swin gives them by stage, a ViT's block outputs go through a simple feature pyramid.
-    ``superres``: a SimMIM-style decoder (1x1 convolution and PixelShuffle to the input resolution),
-    then a convolutional upsampler (PixelShuffle by ``data.scale_factor``).
+    By default the task's own: ``linear`` (timm's classifier on pooled features) for classification
+    and multilabel; ``upernet`` (segmentation_models_pytorch's UperNet on features at strides 4, 8,
+    16, 32; Swin gives them by stage, a ViT's block outputs go through a simple feature pyramid) for
+    segmentation, ``siamese_upernet`` (the same on both dates' feature difference) for change;
+    ``pixel_shuffle`` (a SimMIM-style decoder to the input resolution, then a PixelShuffle upsampler
+    by ``data.scale_factor``) for superres.
     """
+
+    name: str | None = Field(default=None, description="a registered head (default: the task's own)")
 
     decoder_channels: int = Field(default=256, gt=0, description="segmentation, change: UperNet width")
     feature_blocks: list[int] | None = Field(
@@ -277,7 +281,11 @@ class FinetuneOptimConfig(Section):
         default="val",
         description="split that selects the best weights; none: no validation, the final weights are kept",
     )
-    best_metric: str | None = Field(default=None, description="validation metric to maximise (default: the task's own)")
+    best_metric: str | None = Field(
+        default=None,
+        description="validation metric selecting the best weights, maximised unless the task says lower is better "
+        "(default: the task's own)",
+    )
     eval_batch_size: int | None = Field(default=None, gt=0, description="default: train.micro_batch_size")
     superres_data_range: float = Field(
         default=1.0, gt=0.0, description="superres: value range of scaled pixels (raw x data.scale) for PSNR and SSIM"
@@ -289,13 +297,16 @@ class FinetuneOptimConfig(Section):
         return self.mixup > 0 or self.cutmix > 0
 
 
-PRIMARY_METRIC = {
-    "classification": "accuracy",
-    "multilabel": "map_micro",
-    "segmentation": "miou",
-    "change": "f1",
-    "superres": "psnr",
-}
+def finetune_task(name: str) -> Any:
+    """The registered finetuning task ``name``: a class of ``finetune.tasks`` or of a plug-in.
+
+    Raises:
+        ConfigError: for an unregistered name (listing the nearest names), or a task that does not finetune.
+    """
+    task = TASKS.get(name)
+    if not getattr(task, "finetunes", False):
+        raise ConfigError(f"task {name!r} is a pretraining task; geofm finetune and geofm eval take a finetuning task")
+    return task
 
 
 def class_labels(num_classes: int, class_names: list[str] | None) -> list[str]:
@@ -306,28 +317,14 @@ def class_labels(num_classes: int, class_names: list[str] | None) -> list[str]:
 def metric_names(
     task: str, num_classes: int | None, class_names: list[str] | None, ignore_index: int | None = None
 ) -> list[str]:
-    """The keys of a task's metrics, the task's own (``PRIMARY_METRIC``) first.
-
-    ``classification``: overall accuracy. ``multilabel``: micro and macro mAP, micro F1.
-    ``segmentation``: mIoU, pixel accuracy and ``iou/<class>`` per class (but the ignored one).
-    ``change``: F1, precision, recall and IoU of the change class. ``superres``: PSNR and SSIM.
-    """
-    if task == "classification":
-        return ["accuracy"]
-    if task == "multilabel":
-        return ["map_micro", "map_macro", "f1_micro"]
-    if task == "segmentation":
-        labels = class_labels(num_classes or 0, class_names)
-        return ["miou", "accuracy"] + [f"iou/{name}" for i, name in enumerate(labels) if i != ignore_index]
-    if task == "change":
-        return ["f1", "precision", "recall", "iou"]
-    return ["psnr", "ssim"]
+    """The keys of a registered task's metrics, the task's own (its ``primary_metric``) first."""
+    return finetune_task(task).metric_names(num_classes, class_names, ignore_index)
 
 
 class FinetuneConfig(ProgramConfig):
     """Finetuning (or linear probing) of a backbone on one downstream task."""
 
-    task: Task
+    task: str = Field(description="a registered finetuning task (classification, segmentation...)")
     checkpoint: Path | None = Field(
         default=None, description="backbone weights in any layout geofm.checkpoints reads; none: random init (baseline)"
     )
@@ -338,59 +335,39 @@ class FinetuneConfig(ProgramConfig):
     data: FinetuneDataConfig
     train: TrainConfig
 
+    @field_validator("task")
+    @classmethod
+    def _registered_task(cls, task: str) -> str:
+        finetune_task(TASKS.check(task))
+        return task
+
     @model_validator(mode="after")
     def _check_task(self, info: ValidationInfo) -> FinetuneConfig:
-        task, data, opt = self.task, self.data, self.finetune
-        if task != "superres" and data.num_classes is None:
-            raise ValueError(f"task {task} needs data.num_classes")
-        if task == "superres" and data.scale_factor is None:
-            raise ValueError("task superres needs data.scale_factor")
-        if task != "superres" and data.hr is not None:
-            raise ValueError(
-                f"data.hr describes the high-resolution side of super-resolution pairs, not of {task} data"
-            )
-        if task == "change" and data.num_classes != 2:
-            raise ValueError(f"task change has 2 classes (no change, change), got data.num_classes {data.num_classes}")
-        if task != "classification" and (opt.mixing or opt.label_smoothing):
-            raise ValueError(f"finetune.mixup, cutmix and label_smoothing apply to classification, not {task}")
+        task, opt = finetune_task(self.task), self.finetune
+        task.check_config(self)
         if opt.mixing and self.train.micro_batch_size % 2:
             raise ValueError(
                 f"Mixup/CutMix pair images in a batch: train.micro_batch_size must be even, got {self.train.micro_batch_size}"
             )
-        names = metric_names(task, data.num_classes, data.class_names, data.ignore_index)
+        data = self.data
+        names = task.metric_names(data.num_classes, data.class_names, data.ignore_index)
         if opt.best_metric is not None and opt.best_metric not in names:
-            raise ValueError(f"finetune.best_metric {opt.best_metric!r} is not a {task} metric; choose one of {names}")
+            raise ValueError(
+                f"finetune.best_metric {opt.best_metric!r} is not a {self.task} metric; choose one of {names}"
+            )
         if checks_architecture(info):
-            self._check_head()
+            task.check_architecture(self)
         return self
-
-    def _check_head(self) -> None:
-        info = arch_info(self.model.arch, self.model.timm_kwargs)
-        dense = self.task in ("segmentation", "change")
-        blocks = self.head.feature_blocks
-        if blocks is not None:
-            if not dense or info.family != "vit":
-                raise ValueError("head.feature_blocks choose the ViT blocks of a segmentation or change head")
-            if sorted(set(blocks)) != blocks or not 1 <= blocks[0] <= blocks[-1] <= info.depth:
-                raise ValueError(f"head.feature_blocks must be 4 increasing blocks in [1, {info.depth}], got {blocks}")
-        if dense and self.train.micro_batch_size < 2:
-            raise ValueError(
-                "UperNet's pooling branch normalises over the batch: segmentation and change need train.micro_batch_size >= 2"
-            )
-        if dense and self.model.img_size % 32:
-            raise ValueError(
-                f"model.img_size {self.model.img_size}: UperNet's features at strides 4-32 need a multiple of 32"
-            )
-        if dense and info.family == "vit" and (info.patch_size & (info.patch_size - 1) or info.patch_size < 4):
-            raise ValueError(
-                f"a ViT's features reach strides 4-32 by factors of 2 from its patch size; "
-                f"{info.patch_size} is not a power of 2 >= 4"
-            )
 
     @property
     def primary_metric(self) -> str:
         """The validation metric that selects the best weights."""
-        return self.finetune.best_metric or PRIMARY_METRIC[self.task]
+        return self.finetune.best_metric or finetune_task(self.task).primary_metric
+
+    @property
+    def head_name(self) -> str:
+        """The registered head of the model: ``head.name``, or the task's own."""
+        return self.head.name or finetune_task(self.task).default_head
 
     @property
     def dataset_name(self) -> str:

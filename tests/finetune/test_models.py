@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from finetune.heads import SimpleFeaturePyramid
+from finetune.decoders import SimpleFeaturePyramid
 from finetune.models import build_finetune_model
 from geofm.errors import ConfigError
 

@@ -10,21 +10,22 @@ classes: :mod:`.torchgeo`; augmentation and evaluation views: :mod:`.augment`; t
 naming them.
 """
 
-from geofm.data.finetune.dataset import FOLDER_SOURCES, FinetuneDataset, build_finetune_dataset
+from geofm.data.finetune.dataset import FinetuneDataset, build_finetune_dataset
 from geofm.data.finetune.folders import FOLDER_LAYOUTS
 from geofm.data.finetune.normalise import BandNormaliser
-from geofm.data.finetune.source import SceneSource
+from geofm.data.finetune.source import SceneSource, TaskData, task_data
 from geofm.data.finetune.subset import subset_indices
 from geofm.data.finetune.torchgeo import KNOWN_BANDS, TorchgeoSource
 
 __all__ = [
     "FOLDER_LAYOUTS",
-    "FOLDER_SOURCES",
     "KNOWN_BANDS",
     "BandNormaliser",
     "FinetuneDataset",
     "SceneSource",
+    "TaskData",
     "TorchgeoSource",
     "build_finetune_dataset",
     "subset_indices",
+    "task_data",
 ]

@@ -3,38 +3,24 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from geofm.config.finetune import TASKS, FinetuneDataConfig, Split
+from geofm.config.finetune import FinetuneDataConfig, Split
 from geofm.data.finetune.augment import (
     ClassificationView,
     DenseAugmentation,
     SuperresAugmentation,
     crop_tile,
 )
-from geofm.data.finetune.change import ChangeFolders
-from geofm.data.finetune.classification import ClassFolders
-from geofm.data.finetune.multilabel import MultilabelFolder
-from geofm.data.finetune.segmentation import SegmentationFolders
-from geofm.data.finetune.source import SceneSource
+from geofm.data.finetune.source import SceneSource, TaskData, task_data
 from geofm.data.finetune.subset import subset_indices
-from geofm.data.finetune.superres import SuperresFolders
 from geofm.data.finetune.torchgeo import TorchgeoSource
 from geofm.data.grid import grid_origins
 from geofm.errors import ConfigError, DataMismatchError
 
 logger = logging.getLogger("geofm.data")
-
-FOLDER_SOURCES: dict[str, Callable[[FinetuneDataConfig, Split], SceneSource]] = {
-    "classification": ClassFolders,
-    "multilabel": MultilabelFolder,
-    "segmentation": SegmentationFolders,
-    "change": ChangeFolders,
-    "superres": SuperresFolders,
-}
 
 
 class FinetuneDataset(Dataset[dict[str, Tensor]]):
@@ -51,6 +37,7 @@ class FinetuneDataset(Dataset[dict[str, Tensor]]):
     def __init__(
         self,
         source: SceneSource,
+        data: TaskData,
         cfg: FinetuneDataConfig,
         img_size: int,
         train: bool,
@@ -60,6 +47,7 @@ class FinetuneDataset(Dataset[dict[str, Tensor]]):
 
         Args:
             source: the scenes of the split.
+            data: what the task reads (dense targets, resolution pairs).
             cfg: the downstream data section (augmentation switches, ignore_index, scale_factor).
             img_size: side of the samples (super-resolution: of the low-resolution input).
             train: random training crops, or the deterministic evaluation views.
@@ -69,13 +57,13 @@ class FinetuneDataset(Dataset[dict[str, Tensor]]):
             RasterReadError: evaluating dense tasks, if a scene's size cannot be read.
         """
         self.source = source
-        self.task = source.task
+        self.data = data
         self.img_size = img_size
         self.train = train
         self.scenes = list(range(len(source))) if scenes is None else list(scenes)
-        self.factor = int(cfg.scale_factor or 1) if self.task == "superres" else 1
+        self.factor = int(cfg.scale_factor or 1) if data.resolution_pairs else 1
         self.mask_fill = mask_fill = cfg.unscored_label
-        dense = self.task in ("segmentation", "change", "superres")
+        dense = data.dense
         self.tiles: list[tuple[int, int, int]] = []
         if dense and not train:
             if isinstance(source, TorchgeoSource):
@@ -89,7 +77,7 @@ class FinetuneDataset(Dataset[dict[str, Tensor]]):
             self.tiles = [(scene, 0, 0) for scene in self.scenes]
         if not dense:
             self.view = ClassificationView(img_size, train, cfg.crop_scale, cfg.hflip, cfg.vflip)
-        elif self.task == "superres":
+        elif data.resolution_pairs:
             self.view = SuperresAugmentation(img_size, self.factor, cfg.hflip, cfg.vflip)
         else:
             self.view = DenseAugmentation(img_size, cfg.hflip, cfg.vflip, mask_fill)
@@ -108,13 +96,13 @@ class FinetuneDataset(Dataset[dict[str, Tensor]]):
     def __getitem__(self, index: int) -> dict[str, Tensor]:
         """One sample in the task's format."""
         scene, top, left = self.tiles[index]
-        if self.train or self.task in ("classification", "multilabel"):
+        if self.train or not self.data.dense:
             return self.view(self.source.load(scene))
         return crop_tile(self._scene(scene), top, left, self.img_size, self.factor, self.mask_fill)
 
 
 def build_finetune_dataset(
-    data_cfg: FinetuneDataConfig, task: str, split: Split, img_size: int, train: bool
+    data_cfg: FinetuneDataConfig, task: str | TaskData, split: Split, img_size: int, train: bool
 ) -> FinetuneDataset:
     """One split of a downstream dataset, from a torchgeo class or the user's folders.
 
@@ -124,7 +112,7 @@ def build_finetune_dataset(
 
     Args:
         data_cfg: the downstream data section.
-        task: classification, multilabel, segmentation, change or superres.
+        task: a registered finetuning task's name, or its data declaration.
         split: train, val or test.
         img_size: side of the samples (super-resolution: of the low-resolution input).
         train: random training augmentation (True) or the deterministic evaluation views.
@@ -133,31 +121,30 @@ def build_finetune_dataset(
         The dataset.
 
     Raises:
-        ConfigError: for an unknown task, a super-resolution task without ``scale_factor``, or
+        ConfigError: for an unknown task, resolution pairs without ``scale_factor``, or
             torchgeo arguments the class refuses.
         DatasetNotFoundError: if the data is missing, naming the folder and how to get it.
         DataMismatchError: if files lack their partners or classes/bands do not fit the config.
     """
-    if task not in TASKS:
-        raise ConfigError(f"task {task!r} is none of {', '.join(TASKS)}")
-    if task == "superres" and data_cfg.scale_factor is None:
-        raise ConfigError("task superres needs data.scale_factor")
+    data = task_data(task)
+    if data.resolution_pairs and data_cfg.scale_factor is None:
+        raise ConfigError(f"task {data.name} needs data.scale_factor")
     if data_cfg.torchgeo is not None:
-        source = TorchgeoSource(data_cfg, task, split)
+        source: SceneSource = TorchgeoSource(data_cfg, data, split)
     else:
-        source = FOLDER_SOURCES[task](data_cfg, split)
+        source = data.folders(data_cfg, split)
     scenes = None
     if split == "train" and data_cfg.train_fraction < 1:
-        labels = source.labels() if task in ("classification", "multilabel") else None
+        labels = source.labels() if data.stratified else None
         if labels is None:
             logger.info(
                 "train_fraction %s of %s: no labels known without reading images, drawn uniformly",
                 data_cfg.train_fraction,
-                task,
+                data.name,
             )
         scenes = subset_indices(len(source), data_cfg.train_fraction, data_cfg.subset_seed, labels)
-    dataset = FinetuneDataset(source, data_cfg, img_size, train, scenes)
-    if task in ("segmentation", "change"):
+    dataset = FinetuneDataset(source, data, data_cfg, img_size, train, scenes)
+    if data.labelled_masks:
         check_labelled(dataset, data_cfg, split)
     return dataset
 

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from geofm.config.finetune import FinetuneDataConfig, Split
+    from geofm.data.finetune.torchgeo import TorchgeoSource
 
 
 class SceneSource(ABC):
@@ -42,3 +49,50 @@ class SceneSource(ABC):
         """Labels of every scene without reading images: class ids (classification), a (scenes,
         classes) multi-hot array (multilabel), or None where they are not cheaply known."""
         return None
+
+
+TorchgeoScene = Callable[["TorchgeoSource", dict[str, Tensor], str], dict[str, Tensor]]
+"""A torchgeo sample as a task's scene: ``(source, sample, where) -> scene``; ``source.image`` normalises images."""
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """What a finetuning task reads, declared by its task module and passed to the data library.
+
+    Attributes:
+        name: the task's name, for messages.
+        folders: the reader of a split of the user's folders, ``(data config, split) -> SceneSource``.
+        target: the key of the target in the task's samples (checked in torchgeo samples).
+        torchgeo: a torchgeo sample as the task's scene (:data:`TorchgeoScene`); None for
+            ``resolution_pairs``, whose scenes pair two instances of the class.
+        dense: per-pixel targets: training crops keep image and mask aligned, evaluation cuts each
+            scene into a grid of ``img_size`` tiles. Otherwise one view of the whole scene.
+        resolution_pairs: a low-resolution input and a ``data.scale_factor`` times larger target
+            (super-resolution); the torchgeo class is instantiated twice (``lr_kwargs``, ``hr_kwargs``).
+        stratified: train fractions are stratified by the labels the source knows without reading images.
+        class_targets: a torchgeo class's ``targets`` list holds the scenes' class ids.
+        labelled_masks: a split whose masks hold no labelled pixel is refused.
+    """
+
+    name: str
+    folders: Callable[[FinetuneDataConfig, Split], SceneSource]
+    target: str
+    torchgeo: TorchgeoScene | None = None
+    dense: bool = False
+    resolution_pairs: bool = False
+    stratified: bool = False
+    class_targets: bool = False
+    labelled_masks: bool = False
+
+
+def task_data(task: str | TaskData) -> TaskData:
+    """The data declaration of a registered task (by name), or ``task`` itself.
+
+    Raises:
+        ConfigError: for a name that is not a registered task, listing the nearest names.
+    """
+    if isinstance(task, TaskData):
+        return task
+    from geofm.config.finetune import finetune_task
+
+    return finetune_task(task).data()

@@ -41,7 +41,7 @@ from geofm.config.finetune import FinetuneDataConfig, Split
 from geofm.data.bands import RGB, UnknownBandError, canonical_bands
 from geofm.data.finetune.checks import change_mask, check_same_size, class_label, class_mask, multi_hot, superres_extent
 from geofm.data.finetune.normalise import BandNormaliser
-from geofm.data.finetune.source import SceneSource
+from geofm.data.finetune.source import SceneSource, TaskData, task_data
 from geofm.errors import ConfigError, DataMismatchError, DatasetNotFoundError, RasterReadError
 
 # BigEarthNet's band files in the order torchgeo stacks them: polarisations sorted by file name,
@@ -62,8 +62,6 @@ KNOWN_BANDS: dict[str, tuple[str, ...]] = {
 """Bands that torchgeo classes without a band choice deliver, in their order."""
 
 _BIGEARTHNET = {"s1": _S1, "s2": _S2, "all": _S1 + _S2}
-# The key of each task's target in torchgeo's samples (super-resolution pairs two images).
-_TARGETS = {"classification": "label", "multilabel": "label", "segmentation": "mask", "change": "mask"}
 _LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, IndexError)
 
 
@@ -112,7 +110,9 @@ def valid_splits(cls: type) -> tuple[str, ...] | None:
     return None
 
 
-def check_torchgeo_arguments(cfg: FinetuneDataConfig, task: str, splits: Sequence[Split] | None = None) -> None:
+def check_torchgeo_arguments(
+    cfg: FinetuneDataConfig, task: str | TaskData, splits: Sequence[Split] | None = None
+) -> None:
     """Check ``data.torchgeo``'s class and the arguments geofm passes it for ``splits``, without data.
 
     The arguments (``root``, ``split`` and ``kwargs``, plus ``lr_kwargs``/``hr_kwargs`` for
@@ -127,7 +127,7 @@ def check_torchgeo_arguments(cfg: FinetuneDataConfig, task: str, splits: Sequenc
     parameters = inspect.signature(cls.__init__).parameters
     problems = []
     argument_sets = [("kwargs", {**cfg.kwargs})]
-    if task == "superres":
+    if task_data(task).resolution_pairs:
         argument_sets = [
             ("kwargs + lr_kwargs", {**cfg.kwargs, **cfg.lr_kwargs}),
             ("kwargs + hr_kwargs", {**cfg.kwargs, **cfg.hr_kwargs}),
@@ -176,7 +176,7 @@ def describe_item(name: str, dataset: Dataset, index: int) -> str:
 class TorchgeoSource(SceneSource):
     """A split of a torchgeo dataset (two paired instances for super-resolution) as full-size scenes."""
 
-    def __init__(self, cfg: FinetuneDataConfig, task: str, split: Split) -> None:
+    def __init__(self, cfg: FinetuneDataConfig, task: str | TaskData, split: Split) -> None:
         """Instantiate the torchgeo class (never downloading) and check its bands.
 
         Raises:
@@ -191,14 +191,15 @@ class TorchgeoSource(SceneSource):
                 "data.kwargs.download: geofm never downloads; fetch the dataset beforehand and set data.root"
             )
         self.cfg = cfg
-        self.task = task
+        self.data = data = task_data(task)
+        self.task = data.name
         self.name = str(cfg.torchgeo)
         self.split = split
         # the band spec of each instance: the low-resolution one's is data's, the high-resolution one's data.hr's
         self.normalisers = [BandNormaliser.from_config(cfg)]
-        check_torchgeo_arguments(cfg, task, [split])
+        check_torchgeo_arguments(cfg, data, [split])
         cls = dataset_class(self.name)
-        if task == "superres":
+        if data.resolution_pairs:
             low, high = {**cfg.kwargs, **cfg.lr_kwargs}, {**cfg.kwargs, **cfg.hr_kwargs}
             self.datasets = [self._open(cls, low), self._open(cls, high)]
             self.normalisers.append(BandNormaliser.for_targets(cfg))
@@ -208,7 +209,7 @@ class TorchgeoSource(SceneSource):
             self.pairs = [(i,) for i in range(len(self.datasets[0]))]
         for dataset, normaliser in zip(self.datasets, self.normalisers, strict=True):
             self._check_bands(dataset, normaliser)
-        if task in _TARGETS and len(self.pairs):
+        if not data.resolution_pairs and len(self.pairs):
             self._check_target(*self._get(0, 0))
 
     def _open(self, cls: type[Dataset], kwargs: dict[str, Any]) -> Dataset:
@@ -245,7 +246,7 @@ class TorchgeoSource(SceneSource):
         )
 
     def _check_target(self, sample: dict[str, Tensor], where: str) -> None:
-        key = _TARGETS[self.task]
+        key = self.data.target
         if key not in sample:
             raise DataMismatchError(
                 f"torchgeo {self.name} split {self.cfg.splits[self.split]!r} delivers {sorted(sample)} without the "
@@ -291,7 +292,7 @@ class TorchgeoSource(SceneSource):
 
     def labels(self) -> list[int] | None:
         targets = getattr(self.datasets[0], "targets", None)
-        if self.task == "classification" and isinstance(targets, list):
+        if self.data.class_targets and isinstance(targets, list):
             return [int(t) for t in targets]
         return None
 
@@ -308,7 +309,7 @@ class TorchgeoSource(SceneSource):
         except _LOAD_ERRORS as err:
             raise RasterReadError(where, f"torchgeo cannot load it: {type(err).__name__}: {err}") from err
 
-    def _image(self, image: Tensor, where: str, which: int = 0) -> Tensor:
+    def image(self, image: Tensor, where: str, which: int = 0) -> Tensor:
         """An image of instance ``which`` (super-resolution: 1 is the high-resolution one) in its model bands."""
         return self.normalisers[which](np.asarray(image), None, where)[0]
 
@@ -316,29 +317,50 @@ class TorchgeoSource(SceneSource):
         pair = self.pairs[index]
         sample, where = self._get(0, pair[0])
         cfg = self.cfg
-        if self.task == "superres":
+        if self.data.resolution_pairs:
             high, where_high = self._get(1, pair[1])
-            image, target = self._image(sample["image"], where), self._image(high["image"], where_high, 1)
+            image, target = self.image(sample["image"], where), self.image(high["image"], where_high, 1)
             s = int(cfg.scale_factor or 0)
             h, w = superres_extent(image.shape[1:], target.shape[1:], s, cfg.superres_trim, f"{where} and {where_high}")
             return {"image": image[:, :h, :w], "target": target[:, : h * s, : w * s]}
         self._check_target(sample, where)
-        if self.task == "change":
-            if "image" in sample and sample["image"].ndim == 4:
-                before, after = sample["image"][0], sample["image"][1]
-            else:
-                before, after = sample["image1"], sample["image2"]
-            image1, image2 = self._image(before, where), self._image(after, where)
-            check_same_size(image1.shape[1:], image2.shape[1:], "after image", where)
-            mask = change_mask(sample["mask"], cfg.ignore_index, where)
-            check_same_size(image1.shape[1:], mask.shape, "mask", where)
-            return {"image1": image1, "image2": image2, "mask": mask}
-        raw = sample["image"] if "image" in sample else torch.cat([sample["image_s1"], sample["image_s2"]])
-        image = self._image(raw, where)
-        if self.task == "segmentation":
-            mask = class_mask(sample["mask"], cfg.num_classes, cfg.ignore_index, where)
-            check_same_size(image.shape[1:], mask.shape, "mask", where)
-            return {"image": image, "mask": mask}
-        if self.task == "multilabel":
-            return {"image": image, "label": multi_hot(sample["label"], cfg.num_classes, where)}
-        return {"image": image, "label": class_label(sample["label"], cfg.num_classes, where)}
+        return self.data.torchgeo(self, sample, where)
+
+
+def _single_image(source: TorchgeoSource, sample: dict[str, Tensor], where: str) -> Tensor:
+    """The sample's image in the model bands (BigEarthNet with both sensors: S1 then S2 bands)."""
+    raw = sample["image"] if "image" in sample else torch.cat([sample["image_s1"], sample["image_s2"]])
+    return source.image(raw, where)
+
+
+def classification_scene(source: TorchgeoSource, sample: dict[str, Tensor], where: str) -> dict[str, Tensor]:
+    """``image`` and the class id ``label``, checked against ``num_classes``."""
+    image = _single_image(source, sample, where)
+    return {"image": image, "label": class_label(sample["label"], source.cfg.num_classes, where)}
+
+
+def multilabel_scene(source: TorchgeoSource, sample: dict[str, Tensor], where: str) -> dict[str, Tensor]:
+    """``image`` and the float32 multi-hot ``label``."""
+    image = _single_image(source, sample, where)
+    return {"image": image, "label": multi_hot(sample["label"], source.cfg.num_classes, where)}
+
+
+def segmentation_scene(source: TorchgeoSource, sample: dict[str, Tensor], where: str) -> dict[str, Tensor]:
+    """``image`` and the class ``mask`` (H, W), of the image's size."""
+    image = _single_image(source, sample, where)
+    mask = class_mask(sample["mask"], source.cfg.num_classes, source.cfg.ignore_index, where)
+    check_same_size(image.shape[1:], mask.shape, "mask", where)
+    return {"image": image, "mask": mask}
+
+
+def change_scene(source: TorchgeoSource, sample: dict[str, Tensor], where: str) -> dict[str, Tensor]:
+    """``image1``, ``image2`` (a (2, C, H, W) ``image`` or the pair) and the change ``mask`` in {0, 1}."""
+    if "image" in sample and sample["image"].ndim == 4:
+        before, after = sample["image"][0], sample["image"][1]
+    else:
+        before, after = sample["image1"], sample["image2"]
+    image1, image2 = source.image(before, where), source.image(after, where)
+    check_same_size(image1.shape[1:], image2.shape[1:], "after image", where)
+    mask = change_mask(sample["mask"], source.cfg.ignore_index, where)
+    check_same_size(image1.shape[1:], mask.shape, "mask", where)
+    return {"image1": image1, "image2": image2, "mask": mask}
