@@ -16,61 +16,48 @@
   (:func:`distill_similarity`).
 * :mod:`~geofm.federated.partition`: splitting the sources' files among clients by source, by
   region or by Dirichlet proportions.
+* :mod:`~geofm.federated.algorithms`: the algorithm interface and the registered algorithms
+  (FedAvg, FedProx, FedSense, SCAFFOLD).
+
+The names below are imported on first use, so that reading the algorithm registry (as config
+validation does) loads no deep-learning package.
 """
 
-from geofm.federated.aggregation import (
-    Accepted,
-    Rejection,
-    RoundAggregate,
-    Upload,
-    UploadRules,
-    aggregate_uploads,
-    screen_uploads,
-    weighted_mean,
-)
-from geofm.federated.clustering import Clustering, cluster_clients, count_sketch
-from geofm.federated.codec import BITS, Codec, Packet, decode
-from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
-from geofm.federated.flat import ParameterLayout
-from geofm.federated.partition import ClientFile, partition_by_region, partition_by_source, partition_dirichlet
-from geofm.federated.perturbation import Perturbation, drift_norm, perturbed, proximal_term
-from geofm.federated.similarity import (
-    consensus_similarity,
-    distill_similarity,
-    similarity_loss,
-    similarity_matrix,
-)
+from __future__ import annotations
 
-__all__ = [
-    "BITS",
-    "Accepted",
-    "ClientFile",
-    "Clustering",
-    "Codec",
-    "ErrorFeedback",
-    "FeedbackState",
-    "Packet",
-    "ParameterLayout",
-    "Perturbation",
-    "Rejection",
-    "RoundAggregate",
-    "UplinkReport",
-    "Upload",
-    "UploadRules",
-    "aggregate_uploads",
-    "cluster_clients",
-    "consensus_similarity",
-    "count_sketch",
-    "decode",
-    "distill_similarity",
-    "drift_norm",
-    "partition_by_region",
-    "partition_by_source",
-    "partition_dirichlet",
-    "perturbed",
-    "proximal_term",
-    "screen_uploads",
-    "similarity_loss",
-    "similarity_matrix",
-    "weighted_mean",
-]
+import importlib
+from typing import Any
+
+_MODULES = {
+    "aggregation": (
+        "Accepted",
+        "ClientUpload",
+        "Rejection",
+        "RoundAggregate",
+        "Upload",
+        "UploadRules",
+        "aggregate_payloads",
+        "aggregate_uploads",
+        "screen_uploads",
+        "weighted_mean",
+    ),
+    "clustering": ("Clustering", "cluster_clients", "count_sketch"),
+    "codec": ("BITS", "Codec", "Packet", "decode"),
+    "feedback": ("ErrorFeedback", "FeedbackState", "UplinkReport"),
+    "flat": ("ParameterLayout",),
+    "partition": ("ClientFile", "partition_by_region", "partition_by_source", "partition_dirichlet"),
+    "perturbation": ("Perturbation", "drift_norm", "perturbed", "proximal_term"),
+    "similarity": ("consensus_similarity", "distill_similarity", "similarity_loss", "similarity_matrix"),
+}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = list(_HOME)
