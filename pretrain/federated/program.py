@@ -44,9 +44,10 @@ from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile
 from geofm.data.sources import list_images
 from geofm.errors import ConfigError, DatasetNotFoundError, GeoFMError
-from geofm.federated.aggregation import RoundAggregate, Upload
-from geofm.federated.algorithms import FedAvg, build_algorithm
-from geofm.federated.codec import Packet, decode
+from geofm.federated.aggregation import ClientUpload, RoundAggregate
+from geofm.federated.algorithms import build_algorithm
+from geofm.federated.algorithms.base import Algorithm, ServerRound, payload_arrays
+from geofm.federated.feedback import UplinkReport
 from geofm.federated.flat import ParameterLayout
 from geofm.federated.partition import ClientFile, partition_by_region, partition_by_source, partition_dirichlet
 from geofm.federated.similarity import distill_similarity
@@ -224,62 +225,43 @@ class FederatedClient:
     def train(self, arrays: Arrays, config: Scalars, state: Arrays) -> tuple[Arrays, Scalars, Arrays]:
         """One round: receive the model, train the local steps, upload the update."""
         started = time.perf_counter()
-        cfg, rnd = self.cfg, int(config["round"])
-        state = state or self._recover(rnd)
-        reference = self._receive(arrays, config, state)
-        algorithm = build_algorithm(cfg.algorithm, reference.numel())
+        cfg, rnd, lr = self.cfg, int(config["round"]), float(config["lr"])
         model = build_student(self.student_cfg)
-        layout = ParameterLayout.of(model)
-        layout.assign(model, reference)
+        algorithm = build_algorithm(cfg.algorithm, ParameterLayout.of(model))
+        received, state = algorithm.receive(self.name, arrays, config, state or self._recover(rnd))
+        algorithm.shared.assign(model, received["model"])
+        algorithm.restore_local(model, state)
         teacher = frozen_teacher(cfg)
         dev, dtype = ds.device(), ds.compute_dtype(cfg.train)
         prepare_models(model, teacher, cfg, dev)
-        engine = ds.initialize(model, cfg.train, 1, None, float(config["lr"]))
-        params = layout.parameters(engine.module)
-        anchor = [t.to(dev) for t in layout.split(reference)]
-        hooks = algorithm.local_hooks(params, anchor)
+        engine = ds.initialize(model, cfg.train, 1, None, lr)
+        local = algorithm.local_round(self.name, received, engine.module, state, lr)
+        hooks = algorithm.local_hooks(local)
 
         sums, steps = IntervalMeans(LOSS_KEYS), 0
         for step, micro_batches in enumerate(self._batches(rnd)):
             torch.manual_seed(_stable_id(cfg.run.seed, self.name, rnd, step))
             for batch in micro_batches:
-                sums.add(train_micro_step(engine, teacher, batch, dev, dtype, hooks.around_gradient, hooks.regulariser))
+                term = None if hooks.regulariser is None else functools.partial(hooks.regulariser, batch, None)
+                sums.add(train_micro_step(engine, teacher, batch, dev, dtype, hooks.around_gradient, term))
             steps += 1
 
-        delta = layout.flatten_module(engine.module).cpu() - reference
+        update = algorithm.finish_local(local, algorithm.shared.flatten_module(engine.module).cpu(), steps)
+        algorithm.keep_local(engine.module, state)
         generator = torch.Generator().manual_seed(_stable_id(cfg.run.seed, self.name, rnd, "uplink"))
-        feedback = {k.removeprefix("feedback."): v for k, v in state.items() if k.startswith("feedback.")}
-        packet, report, feedback = algorithm.upload(delta, feedback, generator)
-        new_state = {f"feedback.{k}": v for k, v in feedback.items()}
-        new_state["round"] = np.array([rnd], dtype=np.int64)
-        if cfg.algorithm.downlink.bits != 32:
-            new_state["reference"] = reference.numpy()
-            new_state["reference_round"] = np.array([int(config["reference_round"])], dtype=np.int64)
-        self._persist(rnd, new_state)
+        upload, reports = algorithm.upload(update, state, generator)
+        state["round"] = np.array([rnd], dtype=np.int64)
+        self._persist(rnd, state)
         metrics = {
             "client": self.name,
             "num_examples": self.num_examples,
             "steps": steps,
             **sums.means(),
-            "update_norm": report.update_norm,
-            "error_norm": report.error_norm,
-            "feedback_reset": "guard" if report.guard_reset else "periodic" if report.periodic_reset else "",
+            **update.metadata,
+            **uplink_metrics(reports),
             "seconds": time.perf_counter() - started,
         }
-        return packet.to_arrays(), metrics, new_state
-
-    def _receive(self, arrays: Arrays, config: Scalars, state: Arrays) -> torch.Tensor:
-        """The model this round starts from: sent whole, or as a change to the client's copy."""
-        packet = Packet.from_arrays(arrays)
-        if config["downlink"] == "model":
-            return decode(packet)
-        held = int(state["reference_round"][0]) if "reference_round" in state else None
-        if held != int(config["reference_round"]) - 1:
-            raise ConfigError(
-                f"client {self.name}: holds the model of round {held}, the server sent a change to round "
-                f"{int(config['reference_round']) - 1}; it will send the whole model next round"
-            )
-        return torch.from_numpy(state["reference"].copy()) + decode(packet)
+        return upload, metrics, state
 
     def _batches(self, rnd: int) -> Iterator[list[dict]]:
         """This round's local steps, each a list of micro-batches, in an order fixed by (seed, client, round)."""
@@ -358,12 +340,11 @@ class FederatedServer:
         ds.keep_freed_memory()
         torch.manual_seed(cfg.run.seed)
         self.model = build_student(cfg)
-        self.layout = ParameterLayout.of(self.model)
+        self.algorithm: Algorithm = build_algorithm(
+            cfg.algorithm, ParameterLayout.of(self.model), fed.declared_examples, cfg.num_clients
+        )
+        self.layout = self.algorithm.shared  # what travels; parameters local to the clients keep their start
         self.global_model = self.layout.flatten_module(self.model)
-        self.algorithm: FedAvg = build_algorithm(cfg.algorithm, self.global_model.numel(), fed.declared_examples)
-        self.recent_norms: list[list[float]] = []  # accepted update norms of the last rounds, newest last
-        self.reference: torch.Tensor | None = None  # the clients' copy under a compressed downlink
-        self.synced: dict[str, int] = {}  # institution -> round of the reference it holds
         self.distill_optimizer = torch.optim.AdamW(self.model.encoder.parameters(), lr=cfg.algorithm.distill_lr)
         self.done = self._resume()
         self.checkpoints.start(cfg)
@@ -398,24 +379,13 @@ class FederatedServer:
         """The global model for each selected client, whole or as a quantised change to its copy."""
         self._round_started = time.perf_counter()
         lr = round_lr(self.cfg, rnd)
-        if self.cfg.algorithm.downlink.bits == 32:
-            whole = self.algorithm.downlink(self.global_model, None, torch.Generator())[0].to_arrays()
-            self._round_downlink = len(node_ids) * sum(a.nbytes for a in whole.values())
-            return {node: (whole, {"round": rnd, "lr": lr, "downlink": "model"}) for node in node_ids}
         generator = torch.Generator().manual_seed(_stable_id(self.cfg.run.seed, rnd, "downlink"))
-        previous = self.reference
-        change, self.reference = self.algorithm.downlink(self.global_model, previous, generator)
-        synced = {
-            node for node in node_ids if previous is not None and self.synced.get(self.clients[node][0]) == rnd - 1
-        }
-        # The whole model only for clients without the previous copy (first round, missed rounds).
-        whole = self.algorithm.downlink(self.reference, None, generator)[0] if len(synced) < len(node_ids) else None
-        payloads, nbytes = {}, 0
+        sent = self.algorithm.send(self.global_model, rnd, [self.clients[node][0] for node in node_ids], generator)
+        payloads = {}
         for node in node_ids:
-            packet, kind = (change, "change") if node in synced else (whole, "model")
-            payloads[node] = (packet.to_arrays(), {"round": rnd, "lr": lr, "downlink": kind, "reference_round": rnd})
-            nbytes += packet.nbytes
-        self._round_downlink = nbytes
+            arrays, how = sent[self.clients[node][0]]
+            payloads[node] = (arrays, {"round": rnd, "lr": lr, **how})
+        self._round_downlink = sum(a.nbytes for arrays, _ in payloads.values() for a in arrays.values())
         return payloads
 
     def aggregate(self, rnd: int, replies: list[Reply], failures: list[Failure]) -> None:
@@ -423,8 +393,12 @@ class FederatedServer:
         # In institution order, not arrival order: float sums and the clustering then give the same
         # global model whichever client answers first.
         replies = sorted(replies, key=lambda r: self.clients[r.node_id][0])
-        uploads = [Upload(self.clients[r.node_id][0], r.arrays, self.clients[r.node_id][1]) for r in replies]
-        aggregate = self.algorithm.screen(uploads, [norm for norms in self.recent_norms for norm in norms])
+        uploads = [
+            ClientUpload(self.clients[r.node_id][0], payload_arrays(r.arrays), self.clients[r.node_id][1], r.metrics)
+            for r in replies
+        ]
+        payloads = self.algorithm.aggregate(uploads)
+        aggregate = payloads[self.algorithm.uplink[0]]  # every payload's aggregate has the same clients
         for rejection in aggregate.rejected:
             log.warning("round %d: rejected the upload of %s: %s", rnd, rejection.client, rejection.reason)
         for client, (claimed, counted) in aggregate.bounded.items():
@@ -432,20 +406,17 @@ class FederatedServer:
         server_metrics: dict[str, float] = {}
         discarded = None
         if aggregate.update is not None:
-            outcome = self.algorithm.server_update(self.global_model, aggregate, self._distil(rnd))
-            discarded = non_finite_model(outcome.model, aggregate)
+            outcome = self.algorithm.server_update(self.global_model, payloads, self._distil(rnd))
+            discarded = non_finite_model(outcome, payloads)
             if discarded is None:
                 self.global_model, server_metrics = outcome.model, outcome.metrics
-                self.recent_norms = [*self.recent_norms, [a.norm for a in aggregate.accepted]]
-                self.recent_norms = self.recent_norms[-self.cfg.algorithm.norm_history_rounds :]
+                self.algorithm.commit(outcome, payloads)
             else:
                 log.error("round %d: %s; the global model stays as it was", rnd, discarded)
         else:
             log.warning("round %d: no upload was accepted; the global model stays as it was", rnd)
         accepted = {a.client for a in aggregate.accepted} if discarded is None else set()
-        if self.cfg.algorithm.downlink.bits != 32:
-            for reply in replies:
-                self.synced[self.clients[reply.node_id][0]] = rnd
+        self.algorithm.note_replies(rnd, [self.clients[r.node_id][0] for r in replies])
         # Keyed by the institution each node registered as, never by what a reply claims to be.
         metrics = {self.clients[r.node_id][0]: r.metrics for r in replies if self.clients[r.node_id][0] in accepted}
         weights = {a.client: w for a, w in zip(aggregate.accepted, aggregate.weights, strict=True)}
@@ -557,9 +528,7 @@ class FederatedServer:
         server = {
             "round": rnd,
             "distill_optimizer": self.distill_optimizer.state_dict(),
-            "reference": self.reference,
-            "synced": dict(self.synced),
-            "recent_norms": self.recent_norms,
+            "algorithm": self.algorithm.state_dict(),
         }
         torch.save({"module": self.model.state_dict(), "server": server}, folder / DEEPSPEED_MODEL_STATES)
         self.checkpoints.commit(tag, self._progress(rnd))
@@ -589,8 +558,8 @@ class FederatedServer:
         self.global_model = self.layout.flatten_module(self.model)
         server = saved["server"]
         self.distill_optimizer.load_state_dict(server["distill_optimizer"])
-        self.reference, self.synced = server["reference"], dict(server["synced"])
-        self.recent_norms = server.get("recent_norms", [])
+        # Checkpoints written before the algorithm kept its own state hold FedAvg's at the top level.
+        self.algorithm.load_state_dict(server.get("algorithm", server))
         if not bool(torch.isfinite(self.global_model).all()):
             raise GeoFMError(
                 f"{self.checkpoints.latest().resolve()} holds a global model with non-finite values; "
@@ -600,18 +569,36 @@ class FederatedServer:
         return progress.step
 
 
-def non_finite_model(model: torch.Tensor, aggregate: RoundAggregate) -> str | None:
-    """Why a round's new global model cannot be kept (it holds NaN or Inf), naming the likely culprit; None if finite.
+def uplink_metrics(reports: dict[str, UplinkReport]) -> dict[str, float | str]:
+    """A client's log of its upload: the first payload's norms as ``update_norm`` and ``error_norm``,
+    another's as ``<payload>.update_norm`` and ``<payload>.error_norm``, and the residuals it reset."""
+    metrics: dict[str, float | str] = {}
+    resets = []
+    for index, (payload, report) in enumerate(reports.items()):
+        prefix = f"{payload}." if index else ""
+        metrics[f"{prefix}update_norm"], metrics[f"{prefix}error_norm"] = report.update_norm, report.error_norm
+        kind = "guard" if report.guard_reset else "periodic" if report.periodic_reset else ""
+        if kind:
+            resets.append(f"{payload}: {kind}" if len(reports) > 1 else kind)
+    return {**metrics, "feedback_reset": ", ".join(resets)}
+
+
+def non_finite_model(outcome: ServerRound, payloads: dict[str, RoundAggregate]) -> str | None:
+    """Why a round's outcome cannot be kept (its model or state holds NaN or Inf), naming the likely culprit;
+    None if finite.
 
     Every accepted update is finite on its own, so the culprit is the largest one: its values,
     added to the model (or through the server's distillation), overflowed.
     """
-    bad = int((~torch.isfinite(model)).sum())
-    if not bad:
+    tensors = {"global model": outcome.model, **{f"algorithm's {k}": v for k, v in outcome.state.items()}}
+    bad = {what: int((~torch.isfinite(t)).sum()) for what, t in tensors.items()}
+    if not any(bad.values()):
         return None
-    largest = max(aggregate.accepted, key=lambda a: float(a.update.abs().max()))
+    what = next(what for what, count in bad.items() if count)
+    accepted = [a for aggregate in payloads.values() for a in aggregate.accepted]
+    largest = max(accepted, key=lambda a: float(a.update.abs().max()))
     return (
-        f"the new global model holds {bad} NaN or Inf values; the largest accepted update was "
+        f"the new {what} holds {bad[what]} NaN or Inf values; the largest accepted update was "
         f"{largest.client}'s (max |value| {float(largest.update.abs().max()):.4g}, norm {largest.norm:.4g})"
     )
 

@@ -153,18 +153,23 @@ class _Faulty:
         upload, metrics, state = self.client.train(arrays, config, state)
         if self.fault == "raise":
             raise RuntimeError("disk full")
-        n = int(upload["header"][0])
+        n = int(upload["update.header"][0])
         if self.fault == "inf":  # a well-formed 1-bit packet whose finite scales decode to overflow
             arrays = Codec(bits=1).encode(torch.ones(n)).to_arrays()
             arrays["scales"] = np.full_like(arrays["scales"], np.finfo(np.float32).max)
-            return arrays, metrics, state
+            return _update(arrays), metrics, state
         vector = torch.full((n,), float("nan")) if self.fault == "nan" else torch.ones(n)
         bits = 32 if self.fault == "nan" else 8
         packet = Codec(bits=bits).encode(torch.zeros(n)) if self.fault == "nan" else Codec(bits=bits).encode(vector)
         arrays = packet.to_arrays()
         if self.fault == "nan":
             arrays["payload"] = vector.numpy().view(np.uint8)
-        return arrays, metrics, state
+        return _update(arrays), metrics, state
+
+
+def _update(arrays: dict) -> dict:
+    """A packet's arrays as the uplink payload ``update`` travels."""
+    return {f"update.{key}": value for key, value in arrays.items()}
 
 
 def test_malformed_uploads_are_rejected_with_the_client_named_and_the_round_goes_on(fed_tree):
