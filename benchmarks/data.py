@@ -55,7 +55,7 @@ def torch_threads(count: int):
 
 def write_scene(path: Path, size: int, bands: int) -> Path:
     """A ``size`` x ``size`` uint16 GeoTIFF of smooth synthetic reflectance, written strip by strip."""
-    from geofm.data.readers import GeoTiffWriter
+    from geofm.data.writers import GeoTiffWriter
 
     columns = np.arange(size, dtype=np.float32)
     with GeoTiffWriter(

@@ -18,7 +18,6 @@ Traffic: bytes per round up and down for FedSense as configured, with the downli
 
 from __future__ import annotations
 
-import functools
 import statistics
 import tempfile
 import time
@@ -123,9 +122,10 @@ def run(settings: dict[str, Any]) -> Report:
     from geofm.federated.algorithms.base import LocalUpdate, payload_arrays
     from geofm.federated.codec import Codec, decode
     from geofm.federated.flat import ParameterLayout
+    from geofm.loop import micro_step
     from geofm.models.masking import MaskGenerator
     from geofm.models.teacher import build_teacher
-    from pretrain.central import build_student, prepare_models, train_micro_step
+    from pretrain.central import build_student, mim_forward, prepare_models
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _config(settings, Path(tmp))
@@ -166,10 +166,10 @@ def run(settings: dict[str, Any]) -> Report:
         reference = layout.flatten_module(engine.module)
         hooks = algorithm.local_hooks(algorithm.local_round("client0", {"model": reference}, engine.module, {}, 1e-4))
         dtype = ds.compute_dtype(cfg.train)
+        forward = mim_forward(engine, teacher, dev, dtype)
 
         def local_step() -> None:
-            term = None if hooks.regulariser is None else functools.partial(hooks.regulariser, batch, None)
-            train_micro_step(engine, teacher, batch, dev, dtype, hooks.around_gradient, term)
+            micro_step(engine, forward, batch, hooks.around_gradient, hooks.regulariser)
 
         def perturbation() -> None:
             with hooks.around_gradient():

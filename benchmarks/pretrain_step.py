@@ -4,9 +4,9 @@ One step is the frozen teacher's forward, the student's masked forward (encoder,
 projector), the loss, the backward and the optimizer step, on synthetic batches of the config's
 shape (no data loading). Two variants start from identical weights:
 
-* ``optimised``: geofm's own step, :func:`pretrain.central.train_micro_step` on the DeepSpeed
-  engine as configured (fused AdamW, the teacher at ``teacher.precision``, fused attention where it
-  pays, bf16 on GPUs);
+* ``optimised``: geofm's own step, :func:`pretrain.central.mim_forward` in
+  :func:`geofm.loop.micro_step` on the DeepSpeed engine as configured (fused AdamW, the teacher at
+  ``teacher.precision``, fused attention where it pays, bf16 on GPUs);
 * ``eager_fp32``: the same model written plainly: an fp32 teacher, explicit attention, torch's
   default AdamW and ``clip_grad_norm_``, no engine.
 
@@ -118,7 +118,7 @@ class OptimisedStep:
     def __init__(self, cfg, state: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> None:
         from geofm import engine as ds
         from geofm.models.teacher import build_teacher
-        from pretrain.central import build_student, prepare_models
+        from pretrain.central import build_student, mim_forward, prepare_models
 
         _, world = ds.init_distributed()
         self.dev = ds.device()
@@ -128,13 +128,14 @@ class OptimisedStep:
         prepare_models(model, self.teacher, cfg, self.dev)
         self.engine = ds.initialize(model, cfg.train, world, ds.make_schedule(cfg.train, 10**6, world))
         self.dtype = ds.compute_dtype(cfg.train)
+        self.forward = mim_forward(self.engine, self.teacher, self.dev, self.dtype)
         self.batch = batch
         self.precision = str(self.dtype).removeprefix("torch.")
 
     def __call__(self) -> None:
-        from pretrain.central import train_micro_step
+        from geofm.loop import micro_step
 
-        train_micro_step(self.engine, self.teacher, self.batch, self.dev, self.dtype)
+        micro_step(self.engine, self.forward, self.batch)
 
     def teacher_forward(self) -> None:
         self.teacher(self.batch["image"].to(self.dev, self.dtype))

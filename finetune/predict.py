@@ -42,7 +42,8 @@ import torch
 from torch import Tensor
 
 from geofm.data.finetune.normalise import BandNormaliser
-from geofm.data.readers import GeoTiffWriter, RasterInfo, WindowReader, same_grid, scaled_transform
+from geofm.data.readers import RasterInfo, WindowReader, same_grid, scaled_transform
+from geofm.data.writers import GeoTiffWriter
 from geofm.errors import ConfigError, DataMismatchError
 from geofm.runlog import progress_bar
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -35,16 +35,10 @@ from geofm import engine as ds
 from geofm.checkpoints import LoadReport
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config.finetune import FinetuneConfig
-from geofm.runlog import MetricsLog, Throughput, plot_loss_curve, plot_metric_curve, progress_bar
-from geofm.training import (
-    TRAIN_SCHEDULE_KEYS,
-    InputPath,
-    IntervalMeans,
-    Progress,
-    StepBoundaries,
-    start_run,
-    step_seed,
-)
+from geofm.loop import Forward, TrainLoop, epoch_steps, step_seed
+from geofm.runlog import MetricsLog, plot_loss_curve, plot_metric_curve
+from geofm.tasks import StepOutput
+from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, start_run
 
 log = logging.getLogger("geofm.finetune")
 
@@ -86,18 +80,19 @@ def checkpoint_provenance(cfg: FinetuneConfig, report: LoadReport | None) -> dic
     }
 
 
-def train_micro_step(
-    engine, cfg: FinetuneConfig, criterion, mixing, batch: dict, dev: torch.device, dtype: torch.dtype
-):
-    """Forward and backward of one micro-batch; the engine steps the optimizer at accumulation boundaries."""
-    inputs = model_inputs(cfg.task, batch, dev, dtype)
-    target = batch_target(cfg.task, batch, dev)
-    if mixing is not None:
-        inputs[0], target = mixing(inputs[0], target)
-    loss = criterion(engine(*inputs).float(), target.float() if cfg.task in ("multilabel", "superres") else target)
-    engine.backward(loss)
-    engine.step()
-    return loss
+def task_forward(engine, cfg: FinetuneConfig, criterion, mixing, dev: torch.device, dtype: torch.dtype) -> Forward:
+    """The forward of a micro-batch through ``engine`` to the task's loss (after mixing, when configured)."""
+
+    def forward(batch: dict) -> StepOutput:
+        inputs = model_inputs(cfg.task, batch, dev, dtype)
+        target = batch_target(cfg.task, batch, dev)
+        if mixing is not None:
+            inputs[0], target = mixing(inputs[0], target)
+        outputs = engine(*inputs)
+        loss = criterion(outputs.float(), target.float() if cfg.task in ("multilabel", "superres") else target)
+        return StepOutput({"loss": loss}, outputs)
+
+    return forward
 
 
 def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
@@ -169,11 +164,8 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
             restore_best(run_dir, checkpoints.latest().resolve())
         ds.barrier()
         best = read_best(run_dir)
-    stop_at = cfg.run.stop_step(step, schedule.total_steps)
 
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step) if rank == 0 else None
-    bar = progress_bar(schedule.total_steps, step, rank == 0 and cfg.run.progress, run_dir.name)
-    interval, speed = IntervalMeans(("loss",)), Throughput()
     micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
     started = time.perf_counter()
     metric = cfg.primary_metric
@@ -187,14 +179,19 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         if rank == 0:
             snapshot_best(run_dir, checkpoints.latest().resolve())
             plot(metrics.read())
-        speed.restart()
 
     def plot(records: list[dict]) -> None:
         plot_loss_curve(records, run_dir / "loss_curve.png", run_dir.name)
         plot_metric_curve(records, "val", [metric], run_dir / "val_curve.png", f"{run_dir.name}: {opt.val_split}")
 
-    def validate(epoch: float) -> None:
+    def validate(step: int) -> bool:
+        """At the end of every ``finetune.eval_every``-th epoch and of the run: evaluate, keep the best weights."""
         nonlocal best
+        epochs_done, in_epoch = divmod(step, schedule.steps_per_epoch)
+        last = step == schedule.total_steps
+        if val_set is None or in_epoch or not (epochs_done % opt.eval_every == 0 or last):
+            return False
+        epoch = round(step / schedule.steps_per_epoch, 4)
         values = evaluate(engine.module, val_set, cfg, dev, dtype, rank, world).metrics
         if metrics is not None:
             metrics.write({"step": step, "epoch": epoch, "val": values})
@@ -204,61 +201,42 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
             best["metrics"] = values
             if rank == 0:
                 save_best(engine.module, run_dir, best)
+        return True
 
-    boundaries = StepBoundaries(
-        save, world_size=world, checkpoint_every=cfg.run.checkpoint_every, stop_at=stop_at, step=step
+    def epoch_batches(epoch: int, done: int) -> Iterator[dict]:
+        sampler = DistributedSampler(
+            train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg.run.seed, drop_last=True
+        )
+        sampler.set_epoch(epoch)
+        torch.manual_seed(step_seed(cfg.run.seed, epoch * schedule.steps_per_epoch + done, rank))
+        return iter(
+            DataLoader(
+                train_set,
+                batch_size=micro,
+                sampler=list(sampler)[done * micro * accum :],
+                num_workers=cfg.data.num_workers,
+                drop_last=True,
+                pin_memory=dev.type == "cuda",
+            )
+        )
+
+    loop = TrainLoop(
+        engine,
+        task_forward(engine, cfg, criterion, mixing, dev, dtype),
+        seed_of=lambda step: step_seed(cfg.run.seed, step, rank),
+        seed_numpy=True,  # timm's Mixup draws from numpy
+        images=micro * world,
     )
-    with boundaries:
-        try:
-            while step < stop_at:
-                epoch, done = divmod(step, schedule.steps_per_epoch)
-                sampler = DistributedSampler(
-                    train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg.run.seed, drop_last=True
-                )
-                sampler.set_epoch(epoch)
-                torch.manual_seed(step_seed(cfg.run.seed, step, rank))
-                batches = iter(
-                    DataLoader(
-                        train_set,
-                        batch_size=micro,
-                        sampler=list(sampler)[done * micro * accum :],
-                        num_workers=cfg.data.num_workers,
-                        drop_last=True,
-                        pin_memory=dev.type == "cuda",
-                    )
-                )
-                for _ in range(done, schedule.steps_per_epoch):
-                    seed = step_seed(cfg.run.seed, step, rank)
-                    torch.manual_seed(seed)
-                    np.random.seed(seed % 2**32)  # timm's Mixup draws from numpy
-                    for _ in range(accum):
-                        loss = train_micro_step(engine, cfg, criterion, mixing, next(batches), dev, dtype)
-                        interval.add({"loss": loss})
-                        speed.add(micro * world)
-                    step += 1
-                    bar.update(1)
-                    epoch_now = round(step / schedule.steps_per_epoch, 4)
-                    if step % cfg.run.log_every == 0 or step == stop_at:
-                        record = {
-                            "step": step,
-                            "epoch": epoch_now,
-                            **interval.means(),
-                            "lr": max(engine.get_lr()),
-                            "images_per_s": round(speed.rate(), 2),
-                        }
-                        boundaries.check_finite(record)
-                        if metrics is not None:
-                            metrics.write(record)
-                            bar.set_postfix(loss=f"{record['loss']:.4f}")
-                    epochs_done, in_epoch = divmod(step, schedule.steps_per_epoch)
-                    last = step == schedule.total_steps
-                    if val_set is not None and not in_epoch and (epochs_done % opt.eval_every == 0 or last):
-                        validate(epoch_now)
-                        speed.restart()
-                    if boundaries.reached(step):
-                        break
-        finally:
-            bar.close()
+    step = loop.run(
+        epoch_steps(step, schedule.steps_per_epoch, accum, epoch_batches),
+        start,
+        step=step,
+        schedule=schedule,
+        config=cfg.run,
+        save=save,
+        metrics=metrics,
+        after_step=validate,
+    )
 
     if step < schedule.total_steps:
         return run_dir

@@ -9,10 +9,8 @@ config again resumes from ``checkpoints/last`` at the step it reached, with the 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -20,34 +18,19 @@ from torch.utils.data import DataLoader
 
 from geofm import engine as ds
 from geofm.checkpoints import export_backbone, load_pretraining_model
-from geofm.checkpoints.infer import gsd_range
 from geofm.checkpoints.io import LAST_CHECKPOINT
+from geofm.checkpoints.provenance import gsd_range
 from geofm.config import PretrainConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile, SkippedFiles
+from geofm.loop import Forward, TrainLoop, epoch_steps, step_seed
 from geofm.models.backbones import backbone_kwargs, create_backbone, prefer_fused_attention
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
 from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels, teacher_dtype
-from geofm.runlog import (
-    LOSS_KEYS,
-    MetricsLog,
-    Phases,
-    Throughput,
-    final_metrics,
-    plot_loss_curve,
-    progress_bar,
-)
-from geofm.training import (
-    TRAIN_SCHEDULE_KEYS,
-    InputPath,
-    IntervalMeans,
-    Progress,
-    StepBoundaries,
-    leave_cores_to_workers,
-    start_run,
-    step_seed,
-)
+from geofm.runlog import LOSS_KEYS, MetricsLog, Phases, final_metrics, plot_loss_curve
+from geofm.tasks import StepOutput
+from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, leave_cores_to_workers, start_run
 
 log = logging.getLogger("geofm.pretrain")
 
@@ -112,31 +95,24 @@ def pretrain_inputs(cfg: PretrainConfig) -> list[InputPath]:
     return paths
 
 
-def train_micro_step(
-    engine,
-    teacher: FrozenTeacher | None,
-    batch: dict,
-    dev: torch.device,
-    dtype: torch.dtype,
-    around_gradient: Callable[[], AbstractContextManager] = contextlib.nullcontext,
-    regulariser: Callable[[], torch.Tensor] | None = None,
-) -> dict:
-    """Forward and backward of one micro-batch; the engine steps the optimizer at accumulation boundaries.
+def mim_forward(engine, teacher: FrozenTeacher | None, dev: torch.device, dtype: torch.dtype) -> Forward:
+    """The masked-image-modelling forward of a micro-batch through ``engine``; with a teacher, its
+    features of the same images are the distillation targets. Every pretraining mode trains with it."""
 
-    Every pretraining mode trains with this step: central runs as is; a federated client passes its
-    algorithm's hooks (``around_gradient`` wraps the forward/backward, e.g. FedSense's perturbation;
-    ``regulariser`` is added to the loss, e.g. FedProx's proximal term).
-    """
-    images = batch["image"].to(dev, dtype, non_blocking=True)
-    targets = teacher(images) if teacher is not None else None
-    with around_gradient():
-        losses = engine(
-            images, batch["mask"].to(dev, non_blocking=True), batch["valid"].to(dev, non_blocking=True), targets
-        )
-        loss = losses["loss"] if regulariser is None else losses["loss"] + regulariser()
-        engine.backward(loss)
-    engine.step()
-    return losses
+    def forward(batch: dict) -> StepOutput:
+        images = batch["image"].to(dev, dtype, non_blocking=True)
+        targets = teacher(images) if teacher is not None else None
+        mask, valid = batch["mask"].to(dev, non_blocking=True), batch["valid"].to(dev, non_blocking=True)
+        return StepOutput(engine(images, mask, valid, targets))
+
+    return forward
+
+
+def _recording(batches: Iterator[dict], skipped: SkippedFiles) -> Iterator[dict]:
+    """``batches``, the files skipped in each recorded as it is read."""
+    for batch in batches:
+        skipped.add_batch(batch)
+        yield batch
 
 
 def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the config") -> Path:
@@ -200,11 +176,8 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
         startup.lap("resume")
         if rank == 0:
             log.info("resumed from %s at step %d", checkpoints.latest().resolve(), step)
-    stop_at = cfg.run.stop_step(step, schedule.total_steps)
 
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step) if rank == 0 else None
-    bar = progress_bar(schedule.total_steps, step, rank == 0 and cfg.run.progress, run_dir.name)
-    interval, speed = IntervalMeans(LOSS_KEYS), Throughput()
     micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
 
     def skipped_everywhere() -> list[list[int]]:
@@ -216,7 +189,6 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
         checkpoints.save(engine, record, {"step": step})
         if metrics is not None:
             plot_loss_curve(metrics.read(), run_dir / "loss_curve.png", run_dir.name)
-        speed.restart()
 
     # One loader for the run: its workers persist from epoch to epoch, and each epoch's iterator
     # reads the sampler's epoch and start position as set just before.
@@ -229,51 +201,31 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
         pin_memory=dev.type == "cuda",
         persistent_workers=cfg.data.num_workers > 0,
     )
-    boundaries = StepBoundaries(
-        save, world_size=world, checkpoint_every=cfg.run.checkpoint_every, stop_at=stop_at, step=step
+
+    def epoch_batches(epoch: int, done: int) -> Iterator[dict]:
+        sampler.set_epoch(epoch)
+        sampler.set_start(done * micro * accum)
+        return _recording(iter(loader), skipped)
+
+    loop = TrainLoop(
+        engine,
+        mim_forward(engine, teacher, dev, dtype),
+        LOSS_KEYS,
+        seed_of=lambda step: step_seed(cfg.run.seed, step, rank),
+        images=micro * world,
     )
-    with boundaries:
-        try:
-            while step < stop_at:
-                epoch, done = divmod(step, schedule.steps_per_epoch)
-                sampler.set_epoch(epoch)
-                sampler.set_start(done * micro * accum)
-                batches = iter(loader)
-                for _ in range(done, schedule.steps_per_epoch):
-                    torch.manual_seed(step_seed(cfg.run.seed, step, rank))
-                    for _ in range(accum):
-                        batch = next(batches)
-                        if startup is not None and "first_batch" not in startup.seconds:
-                            startup.lap("first_batch")
-                        losses = train_micro_step(engine, teacher, batch, dev, dtype)
-                        interval.add(losses)
-                        speed.add(micro * world)
-                        skipped.add_batch(batch)
-                    step += 1
-                    if startup is not None:
-                        startup.lap("first_step")
-                        if rank == 0:
-                            seconds = startup.seconds
-                            log.info("first optimizer step after %s", startup.describe(), extra={"startup": seconds})
-                        startup = None  # timed once per invocation
-                    bar.update(1)
-                    if step % cfg.run.log_every == 0 or step == stop_at:
-                        record = {
-                            "step": step,
-                            "epoch": round(step / schedule.steps_per_epoch, 4),
-                            **interval.means(),
-                            "lr": engine.get_lr()[0],
-                            "images_per_s": round(speed.rate(), 2),
-                            "skipped_files": len(skipped_everywhere()),
-                        }
-                        boundaries.check_finite(record)
-                        if metrics is not None:
-                            metrics.write(record)
-                            bar.set_postfix(loss=f"{record['loss']:.4f}", img_s=f"{record['images_per_s']:.1f}")
-                    if boundaries.reached(step):
-                        break
-        finally:
-            bar.close()
+    step = loop.run(
+        epoch_steps(step, schedule.steps_per_epoch, accum, epoch_batches),
+        start,
+        step=step,
+        schedule=schedule,
+        config=cfg.run,
+        save=save,
+        metrics=metrics,
+        record=lambda: {"skipped_files": len(skipped_everywhere())},
+        startup=startup,
+        logger=log,
+    )
 
     if step >= schedule.total_steps and rank == 0:
         export_student(cfg, engine.module, run_dir, step, final_metrics(metrics.read()))

@@ -280,7 +280,7 @@ class TorchgeoLayouts:
         pixels all hold its id. SpaceNet2 has train and test splits: the returned ``splits``
         validate on test.
         """
-        from geofm.data.readers import write_geotiff
+        from geofm.data.writers import write_geotiff
 
         rng = np.random.default_rng(2)
         transform = (1.24, 0.0, 500_000.0, 0.0, -1.24, 4_000_000.0)

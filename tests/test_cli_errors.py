@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from geofm.cli import main
-from geofm.data.readers import write_geotiff
+from geofm.data.writers import write_geotiff
 
 RGB = ["red", "green", "blue"]
 TRANSFORM = (1.0, 0.0, 500_000.0, 0.0, -1.0, 5_000_000.0)

@@ -30,7 +30,8 @@ from geofm.checkpoints.build import (
 from geofm.checkpoints.card import model_card
 from geofm.checkpoints.convert import LoadReport, backbone_state_dict, load_backbone_weights
 from geofm.checkpoints.export import export_backbone, timm_pretrained_cfg_overlay
-from geofm.checkpoints.infer import ArchSpec, infer_architecture, read_checkpoint
+from geofm.checkpoints.facts import read_checkpoint
+from geofm.checkpoints.infer import ArchSpec, infer_architecture
 from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
 from geofm.checkpoints.layouts import LAYOUTS, detect_layout, locate_backbone, read_export_sidecar
 from geofm.checkpoints.pretraining import PretrainingReport

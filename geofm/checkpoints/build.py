@@ -21,17 +21,11 @@ from torch import nn
 
 from geofm.checkpoints.convert import LoadReport, apply_state_dict, backbone_state_dict
 from geofm.checkpoints.export import export_backbone
-from geofm.checkpoints.infer import (
-    ArchSpec,
-    CheckpointFacts,
-    flatten,
-    infer_architecture,
-    provenance,
-    read_checkpoint,
-    source_bands,
-)
+from geofm.checkpoints.facts import CheckpointFacts, read_checkpoint, source_bands
+from geofm.checkpoints.infer import ArchSpec, infer_architecture
 from geofm.checkpoints.layouts import LAYOUTS
 from geofm.checkpoints.pretraining import PretrainingReport, pretraining_state
+from geofm.checkpoints.provenance import flatten, provenance
 from geofm.errors import ConfigError, GeoFMError
 
 

@@ -10,6 +10,7 @@ algorithm a plug-in registers are runs of the same program with different ``algo
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -77,6 +78,97 @@ class UplinkConfig(CodecConfig):
     )
 
 
+def _registered(name: str, info: ValidationInfo, registry: str) -> str:
+    """``name`` if the registry ``"module:ATTRIBUTE"`` has it, else ValueError with the nearest names.
+
+    The registries' modules import torch, so names are checked with the architecture (second pass).
+    """
+    if not checks_architecture(info):
+        return name
+    module, attribute = registry.split(":")
+    return getattr(importlib.import_module(module), attribute).check(name)
+
+
+def _foreign_keys(section: Section, used: dict[str, set[str]]) -> None:
+    """Refuse a built-in ``section.name`` given a non-default value of a key only other built-ins use."""
+    if section.name not in used:
+        return
+    defaults = type(section).model_fields
+    keys = set().union(*used.values()) - used[section.name]
+    foreign = sorted(key for key in keys if getattr(section, key) != defaults[key].default)
+    if foreign:
+        owners = sorted(name for name, own in used.items() if set(foreign) & own)
+        raise ValueError(f"{section.name} has no {', '.join(foreign)} (used by {', '.join(owners)})")
+
+
+class ServerOptimizerConfig(Section):
+    """How the round's combined update ``Delta`` moves the global model (Reddi et al. 2021, Algorithm 2).
+
+    ``sgd``: ``x + lr Delta`` (lr 1: FedAvg). ``fedavgm``: server momentum. ``fedadam``, ``fedyogi``:
+    adaptive steps ``lr m / (sqrt(v) + tau)``. A plug-in's optimiser reads the keys it needs.
+    """
+
+    name: str = Field(default="sgd", description="sgd, fedavgm, fedadam, fedyogi, or a plug-in's name")
+    lr: float | None = Field(
+        default=None, gt=0.0, description="server learning rate; null: 1.0 (sgd, fedavgm); fedadam and fedyogi need it"
+    )
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="fedavgm: server momentum")
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="fedadam, fedyogi: decay of the first moment")
+    beta2: float = Field(default=0.99, ge=0.0, lt=1.0, description="fedadam, fedyogi: decay of the second moment")
+    tau: float = Field(default=1e-3, gt=0.0, description="fedadam, fedyogi: adaptivity, added to sqrt(v)")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str, info: ValidationInfo) -> str:
+        return _registered(name, info, "geofm.federated.server_optimizers:SERVER_OPTIMIZERS")
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> ServerOptimizerConfig:
+        _foreign_keys(
+            self,
+            {
+                "sgd": set(),
+                "fedavgm": {"momentum"},
+                "fedadam": {"beta1", "beta2", "tau"},
+                "fedyogi": {"beta1", "beta2", "tau"},
+            },
+        )
+        if self.name in ("fedadam", "fedyogi") and self.lr is None:
+            raise ValueError(f"{self.name} needs lr (Reddi et al. tune it between 1e-3 and 1)")
+        return self
+
+
+class AggregatorConfig(Section):
+    """How the server combines the accepted client updates: the weighted mean, or a Byzantine-robust rule."""
+
+    name: str = Field(default="mean", description="mean, median, trimmed_mean, krum, or a plug-in's name")
+    trim_fraction: float = Field(
+        default=0.1, ge=0.0, lt=0.5, description="trimmed_mean: share of the values dropped at each end, per coordinate"
+    )
+    byzantine_clients: int = Field(default=0, ge=0, description="krum: f, the assumed number of Byzantine clients")
+    multi_krum: int | None = Field(
+        default=None, gt=0, description="krum: average the m updates of lowest score; null: Krum's single best"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str, info: ValidationInfo) -> str:
+        return _registered(name, info, "geofm.federated.robust:AGGREGATORS")
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> AggregatorConfig:
+        _foreign_keys(
+            self,
+            {
+                "mean": set(),
+                "median": set(),
+                "trimmed_mean": {"trim_fraction"},
+                "krum": {"byzantine_clients", "multi_krum"},
+            },
+        )
+        return self
+
+
 class AlgorithmConfig(Section):
     """The federated algorithm: client update rule, server update rule and what travels each way.
 
@@ -84,11 +176,12 @@ class AlgorithmConfig(Section):
     ``proximal_beta / 2 ||theta - Theta||^2``. ``fedsense``: plus drift-aware perturbed local steps
     (``perturbation_radius``, server-to-client guidance), the proximal term if ``proximal_beta``,
     K-means of client models (``clusters``) and similarity distillation on the server's public data
-    (``distill_steps``). ``scaffold``: control variates correcting the client drift, server step
-    ``server_lr``. Any registered algorithm (see :mod:`geofm.federated.algorithms`) takes its own
-    settings from ``options``. Every payload can be quantised: ``uplink`` and ``downlink`` apply to
-    each payload of their direction, ``uplink_payloads`` and ``downlink_payloads`` change fields for
-    one named payload.
+    (``distill_steps``); these three combine the uploads with ``aggregator`` and step the global
+    model with ``server_optimizer``. ``scaffold``: control variates correcting the client drift,
+    the paper's plain means and server step ``server_lr``. Any registered algorithm (see
+    :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
+    quantised: ``uplink`` and ``downlink`` apply to each payload of their direction,
+    ``uplink_payloads`` and ``downlink_payloads`` change fields for one named payload.
     """
 
     name: str = "fedsense"
@@ -130,10 +223,12 @@ class AlgorithmConfig(Section):
         description="a client's weight counts at most this multiple of the median example count of the "
         "round's other uploads; null: weights as claimed",
     )
+    server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
+    aggregator: AggregatorConfig = AggregatorConfig()
 
     @field_validator("name")
     @classmethod
-    def _registered(cls, name: str) -> str:
+    def _check_name(cls, name: str) -> str:
         from geofm.federated.algorithms import ALGORITHMS  # the registry only: no torch
 
         return ALGORITHMS.check(name)
@@ -258,6 +353,12 @@ class FederatedConfig(ProgramConfig):
         if undeclared:
             raise ValueError(
                 f"federation.declared_examples names {undeclared}, not clients of this run {self.client_names}"
+            )
+        krum = self.algorithm.aggregator
+        if krum.name == "krum" and fed.min_clients <= 2 * krum.byzantine_clients + 2:
+            raise ValueError(
+                f"algorithm.aggregator krum with byzantine_clients {krum.byzantine_clients} needs "
+                f"federation.min_clients above 2f + 2 = {2 * krum.byzantine_clients + 2}, got {fed.min_clients}"
             )
         if self.algorithm.distill_steps and not fed.public_sources:
             raise ValueError("algorithm.distill_steps needs a public source for the server (federation.public_sources)")

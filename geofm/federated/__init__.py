@@ -10,6 +10,9 @@
   guidance, and FedProx's :func:`proximal_term`.
 * :mod:`~geofm.federated.aggregation`: screening of uploads (:class:`UploadRules`) and
   data-weighted averaging (:func:`aggregate_uploads`).
+* :mod:`~geofm.federated.robust`: aggregators beyond the mean (median, trimmed mean, Krum), by name.
+* :mod:`~geofm.federated.server_optimizers`: how the combined update moves the global model (FedAvgM,
+  FedAdam, FedYogi), by name.
 * :mod:`~geofm.federated.clustering`: :func:`cluster_clients`, K-means of client models on a
   :func:`count_sketch`.
 * :mod:`~geofm.federated.similarity`: server similarity distillation on public images

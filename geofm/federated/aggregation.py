@@ -17,7 +17,8 @@ A client's weight is its example count, bounded: never more than the count decla
 institution (``declared_examples``), and never more than ``examples_factor`` times the median
 count of the round's other accepted uploads, so that one client claiming 10^9 examples cannot take
 the round. Rejected uploads come back with a reason, bounded counts with both numbers, for the
-caller to log.
+caller to log. The accepted updates are combined by their weighted mean, or by the configured
+:class:`Aggregator` (:mod:`~geofm.federated.robust`).
 
 An upload may carry several named payloads (SCAFFOLD sends its model update and its control
 update): :func:`aggregate_payloads` screens each payload on its own rules, with its own history of
@@ -31,7 +32,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -134,7 +135,8 @@ class RoundAggregate:
     """The outcome of a round's uploads.
 
     Attributes:
-        update: data-weighted mean of the accepted updates, or None if none was accepted.
+        update: the accepted updates combined (by default their data-weighted mean), or None if
+            none was accepted or the aggregator found too few.
         accepted: the accepted uploads with their decoded updates, in upload order.
         weights: each accepted upload's weight (its share of the accepted examples).
         rejected: the uploads left out, with reasons.
@@ -146,6 +148,16 @@ class RoundAggregate:
     weights: list[float]
     rejected: list[Rejection]
     bounded: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+class Aggregator(Protocol):
+    """Combines equally long update vectors (one per accepted client, with its weight) into one."""
+
+    def combine(self, updates: Sequence[Tensor], weights: Sequence[float]) -> Tensor: ...
+
+
+class TooFewUpdates(ValueError):
+    """A round has fewer accepted updates than its aggregator needs."""
 
 
 def weighted_mean(vectors: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
@@ -272,6 +284,7 @@ def aggregate_payloads(
     uploads: Sequence[ClientUpload],
     rules: Mapping[str, UploadRules],
     recent_norms: Mapping[str, Sequence[float]] | None = None,
+    aggregator: Aggregator | None = None,
 ) -> dict[str, RoundAggregate]:
     """Screen every payload of a round's uploads and average each over the clients whose payloads all passed.
 
@@ -279,6 +292,8 @@ def aggregate_payloads(
         uploads: the round's uploads.
         rules: payload name -> what the server accepts for it; every upload must carry each.
         recent_norms: payload name -> norms of that payload accepted in recent rounds.
+        aggregator: combines each payload's accepted updates; None: their weighted mean (see
+            :func:`aggregate_uploads`).
 
     Returns:
         Payload name -> its round aggregate. Every aggregate lists the same accepted clients (in
@@ -316,14 +331,27 @@ def aggregate_payloads(
             replace(passed[name][a.client], num_examples=a.num_examples, metadata=uploads[index[a.client]].metadata)
             for a in counted
         ]
-        update = weighted_mean([a.update for a in accepted], weights)
+        updates = [a.update for a in accepted]
+        try:
+            update = weighted_mean(updates, weights) if aggregator is None else aggregator.combine(updates, weights)
+        except TooFewUpdates as exc:
+            unused = [Rejection(a.client, f"not combined: {exc}") for a in counted]
+            return {n: RoundAggregate(None, [], [], rejections + unused, bounded) for n in rules}
         aggregates[name] = RoundAggregate(update, accepted, weights, rejections, bounded)
     return aggregates
 
 
 def aggregate_uploads(
-    uploads: Sequence[Upload], rules: UploadRules, recent_norms: Sequence[float] = ()
+    uploads: Sequence[Upload],
+    rules: UploadRules,
+    recent_norms: Sequence[float] = (),
+    aggregator: Aggregator | None = None,
 ) -> RoundAggregate:
-    """Screen a round's uploads and average the accepted updates weighted by their bounded example counts."""
+    """Screen a round's uploads and combine the accepted updates, weighted by their bounded example counts.
+
+    ``aggregator`` (see :mod:`~geofm.federated.robust`) combines them; None: the weighted mean. When
+    it finds the round too small (:class:`TooFewUpdates`), every accepted upload is rejected with its
+    reason and the round has no update.
+    """
     named = [ClientUpload(u.client, {"update": u.packet}, u.num_examples) for u in uploads]
-    return aggregate_payloads(named, {"update": rules}, {"update": recent_norms})["update"]
+    return aggregate_payloads(named, {"update": rules}, {"update": recent_norms}, aggregator)["update"]

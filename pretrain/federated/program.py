@@ -1,8 +1,8 @@
 """Federated continual pretraining: the server and client programs the runtime runs on Flower.
 
 Every client trains the GFM objective (SimMIM without a teacher) on its own imagery with the very
-step of central pretraining (:func:`pretrain.central.train_micro_step`: same objective, parameter
-groups, clipping, engine), wrapped by its algorithm's hooks; the algorithm
+step of central pretraining (:func:`pretrain.central.mim_forward` in :class:`geofm.loop.TrainLoop`:
+same objective, parameter groups, clipping, engine), wrapped by its algorithm's hooks; the algorithm
 (:mod:`geofm.federated.algorithms`) decides what is uploaded, how the server combines it and
 what is sent down. Each round:
 
@@ -51,13 +51,14 @@ from geofm.federated.feedback import UplinkReport
 from geofm.federated.flat import ParameterLayout
 from geofm.federated.partition import ClientFile, partition_by_region, partition_by_source, partition_dirichlet
 from geofm.federated.similarity import distill_similarity
+from geofm.loop import TrainLoop
 from geofm.models.backbones import patch_size_of
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel
 from geofm.models.teacher import FrozenTeacher, build_teacher
 from geofm.runlog import LOSS_KEYS, MetricsLog, plot_rounds
-from geofm.training import InputPath, IntervalMeans, Progress, RunCheckpoints, check_inputs, check_resume
-from pretrain.central import RESUME_INVARIANTS, build_student, export_student, prepare_models, train_micro_step
+from geofm.training import InputPath, Progress, RunCheckpoints, check_inputs, check_resume
+from pretrain.central import RESUME_INVARIANTS, build_student, export_student, mim_forward, prepare_models
 from pretrain.federated.runtime import DATA_ROOT, INSTITUTION, Arrays, Failure, Reply, Scalars, program_config
 
 log = logging.getLogger("geofm.federated")
@@ -238,13 +239,15 @@ class FederatedClient:
         local = algorithm.local_round(self.name, received, engine.module, state, lr)
         hooks = algorithm.local_hooks(local)
 
-        sums, steps = IntervalMeans(LOSS_KEYS), 0
-        for step, micro_batches in enumerate(self._batches(rnd)):
-            torch.manual_seed(_stable_id(cfg.run.seed, self.name, rnd, step))
-            for batch in micro_batches:
-                term = None if hooks.regulariser is None else functools.partial(hooks.regulariser, batch, None)
-                sums.add(train_micro_step(engine, teacher, batch, dev, dtype, hooks.around_gradient, term))
-            steps += 1
+        loop = TrainLoop(
+            engine,
+            mim_forward(engine, teacher, dev, dtype),
+            LOSS_KEYS,
+            seed_of=lambda step: _stable_id(cfg.run.seed, self.name, rnd, step),
+            around_gradient=hooks.around_gradient,
+            regulariser=hooks.regulariser,
+        )
+        means, steps = loop.local_steps(self._batches(rnd))
 
         update = algorithm.finish_local(local, algorithm.shared.flatten_module(engine.module).cpu(), steps)
         algorithm.keep_local(engine.module, state)
@@ -256,7 +259,7 @@ class FederatedClient:
             "client": self.name,
             "num_examples": self.num_examples,
             "steps": steps,
-            **sums.means(),
+            **means,
             **update.metadata,
             **uplink_metrics(reports),
             "seconds": time.perf_counter() - started,
@@ -412,6 +415,7 @@ class FederatedServer:
                 self.global_model, server_metrics = outcome.model, outcome.metrics
                 self.algorithm.commit(outcome, payloads)
             else:
+                self.algorithm.discard()
                 log.error("round %d: %s; the global model stays as it was", rnd, discarded)
         else:
             log.warning("round %d: no upload was accepted; the global model stays as it was", rnd)

@@ -53,6 +53,16 @@ def test_the_paper_setting_and_its_baselines_differ_only_in_their_algorithm():
             "algorithm.downlink_payloads={model: {bits: 3}}",
             r"algorithm: downlink_payloads\.model\.bits: Input should be 1, 2, 4, 8 or 32",
         ),
+        ("algorithm.server_optimizer.name=fedadm", r"algorithm\.server_optimizer\.name.*did you mean 'fedadam'"),
+        ("algorithm.aggregator.name=medain", r"algorithm\.aggregator\.name.*did you mean 'median'"),
+        ("algorithm.server_optimizer.name=fedyogi", "fedyogi needs lr"),
+        ("algorithm.server_optimizer={name: fedadam, lr: 0.01, momentum: 0.5}", r"fedadam has no momentum \(used by"),
+        ("algorithm.aggregator.trim_fraction=0.2", r"mean has no trim_fraction \(used by trimmed_mean\)"),
+        ("algorithm.aggregator={name: trimmed_mean, trim_fraction: 0.5}", r"trim_fraction"),
+        (
+            "algorithm.aggregator={name: krum, byzantine_clients: 1}",
+            r"byzantine_clients 1 needs federation\.min_clients above 2f \+ 2 = 4, got 2",
+        ),
     ],
 )
 def test_federated_config_errors_name_the_field(override, message):
@@ -64,3 +74,18 @@ def test_federated_config_errors_name_the_field(override, message):
 def test_partitions_other_than_by_source_name_their_clients():
     cfg = FederatedConfig.from_file(DEMO, ["federation.partition=dirichlet", "federation.clients=4"])
     assert cfg.client_names == ["client0", "client1", "client2", "client3"]
+
+
+def test_server_rules_default_to_fedavg_and_take_their_keys():
+    cfg = FederatedConfig.from_file(DEMO)
+    assert (cfg.algorithm.server_optimizer.name, cfg.algorithm.aggregator.name) == ("sgd", "mean")
+    cfg = FederatedConfig.from_file(
+        DEMO,
+        [
+            "algorithm.server_optimizer={name: fedyogi, lr: 0.03, tau: 0.01}",
+            "algorithm.aggregator={name: krum, byzantine_clients: 0, multi_krum: 2}",
+            "federation.min_clients=3",
+        ],
+    )
+    assert (cfg.algorithm.server_optimizer.lr, cfg.algorithm.server_optimizer.tau) == (0.03, 0.01)
+    assert cfg.algorithm.aggregator.multi_krum == 2

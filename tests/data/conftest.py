@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from geofm.config import SourceConfig
-from geofm.data.readers import write_geotiff
+from geofm.data.writers import write_geotiff
 
 TRANSFORM = (10.0, 0.0, 500_000.0, 0.0, -10.0, 5_000_000.0)
 CRS = "EPSG:32632"

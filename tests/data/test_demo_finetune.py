@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from geofm.config.finetune import FinetuneConfig
-from geofm.data.demo import FINETUNE_SPLITS, LAND_COVER, SCENE_CLASSES, SR_FACTOR, UNLABELED, make_demo_archive
+from geofm.data.demo import FINETUNE_SPLITS, SR_FACTOR, make_demo_archive
+from geofm.data.demo_scenes import LAND_COVER, SCENE_CLASSES, UNLABELED
 from geofm.data.finetune import build_finetune_dataset
 from geofm.data.readers import raster_info, read_raster
 from geofm.data.stats import compute_band_stats

@@ -7,16 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from geofm.data.readers import (
-    GeoTiffWriter,
-    WindowReader,
-    raster_info,
-    read_bounds_lonlat,
-    read_raster,
-    same_grid,
-    scaled_transform,
-    write_geotiff,
-)
+from geofm.data.readers import WindowReader, raster_info, read_bounds_lonlat, read_raster, same_grid, scaled_transform
+from geofm.data.writers import GeoTiffWriter, write_geotiff
 from geofm.errors import RasterReadError
 
 

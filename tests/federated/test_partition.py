@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from geofm.data.readers import write_geotiff
+from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError
 from geofm.federated.partition import (
     ClientFile,

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from geofm.config.federated import AlgorithmConfig
+from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.base import LocalUpdate, payload_arrays
@@ -116,3 +117,10 @@ def test_each_payload_keeps_its_own_residual_under_a_1bit_uplink(delta_c_bits):
     payloads = server.aggregate([ClientUpload("a", payload_arrays(up), 3)])
     assert [a.client for a in payloads["delta_c"].accepted] == ["a"]
     assert torch.equal(payloads["delta_y"].update, decoded["delta_y"])
+
+
+def test_scaffold_refuses_another_aggregator_or_server_optimiser():
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.aggregator: scaffold combines the uploads by the paper's plain means"
+    ):
+        build_algorithm(AlgorithmConfig(name="scaffold", aggregator={"name": "median"}), 4)

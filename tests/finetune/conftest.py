@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from geofm.data.readers import write_geotiff
+from geofm.data.writers import write_geotiff
 
 CLASSES = ["field", "forest", "water"]
 TRANSFORM = (10.0, 0.0, 500_000.0, 0.0, -10.0, 4_000_000.0)

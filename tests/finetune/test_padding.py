@@ -12,7 +12,7 @@ from finetune.metrics import TaskMetrics
 from finetune.objective import build_criterion
 from geofm.config.finetune import PADDING_LABEL
 from geofm.data.finetune import build_finetune_dataset
-from geofm.data.readers import write_geotiff
+from geofm.data.writers import write_geotiff
 
 TRANSFORM = (10.0, 0.0, 500_000.0, 0.0, -10.0, 5_000_000.0)
 

@@ -13,7 +13,8 @@ import torch
 from finetune.cli import register
 from finetune.predict import Predictor
 from geofm.data.finetune import BandNormaliser
-from geofm.data.readers import read_raster, write_geotiff
+from geofm.data.readers import read_raster
+from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError
 
 

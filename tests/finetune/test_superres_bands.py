@@ -14,7 +14,7 @@ import rasterio
 from finetune.run import finetune
 from geofm.cli import main
 from geofm.config.finetune import FinetuneConfig
-from geofm.data.readers import write_geotiff
+from geofm.data.writers import write_geotiff
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

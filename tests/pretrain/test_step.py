@@ -1,8 +1,8 @@
 """The optimised training step against the same step written plainly in eager fp32.
 
-The optimised step (:func:`pretrain.central.train_micro_step` on the DeepSpeed engine: fused
-AdamW, no one-process gradient all-reduce, the teacher at ``teacher.precision``) must train like a
-plain PyTorch loop from the same weights on the same batches:
+The optimised step (:func:`pretrain.central.mim_forward` in :func:`geofm.loop.micro_step` on the
+DeepSpeed engine: fused AdamW, no one-process gradient all-reduce, the teacher at
+``teacher.precision``) must train like a plain PyTorch loop from the same weights on the same batches:
 
 * with an fp32 teacher, the only difference is the fused AdamW kernel, which rounds the same update
   differently in the last bits: losses over a few steps agree to 1e-5 relative (observed ~1e-7);
@@ -18,10 +18,11 @@ import torch
 
 from geofm import engine as ds
 from geofm.config import PretrainConfig
+from geofm.loop import micro_step
 from geofm.models.backbones import set_fused_attention
 from geofm.models.masking import MaskGenerator
 from geofm.models.teacher import build_teacher
-from pretrain.central import build_student, prepare_models, train_micro_step
+from pretrain.central import build_student, mim_forward, prepare_models
 
 LR = 1e-3
 
@@ -45,9 +46,10 @@ def _optimised_losses(cfg: PretrainConfig, state: dict, batches: list[dict]) -> 
     teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices)
     prepare_models(model, teacher, cfg, torch.device("cpu"))
     engine = ds.initialize(model, cfg.train, 1, None, LR)
+    forward = mim_forward(engine, teacher, torch.device("cpu"), torch.float32)
     out = []
     for batch in batches:
-        losses = train_micro_step(engine, teacher, batch, torch.device("cpu"), torch.float32)
+        losses = micro_step(engine, forward, batch).losses
         out.append({k: float(v.detach()) for k, v in losses.items()})
     return out
 

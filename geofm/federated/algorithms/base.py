@@ -45,6 +45,7 @@ from geofm.federated.aggregation import ClientUpload, RoundAggregate, UploadRule
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
 from geofm.federated.flat import ParameterLayout
+from geofm.federated.robust import build_aggregator
 from geofm.tasks import StepOutput
 
 Arrays = dict[str, np.ndarray]
@@ -176,6 +177,7 @@ class Algorithm(ABC):
             )
             for p, up in self.uplink_configs.items()
         }
+        self.aggregator = build_aggregator(cfg.aggregator)
         self.compressed = [p for p, codec in self.downlink_codecs.items() if codec.bits != 32]
         # Server state.
         self.recent_norms: dict[str, list[list[float]]] = {p: [] for p in self.uplink}  # newest last
@@ -330,15 +332,22 @@ class Algorithm(ABC):
 
     # ---- server: uplink -------------------------------------------------------------------
     def aggregate(self, uploads: Sequence[ClientUpload]) -> dict[str, RoundAggregate]:
-        """Decode and screen every payload (its own norm history), average each over the accepted clients."""
+        """Decode and screen every payload (its own norm history), combine each over the accepted clients
+        with the configured aggregator."""
         recent = {p: [n for norms in self.recent_norms[p] for n in norms] for p in self.uplink}
-        return aggregate_payloads(uploads, self.rules, recent)
+        return aggregate_payloads(uploads, self.rules, recent, self.aggregator)
 
     @abstractmethod
     def server_update(
         self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
     ) -> ServerRound:
-        """The next global model and state from the round's aggregates (at least one client accepted)."""
+        """The next global model and state from the round's aggregates (at least one client accepted).
+
+        State it changes in place rather than through the outcome is restored by :meth:`discard`.
+        """
+
+    def discard(self) -> None:  # noqa: B027 (optional: most algorithms change nothing in place)
+        """Undo what the last :meth:`server_update` changed in place: the runtime did not keep its outcome."""
 
     def commit(self, outcome: ServerRound, payloads: Mapping[str, RoundAggregate]) -> None:
         """Keep a round's outcome: its state, and its accepted norms in each payload's history."""
@@ -367,6 +376,7 @@ class Algorithm(ABC):
         """
         if "references" not in saved:  # FedAvg, FedProx and FedSense runs of before
             saved = {
+                **saved,
                 "recent_norms": {"update": saved.get("recent_norms", [])},
                 "references": {"model": saved["reference"]} if saved.get("reference") is not None else {},
                 "synced": saved.get("synced", {}),

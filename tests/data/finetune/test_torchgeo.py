@@ -107,7 +107,7 @@ def test_spacenet2_superres_pairs_ms_with_ps_ms_chips(tmp_path, data_cfg, torchg
 
 def test_spacenet2_superres_pairs_multispectral_with_pan_sharpened_rgb_chips(tmp_path, data_cfg, torchgeo_layouts):
     """SpaceNet2's MUL chips (here 4 bands) to its RGB-PanSharpen chips (3 bands): each side its own bands."""
-    from geofm.data.readers import write_geotiff
+    from geofm.data.writers import write_geotiff
 
     fields = torchgeo_layouts.spacenet2(tmp_path)
     area = tmp_path / "SN2_buildings" / "train" / "AOI_2_Vegas_Train"

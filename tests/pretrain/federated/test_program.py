@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from geofm.checkpoints import inspect_checkpoint
+from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError, DatasetNotFoundError, FederatedRunError
 from geofm.federated.codec import Codec
@@ -291,3 +292,64 @@ def test_a_round_whose_new_model_is_not_finite_is_discarded_and_the_previous_mod
     assert "5 NaN or Inf values" in rounds[1]["discarded"] and "largest accepted update" in rounds[1]["discarded"]
     assert torch.equal(server.global_model, kept[1]), "round 2's model is round 1's"
     assert _finite_backbone(cfg.run.output_dir)
+
+
+ADAM = {"server_optimizer": {"name": "fedadam", "lr": 0.01}}
+
+
+def _server_state(run_dir: Path) -> dict:
+    (path,) = sorted((run_dir / "checkpoints").rglob(DEEPSPEED_MODEL_STATES))[-1:]
+    return torch.load(path, weights_only=True)["server"]
+
+
+@pytest.mark.parametrize("algorithm", [ADAM, {"aggregator": {"name": "median"}}], ids=["fedadam", "median"])
+def test_a_run_with_a_server_optimiser_or_a_robust_aggregator_finishes_and_logs(fed_tree, algorithm):
+    run_dir = _run(fed_tree("rule", algorithm=algorithm, federation={"rounds": 2}))
+    rounds = _strict_rounds(run_dir)
+    assert [r["round"] for r in rounds] == [1, 2] and all(len(r["clients"]) == 3 for r in rounds)
+    assert all(r["loss"] is not None and "loss_similarity" in r for r in rounds) and _finite_backbone(run_dir)
+    state = _server_state(run_dir)["server_optimizer"]
+    if algorithm is ADAM:
+        values = FederatedServer(FederatedConfig.from_tree(fed_tree("size"))).global_model.numel()
+        assert state["m"].shape == state["v"].shape == (values,) and bool((state["v"] > 0).all())
+    mean = _run(fed_tree("mean", federation={"rounds": 2}))
+    wa, wb = load_file(mean / "backbone.safetensors"), load_file(run_dir / "backbone.safetensors")
+    assert not all(torch.equal(wa[k], wb[k]) for k in wa), "the rule changes the global model"
+
+
+def test_a_resumed_run_restores_the_server_optimiser_and_an_older_checkpoint_starts_it_afresh(fed_tree):
+    straight = _run(fed_tree("straight", algorithm=ADAM))
+    for name in ("resumed", "older"):
+        _run(fed_tree(name, algorithm=ADAM, federation={"rounds": 3, "stop_after_rounds": 1}))
+    (path,) = Path(fed_tree("older")["run"]["output_dir"]).joinpath("checkpoints").rglob(DEEPSPEED_MODEL_STATES)
+    saved = torch.load(path, weights_only=True)
+    assert saved["server"].pop("server_optimizer")["m"] is not None
+    torch.save(saved, path)  # as written before the server optimiser was saved
+    resumed, older = _run(fed_tree("resumed", algorithm=ADAM)), _run(fed_tree("older", algorithm=ADAM))
+    weights = {run: load_file(run / "backbone.safetensors") for run in (straight, resumed, older)}
+    assert all(torch.equal(weights[straight][k], weights[resumed][k]) for k in weights[straight])
+    assert [r["round"] for r in _rounds(older)] == [1, 2, 3] and _finite_backbone(older)
+    assert not all(torch.equal(weights[straight][k], weights[older][k]) for k in weights[straight]), (
+        "a fresh state steps differently: the saved one is what made the resumed run identical"
+    )
+
+
+def test_a_discarded_round_leaves_the_server_optimiser_state_as_it_was(fed_tree, monkeypatch):
+    cfg = FederatedConfig.from_tree(
+        fed_tree("momentum", algorithm={"server_optimizer": {"name": "fedavgm"}}, federation={"rounds": 2})
+    )
+    server = FederatedServer(cfg)
+    update_rule, buffers = type(server.algorithm).server_update, []
+
+    def overflow_in_round_2(self, model, aggregate, refine):
+        outcome = update_rule(self, model, aggregate, refine)
+        buffers.append(self.server_optimizer.state_dict()["state"][0]["momentum_buffer"].clone())
+        if len(buffers) == 2:
+            outcome.model[:5] = float("inf")
+        return outcome
+
+    monkeypatch.setattr(type(server.algorithm), "server_update", overflow_in_round_2)
+    clients = {i + 1: FederatedClient(cfg, {"institution": name}) for i, name in enumerate(cfg.client_names)}
+    run_server(server, InProcess(clients), poll_s=0)
+    assert "discarded" in _strict_rounds(cfg.run.output_dir)[1] and not torch.equal(buffers[0], buffers[1])
+    assert torch.equal(server.algorithm.server_optimizer.state_dict()["state"][0]["momentum_buffer"], buffers[0])

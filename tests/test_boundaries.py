@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
+from geofm.boundaries import StepBoundaries
 from geofm.errors import GeoFMError, LossNotFiniteError, RunInterrupted
-from geofm.training import StepBoundaries
 
 
 def boundaries(saved: list[int], *, world_size: int = 1, step: int = 0) -> StepBoundaries:

@@ -1,0 +1,174 @@
+"""Raster output: GeoTIFFs written whole (:func:`write_geotiff`) or window by window (:class:`GeoTiffWriter`).
+
+With :mod:`geofm.data.readers`, the only module of geofm that imports :mod:`rasterio`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import rasterio
+from affine import Affine
+from rasterio.io import DatasetWriter
+from rasterio.windows import Window
+
+
+def _create(
+    path: str | Path,
+    shape: tuple[int, int, int],
+    dtype: str | np.dtype,
+    crs: str | None,
+    transform: Sequence[float],
+    nodata: float | None,
+    **options: object,
+) -> DatasetWriter:
+    """Open a new GeoTIFF of ``shape`` (bands, height, width) for writing, creating its folder.
+
+    ``options`` are GDAL creation options (compression, tiling...).
+    """
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    count, height, width = shape
+    return rasterio.open(
+        path,
+        "w",
+        driver="GTiff",
+        width=width,
+        height=height,
+        count=count,
+        dtype=dtype,
+        crs=crs,
+        transform=Affine(*transform[:6]),
+        nodata=nodata,
+        **options,
+    )
+
+
+def write_geotiff(
+    path: str | Path,
+    array: np.ndarray,
+    *,
+    transform: Sequence[float],
+    crs: str | int,
+    nodata: float | None = None,
+) -> None:
+    """Write a (bands, height, width) array to a GeoTIFF.
+
+    Args:
+        path: output file; its parent folder is created if needed.
+        array: pixels of shape (bands, height, width), written in their own dtype.
+        transform: affine coefficients ``(a, b, c, d, e, f)`` mapping pixel to map coordinates,
+            e.g. ``(res, 0, x_min, 0, -res, y_max)``; an :class:`affine.Affine` works too.
+        crs: coordinate reference system, e.g. ``"EPSG:32632"`` or ``32632``.
+        nodata: value marking pixels without data, or None.
+
+    Raises:
+        ValueError: if ``array`` is not three-dimensional.
+    """
+    if array.ndim != 3:
+        raise ValueError(f"expected an array of shape (bands, height, width), got shape {array.shape}")
+    if isinstance(crs, int):
+        crs = f"EPSG:{crs}"
+    with _create(path, array.shape, array.dtype, crs, transform, nodata) as dst:
+        dst.write(array)
+
+
+class GeoTiffWriter:
+    """A GeoTIFF written window by window, so that a scene never has to be held whole in memory.
+
+    The file is tiled (256 x 256 blocks), deflate-compressed and becomes a BigTIFF when it needs
+    to. It is written as ``NAME.partial`` beside its path and takes the path only when closed, so
+    a write that fails or is interrupted leaves no half-written file and never replaces an earlier
+    one. Use it as a context manager: leaving on an exception discards the partial file.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        width: int,
+        height: int,
+        count: int,
+        dtype: str | np.dtype,
+        crs: str | None,
+        transform: Sequence[float],
+        nodata: float | None = None,
+        descriptions: Sequence[str] | None = None,
+    ) -> None:
+        """Create the file.
+
+        Args:
+            path: output file; its parent folder is created if needed.
+            width: columns.
+            height: rows.
+            count: bands.
+            dtype: pixel type, e.g. ``"uint8"``.
+            crs: coordinate reference system, or None.
+            transform: affine coefficients ``(a, b, c, d, e, f)``.
+            nodata: value marking pixels without data, or None.
+            descriptions: a name per band (GDAL band descriptions, e.g. ``red``), or None.
+
+        Raises:
+            ValueError: if ``descriptions`` does not name every band.
+        """
+        if descriptions is not None and len(descriptions) != count:
+            raise ValueError(f"{path}: {len(descriptions)} band descriptions for {count} bands")
+        path = Path(path)
+        self.path, self.partial = path, path.with_name(path.name + ".partial")
+        self.shape = (count, height, width)
+        self.dtype = np.dtype(dtype)
+        blocked = width >= 256 and height >= 256
+        self._dst = _create(
+            self.partial,
+            self.shape,
+            self.dtype,
+            crs,
+            transform,
+            nodata,
+            compress="deflate",
+            tiled=blocked,
+            **({"blockxsize": 256, "blockysize": 256} if blocked else {}),
+            BIGTIFF="IF_SAFER",
+        )
+        if descriptions is not None:
+            self._dst.descriptions = tuple(descriptions)
+
+    def write(self, array: np.ndarray, row_off: int, col_off: int = 0) -> None:
+        """Write a (bands, rows, columns) block with its top-left pixel at ``(row_off, col_off)``.
+
+        Raises:
+            ValueError: if the block has other bands than the file or leaves it.
+        """
+        count, height, width = self.shape
+        if array.ndim != 3 or array.shape[0] != count:
+            raise ValueError(
+                f"{self.path}: expected a block of {count} bands (bands, rows, columns), got shape {array.shape}"
+            )
+        if row_off < 0 or col_off < 0 or row_off + array.shape[1] > height or col_off + array.shape[2] > width:
+            raise ValueError(
+                f"{self.path}: a {array.shape[1]}x{array.shape[2]} block at ({row_off}, {col_off}) "
+                f"leaves the {height}x{width} raster"
+            )
+        window = Window(col_off, row_off, array.shape[2], array.shape[1])
+        self._dst.write(array.astype(self.dtype, copy=False), window=window)
+
+    def close(self) -> None:
+        """Finish the file and move it to its path."""
+        self._dst.close()
+        os.replace(self.partial, self.path)
+
+    def discard(self) -> None:
+        """Close and delete the partial file; the path keeps what it held before."""
+        self._dst.close()
+        self.partial.unlink(missing_ok=True)
+
+    def __enter__(self) -> GeoTiffWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
