@@ -137,12 +137,16 @@ def test_the_server_state_travels_through_a_checkpoint_and_old_checkpoints_load(
     server.note_replies(1, ["a"])
     payloads = server.aggregate([ClientUpload("a", {"update": Codec(bits=32).encode(torch.ones(4))}, 1)])
     for _ in range(3):
-        server.commit(ServerRound(torch.ones(4), state={"extra": torch.zeros(1)}), payloads)
+        outcome = ServerRound(
+            torch.ones(4), state={"extra": torch.zeros(1)}, client_state={"a": {"seen": torch.ones(1)}}
+        )
+        server.commit(outcome, payloads)
     assert server.recent_norms == {"update": [[2.0], [2.0]]}, "the history keeps norm_history_rounds rounds"
     restored = build_algorithm(cfg, 4)
     restored.load_state_dict(server.state_dict())
     assert restored.state_dict().keys() == server.state_dict().keys() and restored.synced == {"a": 1}
     assert torch.equal(restored.references["model"], torch.ones(4)) and "extra" in restored.state
+    assert torch.equal(restored.client_state["a"]["seen"], torch.ones(1)), "per-client server state"
 
     old = build_algorithm(cfg, 4)
     old.load_state_dict({"round": 3, "reference": torch.zeros(4), "synced": {"a": 3}, "recent_norms": [[1.5]]})
