@@ -99,12 +99,12 @@ class Server:
     def __call__(self, m: int) -> dict[str, float]:
         self.distill_s = 0.0
         started = time.perf_counter()
-        aggregate = self.algorithm.screen(self.uploads[:m])
+        payloads = self.algorithm.aggregate(self.uploads[:m])
         screened = time.perf_counter()
         refine = self.refine if self.cfg.algorithm.distill_steps else None
-        self.algorithm.server_update(self.global_model, aggregate, refine)
+        self.algorithm.server_update(self.global_model, payloads, refine)
         updated = time.perf_counter()
-        self.algorithm.downlink(self.global_model, None, torch.Generator())
+        self.algorithm.send(self.global_model, 1, [u.client for u in self.uploads[:m]], torch.Generator())
         done = time.perf_counter()
         return {
             "decode_screen_average": screened - started,
@@ -117,13 +117,15 @@ class Server:
 
 def run(settings: dict[str, Any]) -> Report:
     from geofm import engine as ds
-    from geofm.federated.aggregation import Upload
+    from geofm.federated.aggregation import ClientUpload
     from geofm.federated.algorithms import build_algorithm
+    from geofm.federated.algorithms.base import LocalUpdate, payload_arrays
     from geofm.federated.codec import Codec, decode
     from geofm.federated.flat import ParameterLayout
+    from geofm.loop import micro_step
     from geofm.models.masking import MaskGenerator
     from geofm.models.teacher import build_teacher
-    from pretrain.central import build_student, prepare_models, train_micro_step
+    from pretrain.central import build_student, mim_forward, prepare_models
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _config(settings, Path(tmp))
@@ -131,13 +133,13 @@ def run(settings: dict[str, Any]) -> Report:
         model = build_student(cfg)
         layout = ParameterLayout.of(model)
         n = layout.numel
-        algorithm = build_algorithm(cfg.algorithm, n)
+        algorithm = build_algorithm(cfg.algorithm, layout)
         generator = torch.Generator().manual_seed(1)
         uploads = []
         for i in range(max(settings["clients"])):
             delta = torch.randn(n, generator=generator) * 1e-3 * (1 + i % 3)
-            packet, _, _ = algorithm.upload(delta, {}, generator)
-            uploads.append(Upload(f"client{i}", packet.to_arrays(), 100 + i))
+            arrays, _ = algorithm.upload(LocalUpdate({"update": delta}), {}, generator)
+            uploads.append(ClientUpload(f"client{i}", payload_arrays(arrays), 100 + i))
         server = Server(cfg, algorithm, model, layout, uploads)
 
         # Server: the M values alternate, round after round.
@@ -162,13 +164,12 @@ def run(settings: dict[str, Any]) -> Report:
             "valid": torch.ones(b, c, s, s, dtype=torch.bool),
         }
         reference = layout.flatten_module(engine.module)
-        params = layout.parameters(engine.module)
-        anchor = [t.to(dev) for t in layout.split(reference)]
-        hooks = algorithm.local_hooks(params, anchor)
+        hooks = algorithm.local_hooks(algorithm.local_round("client0", {"model": reference}, engine.module, {}, 1e-4))
         dtype = ds.compute_dtype(cfg.train)
+        forward = mim_forward(engine, teacher, dev, dtype)
 
         def local_step() -> None:
-            train_micro_step(engine, teacher, batch, dev, dtype, hooks.around_gradient, hooks.regulariser)
+            micro_step(engine, forward, batch, hooks.around_gradient, hooks.regulariser)
 
         def perturbation() -> None:
             with hooks.around_gradient():
@@ -178,9 +179,8 @@ def run(settings: dict[str, Any]) -> Report:
         down = Codec(bits=32).encode(reference).to_arrays()
 
         def upload() -> None:
-            nonlocal state
-            delta = layout.flatten_module(engine.module).cpu() - reference
-            _, _, state = algorithm.upload(delta, state, generator)
+            delta = layout.flatten_module(engine.module).cpu() - reference.cpu()
+            algorithm.upload(LocalUpdate({"update": delta}), state, generator)
 
         def receive() -> None:
             from geofm.federated.codec import Packet
@@ -217,7 +217,7 @@ def run(settings: dict[str, Any]) -> Report:
 
     # Traffic per round.
     model_bytes = Codec(bits=32).packet_nbytes(n)
-    up_bytes = algorithm.feedback.codec.packet_nbytes(n)
+    up_bytes = algorithm.feedback["update"].codec.packet_nbytes(n)
     traffic = {}
     for m in ms:
         fedavg = 2 * m * model_bytes

@@ -1,14 +1,14 @@
 """A federated program's client: one institution's local rounds of the run's task.
 
-The client's state (error residual, its copy of a compressed downlink) travels in Flower's client
-state and is also kept in its state folder, from which a restarted run recovers it.
+The client's state (the algorithm's: error-feedback residuals, its copies of a compressed downlink,
+the parameters that stay local, the algorithm's own variables) travels in Flower's client state and
+is also kept in its state folder, from which a restarted run recovers it.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -18,35 +18,11 @@ from federation.program import STATE_DIR, build_task, client_shares, local_confi
 from federation.runtime import INSTITUTION, Arrays, Scalars
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
-from geofm.errors import ConfigError
 from geofm.federated.algorithms import build_algorithm
-from geofm.federated.codec import Packet, decode
+from geofm.federated.feedback import UplinkReport
 from geofm.federated.flat import ParameterLayout
-from geofm.training import IntervalMeans, check_inputs
-
-
-def local_steps(
-    engine, task, batches: Iterable[list[dict]], hooks, step_seed: Callable[[int], int]
-) -> tuple[dict, int]:
-    """Train the local steps: each step's micro-batches forward and backward, the algorithm's hooks around them.
-
-    ``hooks.around_gradient`` wraps each forward/backward (FedSense's perturbation),
-    ``hooks.regulariser`` is added to the loss (FedProx's proximal term); the engine steps the
-    optimizer at accumulation boundaries. Each step reseeds torch from ``step_seed(step)``.
-    Returns the mean of the task's logged losses and the number of steps.
-    """
-    sums, steps = IntervalMeans(task.log_keys), 0
-    for step, micro_batches in enumerate(batches):
-        torch.manual_seed(step_seed(step))
-        for batch in micro_batches:
-            with hooks.around_gradient():
-                losses = task.forward(engine, batch).losses
-                loss = losses["loss"] if hooks.regulariser is None else losses["loss"] + hooks.regulariser()
-                engine.backward(loss)
-            engine.step()
-            sums.add(losses)
-        steps += 1
-    return sums.means(), steps
+from geofm.loop import TrainLoop
+from geofm.training import check_inputs
 
 
 class FederatedClient:
@@ -71,60 +47,46 @@ class FederatedClient:
         return {"client": self.name, "num_examples": self.num_examples}
 
     def train(self, arrays: Arrays, config: Scalars, state: Arrays) -> tuple[Arrays, Scalars, Arrays]:
-        """One round: receive the model, train the local steps, upload the update."""
+        """One round: receive the payloads, train the local steps under the algorithm's hooks, upload."""
         started = time.perf_counter()
-        cfg, rnd = self.cfg, int(config["round"])
-        state = state or self._recover(rnd)
-        reference = self._receive(arrays, config, state)
-        algorithm = build_algorithm(cfg.algorithm, reference.numel())
+        cfg, rnd, lr = self.cfg, int(config["round"]), float(config["lr"])
         # Each round's model is built fresh and overwritten by the global model: no initial weights to read.
         model = self.task.build_model(initial_weights=False)
-        layout = ParameterLayout.of(model)
-        layout.assign(model, reference)
+        algorithm = build_algorithm(cfg.algorithm, ParameterLayout.of(model))
+        received, state = algorithm.receive(self.name, arrays, config, state or self._recover(rnd))
+        algorithm.shared.assign(model, received["model"])
+        algorithm.restore_local(model, state)
         self.task.prepare(model)
-        engine = ds.initialize(model, cfg.train, 1, None, float(config["lr"]))
-        params = layout.parameters(engine.module)
-        anchor = [t.to(self.task.device) for t in layout.split(reference)]
-        hooks = algorithm.local_hooks(params, anchor)
-        batches = self.task.local_batches(self.shares, self._num_steps(), rnd, stable_id(cfg.run.seed, self.name))
-        means, steps = local_steps(
-            engine, self.task, batches, hooks, lambda step: stable_id(cfg.run.seed, self.name, rnd, step)
+        engine = ds.initialize(model, cfg.train, 1, None, lr)
+        local = algorithm.local_round(self.name, received, engine.module, state, lr)
+        hooks = algorithm.local_hooks(local)
+        loop = TrainLoop(
+            engine,
+            lambda batch: self.task.forward(engine, batch),
+            self.task.log_keys,
+            seed_of=lambda step: stable_id(cfg.run.seed, self.name, rnd, step),
+            around_gradient=hooks.around_gradient,
+            regulariser=hooks.regulariser,
         )
+        batches = self.task.local_batches(self.shares, self._num_steps(), rnd, stable_id(cfg.run.seed, self.name))
+        means, steps = loop.local_steps(batches)
 
-        delta = layout.flatten_module(engine.module).cpu() - reference
+        update = algorithm.finish_local(local, algorithm.shared.flatten_module(engine.module).cpu(), steps)
+        algorithm.keep_local(engine.module, state)
         generator = torch.Generator().manual_seed(stable_id(cfg.run.seed, self.name, rnd, "uplink"))
-        feedback = {k.removeprefix("feedback."): v for k, v in state.items() if k.startswith("feedback.")}
-        packet, report, feedback = algorithm.upload(delta, feedback, generator)
-        new_state = {f"feedback.{k}": v for k, v in feedback.items()}
-        new_state["round"] = np.array([rnd], dtype=np.int64)
-        if cfg.algorithm.downlink.bits != 32:
-            new_state["reference"] = reference.numpy()
-            new_state["reference_round"] = np.array([int(config["reference_round"])], dtype=np.int64)
-        self._persist(rnd, new_state)
+        upload, reports = algorithm.upload(update, state, generator)
+        state["round"] = np.array([rnd], dtype=np.int64)
+        self._persist(rnd, state)
         metrics = {
             "client": self.name,
             "num_examples": self.num_examples,
             "steps": steps,
             **means,
-            "update_norm": report.update_norm,
-            "error_norm": report.error_norm,
-            "feedback_reset": "guard" if report.guard_reset else "periodic" if report.periodic_reset else "",
+            **update.metadata,
+            **uplink_metrics(reports),
             "seconds": time.perf_counter() - started,
         }
-        return packet.to_arrays(), metrics, new_state
-
-    def _receive(self, arrays: Arrays, config: Scalars, state: Arrays) -> torch.Tensor:
-        """The model this round starts from: sent whole, or as a change to the client's copy."""
-        packet = Packet.from_arrays(arrays)
-        if config["downlink"] == "model":
-            return decode(packet)
-        held = int(state["reference_round"][0]) if "reference_round" in state else None
-        if held != int(config["reference_round"]) - 1:
-            raise ConfigError(
-                f"client {self.name}: holds the model of round {held}, the server sent a change to round "
-                f"{int(config['reference_round']) - 1}; it will send the whole model next round"
-            )
-        return torch.from_numpy(state["reference"].copy()) + decode(packet)
+        return upload, metrics, state
 
     def _num_steps(self) -> int:
         """Local steps per round: ``train.local_steps``, or ``train.local_epochs`` of this client's share."""
@@ -158,4 +120,18 @@ class FederatedClient:
             return {key: data[key] for key in data.files}
 
 
-__all__ = ["FederatedClient", "local_steps"]
+def uplink_metrics(reports: dict[str, UplinkReport]) -> dict[str, float | str]:
+    """A client's log of its upload: the first payload's norms as ``update_norm`` and ``error_norm``,
+    another's as ``<payload>.update_norm`` and ``<payload>.error_norm``, and the residuals it reset."""
+    metrics: dict[str, float | str] = {}
+    resets = []
+    for index, (payload, report) in enumerate(reports.items()):
+        prefix = f"{payload}." if index else ""
+        metrics[f"{prefix}update_norm"], metrics[f"{prefix}error_norm"] = report.update_norm, report.error_norm
+        kind = "guard" if report.guard_reset else "periodic" if report.periodic_reset else ""
+        if kind:
+            resets.append(f"{payload}: {kind}" if len(reports) > 1 else kind)
+    return {**metrics, "feedback_reset": ", ".join(resets)}
+
+
+__all__ = ["FederatedClient", "uplink_metrics"]

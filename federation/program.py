@@ -3,15 +3,16 @@
 The program runs whatever task the config names (``task``, an entry of :data:`geofm.tasks.TASKS`;
 masked image modelling by default) and never imports a task's package. Each round:
 
-1. the server sends each selected client the global model (or its quantised change), the round
-   and its learning rate;
-2. the client trains its local steps on its share (from the registered partitioner) from there,
-   uploads its update (quantised, with error feedback), and keeps its state (error residual, its
-   copy of a compressed downlink) in Flower's client state and in its state folder, from which a
-   restarted run recovers it;
-3. the server screens, decodes and averages the uploads, applies the algorithm's server rule
+1. the server sends each selected client the algorithm's downlink payloads (the global model,
+   whole or as its quantised change; SCAFFOLD adds its control variate), the round and its
+   learning rate;
+2. the client trains its local steps on its share (from the registered partitioner) with the one
+   training loop (:class:`geofm.loop.TrainLoop`) under the algorithm's hooks, uploads its payloads
+   (each quantised with its own error feedback) with its metadata, and keeps its state in Flower's
+   client state and in its state folder, from which a restarted run recovers it;
+3. the server screens, decodes and combines each payload, applies the algorithm's server rule
    (FedSense: clustering and similarity distillation on its public source), logs the round to
-   ``rounds.jsonl``, redraws ``rounds.png`` and checkpoints.
+   ``rounds.jsonl``, redraws ``rounds.png`` and checkpoints with the algorithm's state.
 
 After the last round the task exports the global model, with the federation recorded in its
 sidecar. Rerunning the same config resumes from the server's last checkpoint, with the same

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import random
@@ -17,8 +16,9 @@ from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
 from geofm.config import config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.errors import GeoFMError
-from geofm.federated.aggregation import RoundAggregate, Upload
-from geofm.federated.algorithms import FedAvg, build_algorithm
+from geofm.federated.aggregation import ClientUpload, RoundAggregate
+from geofm.federated.algorithms import build_algorithm
+from geofm.federated.algorithms.base import Algorithm, ServerRound, payload_arrays
 from geofm.federated.flat import ParameterLayout
 from geofm.federated.similarity import distill_similarity
 from geofm.runlog import MetricsLog, plot_rounds
@@ -78,12 +78,11 @@ class FederatedServer:
         torch.manual_seed(cfg.run.seed)
         self.task = build_task(cfg)
         self.model = self.task.build_model()
-        self.layout = ParameterLayout.of(self.model)
+        self.algorithm: Algorithm = build_algorithm(
+            cfg.algorithm, ParameterLayout.of(self.model), fed.declared_examples, cfg.num_clients
+        )
+        self.layout = self.algorithm.shared  # what travels; parameters local to the clients keep their start
         self.global_model = self.layout.flatten_module(self.model)
-        self.algorithm: FedAvg = build_algorithm(cfg.algorithm, self.global_model.numel(), fed.declared_examples)
-        self.recent_norms: list[list[float]] = []  # accepted update norms of the last rounds, newest last
-        self.reference: torch.Tensor | None = None  # the clients' copy under a compressed downlink
-        self.synced: dict[str, int] = {}  # institution -> round of the reference it holds
         self.distill_optimizer = torch.optim.AdamW(
             self.task.distilled_parameters(self.model), lr=cfg.algorithm.distill_lr
         )
@@ -120,24 +119,13 @@ class FederatedServer:
         """The global model for each selected client, whole or as a quantised change to its copy."""
         self._round_started = time.perf_counter()
         lr = round_lr(self.cfg, rnd)
-        if self.cfg.algorithm.downlink.bits == 32:
-            whole = self.algorithm.downlink(self.global_model, None, torch.Generator())[0].to_arrays()
-            self._round_downlink = len(node_ids) * sum(a.nbytes for a in whole.values())
-            return {node: (whole, {"round": rnd, "lr": lr, "downlink": "model"}) for node in node_ids}
         generator = torch.Generator().manual_seed(stable_id(self.cfg.run.seed, rnd, "downlink"))
-        previous = self.reference
-        change, self.reference = self.algorithm.downlink(self.global_model, previous, generator)
-        synced = {
-            node for node in node_ids if previous is not None and self.synced.get(self.clients[node][0]) == rnd - 1
-        }
-        # The whole model only for clients without the previous copy (first round, missed rounds).
-        whole = self.algorithm.downlink(self.reference, None, generator)[0] if len(synced) < len(node_ids) else None
-        payloads, nbytes = {}, 0
+        sent = self.algorithm.send(self.global_model, rnd, [self.clients[node][0] for node in node_ids], generator)
+        payloads = {}
         for node in node_ids:
-            packet, kind = (change, "change") if node in synced else (whole, "model")
-            payloads[node] = (packet.to_arrays(), {"round": rnd, "lr": lr, "downlink": kind, "reference_round": rnd})
-            nbytes += packet.nbytes
-        self._round_downlink = nbytes
+            arrays, how = sent[self.clients[node][0]]
+            payloads[node] = (arrays, {"round": rnd, "lr": lr, **how})
+        self._round_downlink = sum(a.nbytes for arrays, _ in payloads.values() for a in arrays.values())
         return payloads
 
     def aggregate(self, rnd: int, replies: list[Reply], failures: list[Failure]) -> None:
@@ -145,8 +133,12 @@ class FederatedServer:
         # In institution order, not arrival order: float sums and the clustering then give the same
         # global model whichever client answers first.
         replies = sorted(replies, key=lambda r: self.clients[r.node_id][0])
-        uploads = [Upload(self.clients[r.node_id][0], r.arrays, self.clients[r.node_id][1]) for r in replies]
-        aggregate = self.algorithm.screen(uploads, [norm for norms in self.recent_norms for norm in norms])
+        uploads = [
+            ClientUpload(self.clients[r.node_id][0], payload_arrays(r.arrays), self.clients[r.node_id][1], r.metrics)
+            for r in replies
+        ]
+        payloads = self.algorithm.aggregate(uploads)
+        aggregate = payloads[self.algorithm.uplink[0]]  # every payload's aggregate has the same clients
         for rejection in aggregate.rejected:
             log.warning("round %d: rejected the upload of %s: %s", rnd, rejection.client, rejection.reason)
         for client, (claimed, counted) in aggregate.bounded.items():
@@ -154,22 +146,18 @@ class FederatedServer:
         server_metrics: dict[str, float] = {}
         discarded = None
         if aggregate.update is not None:
-            optimizer_state = copy.deepcopy(self.algorithm.server_optimizer.state_dict())
-            outcome = self.algorithm.server_update(self.global_model, aggregate, self._distil(rnd))
-            discarded = non_finite_model(outcome.model, aggregate)
+            outcome = self.algorithm.server_update(self.global_model, payloads, self._distil(rnd))
+            discarded = non_finite_model(outcome, payloads)
             if discarded is None:
                 self.global_model, server_metrics = outcome.model, outcome.metrics
-                self.recent_norms = [*self.recent_norms, [a.norm for a in aggregate.accepted]]
-                self.recent_norms = self.recent_norms[-self.cfg.algorithm.norm_history_rounds :]
+                self.algorithm.commit(outcome, payloads)
             else:
-                self.algorithm.server_optimizer.load_state_dict(optimizer_state)
+                self.algorithm.discard()
                 log.error("round %d: %s; the global model stays as it was", rnd, discarded)
         else:
             log.warning("round %d: no upload was accepted; the global model stays as it was", rnd)
         accepted = {a.client for a in aggregate.accepted} if discarded is None else set()
-        if self.cfg.algorithm.downlink.bits != 32:
-            for reply in replies:
-                self.synced[self.clients[reply.node_id][0]] = rnd
+        self.algorithm.note_replies(rnd, [self.clients[r.node_id][0] for r in replies])
         # Keyed by the institution each node registered as, never by what a reply claims to be.
         metrics = {self.clients[r.node_id][0]: r.metrics for r in replies if self.clients[r.node_id][0] in accepted}
         weights = {a.client: w for a, w in zip(aggregate.accepted, aggregate.weights, strict=True)}
@@ -268,10 +256,7 @@ class FederatedServer:
         server = {
             "round": rnd,
             "distill_optimizer": self.distill_optimizer.state_dict(),
-            "reference": self.reference,
-            "synced": dict(self.synced),
-            "recent_norms": self.recent_norms,
-            "server_optimizer": self.algorithm.server_optimizer.state_dict(),
+            "algorithm": self.algorithm.state_dict(),
         }
         torch.save({"module": self.model.state_dict(), "server": server}, folder / DEEPSPEED_MODEL_STATES)
         self.checkpoints.commit(tag, self._progress(rnd))
@@ -301,10 +286,8 @@ class FederatedServer:
         self.global_model = self.layout.flatten_module(self.model)
         server = saved["server"]
         self.distill_optimizer.load_state_dict(server["distill_optimizer"])
-        self.reference, self.synced = server["reference"], dict(server["synced"])
-        self.recent_norms = server.get("recent_norms", [])
-        if "server_optimizer" in server:  # absent from checkpoints of older versions: a fresh state
-            self.algorithm.server_optimizer.load_state_dict(server["server_optimizer"])
+        # Checkpoints written before the algorithm kept its own state hold FedAvg's at the top level.
+        self.algorithm.load_state_dict(server.get("algorithm", server))
         if not bool(torch.isfinite(self.global_model).all()):
             raise GeoFMError(
                 f"{self.checkpoints.latest().resolve()} holds a global model with non-finite values; "
@@ -314,18 +297,22 @@ class FederatedServer:
         return progress.step
 
 
-def non_finite_model(model: torch.Tensor, aggregate: RoundAggregate) -> str | None:
-    """Why a round's new global model cannot be kept (it holds NaN or Inf), naming the likely culprit; None if finite.
+def non_finite_model(outcome: ServerRound, payloads: dict[str, RoundAggregate]) -> str | None:
+    """Why a round's outcome cannot be kept (its model or state holds NaN or Inf), naming the likely culprit;
+    None if finite.
 
     Every accepted update is finite on its own, so the culprit is the largest one: its values,
     added to the model (or through the server's distillation), overflowed.
     """
-    bad = int((~torch.isfinite(model)).sum())
-    if not bad:
+    tensors = {"global model": outcome.model, **{f"algorithm's {k}": v for k, v in outcome.state.items()}}
+    bad = {what: int((~torch.isfinite(t)).sum()) for what, t in tensors.items()}
+    if not any(bad.values()):
         return None
-    largest = max(aggregate.accepted, key=lambda a: float(a.update.abs().max()))
+    what = next(what for what, count in bad.items() if count)
+    accepted = [a for aggregate in payloads.values() for a in aggregate.accepted]
+    largest = max(accepted, key=lambda a: float(a.update.abs().max()))
     return (
-        f"the new global model holds {bad} NaN or Inf values; the largest accepted update was "
+        f"the new {what} holds {bad[what]} NaN or Inf values; the largest accepted update was "
         f"{largest.client}'s (max |value| {float(largest.update.abs().max()):.4g}, norm {largest.norm:.4g})"
     )
 

@@ -27,7 +27,6 @@ from geofm.config import OptimizerConfig, RunConfig, Section, config_to_dict
 from geofm.config.base import CONFIG_FILE
 from geofm.data.sources import list_images
 from geofm.errors import ConfigError, GeoFMError
-from geofm.loop import IntervalMeans as IntervalMeans  # imported from here by the federated client
 from geofm.runlog import Phases
 
 PROGRESS_FILE = "progress.json"

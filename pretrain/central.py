@@ -9,10 +9,8 @@ config again resumes from ``checkpoints/last`` at the step it reached, with the 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -25,7 +23,7 @@ from geofm.checkpoints.provenance import gsd_range
 from geofm.config import PretrainConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile, SkippedFiles
-from geofm.loop import Forward, TrainLoop, epoch_steps, micro_step, step_seed
+from geofm.loop import Forward, TrainLoop, epoch_steps, step_seed
 from geofm.models.backbones import backbone_kwargs, create_backbone, prefer_fused_attention
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
@@ -108,21 +106,6 @@ def mim_forward(engine, teacher: FrozenTeacher | None, dev: torch.device, dtype:
         return StepOutput(engine(images, mask, valid, targets))
 
     return forward
-
-
-def train_micro_step(
-    engine,
-    teacher: FrozenTeacher | None,
-    batch: dict,
-    dev: torch.device,
-    dtype: torch.dtype,
-    around_gradient: Callable[[], AbstractContextManager] = contextlib.nullcontext,
-    regulariser: Callable[[], torch.Tensor] | None = None,
-) -> dict:
-    """The MIM forward step of one micro-batch (:func:`mim_forward` in :func:`geofm.loop.micro_step`) with
-    an algorithm's hooks, whose ``regulariser`` takes no arguments; returns the losses."""
-    term = None if regulariser is None else lambda batch, output: regulariser()
-    return micro_step(engine, mim_forward(engine, teacher, dev, dtype), batch, around_gradient, term).losses
 
 
 def _recording(batches: Iterator[dict], skipped: SkippedFiles) -> Iterator[dict]:

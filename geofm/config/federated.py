@@ -4,16 +4,16 @@ It reuses central pretraining's sections (``run``, ``model``, ``masking``, ``tea
 with the same meaning; ``train`` is the clients' local optimisation (AdamW, clipping, precision)
 with a learning-rate schedule over rounds; ``federation`` says who the clients are and how rounds
 run; ``algorithm`` says what each side does and what travels each way. FedAvg, FedProx and FedSense
-(with every component switchable, for its ablations and the quantised baselines) are runs of the
-same program with different ``algorithm`` sections.
+(with every component switchable, for its ablations and the quantised baselines), SCAFFOLD, and any
+algorithm a plug-in registers are runs of the same program with different ``algorithm`` sections.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from geofm.config.base import ProgramConfig, Section, checks_architecture
 from geofm.config.sections import (
@@ -27,7 +27,13 @@ from geofm.config.sections import (
 )
 from geofm.tasks import TASKS
 
-ALGORITHMS = ("fedavg", "fedprox", "fedsense")
+# The built-in algorithms' own fields of the ``algorithm`` section; a plug-in's go in ``options``.
+ALGORITHM_FIELDS = {
+    "fedavg": (),
+    "fedprox": ("proximal_beta",),
+    "fedsense": ("perturbation_radius", "proximal_beta", "clusters", "distill_steps"),
+    "scaffold": ("server_lr",),
+}
 
 
 class LocalTrainConfig(OptimizerConfig):
@@ -171,11 +177,15 @@ class AlgorithmConfig(Section):
     ``proximal_beta / 2 ||theta - Theta||^2``. ``fedsense``: plus drift-aware perturbed local steps
     (``perturbation_radius``, server-to-client guidance), the proximal term if ``proximal_beta``,
     K-means of client models (``clusters``) and similarity distillation on the server's public data
-    (``distill_steps``). Every algorithm can quantise the uplink (with error feedback) and downlink,
-    and combines the uploads with ``aggregator`` and steps the global model with ``server_optimizer``.
+    (``distill_steps``); these three combine the uploads with ``aggregator`` and step the global
+    model with ``server_optimizer``. ``scaffold``: control variates correcting the client drift,
+    the paper's plain means and server step ``server_lr``. Any registered algorithm (see
+    :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
+    quantised: ``uplink`` and ``downlink`` apply to each payload of their direction,
+    ``uplink_payloads`` and ``downlink_payloads`` change fields for one named payload.
     """
 
-    name: Literal["fedavg", "fedprox", "fedsense"] = "fedsense"
+    name: str = "fedsense"
     perturbation_radius: float = Field(default=0.0, ge=0.0, description="fedsense: lambda of eps = lambda d / ||d||")
     proximal_beta: float = Field(default=0.0, ge=0.0, description="fedprox, fedsense: weight of the proximal term")
     clusters: int | None = Field(
@@ -184,10 +194,20 @@ class AlgorithmConfig(Section):
     distill_steps: int = Field(default=0, ge=0, description="fedsense: server similarity-distillation steps per round")
     distill_lr: float = Field(default=1e-5, gt=0.0, description="fedsense: AdamW learning rate of the distillation")
     distill_batch_size: int = Field(default=16, gt=1, description="fedsense: public images p per distillation step")
+    server_lr: float = Field(default=1.0, gt=0.0, description="scaffold: the server's step eta_g on the mean update")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="a registered algorithm's own settings, checked by that algorithm"
+    )
     uplink: UplinkConfig = UplinkConfig()
     downlink: CodecConfig = Field(
         default_factory=lambda: CodecConfig(bits=32),
         description="the global model's change since a client's last copy; bits 32 (default) sends the model as is",
+    )
+    uplink_payloads: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="payload name -> uplink fields that differ for that payload"
+    )
+    downlink_payloads: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="payload name -> downlink fields that differ for that payload"
     )
     norm_factor: float = Field(
         default=10.0, gt=1.0, description="reject uploads above this multiple of the median norm"
@@ -207,24 +227,55 @@ class AlgorithmConfig(Section):
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
     aggregator: AggregatorConfig = AggregatorConfig()
 
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        from geofm.federated.algorithms import ALGORITHMS  # the registry only: no torch
+
+        return ALGORITHMS.check(name)
+
     @model_validator(mode="after")
     def _check_components(self) -> AlgorithmConfig:
-        used = {
-            "fedavg": set(),
-            "fedprox": {"proximal_beta"},
-            "fedsense": {"perturbation_radius", "proximal_beta", "clusters", "distill_steps"},
-        }[self.name]
+        used = ALGORITHM_FIELDS.get(self.name, ())
         defaults = AlgorithmConfig.model_fields
         foreign = [
             key
-            for key in ("perturbation_radius", "proximal_beta", "clusters", "distill_steps")
+            for key in dict.fromkeys(k for keys in ALGORITHM_FIELDS.values() for k in keys)
             if key not in used and getattr(self, key) != defaults[key].default
         ]
         if foreign:
-            raise ValueError(f"algorithm {self.name} has no {', '.join(foreign)}; use fedprox or fedsense")
+            owners = sorted({name for name, keys in ALGORITHM_FIELDS.items() for key in foreign if key in keys})
+            raise ValueError(f"algorithm {self.name} has no {', '.join(foreign)}; use {' or '.join(owners)}")
         if self.name == "fedprox" and self.proximal_beta == 0:
             raise ValueError("fedprox needs a positive proximal_beta (with 0 it is fedavg)")
+        for name in self.uplink_payloads:
+            self.uplink_for(name)
+        for name in self.downlink_payloads:
+            self.downlink_for(name)
         return self
+
+    def uplink_for(self, payload: str) -> UplinkConfig:
+        """The uplink codec of one payload: ``uplink`` with that payload's fields of ``uplink_payloads``."""
+        return _merged(self.uplink, self.uplink_payloads.get(payload, {}), f"uplink_payloads.{payload}")
+
+    def downlink_for(self, payload: str) -> CodecConfig:
+        """The downlink codec of one payload: ``downlink`` with that payload's fields of ``downlink_payloads``."""
+        return _merged(self.downlink, self.downlink_payloads.get(payload, {}), f"downlink_payloads.{payload}")
+
+
+def _merged(section: Section, fields: dict[str, Any], where: str) -> Section:
+    """``section`` with ``fields`` replaced and validated (see :func:`validated`)."""
+    return validated(type(section), {**section.model_dump(), **fields}, where)
+
+
+def validated(model: type[BaseModel], data: Any, where: str) -> BaseModel:
+    """``data`` validated as ``model``; ValueError naming ``where``, the first bad field and what it expects."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"{where}{'.' + loc if loc else ''}: {first['msg']}") from None
 
 
 class FederationConfig(Section):
@@ -291,6 +342,12 @@ class FederatedConfig(ProgramConfig):
     def _check_combination(self, info: ValidationInfo) -> FederatedConfig:
         if checks_architecture(info):
             check_masked_pretraining(self.model, self.masking, self.teacher, self.data)
+            from geofm.federated.algorithms import ALGORITHMS  # imports torch: with the architecture's checks
+
+            try:
+                ALGORITHMS.get(self.algorithm.name).check_config(self.algorithm)
+            except ValueError as err:
+                raise ValueError(f"algorithm.{err}") from None
         fed, names = self.federation, [s.name for s in self.data.sources]
         unknown = [n for n in fed.public_sources if n not in names]
         if unknown:

@@ -19,6 +19,8 @@
   (:func:`distill_similarity`).
 * :mod:`~geofm.federated.partition`: splitting the sources' files among clients by source, by
   region or by Dirichlet proportions.
+* :mod:`~geofm.federated.algorithms`: the algorithm interface and the registered algorithms
+  (FedAvg, FedProx, FedSense, SCAFFOLD).
 
 The names below are imported on first use, so that reading a registry of this package (as config
 validation does) loads no deep-learning package.
@@ -32,10 +34,12 @@ from typing import Any
 _MODULES = {
     "aggregation": (
         "Accepted",
+        "ClientUpload",
         "Rejection",
         "RoundAggregate",
         "Upload",
         "UploadRules",
+        "aggregate_payloads",
         "aggregate_uploads",
         "screen_uploads",
         "weighted_mean",
@@ -54,39 +58,9 @@ _HOME = {name: module for module, names in _MODULES.items() for name in names}
 def __getattr__(name: str) -> Any:
     if name not in _HOME:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
 
 
-__all__ = [
-    "BITS",
-    "Accepted",
-    "ClientFile",
-    "Clustering",
-    "Codec",
-    "ErrorFeedback",
-    "FeedbackState",
-    "Packet",
-    "ParameterLayout",
-    "Perturbation",
-    "Rejection",
-    "RoundAggregate",
-    "UplinkReport",
-    "Upload",
-    "UploadRules",
-    "aggregate_uploads",
-    "cluster_clients",
-    "consensus_similarity",
-    "count_sketch",
-    "decode",
-    "distill_similarity",
-    "drift_norm",
-    "partition_by_region",
-    "partition_by_source",
-    "partition_dirichlet",
-    "perturbed",
-    "proximal_term",
-    "screen_uploads",
-    "similarity_loss",
-    "similarity_matrix",
-    "weighted_mean",
-]
+__all__ = list(_HOME)

@@ -19,6 +19,11 @@ count of the round's other accepted uploads, so that one client claiming 10^9 ex
 the round. Rejected uploads come back with a reason, bounded counts with both numbers, for the
 caller to log. The accepted updates are combined by their weighted mean, or by the configured
 :class:`Aggregator` (:mod:`~geofm.federated.robust`).
+
+An upload may carry several named payloads (SCAFFOLD sends its model update and its control
+update): :func:`aggregate_payloads` screens each payload on its own rules, with its own history of
+norms, and a client's upload counts only if every payload passes; all payloads of the round then
+share the same clients and weights.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -52,6 +57,23 @@ class Upload:
     num_examples: int
 
 
+@dataclass(frozen=True, eq=False)
+class ClientUpload:
+    """One client's upload of named payloads.
+
+    Attributes:
+        client: the client's id, as the caller logs it.
+        payloads: payload name -> encoded vector (a packet, or its arrays as they arrived).
+        num_examples: number of local training examples, the client's weight.
+        metadata: what else the client reported (local steps, an algorithm's own numbers).
+    """
+
+    client: str
+    payloads: Mapping[str, Packet | Mapping[str, np.ndarray]]
+    num_examples: int
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Rejection:
     """An upload left out of the round, and why."""
@@ -64,13 +86,15 @@ class Rejection:
 class Accepted:
     """An upload that passed screening, with its decoded update (float32 CPU vector) and its L2 norm.
 
-    ``num_examples`` is the weight the round gives it: the claimed count after the bounds.
+    ``num_examples`` is the weight the round gives it: the claimed count after the bounds;
+    ``metadata`` is what else the client reported with it (:class:`ClientUpload`).
     """
 
     client: str
     update: Tensor
     num_examples: int
     norm: float
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -256,6 +280,67 @@ def bound_examples(
     return bounded, cut
 
 
+def aggregate_payloads(
+    uploads: Sequence[ClientUpload],
+    rules: Mapping[str, UploadRules],
+    recent_norms: Mapping[str, Sequence[float]] | None = None,
+    aggregator: Aggregator | None = None,
+) -> dict[str, RoundAggregate]:
+    """Screen every payload of a round's uploads and average each over the clients whose payloads all passed.
+
+    Args:
+        uploads: the round's uploads.
+        rules: payload name -> what the server accepts for it; every upload must carry each.
+        recent_norms: payload name -> norms of that payload accepted in recent rounds.
+        aggregator: combines each payload's accepted updates; None: their weighted mean (see
+            :func:`aggregate_uploads`).
+
+    Returns:
+        Payload name -> its round aggregate. Every aggregate lists the same accepted clients (in
+        upload order) with the same bounded weights, and every rejection of the round; with more
+        than one payload, a rejection's reason starts with the payload's name.
+    """
+    recent_norms = recent_norms or {}
+    index = {u.client: i for i, u in enumerate(uploads)}
+    rejected: dict[int, Rejection] = {}
+    passed: dict[str, dict[str, Accepted]] = {}
+    for name, payload_rules in rules.items():
+        present = []
+        for i, upload in enumerate(uploads):
+            if name in upload.payloads:
+                present.append(i)
+            else:
+                rejected.setdefault(i, Rejection(upload.client, f"sent no {name!r} payload"))
+        screened = [Upload(uploads[i].client, uploads[i].payloads[name], uploads[i].num_examples) for i in present]
+        accepted, refused = screen_uploads(screened, payload_rules, recent_norms.get(name, ()))
+        passed[name] = {a.client: a for a in accepted}
+        for rejection in refused:
+            reason = f"{name}: {rejection.reason}" if len(rules) > 1 else rejection.reason
+            rejected.setdefault(index[rejection.client], Rejection(rejection.client, reason))
+    rejections = [rejected[i] for i in sorted(rejected)]
+    clients = [u.client for i, u in enumerate(uploads) if i not in rejected]
+    if not clients:
+        return {name: RoundAggregate(update=None, accepted=[], weights=[], rejected=rejections) for name in rules}
+    first = next(iter(rules))
+    counted, bounded = bound_examples([passed[first][c] for c in clients], rules[first])
+    total = sum(a.num_examples for a in counted)
+    weights = [a.num_examples / total for a in counted]
+    aggregates = {}
+    for name in rules:
+        accepted = [
+            replace(passed[name][a.client], num_examples=a.num_examples, metadata=uploads[index[a.client]].metadata)
+            for a in counted
+        ]
+        updates = [a.update for a in accepted]
+        try:
+            update = weighted_mean(updates, weights) if aggregator is None else aggregator.combine(updates, weights)
+        except TooFewUpdates as exc:
+            unused = [Rejection(a.client, f"not combined: {exc}") for a in counted]
+            return {n: RoundAggregate(None, [], [], rejections + unused, bounded) for n in rules}
+        aggregates[name] = RoundAggregate(update, accepted, weights, rejections, bounded)
+    return aggregates
+
+
 def aggregate_uploads(
     uploads: Sequence[Upload],
     rules: UploadRules,
@@ -268,18 +353,5 @@ def aggregate_uploads(
     it finds the round too small (:class:`TooFewUpdates`), every accepted upload is rejected with its
     reason and the round has no update.
     """
-    accepted, rejected = screen_uploads(uploads, rules, recent_norms)
-    if not accepted:
-        return RoundAggregate(update=None, accepted=[], weights=[], rejected=rejected)
-    accepted, bounded = bound_examples(accepted, rules)
-    total = sum(a.num_examples for a in accepted)
-    weights = [a.num_examples / total for a in accepted]
-    updates = [a.update for a in accepted]
-    if aggregator is None:
-        return RoundAggregate(weighted_mean(updates, weights), accepted, weights, rejected, bounded)
-    try:
-        update = aggregator.combine(updates, weights)
-    except TooFewUpdates as exc:
-        unused = [Rejection(a.client, f"not combined: {exc}") for a in accepted]
-        return RoundAggregate(update=None, accepted=[], weights=[], rejected=rejected + unused, bounded=bounded)
-    return RoundAggregate(update=update, accepted=accepted, weights=weights, rejected=rejected, bounded=bounded)
+    named = [ClientUpload(u.client, {"update": u.packet}, u.num_examples) for u in uploads]
+    return aggregate_payloads(named, {"update": rules}, {"update": recent_norms}, aggregator)["update"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,11 +22,13 @@ class ParameterLayout:
         names: parameter names as :meth:`torch.nn.Module.named_parameters` gives them.
         shapes: the shape of each parameter.
         dtypes: the dtype of each parameter.
+        part: the layout holds some of a module's trainable parameters only (:meth:`select`).
     """
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[torch.dtype, ...]
+    part: bool = False
 
     def __post_init__(self) -> None:
         if not len(self.names) == len(self.shapes) == len(self.dtypes):
@@ -43,6 +45,21 @@ class ParameterLayout:
             names=tuple(name for name, _ in named),
             shapes=tuple(tuple(p.shape) for _, p in named),
             dtypes=tuple(p.dtype for _, p in named),
+        )
+
+    @classmethod
+    def vector(cls, n: int) -> ParameterLayout:
+        """The layout of one float32 vector of ``n`` values, for callers that hold no module."""
+        return cls(names=("vector",), shapes=((n,),), dtypes=(torch.float32,))
+
+    def select(self, keep: Callable[[str], bool]) -> ParameterLayout:
+        """The part of the layout whose names ``keep`` accepts, in the same order."""
+        kept = [i for i, name in enumerate(self.names) if keep(name)]
+        return ParameterLayout(
+            names=tuple(self.names[i] for i in kept),
+            shapes=tuple(self.shapes[i] for i in kept),
+            dtypes=tuple(self.dtypes[i] for i in kept),
+            part=True,
         )
 
     @property
@@ -63,6 +80,9 @@ class ParameterLayout:
                 name, order or shape.
         """
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        if self.part:
+            wanted = set(self.names)
+            named = [(name, p) for name, p in named if name in wanted]
         names = tuple(name for name, _ in named)
         if names != self.names:
             missing = sorted(set(self.names) - set(names))

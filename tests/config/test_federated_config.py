@@ -42,6 +42,17 @@ def test_the_paper_setting_and_its_baselines_differ_only_in_their_algorithm():
         ("train.local_steps=4", "set exactly one of train.local_epochs and train.local_steps"),
         ("algorithm.uplink.bits=3", r"algorithm\.uplink\.bits"),
         ("federation.min_clients=4", "min_clients 4 exceeds the 3 clients"),
+        ("algorithm.name=scafold", r"unknown algorithm 'scafold'; did you mean 'scaffold'\?"),
+        ("algorithm.server_lr=0.5", "algorithm fedsense has no server_lr; use scaffold"),
+        ("algorithm.options={keep: 1}", r"algorithm\.options: fedsense takes no options, got \['keep'\]"),
+        (
+            "algorithm.uplink_payloads={delta_c: {bits: 8}}",
+            r"algorithm\.uplink_payloads names \['delta_c'\]; fedsense sends \['update'\]",
+        ),
+        (
+            "algorithm.downlink_payloads={model: {bits: 3}}",
+            r"algorithm: downlink_payloads\.model\.bits: Input should be 1, 2, 4, 8 or 32",
+        ),
         ("algorithm.server_optimizer.name=fedadm", r"algorithm\.server_optimizer\.name.*did you mean 'fedadam'"),
         ("algorithm.aggregator.name=medain", r"algorithm\.aggregator\.name.*did you mean 'median'"),
         ("algorithm.server_optimizer.name=fedyogi", "fedyogi needs lr"),

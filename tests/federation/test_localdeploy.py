@@ -6,6 +6,7 @@ import copy
 import json
 import os
 
+import pytest
 import torch
 import toy_federated_program as toy
 from safetensors.torch import load_file
@@ -59,15 +60,20 @@ def test_deployment_with_tls_and_node_auth_runs_rounds_keeps_state_and_refuses_u
     print(f"ClientApp process start-up before train(): {', '.join(f'{s:.2f}' for s in startup)} s")
 
 
-def test_fedsense_deployed_trains_each_institution_on_the_data_its_node_config_names(
-    tmp_path, fed_tree, archive, one_torch_thread
+# SCAFFOLD: two payloads each way, the control variates kept in each node's state between rounds.
+SCAFFOLD = {"name": "scaffold", "perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
+
+
+@pytest.mark.parametrize("algorithm", [{}, SCAFFOLD], ids=["fedsense", "scaffold"])
+def test_a_deployed_run_trains_each_institution_on_the_data_its_node_config_names(
+    tmp_path, fed_tree, archive, one_torch_thread, algorithm
 ):
     """The real program on a real deployment: the config travels in the run config, data roots in node configs.
 
     With one thread per process both ways, the deployed run ends with the very model a simulation of
     the same config gives.
     """
-    tree = fed_tree("deployed", federation={"rounds": 2})
+    tree = fed_tree("deployed", federation={"rounds": 2}, algorithm=algorithm)
     tree["data"]["sources"] = [s for s in tree["data"]["sources"] if s["name"] != "uav_rgbn"]
     for source in tree["data"]["sources"][:2]:
         source["root"] = f"/nonexistent/{source['name']}"  # only each SuperNode's data-root knows the way

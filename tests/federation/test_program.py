@@ -173,18 +173,23 @@ class _Faulty:
         upload, metrics, state = self.client.train(arrays, config, state)
         if self.fault == "raise":
             raise RuntimeError("disk full")
-        n = int(upload["header"][0])
+        n = int(upload["update.header"][0])
         if self.fault == "inf":  # a well-formed 1-bit packet whose finite scales decode to overflow
             arrays = Codec(bits=1).encode(torch.ones(n)).to_arrays()
             arrays["scales"] = np.full_like(arrays["scales"], np.finfo(np.float32).max)
-            return arrays, metrics, state
+            return _update(arrays), metrics, state
         vector = torch.full((n,), float("nan")) if self.fault == "nan" else torch.ones(n)
         bits = 32 if self.fault == "nan" else 8
         packet = Codec(bits=bits).encode(torch.zeros(n)) if self.fault == "nan" else Codec(bits=bits).encode(vector)
         arrays = packet.to_arrays()
         if self.fault == "nan":
             arrays["payload"] = vector.numpy().view(np.uint8)
-        return arrays, metrics, state
+        return _update(arrays), metrics, state
+
+
+def _update(arrays: dict) -> dict:
+    """A packet's arrays as the uplink payload ``update`` travels."""
+    return {f"update.{key}": value for key, value in arrays.items()}
 
 
 def test_malformed_uploads_are_rejected_with_the_client_named_and_the_round_goes_on(fed_tree):
@@ -322,7 +327,7 @@ def test_a_run_with_a_server_optimiser_or_a_robust_aggregator_finishes_and_logs(
     rounds = _strict_rounds(run_dir)
     assert [r["round"] for r in rounds] == [1, 2] and all(len(r["clients"]) == 3 for r in rounds)
     assert all(r["loss"] is not None and "loss_similarity" in r for r in rounds) and _finite_backbone(run_dir)
-    state = _server_state(run_dir)["server_optimizer"]
+    state = _server_state(run_dir)["algorithm"]["server_optimizer"]
     if algorithm is ADAM:
         values = FederatedServer(FederatedConfig.from_tree(fed_tree("size"))).global_model.numel()
         assert state["m"].shape == state["v"].shape == (values,) and bool((state["v"] > 0).all())
@@ -337,8 +342,11 @@ def test_a_resumed_run_restores_the_server_optimiser_and_an_older_checkpoint_sta
         _run(fed_tree(name, algorithm=ADAM, federation={"rounds": 3, "stop_after_rounds": 1}))
     (path,) = Path(fed_tree("older")["run"]["output_dir"]).joinpath("checkpoints").rglob(DEEPSPEED_MODEL_STATES)
     saved = torch.load(path, weights_only=True)
-    assert saved["server"].pop("server_optimizer")["m"] is not None
-    torch.save(saved, path)  # as written before the server optimiser was saved
+    algorithm = saved["server"].pop("algorithm")
+    assert algorithm.pop("server_optimizer")["m"] is not None
+    # As written before the algorithm kept its own state, and before the server optimiser was saved.
+    saved["server"].update(reference=None, synced={}, recent_norms=algorithm["recent_norms"]["update"])
+    torch.save(saved, path)
     resumed, older = _run(fed_tree("resumed", algorithm=ADAM)), _run(fed_tree("older", algorithm=ADAM))
     weights = {run: load_file(run / "backbone.safetensors") for run in (straight, resumed, older)}
     assert all(torch.equal(weights[straight][k], weights[resumed][k]) for k in weights[straight])
@@ -367,3 +375,56 @@ def test_a_discarded_round_leaves_the_server_optimiser_state_as_it_was(fed_tree,
     run_server(server, InProcess(clients), poll_s=0)
     assert "discarded" in _strict_rounds(cfg.run.output_dir)[1] and not torch.equal(buffers[0], buffers[1])
     assert torch.equal(server.algorithm.server_optimizer.state_dict()["state"][0]["momentum_buffer"], buffers[0])
+
+
+SCAFFOLD = {
+    "name": "scaffold",
+    "perturbation_radius": 0.0,
+    "clusters": None,
+    "distill_steps": 0,
+    "uplink": {"bits": 1, "bucket_size": 512, "error_feedback": True},
+}
+
+
+class _KilledInRound(InProcess):
+    """The server dies in round ``rnd`` after the clients trained and kept their states, before it aggregates."""
+
+    def __init__(self, clients, rnd: int) -> None:
+        super().__init__(clients)
+        self.rnd = rnd
+
+    def exchange(self, kind, rnd, payloads, timeout_s):
+        replies, failures = super().exchange(kind, rnd, payloads, timeout_s)
+        if kind != "query" and rnd == self.rnd:
+            raise _Killed
+        return replies, failures
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_scaffold_runs_two_payloads_through_1_bit_uplinks_and_resumes_after_a_kill_to_the_same_result(fed_tree):
+    straight = _run(fed_tree("straight", algorithm=SCAFFOLD, federation={"rounds": 2}))
+    rounds = _rounds(straight)
+    assert [r["clients"] for r in rounds] == [["aerial_rgb", "satellite_4band", "uav_rgbn"]] * 2
+    values = FederatedServer(FederatedConfig.from_tree(fed_tree("x", algorithm=SCAFFOLD))).global_model.numel()
+    one_bit = Codec(bits=1, bucket_size=512).packet_nbytes(values)
+    assert rounds[0]["uplink_bytes"] == 3 * 2 * one_bit, "two 1-bit payloads a client"
+    assert rounds[0]["downlink_bytes"] == 3 * 2 * (4 * values + 32), "the model and the control variate, whole"
+    assert all(r["control_norm"] > 0 for r in rounds), "the clients' control variates reach the server's"
+    with np.load(straight / "clients/uav_rgbn/state_round_000002.npz") as state:
+        assert {"control", "feedback.delta_y.error", "feedback.delta_c.error", "round"} <= set(state.files)
+        assert state["control"].shape == (values,) and np.abs(state["feedback.delta_c.error"]).sum() > 0
+
+    tree = fed_tree("killed", algorithm=SCAFFOLD, federation={"rounds": 2})
+    cfg = FederatedConfig.from_tree(tree)
+    clients = {i + 1: FederatedClient(cfg, {"institution": name}) for i, name in enumerate(cfg.client_names)}
+    with pytest.raises(_Killed):
+        run_server(FederatedServer(cfg), _KilledInRound(clients, 2), poll_s=0)
+    assert [r["round"] for r in _rounds(cfg.run.output_dir)] == [1]
+    resumed = _run(tree)  # new client programs: their states of round 2 are newer than the server's
+    for a, b in zip(rounds, _rounds(resumed), strict=True):
+        assert a["loss"] == b["loss"] and a["control_norm"] == b["control_norm"], f"round {a['round']}"
+    wa, wb = load_file(straight / "backbone.safetensors"), load_file(resumed / "backbone.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "the resumed run ends with the same weights"

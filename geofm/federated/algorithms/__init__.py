@@ -1,0 +1,40 @@
+"""Federated algorithms, found by name: the built-ins and those installed packages register.
+
+:data:`ALGORITHMS` names each algorithm class (a subclass of
+:class:`~geofm.federated.algorithms.base.Algorithm`); ``algorithm.name`` in a config picks one.
+The built-ins are registered lazily, so that config validation reads the names without importing
+torch: ``fedavg``, ``fedprox``, ``fedsense`` and ``scaffold``. Another package adds one through
+the ``geofm.algorithms`` entry-point group (see :mod:`geofm.registry`), its settings in
+``algorithm.options``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from geofm.registry import Registry
+
+if TYPE_CHECKING:
+    from geofm.config.federated import AlgorithmConfig
+    from geofm.federated.algorithms.base import Algorithm
+    from geofm.federated.flat import ParameterLayout
+
+ALGORITHMS: Registry = Registry("algorithm", "geofm.algorithms")
+ALGORITHMS.register("fedavg", "geofm.federated.algorithms.fedavg:FedAvg")
+ALGORITHMS.register("fedprox", "geofm.federated.algorithms.fedprox:FedProx")
+ALGORITHMS.register("fedsense", "geofm.federated.algorithms.fedsense:FedSense")
+ALGORITHMS.register("scaffold", "geofm.federated.algorithms.scaffold:Scaffold")
+
+
+def build_algorithm(
+    cfg: AlgorithmConfig,
+    layout: ParameterLayout | int,
+    declared_examples: Mapping[str, int] | None = None,
+    num_clients: int | None = None,
+) -> Algorithm:
+    """The algorithm ``cfg.name`` names, for a model of ``layout`` (or a plain vector of that length)."""
+    return ALGORITHMS.get(cfg.name)(cfg, layout, declared_examples, num_clients)
+
+
+__all__ = ["ALGORITHMS", "build_algorithm"]

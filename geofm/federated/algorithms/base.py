@@ -1,0 +1,421 @@
+"""The algorithm interface: what a federated algorithm decides on either side of a round.
+
+An algorithm is a subclass of :class:`Algorithm` registered in
+:data:`geofm.federated.algorithms.ALGORITHMS`. It declares:
+
+* ``uplink`` and ``downlink``: the named payloads each way (FedAvg: up ``update``, down ``model``),
+  each a vector of the shared parameters' length with its own codec (``algorithm.uplink`` and
+  ``algorithm.downlink``, changed per payload by ``uplink_payloads`` and ``downlink_payloads``)
+  and, on the uplink, its own error-feedback residual and its own screening and norm history;
+  ``model`` (the global model) always travels down;
+* ``Options``: a pydantic model of its own settings, read from ``algorithm.options``;
+* :meth:`~Algorithm.is_local`: the parameters that stay on each client (default: none); they live
+  in the client's state and never travel.
+
+A runtime calls, each round: on the server :meth:`~Algorithm.send`; on each client
+:meth:`~Algorithm.receive`, :meth:`~Algorithm.restore_local`, :meth:`~Algorithm.local_hooks`
+around its local steps, :meth:`~Algorithm.finish_local` (the end of the local round: what to
+upload and the client's metadata), :meth:`~Algorithm.keep_local` and :meth:`~Algorithm.upload`;
+on the server again :meth:`~Algorithm.aggregate`, :meth:`~Algorithm.server_update`, and
+:meth:`~Algorithm.commit` once it keeps the outcome. :meth:`~Algorithm.state_dict` is the server's
+state (norm histories, downlink copies, which round each client holds, the algorithm's global and
+per-client state) for its checkpoints. The client's state is a dict of numpy arrays the runtime
+keeps between rounds; the algorithm reads and writes it: ``feedback.<payload>.*`` (residuals),
+``downlink.<payload>`` and ``reference_round`` (its copies under a compressed downlink), ``local``
+(its local parameters) and the algorithm's own keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from pydantic import BaseModel
+from torch import Tensor, nn
+
+from geofm.config.federated import AlgorithmConfig, CodecConfig, UplinkConfig, validated
+from geofm.errors import ConfigError
+from geofm.federated.aggregation import ClientUpload, RoundAggregate, UploadRules, aggregate_payloads
+from geofm.federated.codec import Codec, Packet, decode
+from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
+from geofm.federated.flat import ParameterLayout
+from geofm.federated.robust import build_aggregator
+from geofm.tasks import StepOutput
+
+Arrays = dict[str, np.ndarray]
+# A server-side refinement of the new global model from the round's group models and their weights
+# (FedSense's similarity distillation); returns the refined model and its mean loss.
+Refiner = Callable[[Tensor, Sequence[Tensor], Sequence[float]], tuple[Tensor, float]]
+# Client state keys of runs written before payloads had names, and their names now.
+_LEGACY_CLIENT_KEYS = {
+    "feedback.error": "feedback.update.error",
+    "feedback.rounds": "feedback.update.rounds",
+    "reference": "downlink.model",
+}
+
+
+def codec_of(cfg: CodecConfig) -> Codec:
+    """The codec a config section describes."""
+    return Codec(bits=cfg.bits, bucket_size=cfg.bucket_size, scale_norm=cfg.scale_norm, stochastic=cfg.stochastic)
+
+
+@dataclass(eq=False)
+class LocalRound:
+    """One client's local round as the algorithm's hooks see it.
+
+    Attributes:
+        client: the client's name.
+        received: the downlink payloads, decoded (float32 CPU vectors).
+        params: the trained module's shared parameters, in layout order.
+        anchor: the round's global model split like ``params``, on their devices.
+        state: the client's state, read and written by the algorithm.
+        lr: the round's learning rate of the local optimiser.
+    """
+
+    client: str
+    received: dict[str, Tensor]
+    params: list[Tensor]
+    anchor: list[Tensor]
+    state: Arrays
+    lr: float
+
+
+@dataclass
+class LocalHooks:
+    """What the algorithm adds to one client's local steps.
+
+    Attributes:
+        around_gradient: a context entered around each forward/backward (parameters may be moved
+            inside it and restored on exit, before the optimizer step).
+        regulariser: ``(batch, output) -> Tensor`` added to each micro-batch's loss, or None; it
+            sees the micro-batch, the forward's :class:`~geofm.tasks.StepOutput` and (through the
+            :class:`LocalRound` it was made with) the client's state.
+    """
+
+    around_gradient: Callable[[], AbstractContextManager] = contextlib.nullcontext
+    regulariser: Callable[[Any, StepOutput], Tensor] | None = None
+
+
+@dataclass
+class LocalUpdate:
+    """The end of a local round: the uplink payloads' values and the client's metadata for the server."""
+
+    payloads: dict[str, Tensor]
+    metadata: dict[str, float | int | str] = field(default_factory=dict)
+
+
+@dataclass
+class ServerRound:
+    """The server update rule's result: the next global model, what to log, and the algorithm's new state.
+
+    ``state`` (global tensors) and ``client_state`` (client -> tensors) replace those entries of
+    the algorithm's state when the runtime keeps the round (:meth:`Algorithm.commit`).
+    """
+
+    model: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    state: dict[str, Tensor] = field(default_factory=dict)
+    client_state: dict[str, dict[str, Tensor]] = field(default_factory=dict)
+
+
+class Algorithm(ABC):
+    """Base of every federated algorithm (see the module docstring).
+
+    Args:
+        cfg: the ``algorithm`` section.
+        layout: the model's trainable parameters, or the length of a plain parameter vector.
+        declared_examples: institution -> the most examples it may claim.
+        num_clients: the number of clients of the federation (known to the server).
+    """
+
+    name: ClassVar[str]
+    uplink: ClassVar[tuple[str, ...]]
+    downlink: ClassVar[tuple[str, ...]]
+    Options: ClassVar[type[BaseModel] | None] = None
+
+    def __init__(
+        self,
+        cfg: AlgorithmConfig,
+        layout: ParameterLayout | int,
+        declared_examples: Mapping[str, int] | None = None,
+        num_clients: int | None = None,
+    ) -> None:
+        self.cfg, self.num_clients = cfg, num_clients
+        try:
+            self.check_config(cfg)
+        except ValueError as err:
+            raise ConfigError(f"algorithm.{err}") from None
+        self.options = self.options_of(cfg)
+        layout = ParameterLayout.vector(layout) if isinstance(layout, int) else layout
+        self.shared = layout.select(lambda name: not self.is_local(name))
+        self.local = layout.select(self.is_local)
+        self.num_values = self.shared.numel
+        self.uplink_configs: dict[str, UplinkConfig] = {p: cfg.uplink_for(p) for p in self.uplink}
+        self.downlink_codecs = {p: codec_of(cfg.downlink_for(p)) for p in self.downlink}
+        self.feedback = {
+            p: ErrorFeedback(
+                codec_of(up),
+                alpha=up.feedback_alpha if up.error_feedback else 0.0,
+                reset_every=up.feedback_reset_every,
+                guard_factor=up.feedback_guard,
+            )
+            for p, up in self.uplink_configs.items()
+        }
+        self.rules = {
+            p: UploadRules(
+                num_values=self.num_values,
+                bits=up.bits,
+                norm_factor=cfg.norm_factor,
+                examples_factor=cfg.examples_factor,
+                declared_examples=declared_examples or {},
+            )
+            for p, up in self.uplink_configs.items()
+        }
+        self.aggregator = build_aggregator(cfg.aggregator)
+        self.compressed = [p for p, codec in self.downlink_codecs.items() if codec.bits != 32]
+        # Server state.
+        self.recent_norms: dict[str, list[list[float]]] = {p: [] for p in self.uplink}  # newest last
+        self.references: dict[str, Tensor | None] = {p: None for p in self.compressed}  # the clients' copies
+        self.synced: dict[str, int] = {}  # client -> round of the copies it holds
+        self.state: dict[str, Tensor] = {}
+        self.client_state: dict[str, dict[str, Tensor]] = {}
+
+    # ---- declarations ---------------------------------------------------------------------
+    @classmethod
+    def check_config(cls, cfg: AlgorithmConfig) -> None:
+        """Check the parts of ``cfg`` only the algorithm knows; ValueError naming the field otherwise."""
+        if "model" not in cls.downlink:
+            raise ValueError(f"downlink: {cls.name} sends no 'model' payload; every algorithm must")
+        for where, named, payloads in (
+            ("uplink_payloads", cfg.uplink_payloads, cls.uplink),
+            ("downlink_payloads", cfg.downlink_payloads, cls.downlink),
+        ):
+            unknown = sorted(set(named) - set(payloads))
+            if unknown:
+                raise ValueError(f"{where} names {unknown}; {cls.name} sends {list(payloads)}")
+        cls.options_of(cfg)
+
+    @classmethod
+    def options_of(cls, cfg: AlgorithmConfig) -> BaseModel | None:
+        """The algorithm's own settings from ``cfg.options``, validated by :attr:`Options`."""
+        if cls.Options is None:
+            if cfg.options:
+                raise ValueError(f"options: {cls.name} takes no options, got {sorted(cfg.options)}")
+            return None
+        return validated(cls.Options, cfg.options, "options")
+
+    def is_local(self, name: str) -> bool:
+        """Whether parameter ``name`` stays on each client instead of being federated (default: never)."""
+        return False
+
+    # ---- server: downlink ---------------------------------------------------------------------
+    def downlink_values(self, model: Tensor) -> dict[str, Tensor]:
+        """The value of each downlink payload this round (FedAvg: the global model)."""
+        return {"model": model}
+
+    def send(
+        self, model: Tensor, rnd: int, clients: Sequence[str], generator: torch.Generator
+    ) -> dict[str, tuple[Arrays, dict[str, Any]]]:
+        """Each selected client's downlink arrays and the scalars that say how to read them.
+
+        A 32-bit payload travels whole. A compressed one travels as the quantised change from the
+        clients' copy, which becomes ``copy + deq(change)`` (the dropped part goes with the next
+        change); a client that does not hold the previous round's copies (first round, missed
+        rounds) receives the new copies whole.
+        """
+        values = self.downlink_values(model)
+        whole = {p: Codec(bits=32).encode(values[p]) for p in self.downlink if p not in self.compressed}
+        if not self.compressed:
+            return dict.fromkeys(clients, (_arrays(whole), {"downlink": "model"}))
+        first = self.compressed[0]
+        synced = [c for c in clients if self.references[first] is not None and self.synced.get(c) == rnd - 1]
+        change = dict(whole)
+        for p in self.compressed:
+            previous = self.references[p]
+            if previous is None:
+                change[p], self.references[p] = Codec(bits=32).encode(values[p]), values[p].clone()
+            else:
+                change[p] = self.downlink_codecs[p].encode(values[p] - previous, generator)
+                self.references[p] = previous + decode(change[p])
+        if len(synced) < len(clients):
+            whole.update({p: Codec(bits=32).encode(self.references[p]) for p in self.compressed})
+        sent = {True: (_arrays(change), "change"), False: (_arrays(whole), "model")}
+        return {c: (sent[c in synced][0], {"downlink": sent[c in synced][1], "reference_round": rnd}) for c in clients}
+
+    def note_replies(self, rnd: int, clients: Sequence[str]) -> None:
+        """Record which clients answered round ``rnd``: under a compressed downlink they hold its copies."""
+        if self.compressed:
+            self.synced.update(dict.fromkeys(clients, rnd))
+
+    # ---- client ---------------------------------------------------------------------------
+    def receive(
+        self, client: str, arrays: Arrays, config: Mapping[str, Any], state: Arrays
+    ) -> tuple[dict[str, Tensor], Arrays]:
+        """The downlink payloads' values, and the client's state for this round (the copies it now holds).
+
+        Raises:
+            ConfigError: a change arrived for copies the client does not hold.
+        """
+        state = {_LEGACY_CLIENT_KEYS.get(key, key): value for key, value in state.items()}
+        values = {}
+        for p in self.downlink:
+            packet = Packet.from_arrays(
+                {k.removeprefix(f"{p}."): v for k, v in arrays.items() if k.startswith(f"{p}.")}
+            )
+            if config["downlink"] == "model" or p not in self.compressed:
+                values[p] = decode(packet)
+                continue
+            held = int(state["reference_round"][0]) if "reference_round" in state else None
+            if held != int(config["reference_round"]) - 1:
+                raise ConfigError(
+                    f"client {client}: holds the model of round {held}, the server sent a change to round "
+                    f"{int(config['reference_round']) - 1}; it will send the whole model next round"
+                )
+            values[p] = torch.from_numpy(state[f"downlink.{p}"].copy()) + decode(packet)
+        if self.compressed:
+            state.update({f"downlink.{p}": values[p].numpy() for p in self.compressed})
+            state["reference_round"] = np.array([int(config["reference_round"])], dtype=np.int64)
+        return values, state
+
+    def restore_local(self, module: nn.Module, state: Arrays) -> None:
+        """Put the client's own values of its local parameters into ``module`` (kept from its last round)."""
+        if self.local.names and "local" in state:
+            self.local.assign(module, torch.from_numpy(state["local"].copy()))
+
+    def keep_local(self, module: nn.Module, state: Arrays) -> None:
+        """Keep the module's local parameters in the client's state; they never travel."""
+        if self.local.names:
+            state["local"] = self.local.flatten_module(module).cpu().numpy()
+
+    def local_round(
+        self, client: str, received: dict[str, Tensor], module: nn.Module, state: Arrays, lr: float
+    ) -> LocalRound:
+        """The local round of ``client`` training ``module`` from the received payloads."""
+        params = self.shared.parameters(module)
+        anchor = [piece.to(p.device) for piece, p in zip(self.shared.split(received["model"]), params, strict=True)]
+        return LocalRound(client, received, params, anchor, state, lr)
+
+    def local_hooks(self, local: LocalRound) -> LocalHooks:
+        """The client update rule around the shared local step: plain steps unless overridden."""
+        return LocalHooks()
+
+    @abstractmethod
+    def finish_local(self, local: LocalRound, trained: Tensor, steps: int) -> LocalUpdate:
+        """The end of the local round: the uplink payloads from the trained shared parameters (CPU vector)."""
+
+    def upload(
+        self, update: LocalUpdate, state: Arrays, generator: torch.Generator
+    ) -> tuple[Arrays, dict[str, UplinkReport]]:
+        """Encode each uplink payload with its codec and its own error-feedback residual (kept in ``state``).
+
+        Raises:
+            CodecError: a payload holds NaN or Inf, or its stored residual is malformed.
+        """
+        if set(update.payloads) != set(self.uplink):
+            raise ValueError(f"algorithm {self.name} uploads {list(self.uplink)}, got {sorted(update.payloads)}")
+        packets, reports = {}, {}
+        for p in self.uplink:
+            prefix = f"feedback.{p}."
+            kept = self.uplink_configs[p].error_feedback
+            saved = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)} if kept else {}
+            feedback = FeedbackState.from_arrays(saved) if saved else FeedbackState()
+            packets[p], reports[p] = self.feedback[p].uplink(update.payloads[p], feedback, generator)
+            if kept:
+                state.update({prefix + k: v for k, v in feedback.to_arrays().items()})
+        return _arrays(packets), reports
+
+    # ---- server: uplink -------------------------------------------------------------------
+    def aggregate(self, uploads: Sequence[ClientUpload]) -> dict[str, RoundAggregate]:
+        """Decode and screen every payload (its own norm history), combine each over the accepted clients
+        with the configured aggregator."""
+        recent = {p: [n for norms in self.recent_norms[p] for n in norms] for p in self.uplink}
+        return aggregate_payloads(uploads, self.rules, recent, self.aggregator)
+
+    @abstractmethod
+    def server_update(
+        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
+    ) -> ServerRound:
+        """The next global model and state from the round's aggregates (at least one client accepted).
+
+        State it changes in place rather than through the outcome is restored by :meth:`discard`.
+        """
+
+    def discard(self) -> None:  # noqa: B027 (optional: most algorithms change nothing in place)
+        """Undo what the last :meth:`server_update` changed in place: the runtime did not keep its outcome."""
+
+    def commit(self, outcome: ServerRound, payloads: Mapping[str, RoundAggregate]) -> None:
+        """Keep a round's outcome: its state, and its accepted norms in each payload's history."""
+        self.state.update(outcome.state)
+        for client, values in outcome.client_state.items():
+            self.client_state.setdefault(client, {}).update(values)
+        for p in self.uplink:
+            history = [*self.recent_norms[p], [a.norm for a in payloads[p].accepted]]
+            self.recent_norms[p] = history[-self.cfg.norm_history_rounds :]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The server's algorithm state, for its checkpoint."""
+        return {
+            "recent_norms": self.recent_norms,
+            "references": self.references,
+            "synced": dict(self.synced),
+            "state": self.state,
+            "client_state": self.client_state,
+        }
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output, or the server state of runs written before named payloads.
+
+        Raises:
+            ConfigError: the state is another algorithm's (other payloads).
+        """
+        if "references" not in saved:  # FedAvg, FedProx and FedSense runs of before
+            saved = {
+                **saved,
+                "recent_norms": {"update": saved.get("recent_norms", [])},
+                "references": {"model": saved["reference"]} if saved.get("reference") is not None else {},
+                "synced": saved.get("synced", {}),
+            }
+        norms, references = dict(saved["recent_norms"]), {k: v for k, v in saved["references"].items() if v is not None}
+        if set(norms) != set(self.uplink) or not set(references) <= set(self.compressed):
+            raise ConfigError(
+                f"the checkpoint holds the state of an algorithm with uplink {sorted(norms)} and compressed "
+                f"downlink {sorted(references)}; {self.name} has {list(self.uplink)} and {self.compressed}"
+            )
+        self.recent_norms = norms
+        self.references = {p: references.get(p) for p in self.compressed}
+        self.synced = dict(saved["synced"])
+        self.state.update(saved.get("state", {}))
+        self.client_state = {c: dict(v) for c, v in saved.get("client_state", {}).items()}
+
+
+def _arrays(packets: Mapping[str, Packet]) -> Arrays:
+    """Packets as one flat dict of arrays, each key prefixed with its payload's name."""
+    return {f"{p}.{key}": value for p, packet in packets.items() for key, value in packet.to_arrays().items()}
+
+
+def payload_arrays(arrays: Mapping[str, np.ndarray]) -> dict[str, Arrays]:
+    """The flat arrays that travelled, as payload name -> that payload's packet arrays."""
+    payloads: dict[str, Arrays] = {}
+    for key, value in arrays.items():
+        payload, _, part = key.rpartition(".")
+        payloads.setdefault(payload, {})[part] = value
+    return payloads
+
+
+__all__ = [
+    "Algorithm",
+    "Arrays",
+    "LocalHooks",
+    "LocalRound",
+    "LocalUpdate",
+    "Refiner",
+    "ServerRound",
+    "codec_of",
+    "payload_arrays",
+]

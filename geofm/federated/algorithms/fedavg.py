@@ -1,0 +1,52 @@
+"""FedAvg: local steps from the global model, the combined updates stepped by the server optimiser."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from geofm.federated.aggregation import RoundAggregate
+from geofm.federated.algorithms.base import Algorithm, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.server_optimizers import build_server_optimizer
+
+
+class FedAvg(Algorithm):
+    """Federated averaging: up ``update`` (``theta - Theta``), down ``model``; the round's combined
+    update ``Delta`` (``aggregator``) moves the model through ``server_optimizer`` (``Theta + Delta`` by default)."""
+
+    name = "fedavg"
+    uplink = ("update",)
+    downlink = ("model",)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.server_optimizer = build_server_optimizer(self.cfg.server_optimizer, self.num_values)
+        self._optimizer_before: dict[str, Any] | None = None
+
+    def finish_local(self, local: LocalRound, trained: Tensor, steps: int) -> LocalUpdate:
+        return LocalUpdate({"update": trained - local.received["model"]})
+
+    def server_update(
+        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
+    ) -> ServerRound:
+        """The next global model: the server optimiser's step by the combined update."""
+        self._optimizer_before = copy.deepcopy(self.server_optimizer.state_dict())
+        return ServerRound(self.server_optimizer.step(model, payloads["update"].update))
+
+    def discard(self) -> None:
+        if self._optimizer_before is not None:
+            self.server_optimizer.load_state_dict(self._optimizer_before)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "server_optimizer": self.server_optimizer.state_dict()}
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        super().load_state_dict(saved)
+        if "server_optimizer" in saved:  # absent from checkpoints of older versions: a fresh state
+            self.server_optimizer.load_state_dict(saved["server_optimizer"])
+
+
+__all__ = ["FedAvg"]

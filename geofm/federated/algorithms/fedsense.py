@@ -1,0 +1,51 @@
+"""FedSense: server-to-client and client-to-server guidance around FedProx."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import Tensor
+
+from geofm.federated.aggregation import RoundAggregate
+from geofm.federated.algorithms.base import LocalHooks, LocalRound, Refiner, ServerRound
+from geofm.federated.algorithms.fedprox import FedProx
+from geofm.federated.clustering import cluster_clients
+from geofm.federated.perturbation import Perturbation
+
+
+class FedSense(FedProx):
+    """FedSense: server-to-client and client-to-server guidance.
+
+    Client: each local gradient is taken at ``theta + lambda d / ||d||`` (``d = theta - Theta``, the
+    drift from the round's global model) and applied at ``theta``; the proximal term is added when
+    ``proximal_beta`` is set. Server: the client models ``Theta + delta_i`` are grouped by K-means
+    (``clusters``), and the averaged model is refined by similarity distillation towards the
+    groups' data-weighted consensus on public images (``distill_steps``).
+    """
+
+    name = "fedsense"
+
+    def local_hooks(self, local: LocalRound) -> LocalHooks:
+        hooks = super().local_hooks(local)
+        radius = self.cfg.perturbation_radius
+        if radius:
+            hooks.around_gradient = Perturbation(local.params, local.anchor, radius)
+        return hooks
+
+    def server_update(
+        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
+    ) -> ServerRound:
+        update = super().server_update(model, payloads, refine)
+        if not self.cfg.distill_steps or refine is None:
+            return update
+        # K-means sees distances only, and Theta is common to every client model Theta + delta_i:
+        # the updates give the same groups, and a group's model is Theta plus its mean update.
+        accepted = payloads["update"].accepted
+        groups = cluster_clients(
+            [a.update for a in accepted], [a.num_examples for a in accepted], self.cfg.clusters or len(accepted)
+        )
+        refined, loss = refine(update.model, [model + mean for mean in groups.models], groups.weights)
+        return ServerRound(refined, {"loss_similarity": loss, "groups": float(len(groups.models))})
+
+
+__all__ = ["FedSense"]

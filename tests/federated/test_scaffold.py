@@ -1,0 +1,126 @@
+"""SCAFFOLD (option II) against the paper's equations worked by hand, and its payloads with a 1-bit uplink."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from geofm.config.federated import AlgorithmConfig
+from geofm.errors import ConfigError
+from geofm.federated.aggregation import ClientUpload
+from geofm.federated.algorithms import build_algorithm
+from geofm.federated.algorithms.base import LocalUpdate, payload_arrays
+from geofm.federated.codec import Codec, Packet, decode
+from geofm.federated.flat import ParameterLayout
+from geofm.tasks import StepOutput
+
+
+class Point(nn.Module):
+    """y, trained on f_i(y) = ||y - b_i||^2 / 2, whose gradient is y - b_i."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.y = nn.Parameter(torch.zeros(2))
+
+
+def _client_round(algorithm, name, arrays, config, state, target, steps, lr):
+    """K plain SGD steps on the loss plus SCAFFOLD's regulariser; returns the uplink arrays and the state."""
+    received, state = algorithm.receive(name, arrays, config, state)
+    model = Point()
+    algorithm.shared.assign(model, received["model"])
+    local = algorithm.local_round(name, received, model, state, lr)
+    hooks = algorithm.local_hooks(local)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(steps):
+        output = StepOutput({"loss": 0.5 * ((model.y - target) ** 2).sum()})
+        loss = output.losses["loss"] + hooks.regulariser({"image": None}, output)
+        assert loss.item() == output.losses["loss"].item(), "the correction leaves the loss's value alone"
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    update = algorithm.finish_local(local, algorithm.shared.flatten_module(model), steps)
+    up, _ = algorithm.upload(update, state, torch.Generator())
+    return up, state
+
+
+def test_two_clients_give_the_papers_numbers():
+    # x = 0, c = (0.5, -1); client 1: b = (1, 2), c_1 = (0.5, 0); client 2: b = (-1, 0), c_2 = 0 (new).
+    # K = 2 steps of SGD at eta_l = 0.5 on g(y) - c_i + c; 2 of N = 4 clients; eta_g = 0.5.
+    cfg = AlgorithmConfig(name="scaffold", server_lr=0.5)
+    layout = ParameterLayout.of(Point())
+    server = build_algorithm(cfg, layout, num_clients=4)
+    server.state["control"] = torch.tensor([0.5, -1.0])
+    sent = server.send(torch.zeros(2), 1, ["one", "two"], torch.Generator())
+    client = build_algorithm(cfg, layout)
+    states = {"one": {"control": np.array([0.5, 0.0], np.float32)}, "two": {}}
+    targets = {"one": torch.tensor([1.0, 2.0]), "two": torch.tensor([-1.0, 0.0])}
+    uploads = []
+    for name in ("one", "two"):
+        up, states[name] = _client_round(client, name, *sent[name], states[name], targets[name], steps=2, lr=0.5)
+        uploads.append(ClientUpload(name, payload_arrays(up), 10))
+
+    # Client 1: g = y - (1, 3): y_1 = (0.5, 1.5), y_2 = (0.75, 2.25); c_1+ = c_1 - c + (x - y_2) / (K eta_l)
+    # = (0, 1) - (0.75, 2.25) = (-0.75, -1.25). Client 2: g = y - (-1.5, 1): y_1 = (-0.75, 0.5),
+    # y_2 = (-1.125, 0.75); c_2+ = (-0.5, 1) - (-1.125, 0.75) = (0.625, 0.25).
+    np.testing.assert_array_equal(states["one"]["control"], [-0.75, -1.25])
+    np.testing.assert_array_equal(states["two"]["control"], [0.625, 0.25])
+    sent_up = {u.client: {p: decode(Packet.from_arrays(a)) for p, a in u.payloads.items()} for u in uploads}
+    assert sent_up["one"]["delta_y"].tolist() == [0.75, 2.25] and sent_up["one"]["delta_c"].tolist() == [-1.25, -1.25]
+    assert sent_up["two"]["delta_y"].tolist() == [-1.125, 0.75] and sent_up["two"]["delta_c"].tolist() == [0.625, 0.25]
+
+    # Server: x = 0 + 0.5 * mean(delta_y) = 0.5 * (-0.1875, 1.5); c = c + 2/4 * mean(delta_c) = c + 0.5 * (-0.3125, -0.5).
+    payloads = server.aggregate(uploads)
+    outcome = server.server_update(torch.zeros(2), payloads, None)
+    assert outcome.model.tolist() == [-0.09375, 0.75]
+    assert outcome.state["control"].tolist() == [0.34375, -1.25]
+    server.commit(outcome, payloads)
+    arrays, _ = server.send(outcome.model, 2, ["one"], torch.Generator())["one"]
+    assert decode(Packet.from_arrays(payload_arrays(arrays)["control"])).tolist() == [0.34375, -1.25]
+
+
+def test_the_server_weighs_clients_equally_whatever_their_examples():
+    server = build_algorithm(AlgorithmConfig(name="scaffold"), 1, num_clients=2)
+    encode = Codec(bits=32).encode
+    uploads = [
+        ClientUpload("a", {"delta_y": encode(torch.tensor([1.0])), "delta_c": encode(torch.tensor([2.0]))}, 1),
+        ClientUpload("b", {"delta_y": encode(torch.tensor([3.0])), "delta_c": encode(torch.tensor([4.0]))}, 9),
+    ]
+    outcome = server.server_update(torch.zeros(1), server.aggregate(uploads), None)
+    assert outcome.model.tolist() == [2.0] and outcome.state["control"].tolist() == [3.0]
+
+
+@pytest.mark.parametrize("delta_c_bits", [1, 8])
+def test_each_payload_keeps_its_own_residual_under_a_1bit_uplink(delta_c_bits):
+    cfg = AlgorithmConfig(
+        name="scaffold",
+        uplink={"bits": 1, "bucket_size": 4, "error_feedback": True},
+        uplink_payloads={"delta_c": {"bits": delta_c_bits}},
+    )
+    client, server = build_algorithm(cfg, 8), build_algorithm(cfg, 8, num_clients=1)
+    generator = torch.Generator().manual_seed(0)
+    first = {"delta_y": torch.linspace(-1, 1, 8), "delta_c": torch.arange(8.0) - 2}
+    second = {"delta_y": torch.linspace(1, -1, 8) ** 3, "delta_c": torch.ones(8)}
+    state = {}
+    up, _ = client.upload(LocalUpdate(dict(first)), state, generator)
+    packets = {p: Packet.from_arrays(a) for p, a in payload_arrays(up).items()}
+    assert packets["delta_y"].bits == 1 and packets["delta_c"].bits == delta_c_bits
+    for p in ("delta_y", "delta_c"):
+        np.testing.assert_allclose(state[f"feedback.{p}.error"], (first[p] - decode(packets[p])).numpy())
+    residuals = {p: torch.from_numpy(state[f"feedback.{p}.error"].copy()) for p in first}
+    up, _ = client.upload(LocalUpdate(dict(second)), state, generator)
+    decoded = {p: decode(Packet.from_arrays(a)) for p, a in payload_arrays(up).items()}
+    expected = Codec(bits=1, bucket_size=4).encode(second["delta_y"] + residuals["delta_y"])
+    assert torch.equal(decoded["delta_y"], decode(expected)), "the second delta_y carries its own residual"
+    np.testing.assert_allclose(
+        state["feedback.delta_c.error"], (second["delta_c"] + residuals["delta_c"] - decoded["delta_c"]).numpy()
+    )
+    payloads = server.aggregate([ClientUpload("a", payload_arrays(up), 3)])
+    assert [a.client for a in payloads["delta_c"].accepted] == ["a"]
+    assert torch.equal(payloads["delta_y"].update, decoded["delta_y"])
+
+
+def test_scaffold_refuses_another_aggregator_or_server_optimiser():
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.aggregator: scaffold combines the uploads by the paper's plain means"
+    ):
+        build_algorithm(AlgorithmConfig(name="scaffold", aggregator={"name": "median"}), 4)
