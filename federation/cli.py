@@ -5,7 +5,9 @@
 ``geofm fed certs``     writes a deployment's certificates, SuperNode keys and CLI connection, then
                         prints its commands;
 ``geofm fed commands``  prints those commands again for a folder ``geofm fed certs`` wrote;
-``geofm fed launch``    starts a run on a deployment's SuperLink and follows it to its final status.
+``geofm fed launch``    starts a run on a deployment's SuperLink and follows it to its final status;
+``geofm fed sweep``     runs one simulation per algorithm x scenario (x uplink) of a sweep file and
+                        compares them (:mod:`federation.sweep`).
 
 The built-in program (``geofm``: the config's task, algorithm and partition) is the default;
 ``--program`` runs another program registered for the same runtime (:mod:`federation.runtime`).
@@ -139,6 +141,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_program_args(launch)
     launch.set_defaults(handler=_launch)
 
+    sweep = commands.add_parser(
+        "sweep",
+        help="one simulation per algorithm x scenario (x uplink) of a sweep file, then their comparison",
+        description="Validate every cell of a sweep file (see federation/sweep.py), run each unfinished one with "
+        "`geofm fed simulate` in a process of its own, and write OUTPUT/comparison/comparison.md, .json and .png. "
+        "Rerunning skips finished cells and resumes the others.",
+    )
+    sweep.add_argument("--config", required=True, type=Path, help="the sweep file")
+    sweep.add_argument("overrides", nargs="*", metavar="key.path=value", help="override sweep-file values")
+    sweep.add_argument("--num-cpus", type=int, help="cores each simulation may use (default: all)")
+    sweep.add_argument("--cpus-per-node", type=float, default=1.0, help="cores per running ClientApp (default 1)")
+    sweep.set_defaults(handler=_sweep)
+
 
 def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
@@ -237,3 +252,12 @@ def _launch(args: argparse.Namespace) -> None:
     run_config = program_run_config(args)
     run_config.pop(INSTITUTIONS)  # deployed SuperNodes name their institution themselves
     launch_run(DeploymentFiles(args.deployment.resolve()), run_config)
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from federation.sweep import run_sweep
+
+    extra = ["--cpus-per-node", str(args.cpus_per_node)]
+    if args.num_cpus:
+        extra += ["--num-cpus", str(args.num_cpus)]
+    print(f"wrote {run_sweep(args.config, args.overrides, extra)}")

@@ -8,6 +8,7 @@ is also kept in its state folder, from which a restarted run recovers it.
 from __future__ import annotations
 
 import re
+import resource
 import time
 from pathlib import Path
 
@@ -69,7 +70,12 @@ class FederatedClient:
             regulariser=hooks.regulariser,
         )
         batches = self.task.local_batches(self.shares, self._num_steps(), rnd, stable_id(cfg.run.seed, self.name))
+        device = ds.device()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        trained = time.perf_counter()
         means, steps = loop.local_steps(batches)
+        seconds_per_step = (time.perf_counter() - trained) / max(steps, 1)
 
         update = algorithm.finish_local(local, algorithm.shared.flatten_module(engine.module).cpu(), steps)
         algorithm.keep_local(engine.module, state)
@@ -85,6 +91,8 @@ class FederatedClient:
             **update.metadata,
             **uplink_metrics(reports),
             "seconds": time.perf_counter() - started,
+            "seconds_per_step": seconds_per_step,
+            "peak_memory_bytes": peak_memory_bytes(device),
         }
         return upload, metrics, state
 
@@ -120,6 +128,14 @@ class FederatedClient:
             return {key: data[key] for key in data.files}
 
 
+def peak_memory_bytes(device: torch.device) -> int:
+    """The most memory the local round took: allocated CUDA memory since the round began on a GPU, else
+    the peak resident size of this client's process (in a simulation, a worker that ran several clients)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
 def uplink_metrics(reports: dict[str, UplinkReport]) -> dict[str, float | str]:
     """A client's log of its upload: the first payload's norms as ``update_norm`` and ``error_norm``,
     another's as ``<payload>.update_norm`` and ``<payload>.error_norm``, and the residuals it reset."""
@@ -134,4 +150,4 @@ def uplink_metrics(reports: dict[str, UplinkReport]) -> dict[str, float | str]:
     return {**metrics, "feedback_reset": ", ".join(resets)}
 
 
-__all__ = ["FederatedClient", "uplink_metrics"]
+__all__ = ["FederatedClient", "peak_memory_bytes", "uplink_metrics"]

@@ -70,7 +70,7 @@ class FederatedServer:
         check_inputs(federated_inputs(cfg), "the run's config")
         self.checkpoints = RunCheckpoints(self.run_dir, cfg.run.keep_checkpoints, rank=0, unit="round")
         self.clients: dict[int, tuple[str, int]] = {}  # node id -> (institution, examples)
-        self._round_started, self._round_downlink = time.perf_counter(), 0
+        self._round_started, self._round_downlink, self._server_seconds = time.perf_counter(), 0, 0.0
 
         # The server decodes, averages and sketches model-sized CPU vectors every round: keeping
         # freed memory spares it faulting them in afresh (about a quarter of its per-client cost).
@@ -126,10 +126,12 @@ class FederatedServer:
             arrays, how = sent[self.clients[node][0]]
             payloads[node] = (arrays, {"round": rnd, "lr": lr, **how})
         self._round_downlink = sum(a.nbytes for arrays, _ in payloads.values() for a in arrays.values())
+        self._server_seconds = time.perf_counter() - self._round_started
         return payloads
 
     def aggregate(self, rnd: int, replies: list[Reply], failures: list[Failure]) -> None:
         """Screen and combine the uploads, apply the server rule, log the round and checkpoint it."""
+        aggregating = time.perf_counter()
         # In institution order, not arrival order: float sums and the clustering then give the same
         # global model whichever client answers first.
         replies = sorted(replies, key=lambda r: self.clients[r.node_id][0])
@@ -173,6 +175,10 @@ class FederatedServer:
             "uplink_bytes": sum(sum(a.nbytes for a in r.arrays.values()) for r in replies),
             "downlink_bytes": self._round_downlink,
             "seconds": round(time.perf_counter() - self._round_started, 3),
+            # the server's own work (sending, combining, its update rule): not waiting, checkpoints or plots
+            "server_seconds": round(self._server_seconds + time.perf_counter() - aggregating, 3),
+            "client_seconds_per_step": _per_client(metrics, "seconds_per_step"),
+            "client_peak_memory_bytes": _per_client(metrics, "peak_memory_bytes"),
             "rejected": {r.client: r.reason for r in aggregate.rejected},
             "bounded_examples": {c: {"claimed": a, "counted": b} for c, (a, b) in aggregate.bounded.items()},
             **({"discarded": discarded} if discarded else {}),
@@ -295,6 +301,11 @@ class FederatedServer:
             )
         log.info("resumed from %s after round %d", self.checkpoints.latest().resolve(), progress.step)
         return progress.step
+
+
+def _per_client(metrics: dict[str, Scalars], key: str) -> dict[str, float]:
+    """``key`` of each client's reply that reported it."""
+    return {client: m[key] for client, m in metrics.items() if isinstance(m.get(key), int | float)}
 
 
 def non_finite_model(outcome: ServerRound, payloads: dict[str, RoundAggregate]) -> str | None:

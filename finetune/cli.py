@@ -29,6 +29,7 @@ examples:
 REPORT_EXAMPLES = """\
 examples:
   geofm report runs/gfm_*/eval.json --baseline runs/in22k_*/eval.json --out reports/gfm_vs_in22k
+  geofm report runs/sweep_bigearthnet_k7 --out reports/bigearthnet_k7     # federated runs side by side
 """
 
 
@@ -73,14 +74,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     report = subparsers.add_parser(
         "report",
-        help="average relative performance (ARP) of a model against a baseline over tasks",
+        help="ARP of a model against a baseline over tasks, or federated runs side by side",
         description="Compare evaluation records (eval.json) of a model and a baseline task by task (matched by task, "
-        "dataset and train fraction) and write report.md, arp.json and arp.png.",
+        "dataset and train fraction) and write report.md, arp.json and arp.png. Given run directories (or a sweep's "
+        "output folder) instead, compare the federated runs in them: each algorithm's score per scenario and "
+        "uplink, and each run's bytes per round, server seconds per round, client seconds per local step "
+        "(relative to FedAvg) and client memory, in comparison.md, comparison.json and comparison.png.",
         epilog=REPORT_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    report.add_argument("evals", nargs="+", type=Path, metavar="EVAL.json", help="the model's evaluation records")
-    report.add_argument("--baseline", nargs="+", required=True, type=Path, metavar="EVAL.json", help="the baseline's")
+    report.add_argument(
+        "evals", nargs="+", type=Path, metavar="EVAL.json|RUN", help="the model's evaluation records, or run folders"
+    )
+    report.add_argument("--baseline", nargs="+", type=Path, metavar="EVAL.json", help="the baseline's (ARP only)")
     report.add_argument(
         "--out", type=Path, default=Path("arp_report"), help="folder to write into (default: arp_report)"
     )
@@ -157,6 +163,17 @@ def _eval(args: argparse.Namespace) -> None:
 
 def _report(args: argparse.Namespace) -> None:
     from finetune.report import average_relative_performance, compare, read_eval, write_report
+    from geofm.errors import ConfigError
+
+    if all(path.is_dir() for path in args.evals):
+        if args.baseline:
+            raise ConfigError("--baseline compares eval.json records; run folders are compared with each other")
+        from geofm.federated.comparison import write_comparison
+
+        print(f"wrote {write_comparison(args.evals, args.out)}")
+        return
+    if args.baseline is None:
+        raise ConfigError("geofm report EVAL.json ...: give the baseline's records with --baseline EVAL.json ...")
 
     rows, unmatched = compare([read_eval(p) for p in args.evals], [read_eval(p) for p in args.baseline])
     paths = write_report(rows, args.out, model=args.name, baseline=args.baseline_name, unmatched=unmatched)

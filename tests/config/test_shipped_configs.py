@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from federation.sweep import read_sweep
 from geofm.config.federated import FederatedConfig
 from geofm.config.finetune import FinetuneConfig
 from geofm.config.pretrain import PretrainConfig
@@ -14,11 +15,19 @@ from geofm.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SCHEMAS = {"pretrain": PretrainConfig, "federated": FederatedConfig, "finetune": FinetuneConfig}
-SHIPPED = sorted(CONFIGS.glob("*/*.yaml"))
+SWEEPS = "sweeps"  # sweep files: every cell's config resolves against the federated schema
+SHIPPED = sorted(path for path in CONFIGS.glob("*/*.yaml") if path.parent.name != SWEEPS)
 
 
 def test_every_config_folder_has_a_schema():
     assert SHIPPED and {path.parent.name for path in SHIPPED} <= set(SCHEMAS)
+    assert {path.parent.name for path in CONFIGS.glob("*/*.yaml")} <= {*SCHEMAS, SWEEPS}
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob(f"{SWEEPS}/*.yaml")), ids=lambda path: path.name)
+def test_a_shipped_sweep_resolves_every_cell(path):
+    _, cells = read_sweep(path)
+    assert cells
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda path: f"{path.parent.name}/{path.name}")
