@@ -27,12 +27,20 @@ def _demo_data(args: argparse.Namespace) -> None:
 
 
 def _data_stats(args: argparse.Namespace) -> None:
+    from geofm.data.bands import UnknownBandError, canonical_bands
     from geofm.data.stats import compute_band_stats, format_stats_yaml
+    from geofm.errors import ConfigError
 
+    try:  # the names a config would accept, so that the printed snippet pastes into one
+        bands = canonical_bands(args.bands, args.custom_bands, where="--bands")
+    except UnknownBandError as err:
+        raise ConfigError(
+            str(err).replace("declare other bands under data.custom_bands", "declare them with --custom-bands")
+        ) from None
     stats = compute_band_stats(
         root=args.root,
         pattern=args.pattern,
-        bands=args.bands,
+        bands=bands,
         scale=args.scale,
         nodata=args.nodata,
         max_files=args.max_files,
@@ -111,8 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
         dest="data_command", required=True
     )
     stats = data.add_parser("stats", help="per-band mean/std of a source, as YAML to paste into its config")
-    stats.add_argument("root", type=Path, help="folder of images")
+    stats.add_argument("root", type=Path, help="a folder of images, or one image file")
     stats.add_argument("--bands", nargs="+", required=True, help="band names in the files' band order")
+    stats.add_argument(
+        "--custom-bands", nargs="+", default=[], metavar="NAME", help="names outside the band vocabulary"
+    )
     stats.add_argument("--pattern", default="**/*.tif", help="glob below root (default: **/*.tif)")
     stats.add_argument("--scale", type=float, default=1.0, help="multiplies raw values, e.g. 0.0001 for reflectance")
     stats.add_argument("--nodata", type=float, default=None, help="overrides the files' nodata value")

@@ -18,6 +18,17 @@ def test_demo_data_and_stats_commands(tmp_path, capsys):
     assert all(0 < m < 1 for m in snippet["mean"]), "reflectance scale applied, nodata left out"
 
 
+def test_stats_of_one_file_print_canonical_band_names(tmp_path, capsys):
+    assert main(["demo-data", "--out", str(tmp_path / "demo")]) == 0
+    one = sorted((tmp_path / "demo/satellite_4band").rglob("*.tif"))[0]
+    capsys.readouterr()
+    assert main(["data", "stats", str(one), "--bands", "b02", "b03", "b04", "haze", "--custom-bands", "haze"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# 1 files")
+    assert yaml.safe_load("\n".join(line for line in out.splitlines() if not line.startswith("#")))
+    assert "'blue'" in out and "'red'" in out and "'haze'" in out
+
+
 def test_pretrain_is_registered_and_config_errors_exit_cleanly(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["pretrain", "--help"])

@@ -156,6 +156,14 @@ def test_band_statistics_the_files_cannot_give(tmp_path, capsys, args, expected)
     assert expected.format(rgb=folder) in err
 
 
+def test_band_statistics_take_only_band_names_a_config_takes(tmp_path, capsys):
+    folder = tmp_path / "rgb"
+    write_geotiff(folder / "ones.tif", np.ones((3, 8, 8), np.uint8), transform=TRANSFORM, crs=32632)
+    err = _error(capsys, ["data", "stats", str(folder), "--bands", "red", "green", "nri"])
+    assert "geofm: error: --bands: unknown band 'nri': did you mean nir?" in err
+    assert "declare them with --custom-bands" in err
+
+
 def test_an_unknown_benchmark_setting(capsys):
     assert "geofm: error: unknown setting 'bitz'; this benchmark has bits" in _error(
         capsys, ["bench", "codec", "bitz=1"]

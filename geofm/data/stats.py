@@ -47,7 +47,7 @@ def compute_band_stats(
     left out. Per-file moments are merged in float64 (Chan et al.), one file in memory at a time.
 
     Args:
-        root: the source's folder.
+        root: the source's folder, or one file (``pattern`` is then not used).
         pattern: glob of its files below ``root``.
         bands: band names, in the file's band order.
         scale: multiplies raw values before the statistics are taken.
@@ -58,12 +58,12 @@ def compute_band_stats(
         The statistics.
 
     Raises:
-        DatasetNotFoundError: if the folder is missing or no file matches.
+        DatasetNotFoundError: if ``root`` is neither a file nor a folder, or no file matches.
         RasterReadError: if a file cannot be read or holds another number of bands.
         ConfigError: if ``max_files`` is not positive.
         DataMismatchError: if a band has no valid pixel.
     """
-    files = list_images(root, pattern)
+    files = [Path(root)] if Path(root).is_file() else list_images(root, pattern)
     if max_files is not None:
         if max_files <= 0:
             raise ConfigError(f"max_files (--max-files) must be positive, got {max_files}")
