@@ -184,9 +184,9 @@ def program_run_config(args: argparse.Namespace) -> dict[str, Scalar]:
     """The run config of a command's program: its name and its config (checked now, not on the nodes)."""
     tree = read_config_tree(args.config, args.overrides)
     if args.program == BUILT_IN:
-        from geofm.config.federated import FederatedConfig
+        from geofm.config.federated import read_federated_config
 
-        names = FederatedConfig.from_tree(tree, str(args.config)).client_names
+        names = read_federated_config(tree, str(args.config)).client_names
     else:
         names = getattr(args, "institutions", None) or []
     return {PROGRAM: args.program, CONFIG: config_entry(tree), INSTITUTIONS: ",".join(names)}

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from federation.program import STATE_DIR, build_task, client_shares, local_config, stable_id
-from federation.runtime import INSTITUTION, Arrays, Scalars
+from federation.program import STATE_DIR, build_task, local_config, stable_id
+from federation.runtime import DATA_ROOT, INSTITUTION, Arrays, Scalars
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.feedback import UplinkReport
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
 from geofm.loop import TrainLoop
 from geofm.training import check_inputs
 
@@ -38,10 +38,10 @@ class FederatedClient:
     def __init__(self, cfg: FederatedConfig, node_config: dict) -> None:
         self.name = str(node_config[INSTITUTION])
         self.cfg = local_config(cfg, node_config)
-        self.shares = client_shares(self.cfg, self.name)
-        self.num_examples = sum(len(files) for files in self.shares)
         self.task = build_task(self.cfg)
         check_inputs(self.task.inputs(), f"client {self.name}")
+        self.share = self.task.client_share(self.name, own_data=bool(node_config.get(DATA_ROOT)))
+        self.num_examples = self.share.num_examples
         self.state_dir = Path(node_config.get(STATE_DIR) or self.cfg.run.output_dir / "clients" / self.name)
 
     def identity(self) -> Scalars:
@@ -57,8 +57,10 @@ class FederatedClient:
         received, state = algorithm.receive(self.name, arrays, config, state or self._recover(rnd))
         algorithm.shared.assign(model, received["model"])
         algorithm.restore_local(model, state)
+        if RUNNING_STATISTICS in arrays:
+            load_running_statistics(model, arrays[RUNNING_STATISTICS])
         self.task.prepare(model)
-        engine = ds.initialize(model, cfg.train, 1, None, lr)
+        engine = ds.initialize(model, cfg.train, 1, None, lr, param_groups=self.task.param_groups(model))
         local = algorithm.local_round(self.name, received, engine.module, state, lr)
         hooks = algorithm.local_hooks(local)
         loop = TrainLoop(
@@ -69,7 +71,7 @@ class FederatedClient:
             around_gradient=hooks.around_gradient,
             regulariser=hooks.regulariser,
         )
-        batches = self.task.local_batches(self.shares, self._num_steps(), rnd, stable_id(cfg.run.seed, self.name))
+        batches = self.task.local_batches(self.share.data, self._num_steps(), rnd, stable_id(cfg.run.seed, self.name))
         device = ds.device()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -81,6 +83,9 @@ class FederatedClient:
         algorithm.keep_local(engine.module, state)
         generator = torch.Generator().manual_seed(stable_id(cfg.run.seed, self.name, rnd, "uplink"))
         upload, reports = algorithm.upload(update, state, generator)
+        statistics = running_statistics(engine.module)
+        if statistics is not None:
+            upload[RUNNING_STATISTICS] = statistics
         state["round"] = np.array([rnd], dtype=np.int64)
         self._persist(rnd, state)
         metrics = {

@@ -24,26 +24,19 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
-from pathlib import Path
 
 from federation.runtime import DATA_ROOT, INSTITUTION, Program, Scalar, program_config
 from geofm import engine as ds
-from geofm.config import config_to_dict
-from geofm.config.federated import FederatedConfig
-from geofm.data.sources import list_images
-from geofm.errors import ConfigError, DatasetNotFoundError
-from geofm.federated.partition import PARTITIONERS
+from geofm.config.federated import FederatedConfig, read_federated_config
 from geofm.tasks import TASKS
-from geofm.training import InputPath
 
 TEACHER = "teacher"  # node config: this machine's copy of the teacher weights
 STATE_DIR = "state-dir"  # node config: where this institution keeps its client state between runs
 
 
-def run_config_tree(run_config: dict[str, Scalar]) -> FederatedConfig:
-    """The run's validated config from the run config's ``config`` entry."""
-    return FederatedConfig.from_tree(program_config(run_config), "the run's config")
+def run_config_tree(run_config: dict[str, Scalar]):
+    """The run's validated config (its task's federated config class) from the run config's ``config`` entry."""
+    return read_federated_config(program_config(run_config), "the run's config")
 
 
 def make_server(run_config: dict[str, Scalar]):
@@ -64,9 +57,9 @@ PROGRAM = Program(make_server, make_client)
 """The built-in federated program, registered as ``"geofm"`` in :data:`federation.runtime.PROGRAMS`."""
 
 
-def build_task(cfg: FederatedConfig):
-    """The task the config names, built on ``cfg``."""
-    return TASKS.get(cfg.task)(cfg)
+def build_task(cfg):
+    """The task the config names, as a federated program runs it (its class's ``federated(cfg)``)."""
+    return TASKS.get(cfg.task).federated(cfg)
 
 
 def round_lr(cfg: FederatedConfig, rnd: int) -> float:
@@ -86,87 +79,15 @@ def stable_id(*parts: object) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
-class _ListedSources(Sequence):
-    """Each configured source's files, listed when first indexed (a node reads only the folders it needs)."""
-
-    def __init__(self, cfg: FederatedConfig) -> None:
-        self.sources = cfg.data.sources
-        self.listed: dict[int, list[Path]] = {}
-
-    def __len__(self) -> int:
-        return len(self.sources)
-
-    def __getitem__(self, index: int) -> list[Path]:
-        if index not in self.listed:
-            self.listed[index] = list_images(self.sources[index].root, self.sources[index].pattern)
-        return self.listed[index]
-
-
-def client_shares(cfg: FederatedConfig, name: str) -> list[list[Path]]:
-    """The files client ``name`` trains on, per source of ``cfg.data.sources`` (empty lists for the others).
-
-    Raises:
-        ConfigError: ``name`` is not one of the config's clients.
-        DatasetNotFoundError: a source folder the client reads is missing or empty, naming the client.
-    """
-    names = cfg.client_names
-    if name not in names:
-        raise ConfigError(f"institution {name!r} is not a client of this federation; its clients are {names}")
-    fed = cfg.federation
-    public = [i for i, s in enumerate(cfg.data.sources) if s.name in fed.public_sources]
-    partitioner = PARTITIONERS.get(fed.partition)
-    try:
-        files = partitioner(
-            _ListedSources(cfg),
-            len(names),
-            names.index(name),
-            seed=cfg.run.seed,
-            public=public,
-            alpha=fed.dirichlet_alpha,
-        )
-    except DatasetNotFoundError as err:
-        raise DatasetNotFoundError(f"client {name}: {err}") from None
-    shares: list[list[Path]] = [[] for _ in cfg.data.sources]
-    for item in files:
-        shares[item.source].append(Path(item.path))
-    return shares
-
-
-def local_config(cfg: FederatedConfig, node_config: dict) -> FederatedConfig:
-    """The config as one institution's machine sees it: its ``data-root`` and ``teacher`` paths.
-
-    ``data-root`` replaces the root of the institution's own source (``by_source``), or is the
-    folder relative source roots are resolved against (other partitions); ``teacher`` replaces the
-    teacher's weights file.
-    """
-    tree = config_to_dict(cfg)
-    root = node_config.get(DATA_ROOT)
-    if root:
-        for source in tree["data"]["sources"]:
-            if cfg.federation.partition == "by_source":
-                if source["name"] == node_config.get(INSTITUTION):
-                    source["root"] = str(root)
-            elif not Path(source["root"]).is_absolute():
-                source["root"] = str(Path(root) / source["root"])
-    if node_config.get(TEACHER) and tree.get("teacher"):
-        tree["teacher"]["checkpoint"] = str(node_config[TEACHER])
-    return FederatedConfig.from_tree(tree, f"the run's config at {node_config.get(INSTITUTION)}")
-
-
-def federated_inputs(cfg: FederatedConfig) -> list[InputPath]:
-    """The paths the server itself reads: its public sources (clients check their own data)."""
-    return [
-        InputPath(f"data.sources.{i}.root ({s.name}, public)", s.root, s.pattern)
-        for i, s in enumerate(cfg.data.sources)
-        if s.name in cfg.federation.public_sources
-    ]
+def local_config(cfg, node_config: dict):
+    """The config as one institution's machine sees it: its ``data-root`` and ``teacher`` paths
+    (see the config class's ``for_node``)."""
+    return cfg.for_node(str(node_config.get(INSTITUTION)), node_config.get(DATA_ROOT), node_config.get(TEACHER))
 
 
 __all__ = [
     "PROGRAM",
     "build_task",
-    "client_shares",
-    "federated_inputs",
     "local_config",
     "make_client",
     "make_server",

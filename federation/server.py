@@ -7,9 +7,10 @@ import math
 import random
 import time
 
+import numpy as np
 import torch
 
-from federation.program import build_task, federated_inputs, round_lr, stable_id
+from federation.program import build_task, round_lr, stable_id
 from federation.runtime import Arrays, Failure, Reply, Scalars
 from geofm import engine as ds
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
@@ -19,9 +20,9 @@ from geofm.errors import GeoFMError
 from geofm.federated.aggregation import ClientUpload, RoundAggregate
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.base import Algorithm, ServerRound, payload_arrays
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
 from geofm.federated.similarity import distill_similarity
-from geofm.runlog import MetricsLog, plot_rounds
+from geofm.runlog import MetricsLog, plot_metric_curve, plot_rounds
 from geofm.training import Progress, RunCheckpoints, check_inputs, check_resume
 
 log = logging.getLogger("geofm.federated")
@@ -67,7 +68,6 @@ class FederatedServer:
         self.connect_timeout_s = fed.connect_timeout_s
         self.round_retries = fed.round_retries
         self.run_dir = cfg.run.output_dir
-        check_inputs(federated_inputs(cfg), "the run's config")
         self.checkpoints = RunCheckpoints(self.run_dir, cfg.run.keep_checkpoints, rank=0, unit="round")
         self.clients: dict[int, tuple[str, int]] = {}  # node id -> (institution, examples)
         self._round_started, self._round_downlink, self._server_seconds = time.perf_counter(), 0, 0.0
@@ -77,12 +77,14 @@ class FederatedServer:
         ds.keep_freed_memory()
         torch.manual_seed(cfg.run.seed)
         self.task = build_task(cfg)
+        check_inputs(self.task.server_inputs(), "the run's config")
         self.model = self.task.build_model()
         self.algorithm: Algorithm = build_algorithm(
             cfg.algorithm, ParameterLayout.of(self.model), fed.declared_examples, cfg.num_clients
         )
         self.layout = self.algorithm.shared  # what travels; parameters local to the clients keep their start
         self.global_model = self.layout.flatten_module(self.model)
+        self.statistics = running_statistics(self.model)  # batch-norm buffers, averaged beside the payloads
         self.distill_optimizer = torch.optim.AdamW(
             self.task.distilled_parameters(self.model), lr=cfg.algorithm.distill_lr
         )
@@ -124,6 +126,8 @@ class FederatedServer:
         payloads = {}
         for node in node_ids:
             arrays, how = sent[self.clients[node][0]]
+            if self.statistics is not None:
+                arrays = {**arrays, RUNNING_STATISTICS: self.statistics}
             payloads[node] = (arrays, {"round": rnd, "lr": lr, **how})
         self._round_downlink = sum(a.nbytes for arrays, _ in payloads.values() for a in arrays.values())
         self._server_seconds = time.perf_counter() - self._round_started
@@ -135,8 +139,14 @@ class FederatedServer:
         # In institution order, not arrival order: float sums and the clustering then give the same
         # global model whichever client answers first.
         replies = sorted(replies, key=lambda r: self.clients[r.node_id][0])
+        statistics = {self.clients[r.node_id][0]: r.arrays.get(RUNNING_STATISTICS) for r in replies}
         uploads = [
-            ClientUpload(self.clients[r.node_id][0], payload_arrays(r.arrays), self.clients[r.node_id][1], r.metrics)
+            ClientUpload(
+                self.clients[r.node_id][0],
+                payload_arrays({k: v for k, v in r.arrays.items() if k != RUNNING_STATISTICS}),
+                self.clients[r.node_id][1],
+                r.metrics,
+            )
             for r in replies
         ]
         payloads = self.algorithm.aggregate(uploads)
@@ -163,6 +173,9 @@ class FederatedServer:
         # Keyed by the institution each node registered as, never by what a reply claims to be.
         metrics = {self.clients[r.node_id][0]: r.metrics for r in replies if self.clients[r.node_id][0] in accepted}
         weights = {a.client: w for a, w in zip(aggregate.accepted, aggregate.weights, strict=True)}
+        self.layout.assign(self.model, self.global_model)
+        self._average_statistics(statistics, weights if discarded is None else {})
+        validation = self.task.evaluate_round(self.model, rnd)  # finetuning: the global model's val metrics
         record = {
             "round": rnd,
             "clients": sorted(accepted),
@@ -171,11 +184,12 @@ class FederatedServer:
                 for key in self.task.log_keys
             },
             **server_metrics,
+            **({"val": validation} if validation is not None else {}),
             "lr": round_lr(self.cfg, rnd),
             "uplink_bytes": sum(sum(a.nbytes for a in r.arrays.values()) for r in replies),
             "downlink_bytes": self._round_downlink,
             "seconds": round(time.perf_counter() - self._round_started, 3),
-            # the server's own work (sending, combining, its update rule): not waiting, checkpoints or plots
+            # the server's own work (sending, combining, its update rule, validation): not waiting, checkpoints, plots
             "server_seconds": round(self._server_seconds + time.perf_counter() - aggregating, 3),
             "client_seconds_per_step": _per_client(metrics, "seconds_per_step"),
             "client_peak_memory_bytes": _per_client(metrics, "peak_memory_bytes"),
@@ -199,7 +213,11 @@ class FederatedServer:
             record["downlink_bytes"] / 1024,
         )
         self._checkpoint(rnd)
-        plot_rounds(self.rounds_log.read(), self.run_dir / "rounds.png", self.run_dir.name)
+        records = self.rounds_log.read()
+        plot_rounds(records, self.run_dir / "rounds.png", self.run_dir.name)
+        if validation:  # the first metric is the task's own
+            title = f"{self.run_dir.name}: global model"
+            plot_metric_curve(records, "val", [next(iter(validation))], self.run_dir / "val_curve.png", title, "round")
 
     def finish(self) -> None:
         """Export the global backbone once the last round is done."""
@@ -228,6 +246,24 @@ class FederatedServer:
         }
         self.layout.assign(self.model, self.global_model)
         self.task.export(self.model, self.run_dir, self.num_rounds, final, {"federation": federation})
+
+    def _average_statistics(self, statistics: dict[str, np.ndarray | None], weights: dict[str, float]) -> None:
+        """The accepted clients' batch-norm statistics, averaged by their weights, into the global model;
+        a client's that are missing, misshapen or not finite are left out (its upload was accepted)."""
+        if self.statistics is None:
+            return
+        usable = {
+            client: statistics[client]
+            for client in weights
+            if isinstance(statistics.get(client), np.ndarray)
+            and statistics[client].shape == self.statistics.shape
+            and np.isfinite(statistics[client]).all()
+        }
+        if not usable:
+            return
+        total = sum(weights[c] for c in usable)
+        self.statistics = sum(weights[c] / total * usable[c].astype(np.float64) for c in usable).astype(np.float32)
+        load_running_statistics(self.model, self.statistics)
 
     # ---- server guidance -------------------------------------------------------------------
     def _distil(self, rnd: int):
@@ -290,6 +326,7 @@ class FederatedServer:
         saved = load_training_file(self.checkpoints.latest() / DEEPSPEED_MODEL_STATES, "cpu", {})
         self.model.load_state_dict(saved["module"])
         self.global_model = self.layout.flatten_module(self.model)
+        self.statistics = running_statistics(self.model)
         server = saved["server"]
         self.distill_optimizer.load_state_dict(server["distill_optimizer"])
         # Checkpoints written before the algorithm kept its own state hold FedAvg's at the top level.

@@ -125,13 +125,13 @@ def read_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     Raises:
         ConfigError: the sweep file or a cell's config is invalid (naming the cell).
     """
-    from geofm.config.federated import FederatedConfig
+    from geofm.config.federated import read_federated_config
 
     path = Path(path)
     cfg = SweepConfig.from_file(path, overrides)
     cells = sweep_cells(cfg, path.parent)
     for cell in cells:
-        FederatedConfig.from_tree(cell.tree, f"{path} cell {cell.name}")
+        read_federated_config(cell.tree, f"{path} cell {cell.name}")
     return cfg, cells
 
 

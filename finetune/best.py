@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from finetune.models import FinetuneModel, build_finetune_model
 from geofm.config.base import CONFIG_FILE
+from geofm.config.fedfinetune import read_finetune_config
 from geofm.config.finetune import FinetuneConfig
 from geofm.errors import CheckpointNotFoundError
 
@@ -91,7 +92,7 @@ def load_best_weights(model: torch.nn.Module, run_dir: Path) -> dict:
 
 
 def run_config(run_dir: Path) -> FinetuneConfig:
-    """The validated config a finetuning run saved (``config.yaml``).
+    """The validated config a finetuning run saved (``config.yaml``): central or federated.
 
     Raises:
         CheckpointNotFoundError: if ``run_dir`` holds no config.
@@ -99,7 +100,7 @@ def run_config(run_dir: Path) -> FinetuneConfig:
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         raise CheckpointNotFoundError(f"{path.resolve()} does not exist: {run_dir} is not a finetuning run directory")
-    return FinetuneConfig.from_tree(yaml.safe_load(path.read_text()), str(path))
+    return read_finetune_config(yaml.safe_load(path.read_text()), str(path))
 
 
 def load_finetuned(run_dir: Path, cfg: FinetuneConfig | None = None) -> tuple[FinetuneModel, FinetuneConfig, dict]:

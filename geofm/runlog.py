@@ -149,17 +149,19 @@ def plot_rounds(records: list[dict], path: Path, title: str = "") -> None:
     fig.savefig(path)
 
 
-def plot_metric_curve(records: list[dict], section: str, keys: list[str], path: Path, title: str = "") -> None:
-    """Metrics logged under ``record[section]`` (e.g. the validation metrics) against step, as a PNG."""
+def plot_metric_curve(
+    records: list[dict], section: str, keys: list[str], path: Path, title: str = "", x: str = "step"
+) -> None:
+    """Metrics logged under ``record[section]`` (e.g. the validation metrics) against ``x`` (step or round), as a PNG."""
     records = [r for r in records if section in r]
     if not records:
         return
-    steps = [r["step"] for r in records]
+    steps = [r[x] for r in records]
     fig = figure(7, 4)
     ax = fig.subplots()
     for key in keys:
         ax.plot(steps, [r[section].get(key) for r in records], marker="o", markersize=3, linewidth=1.4, label=key)
-    ax.set_xlabel("optimizer step")
+    ax.set_xlabel("optimizer step" if x == "step" else x)
     ax.set_ylabel(section)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)

@@ -4,7 +4,8 @@ A task names its data, model and head, loss, metrics and best-metric rule, evalu
 prediction output in one place (its module); programs look it up by the name a config gives. The
 built-in tasks are registered here lazily by import path, so the library never imports the
 programs that implement them; a third-party package registers another through the
-``geofm.tasks`` entry-point group (see :mod:`geofm.registry`).
+``geofm.tasks`` entry-point group (see :mod:`geofm.registry`), and the config class of its
+federated runs through ``geofm.federated_configs``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ TASKS.register("segmentation", "finetune.tasks.segmentation:Segmentation")
 TASKS.register("change", "finetune.tasks.change:Change")
 TASKS.register("superres", "finetune.tasks.superres:Superres")
 
+FEDERATED_CONFIGS: Registry = Registry("federated config", "geofm.federated_configs")
+"""The config class of a task's federated runs, by task name (a plug-in task registers its own)."""
+FEDERATED_CONFIGS.register("mim", "geofm.config.federated:FederatedConfig")
+for _finetuning in ("classification", "multilabel", "segmentation", "change", "superres"):
+    FEDERATED_CONFIGS.register(_finetuning, "geofm.config.fedfinetune:FederatedFinetuneConfig")
+
 
 @dataclass
 class StepOutput:
@@ -40,3 +47,12 @@ class StepOutput:
 
 
 __all__ = ["TASKS", "StepOutput"]
+
+
+@dataclass(frozen=True)
+class ClientShare:
+    """What one client of a federated run trains on: its example count (the weight of its update)
+    and the task's own description of its data (files per source, sample indices...)."""
+
+    num_examples: int
+    data: Any

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -22,12 +22,14 @@ from geofm.config import TeacherConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile
 from geofm.data.sources import list_images
+from geofm.errors import ConfigError, DatasetNotFoundError
+from geofm.federated.partition import PARTITIONERS
 from geofm.models.backbones import patch_size_of
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel
 from geofm.models.teacher import FrozenTeacher, build_teacher
 from geofm.runlog import LOSS_KEYS
-from geofm.tasks import StepOutput
+from geofm.tasks import ClientShare, StepOutput
 from geofm.training import InputPath
 from pretrain.central import RESUME_INVARIANTS, build_student, export_student, prepare_models
 
@@ -63,6 +65,52 @@ def pooled_features(model: MaskedImageModel, images: torch.Tensor) -> torch.Tens
     return features.mean(dim=(1, 2)) if features.ndim == 4 else features[:, model.encoder.num_prefix_tokens :].mean(1)
 
 
+class _ListedSources(Sequence):
+    """Each configured source's files, listed when first indexed (a node reads only the folders it needs)."""
+
+    def __init__(self, cfg: FederatedConfig) -> None:
+        self.sources = cfg.data.sources
+        self.listed: dict[int, list[Path]] = {}
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, index: int) -> list[Path]:
+        if index not in self.listed:
+            self.listed[index] = list_images(self.sources[index].root, self.sources[index].pattern)
+        return self.listed[index]
+
+
+def client_shares(cfg: FederatedConfig, name: str) -> list[list[Path]]:
+    """The files client ``name`` trains on, per source of ``cfg.data.sources`` (empty lists for the others).
+
+    Raises:
+        ConfigError: ``name`` is not one of the config's clients.
+        DatasetNotFoundError: a source folder the client reads is missing or empty, naming the client.
+    """
+    names = cfg.client_names
+    if name not in names:
+        raise ConfigError(f"institution {name!r} is not a client of this federation; its clients are {names}")
+    fed = cfg.federation
+    public = [i for i, s in enumerate(cfg.data.sources) if s.name in fed.public_sources]
+    partitioner = PARTITIONERS.get(fed.partition)
+    try:
+        files = partitioner(
+            _ListedSources(cfg),
+            len(names),
+            names.index(name),
+            seed=cfg.run.seed,
+            public=public,
+            alpha=fed.dirichlet_alpha,
+        )
+    except DatasetNotFoundError as err:
+        raise DatasetNotFoundError(f"client {name}: {err}") from None
+    shares: list[list[Path]] = [[] for _ in cfg.data.sources]
+    for item in files:
+        shares[item.source].append(Path(item.path))
+    return shares
+
+
 class MaskedImageModelling:
     """The GFM/SimMIM objective on one machine's view of a federated run.
 
@@ -78,9 +126,36 @@ class MaskedImageModelling:
         self.teacher: FrozenTeacher | None = None
         self.device, self.dtype = ds.device(), ds.compute_dtype(cfg.train)
 
+    @classmethod
+    def federated(cls, cfg: FederatedConfig) -> MaskedImageModelling:
+        """The task as a federated program runs it: this class itself."""
+        return cls(cfg)
+
     def inputs(self) -> list[InputPath]:
         """The files a client reads besides its imagery: the teacher's weights."""
         return [InputPath("teacher.checkpoint", self.cfg.teacher.checkpoint)] if self.cfg.teacher else []
+
+    def server_inputs(self) -> list[InputPath]:
+        """The paths the server itself reads: its public sources (clients check their own data)."""
+        return [
+            InputPath(f"data.sources.{i}.root ({s.name}, public)", s.root, s.pattern)
+            for i, s in enumerate(self.cfg.data.sources)
+            if s.name in self.cfg.federation.public_sources
+        ]
+
+    def client_share(self, name: str, own_data: bool) -> ClientShare:
+        """Client ``name``'s files per source, from the configured partitioner (its own folder with
+        ``by_source``, which ``own_data`` changes nothing of: a node's data root is its source's root)."""
+        shares = client_shares(self.cfg, name)
+        return ClientShare(sum(len(files) for files in shares), shares)
+
+    def param_groups(self, model: MaskedImageModel) -> None:
+        """The engine's default groups (weight decay off for norms and biases), as in central pretraining."""
+        return None
+
+    def evaluate_round(self, model: MaskedImageModel, rnd: int) -> None:
+        """Pretraining validates nothing between rounds; its rounds log their losses."""
+        return None
 
     def build_model(self, initial_weights: bool = True) -> MaskedImageModel:
         """A fresh student; without ``initial_weights`` it skips ``model.init_checkpoint`` (a client overwrites it)."""
@@ -157,4 +232,4 @@ class MaskedImageModelling:
         return export_student(self.cfg, model, run_dir, step, final, extra)
 
 
-__all__ = ["MaskedImageModelling", "frozen_teacher", "pooled_features", "share_pile"]
+__all__ = ["MaskedImageModelling", "client_shares", "frozen_teacher", "pooled_features", "share_pile"]

@@ -69,6 +69,13 @@ class FinetuneTask(ABC):
         self.criterion = self.build_criterion()
         self.mixing = self.build_mixing()
 
+    @classmethod
+    def federated(cls, cfg: FinetuneConfig) -> Any:
+        """The task as a federated program runs it (:class:`finetune.federated.FederatedFinetuning`)."""
+        from finetune.federated import FederatedFinetuning
+
+        return FederatedFinetuning(cls(cfg))
+
     # --- declarations read while a config is validated (no torch) ---
 
     @classmethod

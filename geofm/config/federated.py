@@ -11,11 +11,12 @@ algorithm a plug-in registers are runs of the same program with different ``algo
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from geofm.config.base import ProgramConfig, Section, checks_architecture
+from geofm.config.base import ProgramConfig, Section, checks_architecture, config_to_dict
 from geofm.config.sections import (
     DataConfig,
     MaskingConfig,
@@ -25,7 +26,8 @@ from geofm.config.sections import (
     TeacherConfig,
     check_masked_pretraining,
 )
-from geofm.tasks import TASKS
+from geofm.errors import ConfigError
+from geofm.tasks import FEDERATED_CONFIGS, TASKS
 
 # The built-in algorithms' own fields of the ``algorithm`` section; a plug-in's go in ``options``.
 ALGORITHM_FIELDS = {
@@ -320,6 +322,35 @@ class FederationConfig(Section):
         return PARTITIONERS.check(name)
 
 
+def check_federation(
+    fed: FederationConfig, algorithm: AlgorithmConfig, clients: list[str], info: ValidationInfo
+) -> None:
+    """The rules every federated config keeps: the algorithm's own (with the architecture's checks,
+    importing torch), enough clients for a round, declared examples of real clients, Krum's quorum.
+
+    Raises:
+        ValueError: naming the field.
+    """
+    if checks_architecture(info):
+        from geofm.federated.algorithms import ALGORITHMS
+
+        try:
+            ALGORITHMS.get(algorithm.name).check_config(algorithm)
+        except ValueError as err:
+            raise ValueError(f"algorithm.{err}") from None
+    if fed.min_clients > len(clients):
+        raise ValueError(f"federation.min_clients {fed.min_clients} exceeds the {len(clients)} clients")
+    undeclared = sorted(set(fed.declared_examples) - set(clients))
+    if undeclared:
+        raise ValueError(f"federation.declared_examples names {undeclared}, not clients of this run {clients}")
+    krum = algorithm.aggregator
+    if krum.name == "krum" and fed.min_clients <= 2 * krum.byzantine_clients + 2:
+        raise ValueError(
+            f"algorithm.aggregator krum with byzantine_clients {krum.byzantine_clients} needs "
+            f"federation.min_clients above 2f + 2 = {2 * krum.byzantine_clients + 2}, got {fed.min_clients}"
+        )
+
+
 class FederatedConfig(ProgramConfig):
     """Federated continual pretraining: GFM (SimMIM without a teacher) on every client, FedSense around it."""
 
@@ -342,12 +373,6 @@ class FederatedConfig(ProgramConfig):
     def _check_combination(self, info: ValidationInfo) -> FederatedConfig:
         if checks_architecture(info):
             check_masked_pretraining(self.model, self.masking, self.teacher, self.data)
-            from geofm.federated.algorithms import ALGORITHMS  # imports torch: with the architecture's checks
-
-            try:
-                ALGORITHMS.get(self.algorithm.name).check_config(self.algorithm)
-            except ValueError as err:
-                raise ValueError(f"algorithm.{err}") from None
         fed, names = self.federation, [s.name for s in self.data.sources]
         unknown = [n for n in fed.public_sources if n not in names]
         if unknown:
@@ -361,19 +386,7 @@ class FederatedConfig(ProgramConfig):
             )
         if fed.partition != "by_source" and fed.clients is None:
             raise ValueError(f"federation.partition {fed.partition} needs federation.clients")
-        if fed.min_clients > self.num_clients:
-            raise ValueError(f"federation.min_clients {fed.min_clients} exceeds the {self.num_clients} clients")
-        undeclared = sorted(set(fed.declared_examples) - set(self.client_names))
-        if undeclared:
-            raise ValueError(
-                f"federation.declared_examples names {undeclared}, not clients of this run {self.client_names}"
-            )
-        krum = self.algorithm.aggregator
-        if krum.name == "krum" and fed.min_clients <= 2 * krum.byzantine_clients + 2:
-            raise ValueError(
-                f"algorithm.aggregator krum with byzantine_clients {krum.byzantine_clients} needs "
-                f"federation.min_clients above 2f + 2 = {2 * krum.byzantine_clients + 2}, got {fed.min_clients}"
-            )
+        check_federation(self.federation, self.algorithm, self.client_names, info)
         if self.algorithm.distill_steps and not fed.public_sources:
             raise ValueError("algorithm.distill_steps needs a public source for the server (federation.public_sources)")
         return self
@@ -388,3 +401,38 @@ class FederatedConfig(ProgramConfig):
     @property
     def num_clients(self) -> int:
         return len(self.client_names)
+
+    def for_node(self, institution: str, data_root: str | None, teacher: str | None) -> FederatedConfig:
+        """The config as one institution's machine sees it: its ``data_root`` and ``teacher`` paths.
+
+        ``data_root`` replaces the root of the institution's own source (``by_source``), or is the
+        folder relative source roots are resolved against (other partitions); ``teacher`` replaces
+        the teacher's weights file.
+        """
+        tree = config_to_dict(self)
+        if data_root:
+            for source in tree["data"]["sources"]:
+                if self.federation.partition == "by_source":
+                    if source["name"] == institution:
+                        source["root"] = str(data_root)
+                elif not Path(source["root"]).is_absolute():
+                    source["root"] = str(Path(data_root) / source["root"])
+        if teacher and tree.get("teacher"):
+            tree["teacher"]["checkpoint"] = str(teacher)
+        return FederatedConfig.from_tree(tree, f"the run's config at {institution}")
+
+
+def read_federated_config(tree: dict, source: str = "<config>") -> Any:
+    """A federated config tree validated with its task's config class (:data:`geofm.tasks.FEDERATED_CONFIGS`):
+    :class:`FederatedConfig` for pretraining, :class:`~geofm.config.fedfinetune.FederatedFinetuneConfig`
+    for a finetuning task.
+
+    Raises:
+        ConfigError: an unknown task (with the nearest names) or an invalid config, naming ``source``.
+    """
+    task = tree.get("task", FederatedConfig.model_fields["task"].default) if isinstance(tree, dict) else None
+    try:
+        config_class = FEDERATED_CONFIGS.get(str(task))
+    except ConfigError as err:
+        raise ConfigError(f"{source}: task: {err}") from None
+    return config_class.from_tree(tree, source)

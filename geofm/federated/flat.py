@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -191,3 +192,46 @@ class ParameterLayout:
         with torch.no_grad():
             for param, piece in zip(params, self.split(vector), strict=True):
                 param.copy_(piece)
+
+
+RUNNING_STATISTICS = "running_statistics"
+"""The key under which batch-norm running statistics travel beside an algorithm's payloads."""
+
+
+def _running_buffers(module: nn.Module) -> list[Tensor]:
+    return [
+        getattr(m, key)
+        for m in module.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+        for key in ("running_mean", "running_var")
+    ]
+
+
+def running_statistics(module: nn.Module) -> np.ndarray | None:
+    """The running means and variances of a module's batch-norm layers as one float32 vector, or None
+    without any (Swin and ViT backbones have none; UperNet heads do).
+
+    They are buffers, not parameters: no algorithm trains them, yet a model evaluated without its
+    clients' statistics normalises with its initial ones. The federated runtime therefore averages
+    them by example count beside the algorithm's payloads, uncompressed.
+    """
+    buffers = _running_buffers(module)
+    if not buffers:
+        return None
+    return torch.cat([b.detach().float().reshape(-1).cpu() for b in buffers]).numpy()
+
+
+def load_running_statistics(module: nn.Module, vector: np.ndarray) -> None:
+    """Copy a :func:`running_statistics` vector into the module's batch-norm buffers.
+
+    Raises:
+        LayoutMismatchError: the vector's length is not the module's.
+    """
+    buffers = _running_buffers(module)
+    sizes = [b.numel() for b in buffers]
+    if vector.ndim != 1 or vector.size != sum(sizes):
+        raise LayoutMismatchError(f"{vector.size} running statistics for a module holding {sum(sizes)}")
+    pieces = torch.split(torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float32)), sizes)
+    with torch.no_grad():
+        for buffer, piece in zip(buffers, pieces, strict=True):
+            buffer.copy_(piece.view(buffer.shape))

@@ -7,14 +7,19 @@ from pathlib import Path
 import pytest
 
 from federation.sweep import read_sweep
-from geofm.config.federated import FederatedConfig
+from geofm.config.base import read_config_tree
+from geofm.config.federated import read_federated_config
 from geofm.config.finetune import FinetuneConfig
 from geofm.config.pretrain import PretrainConfig
 from geofm.data.finetune.torchgeo import check_torchgeo_arguments
 from geofm.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-SCHEMAS = {"pretrain": PretrainConfig, "federated": FederatedConfig, "finetune": FinetuneConfig}
+SCHEMAS = {
+    "pretrain": PretrainConfig.from_file,
+    "federated": lambda path: read_federated_config(read_config_tree(path), str(path)),  # the task's config class
+    "finetune": FinetuneConfig.from_file,
+}
 SWEEPS = "sweeps"  # sweep files: every cell's config resolves against the federated schema
 SHIPPED = sorted(path for path in CONFIGS.glob("*/*.yaml") if path.parent.name != SWEEPS)
 
@@ -32,7 +37,7 @@ def test_a_shipped_sweep_resolves_every_cell(path):
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda path: f"{path.parent.name}/{path.name}")
 def test_a_shipped_config_resolves(path):
-    cfg = SCHEMAS[path.parent.name].from_file(path)
+    cfg = SCHEMAS[path.parent.name](path)
     if isinstance(cfg, FinetuneConfig) and cfg.data.torchgeo:
         check_torchgeo_arguments(cfg.data, cfg.task)
 

@@ -17,8 +17,9 @@ import yaml
 from safetensors.torch import load_file
 
 from federation.client import FederatedClient
-from federation.program import client_shares, local_config, round_lr
-from federation.runtime import Failure, Reply, run_server
+from federation.inprocess import InProcess
+from federation.program import local_config, round_lr
+from federation.runtime import run_server
 from federation.server import FederatedServer
 from geofm.checkpoints import inspect_checkpoint
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
@@ -26,31 +27,7 @@ from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError, DatasetNotFoundError, FederatedRunError
 from geofm.federated.codec import Codec
 from geofm.tasks import TASKS
-
-
-class InProcess:
-    """A transport that calls the client programs directly, keeping each node's state as Flower does."""
-
-    def __init__(self, clients: dict[int, FederatedClient]) -> None:
-        self.clients = clients
-        self.states: dict[int, dict] = {}
-
-    def node_ids(self) -> list[int]:
-        return sorted(self.clients)
-
-    def exchange(self, kind, rnd, payloads, timeout_s):
-        replies, failures = [], []
-        for node, (arrays, scalars) in payloads.items():
-            try:
-                if kind == "query":
-                    replies.append(Reply(node, {}, self.clients[node].identity()))
-                else:
-                    upload, metrics, state = self.clients[node].train(arrays, scalars, self.states.get(node, {}))
-                    self.states[node] = state
-                    replies.append(Reply(node, upload, metrics))
-            except Exception as err:
-                failures.append(Failure(node, f"{type(err).__name__}: {err}"))
-        return replies, failures
+from pretrain.task import client_shares
 
 
 def _run(tree: dict, clients: dict[int, FederatedClient] | None = None) -> Path:

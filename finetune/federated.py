@@ -1,0 +1,206 @@
+"""A finetuning task as a federated program runs it: every client finetunes on its share of the train split.
+
+The federated program (:mod:`federation`) asks the task for the model, a client's share and
+batches, the forward of one micro-batch, the global model's validation each round and the end of
+the run. Each piece is central finetuning's own (:mod:`finetune.run`): the model and its loaded
+backbone, the heads, the parameter groups with layer decay, the loss and label mixing, the
+evaluation, the kept best weights (``best/``) and ``eval.json``; so ``geofm eval``, ``geofm report``
+and ``geofm predict`` read a federated run directory as they read a central one.
+
+A client's share is its part of the train split under the configured sample partitioner
+(:mod:`geofm.federated.scenarios`, written to ``partition.json``); a deployed node given its own
+``data-root`` trains on all of its train split instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from finetune.best import load_best_weights, read_best, save_best
+from finetune.evaluate import eval_record, evaluate, write_json
+from finetune.models import FinetuneModel, build_finetune_model
+from finetune.run import EVAL_FILE, RESUME_INVARIANTS, checkpoint_provenance, finetune_inputs
+from finetune.splits import build_split
+from finetune.tasks.base import FinetuneTask
+from geofm import engine as ds
+from geofm.checkpoints import LoadReport
+from geofm.config.fedfinetune import FederatedFinetuneConfig
+from geofm.errors import DatasetTooSmallError
+from geofm.federated.scenarios import PARTITION_FILE, SAMPLE_PARTITIONERS, SampleTable, write_partition
+from geofm.tasks import ClientShare, StepOutput
+from geofm.training import InputPath
+
+log = logging.getLogger("geofm.federated")
+
+
+def sample_table(dataset) -> SampleTable:
+    """The train split's samples as partitioners see them: their files and, where cheaply known, labels."""
+    source = getattr(dataset, "source", None)
+    scenes = getattr(dataset, "scenes", range(len(dataset)))
+    if source is None:  # a dataset without a scene source: samples by index, labels unknown
+        return SampleTable([str(i) for i in scenes])
+    labels = source.labels()
+    return SampleTable(
+        [source.describe(i) for i in scenes], None if labels is None else np.asarray(labels)[list(scenes)]
+    )
+
+
+class FederatedFinetuning:
+    """One finetuning task (:class:`~finetune.tasks.base.FinetuneTask`) on one machine's view of a federated run.
+
+    Args:
+        task: the task, bound to the run's config as this machine sees it.
+    """
+
+    log_keys = ("loss",)
+    resume_invariants = RESUME_INVARIANTS
+
+    def __init__(self, task: FinetuneTask) -> None:
+        self.task = task
+        self.cfg: FederatedFinetuneConfig = task.cfg
+        self.device, self.dtype = ds.device(), ds.compute_dtype(self.cfg.train)
+        self.report: LoadReport | None = None
+
+    # ---- files ------------------------------------------------------------------------------
+    def inputs(self) -> list[InputPath]:
+        """The files a client reads besides its data: none (its backbone arrives with the global model)."""
+        return []
+
+    def server_inputs(self) -> list[InputPath]:
+        """The backbone checkpoint the server starts the global model from."""
+        return finetune_inputs(self.cfg)
+
+    @functools.cached_property
+    def train_set(self):
+        return build_split(self.cfg, "train", train=True)
+
+    @functools.cached_property
+    def val_set(self):
+        split = self.cfg.finetune.val_split
+        return build_split(self.cfg, split, train=False) if split else None
+
+    def client_share(self, name: str, own_data: bool) -> ClientShare:
+        """Client ``name``'s indices into the train split: its part under the sample partitioner, or
+        the whole split of a node with its own data (``own_data``)."""
+        indices = np.arange(len(self.train_set)) if own_data else self.partition()[name]
+        return ClientShare(len(indices), indices)
+
+    @functools.cache  # noqa: B019 (one task object per run and process)
+    def partition(self) -> dict[str, np.ndarray]:
+        """Every client's train-split indices under ``federation.partition``, seeded by ``run.seed``."""
+        fed = self.cfg.federation
+        table = sample_table(self.train_set)
+        partitioner = SAMPLE_PARTITIONERS.get(fed.partition)
+        assignment = partitioner(table, fed.clients, seed=self.cfg.run.seed, alpha=fed.dirichlet_alpha)
+        path = self.cfg.run.output_dir / PARTITION_FILE
+        if not path.exists():
+            write_partition(
+                path, assignment, table, partitioner=fed.partition, seed=self.cfg.run.seed, alpha=fed.dirichlet_alpha
+            )
+        return assignment
+
+    # ---- model --------------------------------------------------------------------------------
+    def build_model(self, initial_weights: bool = True) -> FinetuneModel:
+        """The finetuning model; with ``initial_weights`` its backbone loaded from ``checkpoint`` (the
+        server's starting global model), without (a client overwrites it with the global model)."""
+        model, report = build_finetune_model(self.cfg, load_weights=initial_weights)
+        if initial_weights:
+            self.report = report
+            log.info("backbone: %s", report if report is not None else "random initialisation (no checkpoint)")
+        return model
+
+    def prepare(self, model: FinetuneModel) -> None:
+        """Move the model to this machine's device for training."""
+        model.to(self.device)
+
+    def param_groups(self, model: FinetuneModel) -> list[dict]:
+        """Central finetuning's AdamW groups: layer-wise lr decay, no weight decay on norms and biases."""
+        return model.param_groups(self.cfg.train.weight_decay, self.cfg.finetune.layer_decay)
+
+    def local_batches(self, indices: np.ndarray, steps: int, rnd: int, seed: int) -> Iterator[list[dict]]:
+        """``steps`` local steps over the client's samples, each a list of micro-batches, reshuffled
+        every pass in an order fixed by (``seed``, round, pass); each step's augmentations (and a
+        pass's loader workers) draw from torch's generator seeded by (``seed``, round, step), so a
+        resumed run trains on the same crops as an unbroken one."""
+        train = self.cfg.train
+        micro, accum = train.micro_batch_size, train.grad_accum_steps
+        if len(indices) < micro * accum:
+            raise DatasetTooSmallError(
+                f"this client holds {len(indices)} training samples, fewer than one local step's "
+                f"{micro * accum} (train.micro_batch_size x grad_accum_steps)"
+            )
+        done, epoch = 0, 0
+        while done < steps:
+            order = np.random.default_rng([seed, rnd, epoch]).permutation(indices).tolist()
+            loader = DataLoader(
+                self.train_set, batch_size=micro, sampler=order, num_workers=self.cfg.data.num_workers, drop_last=True
+            )
+            batches = None
+            for _ in range(len(order) // (micro * accum)):
+                if done == steps:
+                    break
+                torch.manual_seed(int(np.random.SeedSequence([seed, rnd, done]).generate_state(1)[0]))
+                batches = batches or iter(loader)
+                yield [next(batches) for _ in range(accum)]
+                done += 1
+            epoch += 1
+
+    def forward(self, model, batch: dict) -> StepOutput:
+        """The task's loss of one micro-batch (label mixing included where the task mixes)."""
+        return self.task.forward(model, batch, self.device, self.dtype)
+
+    def distilled_parameters(self, model: FinetuneModel):
+        """Nothing is distilled on the server in finetuning (the config refuses ``distill_steps``)."""
+        return model.parameters()
+
+    # ---- rounds and the end --------------------------------------------------------------------
+    def evaluate_round(self, model: FinetuneModel, rnd: int) -> dict[str, float] | None:
+        """The global model's metrics on the validation split; a better one is kept in ``best/``."""
+        if self.val_set is None:
+            return None
+        model.to(self.device)
+        values = evaluate(model, self.val_set, self.cfg, self.device, self.dtype).metrics
+        metric, best = self.cfg.primary_metric, read_best(self.cfg.run.output_dir)
+        if best is None or self.task.improves(metric, values[metric], best["value"]):
+            record = {"round": rnd, "step": rnd, "split": self.cfg.finetune.val_split, "metric": metric}
+            save_best(model, self.cfg.run.output_dir, {**record, "value": values[metric], "metrics": values})
+        log.info("round %d: %s %s", rnd, self.cfg.finetune.val_split, values)
+        return values
+
+    def export(self, model: FinetuneModel, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
+        """Evaluate the kept weights (the best validated global model, else the last) on the test split
+        and write ``eval.json`` as central finetuning does, with the federation in it."""
+        if self.val_set is None:
+            record = {"round": step, "step": step, "split": None, "metric": None, "value": None, "metrics": {}}
+            save_best(model, run_dir, record)
+        model.to(self.device)
+        selected = load_best_weights(model, run_dir)
+        test = evaluate(model, build_split(self.cfg, "test", train=False), self.cfg, self.device, self.dtype)
+        if self.report is None and self.cfg.checkpoint is not None:
+            self.report = build_finetune_model(self.cfg)[1]  # a resumed server: the provenance again
+        evaluation = eval_record(
+            self.cfg,
+            "test",
+            test,
+            checkpoint=checkpoint_provenance(self.cfg, self.report),
+            arch=self.cfg.model.arch,
+            bands=list(self.cfg.data.bands),
+            frozen=self.cfg.model.frozen,
+            rounds=step,
+            final=final,
+            selected=selected,
+            run_dir=str(run_dir),
+            **extra,
+        )
+        log.info("test (weights of round %s): %s", selected.get("round"), test.metrics)
+        return write_json(evaluation, run_dir / EVAL_FILE)
+
+
+__all__ = ["FederatedFinetuning", "sample_table"]

@@ -1,0 +1,84 @@
+"""The config of federated finetuning: a finetuning config whose clients train it together.
+
+Every section of :class:`~geofm.config.finetune.FinetuneConfig` (task, backbone checkpoint, model,
+head, data, finetune: layer decay, label mixing, validation split, best metric) keeps its meaning;
+``train`` is a client's local optimisation each round (:class:`~geofm.config.federated.LocalTrainConfig`),
+``federation`` says how the train split's samples are dealt to ``federation.clients`` clients (a
+sample partitioner of :mod:`geofm.federated.scenarios`: ``iid`` by default) and how rounds run, and
+``algorithm`` is the federated algorithm (FedAvg by default).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from geofm.config.federated import AlgorithmConfig, FederationConfig, LocalTrainConfig, check_federation
+from geofm.config.finetune import FinetuneConfig
+
+
+class FinetuneFederationConfig(FederationConfig):
+    """Who the clients are (a partition of the train split's samples) and how rounds run."""
+
+    partition: str = Field(default="iid", description="a registered sample partitioner: iid, dirichlet")
+
+    @field_validator("partition")
+    @classmethod
+    def _registered_partitioner(cls, name: str) -> str:
+        from geofm.federated.scenarios import SAMPLE_PARTITIONERS  # numpy only
+
+        return SAMPLE_PARTITIONERS.check(name)
+
+
+class FederatedFinetuneConfig(FinetuneConfig):
+    """Federated finetuning of a backbone on one downstream task (see the module docstring)."""
+
+    train: LocalTrainConfig
+    federation: FinetuneFederationConfig
+    algorithm: AlgorithmConfig = AlgorithmConfig(name="fedavg")
+
+    @model_validator(mode="after")
+    def _check_federation(self, info: ValidationInfo) -> FederatedFinetuneConfig:
+        fed = self.federation
+        if fed.clients is None:
+            raise ValueError(f"federation.partition {fed.partition} needs federation.clients")
+        if fed.public_sources:
+            raise ValueError("federation.public_sources: finetuning has no public pretraining source")
+        if self.algorithm.distill_steps:
+            raise ValueError(
+                "algorithm.distill_steps: FedSense's similarity distillation needs a public pretraining source; "
+                "federated finetuning runs FedSense without it (distill_steps: 0)"
+            )
+        check_federation(fed, self.algorithm, self.client_names, info)
+        return self
+
+    @property
+    def client_names(self) -> list[str]:
+        """``client00``, ``client01``, ... (``federation.clients`` of them)."""
+        from geofm.federated.scenarios import client_names
+
+        return client_names(self.federation.clients)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_names)
+
+    def for_node(self, institution: str, data_root: str | None, teacher: str | None) -> FederatedFinetuneConfig:
+        """The config as one institution's machine sees it: ``data_root`` replaces ``data.root``
+        (the node trains on all of its own train split; ``teacher`` does not apply)."""
+        if not data_root:
+            return self
+        data = self.data.model_copy(update={"root": Path(data_root)})
+        return self.model_copy(update={"data": data})
+
+
+def read_finetune_config(tree: dict, source: str = "<config>") -> FinetuneConfig:
+    """A finetuning run's config tree validated as what it is: federated when it has a ``federation``
+    section (a run of ``geofm fed simulate``), else central; ``geofm eval`` and ``geofm predict`` read both."""
+    if isinstance(tree, dict) and "federation" in tree:
+        return FederatedFinetuneConfig.from_tree(tree, source)
+    return FinetuneConfig.from_tree(tree, source)
+
+
+__all__ = ["FederatedFinetuneConfig", "FinetuneFederationConfig", "read_finetune_config"]

@@ -1,0 +1,117 @@
+"""Federated finetuning: every task family trains across clients, validates the global model each round,
+and ends with central finetuning's eval.json and best/ weights."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from federation.inprocess import run_in_process
+from finetune.cli import register
+from finetune.predictor import load_predictor
+from geofm.config.federated import read_federated_config
+from geofm.errors import ConfigError
+
+
+def _federated(tree: dict, **federation) -> dict:
+    """A finetuning tree made federated: 2 clients, 2 rounds of 2 local steps, FedAvg."""
+    tree = dict(tree)
+    train = {k: v for k, v in tree["train"].items() if k not in ("epochs", "warmup_epochs")}
+    tree["train"] = {**train, "local_epochs": None, "local_steps": 2}
+    tree["federation"] = {"rounds": 2, "clients": 2, **federation}
+    tree["algorithm"] = {"name": "fedavg"}
+    tree["run"] = {k: v for k, v in tree["run"].items() if k in ("output_dir", "seed")}
+    return tree
+
+
+def _run(tree: dict) -> Path:
+    return run_in_process(read_federated_config(tree))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="geofm")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def _rounds(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+
+
+def test_classification_trains_across_clients_validates_each_round_and_writes_eval(
+    finetune_tree, class_folders, tmp_path
+):
+    tree = _federated(finetune_tree("classification", tmp_path / "fed", data={"root": str(class_folders)}))
+    run_dir = _run(tree)
+    rounds = _rounds(run_dir)
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all("accuracy" in r["val"] and r["clients"] == ["client00", "client01"] for r in rounds)
+    evaluation = json.loads((run_dir / "eval.json").read_text())
+    assert evaluation["primary_metric"] == "accuracy" and evaluation["split"] == "test"
+    assert evaluation["federation"]["algorithm"] == "fedavg" and evaluation["federation"]["rounds"] == 2
+    best = json.loads((run_dir / "best/best.json").read_text())
+    assert best["value"] == max(r["val"]["accuracy"] for r in rounds)
+    partition = json.loads((run_dir / "partition.json").read_text())
+    held = [s for client in partition["clients"].values() for s in client["samples"]]
+    assert partition["partitioner"] == "iid" and len(held) == len(set(held)) == 24  # 3 classes x 8 train images
+
+
+def test_a_federated_finetuning_config_is_checked_like_a_finetuning_one(finetune_tree, tmp_path):
+    tree = _federated(finetune_tree("classification", tmp_path / "x"))
+    with pytest.raises(ConfigError, match="did you mean 'iid'"):
+        read_federated_config({**tree, "federation": {**tree["federation"], "partition": "idd"}})
+    with pytest.raises(ConfigError, match="distill_steps"):
+        read_federated_config({**tree, "algorithm": {"name": "fedsense", "distill_steps": 2}})
+    with pytest.raises(ConfigError, match=r"needs federation\.clients"):
+        read_federated_config({**tree, "federation": {"rounds": 2}})
+    with pytest.raises(ConfigError, match="task: unknown federated config 'classifcation'"):
+        read_federated_config({**tree, "task": "classifcation"})
+
+
+@pytest.mark.parametrize("task", ["multilabel", "segmentation", "change", "superres"])
+def test_every_task_family_finetunes_federated_and_is_read_back_as_a_finetuning_run(
+    task, random_datasets, finetune_tree, tmp_path
+):
+    run_dir = _run(_federated(finetune_tree(task, tmp_path / task)))
+    rounds = _rounds(run_dir)
+    metric = json.loads((run_dir / "eval.json").read_text())["primary_metric"]
+    assert [r["round"] for r in rounds] == [1, 2] and all(metric in r["val"] for r in rounds)
+    assert (run_dir / "val_curve.png").is_file()
+    predictor = load_predictor(run_dir)  # geofm predict's route: the run's config.yaml and best/
+    assert predictor.task == task
+    if task == "segmentation":  # the decoder's batch norm: the clients' running statistics, averaged
+        weights = load_file(run_dir / "best/model.safetensors")
+        means = [v for k, v in weights.items() if k.endswith("running_mean")]
+        assert means and any(bool(v.abs().sum() > 0) for v in means)
+
+
+def test_geofm_eval_reevaluates_a_federated_run(class_folders, finetune_tree, tmp_path, capsys):
+    run_dir = _run(_federated(finetune_tree("classification", tmp_path / "fed", data={"root": str(class_folders)})))
+    args = _parser().parse_args(["eval", f"checkpoint={run_dir}", "split=val"])
+    args.handler(args)
+    written = json.loads((run_dir / "eval_val.json").read_text())
+    best = json.loads((run_dir / "best/best.json").read_text())
+    assert written["metrics"]["accuracy"] == pytest.approx(best["metrics"]["accuracy"])
+
+
+def test_a_stopped_federated_finetune_resumes_to_the_same_result(class_folders, finetune_tree, tmp_path):
+    """SCAFFOLD keeps state on both sides; the server validates and keeps best/ across the stop."""
+
+    def tree(name: str, **federation) -> dict:
+        base = finetune_tree("classification", tmp_path / name, data={"root": str(class_folders)})
+        return {**_federated(base, rounds=3, **federation), "algorithm": {"name": "scaffold"}}
+
+    straight = _run(tree("straight"))
+    _run(tree("resumed", stop_after_rounds=1))
+    assert [r["round"] for r in _rounds(tmp_path / "resumed")] == [1]
+    resumed = _run(tree("resumed"))
+    a, b = _rounds(straight), _rounds(resumed)
+    assert [r["round"] for r in b] == [1, 2, 3]
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5) and ra["val"] == pytest.approx(rb["val"], rel=1e-5)
+    ea, eb = (json.loads((run / "eval.json").read_text()) for run in (straight, resumed))
+    assert ea["metrics"] == pytest.approx(eb["metrics"], rel=1e-5) and ea["selected"] == eb["selected"]
