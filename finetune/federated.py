@@ -33,22 +33,39 @@ from geofm import engine as ds
 from geofm.checkpoints import LoadReport
 from geofm.config.fedfinetune import FederatedFinetuneConfig
 from geofm.errors import DatasetTooSmallError
-from geofm.federated.scenarios import PARTITION_FILE, SAMPLE_PARTITIONERS, SampleTable, write_partition
+from geofm.federated.scenarios import (
+    PARTITION_FILE,
+    SAMPLE_PARTITIONERS,
+    SampleTable,
+    read_metadata,
+    write_partition,
+)
 from geofm.tasks import ClientShare, StepOutput
 from geofm.training import InputPath
 
 log = logging.getLogger("geofm.federated")
 
 
-def sample_table(dataset) -> SampleTable:
-    """The train split's samples as partitioners see them: their files and, where cheaply known, labels."""
+def _sample_id(source, index: int) -> str:
+    """A folder dataset's first file relative to its split folder (``forest/3.tif``), else the index."""
+    items = getattr(source, "items", None)
+    if items is None:
+        return str(index)
+    first = next(p for p in items[index].values() if isinstance(p, Path))
+    return first.relative_to(source.root).as_posix()
+
+
+def sample_table(dataset, metadata: Path | None = None) -> SampleTable:
+    """The train split's samples as partitioners see them: their ids, labels where cheaply known, and
+    the fields of the ``metadata`` CSV (see :func:`~geofm.federated.scenarios.read_metadata`)."""
     source = getattr(dataset, "source", None)
-    scenes = getattr(dataset, "scenes", range(len(dataset)))
-    if source is None:  # a dataset without a scene source: samples by index, labels unknown
-        return SampleTable([str(i) for i in scenes])
-    labels = source.labels()
+    scenes = list(getattr(dataset, "scenes", range(len(dataset))))
+    ids = [str(i) if source is None else _sample_id(source, i) for i in scenes]
+    labels = None if source is None else source.labels()
     return SampleTable(
-        [source.describe(i) for i in scenes], None if labels is None else np.asarray(labels)[list(scenes)]
+        ids,
+        None if labels is None else np.asarray(labels)[scenes],
+        read_metadata(metadata, ids) if metadata is not None else {},
     )
 
 
@@ -94,16 +111,17 @@ class FederatedFinetuning:
 
     @functools.cache  # noqa: B019 (one task object per run and process)
     def partition(self) -> dict[str, np.ndarray]:
-        """Every client's train-split indices under ``federation.partition``, seeded by ``run.seed``."""
-        fed = self.cfg.federation
-        table = sample_table(self.train_set)
-        partitioner = SAMPLE_PARTITIONERS.get(fed.partition)
-        assignment = partitioner(table, fed.clients, seed=self.cfg.run.seed, alpha=fed.dirichlet_alpha)
+        """Every client's train-split indices under ``federation.partition`` (of the samples
+        ``federation.where`` keeps), seeded by ``run.seed``; written to ``partition.json``."""
+        fed, seed = self.cfg.federation, self.cfg.run.seed
+        table = sample_table(self.train_set, fed.metadata)
+        kept, indices = table.where(fed.where) if fed.where else (table, np.arange(len(table)))
+        options = {"alpha": fed.dirichlet_alpha, "field": fed.partition_field}
+        dealt = SAMPLE_PARTITIONERS.get(fed.partition)(kept, fed.clients, seed=seed, **options)
+        assignment = {name: indices[held] for name, held in dealt.items()}
         path = self.cfg.run.output_dir / PARTITION_FILE
         if not path.exists():
-            write_partition(
-                path, assignment, table, partitioner=fed.partition, seed=self.cfg.run.seed, alpha=fed.dirichlet_alpha
-            )
+            write_partition(path, assignment, table, partitioner=fed.partition, seed=seed, where=fed.where, **options)
         return assignment
 
     # ---- model --------------------------------------------------------------------------------

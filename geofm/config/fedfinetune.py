@@ -21,7 +21,16 @@ from geofm.config.finetune import FinetuneConfig
 class FinetuneFederationConfig(FederationConfig):
     """Who the clients are (a partition of the train split's samples) and how rounds run."""
 
-    partition: str = Field(default="iid", description="a registered sample partitioner: iid, dirichlet")
+    partition: str = Field(default="iid", description="a registered sample partitioner: iid, dirichlet, by_field")
+    metadata: Path | None = Field(
+        default=None, description="CSV of per-sample fields: a 'sample' column, one per field"
+    )
+    partition_field: str | None = Field(
+        default=None, description="by_field: the metadata field whose values clients hold"
+    )
+    where: dict[str, list[str]] = Field(
+        default_factory=dict, description="metadata field -> accepted values; other samples are held by no client"
+    )
 
     @field_validator("partition")
     @classmethod
@@ -43,6 +52,10 @@ class FederatedFinetuneConfig(FinetuneConfig):
         fed = self.federation
         if fed.clients is None:
             raise ValueError(f"federation.partition {fed.partition} needs federation.clients")
+        if fed.partition == "by_field" and not fed.partition_field:
+            raise ValueError("federation.partition by_field needs federation.partition_field (a metadata field)")
+        if (fed.partition == "by_field" or fed.where) and fed.metadata is None:
+            raise ValueError("federation.partition by_field and federation.where need federation.metadata (a CSV file)")
         if fed.public_sources:
             raise ValueError("federation.public_sources: finetuning has no public pretraining source")
         if self.algorithm.distill_steps:

@@ -6,13 +6,18 @@
 the same table, client count and seed give the same partition in every process, so every
 simulated client computes its own share alike.
 
-Built in: ``iid`` (shuffled, dealt evenly) and ``dirichlet`` (per class, client proportions drawn
+Built in: ``iid`` (shuffled, dealt evenly), ``dirichlet`` (per class, client proportions drawn
 from Dir(alpha): Hsu, Qi and Brown, "Measuring the effects of non-identical data distribution for
-federated visual classification", 2019).
+federated visual classification", 2019) and ``by_field`` (whole values of a metadata field per
+client: a country, a season, a sensor). Per-sample metadata comes from a CSV file
+(:func:`read_metadata`); :meth:`SampleTable.where` keeps the samples whose fields match before any
+partitioner deals them (BigEarthNet's DS1 is ``where: {season: [summer]}`` dealt ``iid``, DS2 the
+same dealt ``by_field`` country, DS3 all seasons ``by_field`` country).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -54,6 +59,25 @@ class SampleTable:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def where(self, accepted: Mapping[str, list[str]]) -> tuple[SampleTable, np.ndarray]:
+        """The samples whose every field in ``accepted`` has one of its listed values, and their
+        indices in this table.
+
+        Raises:
+            ConfigError: a field the metadata lacks, or no sample left.
+        """
+        keep = np.ones(len(self), dtype=bool)
+        for name, values in accepted.items():
+            if name not in self.metadata:
+                raise ConfigError(f"federation.where.{name}: no such metadata field; fields: {sorted(self.metadata)}")
+            keep &= np.isin(np.asarray(self.metadata[name], dtype=object), list(map(str, values)))
+        kept = np.flatnonzero(keep)
+        if not len(kept):
+            raise ConfigError(f"federation.where {dict(accepted)} matches none of the {len(self)} samples")
+        labels = None if self.labels is None else np.asarray(self.labels)[kept]
+        metadata = {name: [values[i] for i in kept] for name, values in self.metadata.items()}
+        return SampleTable([self.ids[i] for i in kept], labels, metadata), kept
 
     def class_of_each(self, partitioner: str) -> np.ndarray:
         """One class id per sample: its label, or for multi-hot labels its rarest positive class
@@ -136,6 +160,63 @@ def partition_dirichlet_labels(
     )
 
 
+@SAMPLE_PARTITIONERS.register("by_field")
+def partition_by_field(
+    table: SampleTable, clients: int | None, *, field: str | None = None, **_: Any
+) -> dict[str, np.ndarray]:
+    """Whole values of the metadata ``field`` per client: one value each when ``clients`` equals the
+    number of values, else the values from the most to the fewest samples, each to the client that
+    holds the fewest samples so far (so a client may hold several values, never part of one).
+
+    Raises:
+        ConfigError: no ``field``, a field the metadata lacks, or more clients than values.
+    """
+    count = _count("by_field", table, clients)
+    if not field or field not in table.metadata:
+        raise ConfigError(
+            f"federation.partition 'by_field' needs federation.partition_field, one of the metadata fields "
+            f"{sorted(table.metadata)} (from federation.metadata)"
+        )
+    values = np.asarray(table.metadata[field], dtype=object)
+    names, sizes = np.unique(values, return_counts=True)
+    if count > len(names):
+        raise ConfigError(
+            f"federation.clients {count} exceeds the {len(names)} values of {field!r} ({', '.join(map(str, names))}); "
+            "by_field gives each value to one client"
+        )
+    assignment: list[list[int]] = [[] for _ in range(count)]
+    for name in names[np.argsort(-sizes, kind="stable")]:
+        smallest = min(range(count), key=lambda c: (len(assignment[c]), c))
+        assignment[smallest] += np.flatnonzero(values == name).tolist()
+    return _checked("by_field", dict(zip(client_names(count), assignment, strict=True)))
+
+
+def read_metadata(path: Path, ids: list[str]) -> dict[str, list[str]]:
+    """Per-sample fields from a CSV file with a ``sample`` column naming each sample as its table id
+    (a folder dataset's first file relative to its split folder, e.g. ``forest/3.tif``; a torchgeo
+    dataset's index in its split) and one column per field; rows of other samples are ignored.
+
+    Raises:
+        ConfigError: the file is missing or has no ``sample`` column, or a sample has no row (named).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"federation.metadata: {path} does not exist (expected a CSV file with a 'sample' column)")
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    fields = [name for name in (rows[0] if rows else {}) if name != "sample"]
+    if not rows or "sample" not in rows[0]:
+        raise ConfigError(f"federation.metadata: {path} has no 'sample' column (its header names the fields)")
+    by_sample = {row["sample"]: row for row in rows}
+    missing = [i for i in ids if i not in by_sample]
+    if missing:
+        raise ConfigError(
+            f"federation.metadata: {path} has no row for {len(missing)} of the split's {len(ids)} samples, "
+            f"e.g. {missing[:3]}"
+        )
+    return {name: [str(by_sample[i][name]) for i in ids] for name in fields}
+
+
 def label_counts(table: SampleTable, indices: np.ndarray) -> dict[str, int]:
     """How many of ``indices`` carry each class (multi-hot: each positive class counts)."""
     if table.labels is None:
@@ -179,8 +260,10 @@ __all__ = [
     "SampleTable",
     "client_names",
     "label_counts",
+    "partition_by_field",
     "partition_dirichlet_labels",
     "partition_iid",
+    "read_metadata",
     "read_partition",
     "write_partition",
 ]

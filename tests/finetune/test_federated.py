@@ -13,8 +13,11 @@ from safetensors.torch import load_file
 from federation.inprocess import run_in_process
 from finetune.cli import register
 from finetune.predictor import load_predictor
+from geofm.config import read_config_tree
 from geofm.config.federated import read_federated_config
 from geofm.errors import ConfigError
+
+CONFIGS = Path(__file__).parents[2] / "configs" / "federated"
 
 
 def _federated(tree: dict, **federation) -> dict:
@@ -115,3 +118,58 @@ def test_a_stopped_federated_finetune_resumes_to_the_same_result(class_folders, 
         assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5) and ra["val"] == pytest.approx(rb["val"], rel=1e-5)
     ea, eb = (json.loads((run / "eval.json").read_text()) for run in (straight, resumed))
     assert ea["metrics"] == pytest.approx(eb["metrics"], rel=1e-5) and ea["selected"] == eb["selected"]
+
+
+def test_a_metadata_scenario_deals_whole_countries_of_the_kept_season(class_folders, finetune_tree, tmp_path):
+    """BigEarthNet's DS2 in miniature: summer samples only, one country per client."""
+    metadata = tmp_path / "meta.csv"
+    rows = [
+        f"{name}/{i}.tif,{'AT' if i % 2 else 'PT'},{'summer' if i < 6 else 'winter'}"
+        for name in ("field", "forest", "water")
+        for i in range(8)
+    ]
+    metadata.write_text("sample,country,season\n" + "\n".join(rows) + "\n")
+    scenario = {"partition": "by_field", "partition_field": "country", "metadata": str(metadata)}
+    tree = _federated(
+        finetune_tree("classification", tmp_path / "ds2", data={"root": str(class_folders)}),
+        **scenario,
+        where={"season": ["summer"]},
+    )
+    partition = json.loads((_run(tree) / "partition.json").read_text())
+    held = {name: client["samples"] for name, client in partition["clients"].items()}
+    assert sorted(len(samples) for samples in held.values()) == [9, 9]  # 18 summer samples, 2 countries
+    countries = [{int(s.split("/")[1][0]) % 2 for s in samples} for samples in held.values()]
+    assert all(len(c) == 1 for c in countries) and all(int(s.split("/")[1][0]) < 6 for v in held.values() for s in v)
+    assert partition["options"]["where"] == {"season": ["summer"]}
+    with pytest.raises(ConfigError, match=r"needs federation\.partition_field"):
+        read_federated_config(_federated(finetune_tree("classification", tmp_path / "x"), partition="by_field"))
+
+
+@pytest.fixture(scope="module")
+def demo_archive(tmp_path_factory) -> Path:
+    from geofm.data.demo import make_demo_archive
+
+    root = tmp_path_factory.mktemp("demo")
+    make_demo_archive(root)
+    return root
+
+
+@pytest.mark.parametrize("task", ["classification", "segmentation", "change"])
+def test_a_shipped_demo_federated_finetune_runs_on_the_demo_archive(task, demo_archive, tmp_path):
+    config = CONFIGS / f"demo_fedavg_{task}__swin_micro__3clients.yaml"
+    overrides = [
+        "checkpoint=null",
+        f"run.output_dir={tmp_path / task}",
+        f"data.root={demo_archive / 'finetune' / task}",
+        "data.num_workers=0",
+        "head.decoder_channels=16",
+        "train.micro_batch_size=4",
+        "federation.rounds=2",
+    ]
+    run_dir = _run(read_config_tree(config, overrides))
+    assert [r["round"] for r in _rounds(run_dir)] == [1, 2]
+    assert json.loads((run_dir / "eval.json").read_text())["federation"]["clients"] == [
+        "client00",
+        "client01",
+        "client02",
+    ]
