@@ -10,7 +10,10 @@ An algorithm is a subclass of :class:`Algorithm` registered in
   ``model`` (the global model) always travels down;
 * ``Options``: a pydantic model of its own settings, read from ``algorithm.options``;
 * :meth:`~Algorithm.is_local`: the parameters that stay on each client (default: none); they live
-  in the client's state and never travel.
+  in the client's state and never travel;
+* ``personalised``: whether each client's own model is the algorithm's product (FedBN, pFedLA);
+  then every client also evaluates the model it trained on its own validation data each round and
+  the server logs their mean and spread.
 
 A runtime calls, each round: on the server :meth:`~Algorithm.send`; on each client
 :meth:`~Algorithm.receive`, :meth:`~Algorithm.restore_local`, :meth:`~Algorithm.local_hooks`
@@ -138,6 +141,7 @@ class Algorithm(ABC):
     uplink: ClassVar[tuple[str, ...]]
     downlink: ClassVar[tuple[str, ...]]
     Options: ClassVar[type[BaseModel] | None] = None
+    personalised: ClassVar[bool] = False
 
     def __init__(
         self,
