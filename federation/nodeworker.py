@@ -187,13 +187,18 @@ def serve(
         with busy, connection:
             try:
                 method, args = connection.recv()
+            except (EOFError, OSError):
+                continue  # the ClientApp went away before asking: nothing to answer
+            try:
                 program = client_program(run_config, node_config)
-                connection.send(("ok", getattr(program, method)(*args)))
+                answer = ("ok", getattr(program, method)(*args))
+            except Exception as err:  # the program's own error (an OSError too) travels back to the ClientApp
+                err.add_note(f"in the node's worker process:\n{traceback.format_exc()}")
+                answer = ("error", _transportable(err))
+            try:
+                connection.send(answer)
             except (EOFError, OSError):
                 pass  # the ClientApp went away (its round timed out): nothing to answer
-            except Exception as err:
-                err.add_note(f"in the node's worker process:\n{traceback.format_exc()}")
-                connection.send(("error", _transportable(err)))
             last_message[0] = time.monotonic()
 
 
