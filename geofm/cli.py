@@ -49,6 +49,12 @@ def _data_stats(args: argparse.Namespace) -> None:
     print(format_stats_yaml(stats))
 
 
+def _data_bigearthnet_metadata(args: argparse.Namespace) -> None:
+    from geofm.data.finetune.bigearthnet import write_bigearthnet_metadata
+
+    print(f"wrote {write_bigearthnet_metadata(args.root, args.out)}")
+
+
 def _checkpoint_convert(args: argparse.Namespace) -> None:
     from geofm.checkpoints import convert_checkpoint
 
@@ -129,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--nodata", type=float, default=None, help="overrides the files' nodata value")
     stats.add_argument("--max-files", type=int, default=None, help="use an evenly spaced subset")
     stats.set_defaults(handler=_data_stats)
+    ben = data.add_parser(
+        "bigearthnet-metadata",
+        help="each BigEarthNet v2.0 patch's country and season, as the CSV federation.metadata reads",
+    )
+    ben.add_argument("root", type=Path, help="torchgeo BigEarthNetV2's root (its metadata.parquet)")
+    ben.add_argument("--out", type=Path, required=True, help="the CSV file to write")
+    ben.set_defaults(handler=_data_bigearthnet_metadata)
 
     checkpoint = commands.add_parser(
         "checkpoint", help="convert and inspect checkpoints (GFM, SimMIM, Swin, timm, geofm)"
