@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from federation.program import STATE_DIR, build_task, local_config, stable_id
+from federation.program import OWN_VALIDATION, STATE_DIR, build_task, local_config, stable_id
 from federation.runtime import DATA_ROOT, INSTITUTION, Arrays, Scalars
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
@@ -40,7 +40,8 @@ class FederatedClient:
         self.cfg = local_config(cfg, node_config)
         self.task = build_task(self.cfg)
         check_inputs(self.task.inputs(), f"client {self.name}")
-        self.share = self.task.client_share(self.name, own_data=bool(node_config.get(DATA_ROOT)))
+        self.own_data = bool(node_config.get(DATA_ROOT))
+        self.share = self.task.client_share(self.name, own_data=self.own_data)
         self.num_examples = self.share.num_examples
         self.state_dir = Path(node_config.get(STATE_DIR) or self.cfg.run.output_dir / "clients" / self.name)
 
@@ -88,6 +89,8 @@ class FederatedClient:
             upload[RUNNING_STATISTICS] = statistics
         state["round"] = np.array([rnd], dtype=np.int64)
         self._persist(rnd, state)
+        # A personalised algorithm's product is each client's own model: validated on the client's own data.
+        own = self.task.evaluate_client(engine.module, self.name, self.own_data) if algorithm.personalised else None
         metrics = {
             "client": self.name,
             "num_examples": self.num_examples,
@@ -98,6 +101,7 @@ class FederatedClient:
             "seconds": time.perf_counter() - started,
             "seconds_per_step": seconds_per_step,
             "peak_memory_bytes": peak_memory_bytes(device),
+            **{f"{OWN_VALIDATION}{key}": value for key, value in (own or {}).items()},
         }
         return upload, metrics, state
 

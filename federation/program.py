@@ -32,6 +32,7 @@ from geofm.tasks import TASKS
 
 TEACHER = "teacher"  # node config: this machine's copy of the teacher weights
 STATE_DIR = "state-dir"  # node config: where this institution keeps its client state between runs
+OWN_VALIDATION = "val/"  # reply metrics: a personalised client's own model on its own validation data
 
 
 def run_config_tree(run_config: dict[str, Scalar]):
@@ -86,6 +87,7 @@ def local_config(cfg, node_config: dict):
 
 
 __all__ = [
+    "OWN_VALIDATION",
     "PROGRAM",
     "build_task",
     "local_config",

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from federation.program import build_task, round_lr, stable_id
+from federation.program import OWN_VALIDATION, build_task, round_lr, stable_id
 from federation.runtime import Arrays, Failure, Reply, Scalars
 from geofm import engine as ds
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
@@ -193,6 +193,7 @@ class FederatedServer:
             "server_seconds": round(self._server_seconds + time.perf_counter() - aggregating, 3),
             "client_seconds_per_step": _per_client(metrics, "seconds_per_step"),
             "client_peak_memory_bytes": _per_client(metrics, "peak_memory_bytes"),
+            **_own_validation(metrics),
             "rejected": {r.client: r.reason for r in aggregate.rejected},
             "bounded_examples": {c: {"claimed": a, "counted": b} for c, (a, b) in aggregate.bounded.items()},
             **({"discarded": discarded} if discarded else {}),
@@ -343,6 +344,25 @@ class FederatedServer:
 def _per_client(metrics: dict[str, Scalars], key: str) -> dict[str, float]:
     """``key`` of each client's reply that reported it."""
     return {client: m[key] for client, m in metrics.items() if isinstance(m.get(key), int | float)}
+
+
+def _own_validation(metrics: dict[str, Scalars]) -> dict[str, dict]:
+    """``clients_val``: per metric, each client's own model on its own validation data, their mean and
+    spread (personalised algorithms; nothing otherwise)."""
+    keys = sorted({k for m in metrics.values() for k in m if k.startswith(OWN_VALIDATION)})
+    summary = {}
+    for key in keys:
+        values = _per_client(metrics, key)
+        if values:
+            v = np.asarray(list(values.values()), dtype=np.float64)
+            summary[key.removeprefix(OWN_VALIDATION)] = {
+                "mean": float(v.mean()),
+                "std": float(v.std()),
+                "min": float(v.min()),
+                "max": float(v.max()),
+                "clients": values,
+            }
+    return {"clients_val": summary} if summary else {}
 
 
 def non_finite_model(outcome: ServerRound, payloads: dict[str, RoundAggregate]) -> str | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from finetune.best import load_best_weights, read_best, save_best
 from finetune.evaluate import eval_record, evaluate, write_json
@@ -46,21 +46,25 @@ from geofm.training import InputPath
 log = logging.getLogger("geofm.federated")
 
 
-def _sample_id(source, index: int) -> str:
-    """A folder dataset's first file relative to its split folder (``forest/3.tif``), else the index."""
+def _sample_id(source, index: int, root: Path, split: str) -> str:
+    """A folder dataset's first file relative to ``data.root`` (``train/forest/3.tif``), else
+    ``<split>/<index>`` (a torchgeo dataset's sample)."""
     items = getattr(source, "items", None)
     if items is None:
-        return str(index)
+        return f"{split}/{index}"
     first = next(p for p in items[index].values() if isinstance(p, Path))
-    return first.relative_to(source.root).as_posix()
+    try:
+        return first.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:  # a split folder outside data.root
+        return first.as_posix()
 
 
-def sample_table(dataset, metadata: Path | None = None) -> SampleTable:
-    """The train split's samples as partitioners see them: their ids, labels where cheaply known, and
-    the fields of the ``metadata`` CSV (see :func:`~geofm.federated.scenarios.read_metadata`)."""
+def sample_table(dataset, root: Path, split: str, metadata: Path | None = None) -> SampleTable:
+    """A split's samples as partitioners see them: their ids, labels where cheaply known, and the
+    fields of the ``metadata`` CSV (see :func:`~geofm.federated.scenarios.read_metadata`)."""
     source = getattr(dataset, "source", None)
     scenes = list(getattr(dataset, "scenes", range(len(dataset))))
-    ids = [str(i) if source is None else _sample_id(source, i) for i in scenes]
+    ids = [f"{split}/{i}" if source is None else _sample_id(source, i, root, split) for i in scenes]
     labels = None if source is None else source.labels()
     return SampleTable(
         ids,
@@ -91,7 +95,10 @@ class FederatedFinetuning:
         return []
 
     def server_inputs(self) -> list[InputPath]:
-        """The backbone checkpoint the server starts the global model from."""
+        """The backbone checkpoint the server starts the global model from; the held-out splits the
+        server evaluates the global model on (validation each round, test at the end) are listed now,
+        so that a server without them stops before the first round, naming the missing folder."""
+        _ = self.val_set, self.test_set
         return finetune_inputs(self.cfg)
 
     @functools.cached_property
@@ -103,6 +110,10 @@ class FederatedFinetuning:
         split = self.cfg.finetune.val_split
         return build_split(self.cfg, split, train=False) if split else None
 
+    @functools.cached_property
+    def test_set(self):
+        return build_split(self.cfg, "test", train=False)
+
     def client_share(self, name: str, own_data: bool) -> ClientShare:
         """Client ``name``'s indices into the train split: its part under the sample partitioner, or
         the whole split of a node with its own data (``own_data``)."""
@@ -110,16 +121,18 @@ class FederatedFinetuning:
         return ClientShare(len(indices), indices)
 
     @functools.cache  # noqa: B019 (one task object per run and process)
-    def partition(self) -> dict[str, np.ndarray]:
-        """Every client's train-split indices under ``federation.partition`` (of the samples
-        ``federation.where`` keeps), seeded by ``run.seed``; written to ``partition.json``."""
+    def partition(self, split: str = "train") -> dict[str, np.ndarray]:
+        """Every client's indices into ``split`` (train, or the validation split for the clients' own
+        validation) under ``federation.partition`` of the samples ``federation.where`` keeps, seeded by
+        ``run.seed``; written to ``partition.json`` (``partition_val.json``)."""
         fed, seed = self.cfg.federation, self.cfg.run.seed
-        table = sample_table(self.train_set, fed.metadata)
+        dataset, name = (self.train_set, "train") if split == "train" else (self.val_set, self.cfg.finetune.val_split)
+        table = sample_table(dataset, self.cfg.data.root, name, fed.metadata)
         kept, indices = table.where(fed.where) if fed.where else (table, np.arange(len(table)))
         options = {"alpha": fed.dirichlet_alpha, "field": fed.partition_field}
         dealt = SAMPLE_PARTITIONERS.get(fed.partition)(kept, fed.clients, seed=seed, **options)
         assignment = {name: indices[held] for name, held in dealt.items()}
-        path = self.cfg.run.output_dir / PARTITION_FILE
+        path = self.cfg.run.output_dir / (PARTITION_FILE if split == "train" else f"partition_{split}.json")
         if not path.exists():
             write_partition(path, assignment, table, partitioner=fed.partition, seed=seed, where=fed.where, **options)
         return assignment
@@ -178,6 +191,14 @@ class FederatedFinetuning:
         """Nothing is distilled on the server in finetuning (the config refuses ``distill_steps``)."""
         return model.parameters()
 
+    def evaluate_client(self, model: FinetuneModel, name: str, own_data: bool) -> dict[str, float] | None:
+        """Client ``name``'s model on its own validation data: its part of the validation split under
+        the same partitioner and seed as its training share (a node with its own data: all of it)."""
+        if self.val_set is None:
+            return None
+        indices = np.arange(len(self.val_set)) if own_data else self.partition("val")[name]
+        return evaluate(model, Subset(self.val_set, indices.tolist()), self.cfg, self.device, self.dtype).metrics
+
     # ---- rounds and the end --------------------------------------------------------------------
     def evaluate_round(self, model: FinetuneModel, rnd: int) -> dict[str, float] | None:
         """The global model's metrics on the validation split; a better one is kept in ``best/``."""
@@ -200,7 +221,7 @@ class FederatedFinetuning:
             save_best(model, run_dir, record)
         model.to(self.device)
         selected = load_best_weights(model, run_dir)
-        test = evaluate(model, build_split(self.cfg, "test", train=False), self.cfg, self.device, self.dtype)
+        test = evaluate(model, self.test_set, self.cfg, self.device, self.dtype)
         if self.report is None and self.cfg.checkpoint is not None:
             self.report = build_finetune_model(self.cfg)[1]  # a resumed server: the provenance again
         evaluation = eval_record(

@@ -157,6 +157,10 @@ class MaskedImageModelling:
         """Pretraining validates nothing between rounds; its rounds log their losses."""
         return None
 
+    def evaluate_client(self, model: MaskedImageModel, name: str, own_data: bool) -> None:
+        """Nor does a client validate its own model in pretraining."""
+        return None
+
     def build_model(self, initial_weights: bool = True) -> MaskedImageModel:
         """A fresh student; without ``initial_weights`` it skips ``model.init_checkpoint`` (a client overwrites it)."""
         cfg = self.cfg

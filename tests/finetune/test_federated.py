@@ -8,14 +8,23 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
-from federation.inprocess import run_in_process
+from federation.cli import BUILT_IN
+from federation.client import FederatedClient
+from federation.deploy import COMPLETED
+from federation.inprocess import InProcess, run_in_process
+from federation.localdeploy import LocalDeployment
+from federation.runtime import CONFIG, DATA_ROOT, INSTITUTION, PROGRAM, config_entry, run_server
+from federation.server import FederatedServer
 from finetune.cli import register
 from finetune.predictor import load_predictor
 from geofm.config import read_config_tree
 from geofm.config.federated import read_federated_config
-from geofm.errors import ConfigError
+from geofm.errors import ConfigError, DatasetNotFoundError
+from geofm.federated.algorithms import ALGORITHMS
+from geofm.federated.algorithms.fedavg import FedAvg
 
 CONFIGS = Path(__file__).parents[2] / "configs" / "federated"
 
@@ -124,9 +133,10 @@ def test_a_metadata_scenario_deals_whole_countries_of_the_kept_season(class_fold
     """BigEarthNet's DS2 in miniature: summer samples only, one country per client."""
     metadata = tmp_path / "meta.csv"
     rows = [
-        f"{name}/{i}.tif,{'AT' if i % 2 else 'PT'},{'summer' if i < 6 else 'winter'}"
+        f"{split}/{name}/{i}.tif,{'AT' if i % 2 else 'PT'},{'summer' if i < 6 else 'winter'}"
+        for split, count in (("train", 8), ("val", 3))
         for name in ("field", "forest", "water")
-        for i in range(8)
+        for i in range(count)
     ]
     metadata.write_text("sample,country,season\n" + "\n".join(rows) + "\n")
     scenario = {"partition": "by_field", "partition_field": "country", "metadata": str(metadata)}
@@ -138,8 +148,8 @@ def test_a_metadata_scenario_deals_whole_countries_of_the_kept_season(class_fold
     partition = json.loads((_run(tree) / "partition.json").read_text())
     held = {name: client["samples"] for name, client in partition["clients"].items()}
     assert sorted(len(samples) for samples in held.values()) == [9, 9]  # 18 summer samples, 2 countries
-    countries = [{int(s.split("/")[1][0]) % 2 for s in samples} for samples in held.values()]
-    assert all(len(c) == 1 for c in countries) and all(int(s.split("/")[1][0]) < 6 for v in held.values() for s in v)
+    countries = [{int(s.split("/")[2][0]) % 2 for s in samples} for samples in held.values()]
+    assert all(len(c) == 1 for c in countries) and all(int(s.split("/")[2][0]) < 6 for v in held.values() for s in v)
     assert partition["options"]["where"] == {"season": ["summer"]}
     with pytest.raises(ConfigError, match=r"needs federation\.partition_field"):
         read_federated_config(_federated(finetune_tree("classification", tmp_path / "x"), partition="by_field"))
@@ -173,3 +183,62 @@ def test_a_shipped_demo_federated_finetune_runs_on_the_demo_archive(task, demo_a
         "client01",
         "client02",
     ]
+
+
+class _PersonalisedFedAvg(FedAvg):
+    """FedAvg declaring its clients' own models its product, to exercise the clients' own validation."""
+
+    name = "personalised_fedavg"
+    personalised = True
+
+
+def test_a_personalised_algorithm_logs_each_clients_own_validation(class_folders, finetune_tree, tmp_path):
+    ALGORITHMS.register(_PersonalisedFedAvg.name, _PersonalisedFedAvg)
+    tree = _federated(finetune_tree("classification", tmp_path / "own", data={"root": str(class_folders)}))
+    run_dir = _run({**tree, "algorithm": {"name": _PersonalisedFedAvg.name}})
+    for record in _rounds(run_dir):
+        own = record["clients_val"]["accuracy"]
+        values = list(own["clients"].values())
+        assert sorted(own["clients"]) == ["client00", "client01"]
+        assert own["mean"] == pytest.approx(sum(values) / 2) and own["std"] == pytest.approx(
+            abs(values[0] - values[1]) / 2
+        )
+    val = json.loads((run_dir / "partition_val.json").read_text())
+    held = sorted(s for client in val["clients"].values() for s in client["samples"])
+    assert len(held) == 9 and all(s.startswith("val/") for s in held)  # 3 classes x 3 val images, each once
+    assert (
+        "clients_val"
+        not in _rounds(
+            _run(_federated(finetune_tree("classification", tmp_path / "avg", data={"root": str(class_folders)})))
+        )[0]
+    )
+
+
+def test_a_federated_finetune_deployed_with_tls_ends_as_the_same_run_in_one_process(
+    class_folders, finetune_tree, tmp_path, one_torch_thread
+):
+    """SuperLink and SuperNodes on this machine (TLS, node authentication) run the finetuning config,
+    each node on the whole train split its data-root holds; with one thread per process both ways it
+    keeps the very weights the same nodes keep in one process. A server without the held-out splits
+    stops before the first round, naming them."""
+    # The server holds the held-out splits it validates and tests on; each node trains on its own data-root.
+    tree = _federated(finetune_tree("classification", tmp_path / "deployed", data={"root": str(class_folders)}))
+    names = read_federated_config(tree).client_names
+    roots = dict.fromkeys(names, str(class_folders))
+    with LocalDeployment(tmp_path / "fed", names, data_roots=roots, env={"OMP_NUM_THREADS": "1"}) as deployment:
+        run_id = deployment.launch({PROGRAM: BUILT_IN, CONFIG: config_entry(tree)})
+        run = deployment.wait(run_id)
+        log = deployment.logs(run_id)
+    assert run["status"] == COMPLETED, f"run {run_id} ended {run['status']}:\n{log}"
+    assert "round 2: val" in log, log
+    assert [r["round"] for r in _rounds(tmp_path / "deployed")] == [1, 2]
+
+    local = read_federated_config({**tree, "run": {**tree["run"], "output_dir": str(tmp_path / "local")}})
+    nodes = {i + 1: FederatedClient(local, {INSTITUTION: n, DATA_ROOT: roots[n]}) for i, n in enumerate(names)}
+    run_server(FederatedServer(local), InProcess(nodes), poll_s=0)
+    deployed, alone = (load_file(tmp_path / name / "best/model.safetensors") for name in ("deployed", "local"))
+    assert all(torch.equal(deployed[k], alone[k]) for k in deployed), "deployed and in one process: the same model"
+    evaluations = [json.loads((tmp_path / name / "eval.json").read_text()) for name in ("deployed", "local")]
+    assert evaluations[0]["metrics"] == evaluations[1]["metrics"]
+    with pytest.raises(DatasetNotFoundError, match="the val split folder /nonexistent/val does not exist"):
+        FederatedServer(read_federated_config({**tree, "data": {**tree["data"], "root": "/nonexistent"}}))
