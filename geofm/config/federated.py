@@ -4,7 +4,7 @@ It reuses central pretraining's sections (``run``, ``model``, ``masking``, ``tea
 with the same meaning; ``train`` is the clients' local optimisation (AdamW, clipping, precision)
 with a learning-rate schedule over rounds; ``federation`` says who the clients are and how rounds
 run; ``algorithm`` says what each side does and what travels each way. FedAvg, FedProx and FedSense
-(with every component switchable, for its ablations and the quantised baselines), SCAFFOLD, and any
+(with every component switchable, for its ablations and the quantised baselines), SCAFFOLD, pFedLA, and any
 algorithm a plug-in registers are runs of the same program with different ``algorithm`` sections.
 """
 
@@ -35,6 +35,7 @@ ALGORITHM_FIELDS = {
     "fedprox": ("proximal_beta",),
     "fedsense": ("perturbation_radius", "proximal_beta", "clusters", "distill_steps"),
     "scaffold": ("server_lr",),
+    "pfedla": (),
 }
 
 
@@ -181,10 +182,14 @@ class AlgorithmConfig(Section):
     K-means of client models (``clusters``) and similarity distillation on the server's public data
     (``distill_steps``); these three combine the uploads with ``aggregator`` and step the global
     model with ``server_optimizer``. ``scaffold``: control variates correcting the client drift,
-    the paper's plain means and server step ``server_lr``. Any registered algorithm (see
-    :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
-    quantised: ``uplink`` and ``downlink`` apply to each payload of their direction,
-    ``uplink_payloads`` and ``downlink_payloads`` change fields for one named payload.
+    the paper's plain means and server step ``server_lr``. ``pfedla``: each client trains from its own
+    layer-wise mix of every client's model, weighted by a hypernetwork per client that the server
+    learns from the client's updates (``options``: ``hn_lr``, ``embedding_dim``, ``hidden_dim``,
+    ``layers``); the global model is the data-weighted mean of the clients' models; 32-bit downlink
+    only. Any registered algorithm (see :mod:`geofm.federated.algorithms`) takes its own settings
+    from ``options``. Every payload can be quantised: ``uplink`` and ``downlink`` apply to each
+    payload of their direction, ``uplink_payloads`` and ``downlink_payloads`` change fields for one
+    named payload.
     """
 
     name: str = "fedsense"
