@@ -181,7 +181,8 @@ class AlgorithmConfig(Section):
     K-means of client models (``clusters``) and similarity distillation on the server's public data
     (``distill_steps``); these three combine the uploads with ``aggregator`` and step the global
     model with ``server_optimizer``. ``scaffold``: control variates correcting the client drift,
-    the paper's plain means and server step ``server_lr``. Any registered algorithm (see
+    the paper's plain means and server step ``server_lr``. ``fedbn``: FedAvg whose normalisation
+    layers (``options.layers``: ``all`` or the paper's ``batchnorm``) stay on each client. Any registered algorithm (see
     :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
     quantised: ``uplink`` and ``downlink`` apply to each payload of their direction,
     ``uplink_payloads`` and ``downlink_payloads`` change fields for one named payload.
