@@ -82,7 +82,8 @@ class FederatedServer:
         self.algorithm: Algorithm = build_algorithm(
             cfg.algorithm, ParameterLayout.of(self.model), fed.declared_examples, cfg.num_clients
         )
-        self.layout = self.algorithm.shared  # what travels; parameters local to the clients keep their start
+        # What travels; the parameters local to the clients hold the algorithm's server_local, else their start.
+        self.layout = self.algorithm.shared
         self.global_model = self.layout.flatten_module(self.model)
         self.statistics = running_statistics(self.model)  # batch-norm buffers, averaged beside the payloads
         # What clients that keep their own statistics and local parameters start from (FedBN): the

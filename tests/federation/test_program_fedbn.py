@@ -36,9 +36,9 @@ def test_fedbn_pretrains_with_local_layer_norms_through_a_1_bit_uplink(fed_tree)
     norms = [states[name]["local"] for name in INSTITUTIONS]
     assert not np.allclose(norms[0], norms[1]) and not np.allclose(norms[1], norms[2])
     last = sorted((run_dir / "checkpoints").glob(f"*/{DEEPSPEED_MODEL_STATES}"))[-1]
-    assert torch.load(last, map_location="cpu", weights_only=False)["server"]["algorithm"]["state"][
-        "norms"
-    ].numel() == (norms[0].size), "the server keeps the clients' mean norms for its own model"
+    server = torch.load(last, map_location="cpu", weights_only=False)["server"]
+    kept = server["algorithm"]["state"]["norms"]
+    assert kept.numel() == norms[0].size, "the server keeps the clients' mean norms for its own model"
 
 
 def test_fedbn_refuses_layers_batchnorm_for_a_model_without_batch_norm(fed_tree):

@@ -24,10 +24,10 @@ around its local steps, :meth:`~Algorithm.finish_local` (the end of the local ro
 upload and the client's metadata), :meth:`~Algorithm.keep_local` and :meth:`~Algorithm.upload`;
 on the server again :meth:`~Algorithm.aggregate`, :meth:`~Algorithm.server_update`, and
 :meth:`~Algorithm.commit` once it keeps the outcome, then :meth:`~Algorithm.server_local` for the
-values of the local parameters its own model validates, checkpoints and exports. The server gives
-:meth:`~Algorithm.start_local` its model's start values of the local parameters once built. :meth:`~Algorithm.state_dict` is the server's
-state (norm histories, downlink copies, which round each client holds, the algorithm's global and
-per-client state) for its checkpoints. The client's state is a dict of numpy arrays the runtime
+values of the local parameters its own model validates, checkpoints and exports (the server gives
+:meth:`~Algorithm.start_local` its model's start values of them once built).
+:meth:`~Algorithm.state_dict` is the server's state (norm histories, downlink copies, which round
+each client holds, the algorithm's global and per-client state) for its checkpoints. The client's state is a dict of numpy arrays the runtime
 keeps between rounds; the algorithm reads and writes it: ``feedback.<payload>.*`` (residuals),
 ``downlink.<payload>`` and ``reference_round`` (its copies under a compressed downlink), ``local``
 (its local parameters), ``local_statistics`` (its batch-norm running statistics, under

@@ -31,7 +31,7 @@ Deliberate deviations:
   statistics absorb a client's feature shift; a LayerNorm's statistics are per sample, so its
   affine parameters are where that shift can be held, and they are the natural reading of FedBN
   for these backbones.
-* **Weights.** Algorithm 1 averages with ``1/K``; here clients are weighted by examples as in
+* **Weights.** The paper averages with ``1/K``; here clients are weighted by examples as in
   FedAvg (the paper's experiments give every client the same number of samples, where both agree).
 * **What the server's own model holds.** In the paper the server never sees normalisation layers,
   yet geofm's server validates a global model each round and exports one at the end. Each client
@@ -39,9 +39,9 @@ Deliberate deviations:
   error feedback, ``uplink_payloads.norms``) and its batch-norm statistics (beside the payloads, as
   for every algorithm); the server averages both, ``nu-bar = sum_k p_k nu_k^{t+1}``, into the model
   it validates, checkpoints and exports, and never sends them back: what it sends down (payload
-  ``norms`` and the statistics) is only the start values, for clients that hold none yet. Averaged
-  norms are the global model that FedAvg would have produced for those layers, a better export
-  than the start values, which under ``all`` would be untrained normalisation in a trained network.
+  ``norms`` and the statistics) is only the start values, for clients that hold none yet. The
+  clients' mean is a trained consensus for those layers, a better export than the start values,
+  which under ``all`` would leave untrained normalisation in a trained network.
   The per-client models, FedBN's actual product, are evaluated by the runtime (``personalised``).
 """
 
@@ -54,6 +54,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
 
+from geofm.config.federated import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate
 from geofm.federated.algorithms.base import Arrays, LocalRound, LocalUpdate, Refiner, ServerRound
@@ -84,7 +85,7 @@ class FedBN(FedAvg):
         model_config = ConfigDict(extra="forbid")
         layers: Literal["batchnorm", "all"] = "all"
 
-    def __init__(self, cfg, layout: ParameterLayout | int, *args, **kwargs) -> None:
+    def __init__(self, cfg: AlgorithmConfig, layout: ParameterLayout | int, *args, **kwargs) -> None:
         # is_local is asked during the base class's construction: the kinds must be known first.
         self.norm_kinds = dict(layout.norms) if isinstance(layout, ParameterLayout) else {}
         super().__init__(cfg, layout, *args, **kwargs)
