@@ -25,6 +25,9 @@ from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_runni
 from geofm.loop import TrainLoop
 from geofm.training import check_inputs
 
+LOCAL_STATISTICS = "local_statistics"
+"""The client-state key of its own batch-norm running statistics, under ``Algorithm.keeps_local_statistics``."""
+
 
 class FederatedClient:
     """One institution: trains the run's task on its own share only, uploads compressed updates.
@@ -60,6 +63,8 @@ class FederatedClient:
         algorithm.restore_local(model, state)
         if RUNNING_STATISTICS in arrays:
             load_running_statistics(model, arrays[RUNNING_STATISTICS])
+        if algorithm.keeps_local_statistics and LOCAL_STATISTICS in state:
+            load_running_statistics(model, state[LOCAL_STATISTICS])
         self.task.prepare(model)
         engine = ds.initialize(model, cfg.train, 1, None, lr, param_groups=self.task.param_groups(model))
         local = algorithm.local_round(self.name, received, engine.module, state, lr)
@@ -87,6 +92,8 @@ class FederatedClient:
         statistics = running_statistics(engine.module)
         if statistics is not None:
             upload[RUNNING_STATISTICS] = statistics
+            if algorithm.keeps_local_statistics:
+                state[LOCAL_STATISTICS] = statistics
         state["round"] = np.array([rnd], dtype=np.int64)
         self._persist(rnd, state)
         # A personalised algorithm's product is each client's own model: validated on the client's own data.

@@ -82,9 +82,14 @@ class FederatedServer:
         self.algorithm: Algorithm = build_algorithm(
             cfg.algorithm, ParameterLayout.of(self.model), fed.declared_examples, cfg.num_clients
         )
-        self.layout = self.algorithm.shared  # what travels; parameters local to the clients keep their start
+        # What travels; the parameters local to the clients hold the algorithm's server_local, else their start.
+        self.layout = self.algorithm.shared
         self.global_model = self.layout.flatten_module(self.model)
         self.statistics = running_statistics(self.model)  # batch-norm buffers, averaged beside the payloads
+        # What clients that keep their own statistics and local parameters start from (FedBN): the
+        # freshly built model's, the same on every invocation of the run.
+        self.start_statistics = self.statistics
+        self.algorithm.start_local(self.algorithm.local.flatten_module(self.model))
         self.distill_optimizer = torch.optim.AdamW(
             self.task.distilled_parameters(self.model), lr=cfg.algorithm.distill_lr
         )
@@ -126,8 +131,9 @@ class FederatedServer:
         payloads = {}
         for node in node_ids:
             arrays, how = sent[self.clients[node][0]]
-            if self.statistics is not None:
-                arrays = {**arrays, RUNNING_STATISTICS: self.statistics}
+            statistics = self.start_statistics if self.algorithm.keeps_local_statistics else self.statistics
+            if statistics is not None:
+                arrays = {**arrays, RUNNING_STATISTICS: statistics}
             payloads[node] = (arrays, {"round": rnd, "lr": lr, **how})
         self._round_downlink = sum(a.nbytes for arrays, _ in payloads.values() for a in arrays.values())
         self._server_seconds = time.perf_counter() - self._round_started
@@ -174,6 +180,9 @@ class FederatedServer:
         metrics = {self.clients[r.node_id][0]: r.metrics for r in replies if self.clients[r.node_id][0] in accepted}
         weights = {a.client: w for a, w in zip(aggregate.accepted, aggregate.weights, strict=True)}
         self.layout.assign(self.model, self.global_model)
+        local = self.algorithm.server_local()
+        if local is not None:
+            self.algorithm.local.assign(self.model, local)
         self._average_statistics(statistics, weights if discarded is None else {})
         validation = self.task.evaluate_round(self.model, rnd)  # finetuning: the global model's val metrics
         record = {

@@ -183,13 +183,14 @@ class AlgorithmConfig(Section):
     (``distill_steps``); these three combine the uploads with ``aggregator`` and step the global
     model with ``server_optimizer``. ``scaffold``: control variates correcting the client drift,
     the paper's plain means and server step ``server_lr``. ``pfedla``: each client trains from its own
-    layer-wise mix of every client's model, weighted by a hypernetwork per client that the server
-    learns from the client's updates (``options``: ``hn_lr``, ``embedding_dim``, ``hidden_dim``,
-    ``layers``); the global model is the data-weighted mean of the clients' models; 32-bit downlink
-    only. Any registered algorithm (see :mod:`geofm.federated.algorithms`) takes its own settings
-    from ``options``. Every payload can be quantised: ``uplink`` and ``downlink`` apply to each
-    payload of their direction, ``uplink_payloads`` and ``downlink_payloads`` change fields for one
-    named payload.
+    layer-wise mix of every client's model, weighted by a hypernetwork per client that the server learns
+    from the client's updates (``options``: ``hn_lr``, ``embedding_dim``, ``hidden_dim``, ``layers``);
+    the global model is the data-weighted mean of the clients' models; 32-bit downlink only. ``fedbn``:
+    FedAvg whose normalisation layers (``options.layers``: ``all`` or the paper's ``batchnorm``) stay on
+    each client. Any registered algorithm (see :mod:`geofm.federated.algorithms`) takes its own settings
+    from ``options``. Every payload can be quantised: ``uplink`` and ``downlink`` apply to each payload
+    of their direction, ``uplink_payloads`` and ``downlink_payloads`` change fields for one named
+    payload.
     """
 
     name: str = "fedsense"

@@ -24,12 +24,15 @@ class ParameterLayout:
         shapes: the shape of each parameter.
         dtypes: the dtype of each parameter.
         part: the layout holds some of a module's trainable parameters only (:meth:`select`).
+        norms: ``(name, kind)`` of each parameter that belongs to a normalisation module, in layout
+            order; ``kind`` is one of :data:`NORM_KINDS` (:meth:`of` fills it; see :func:`norm_kind`).
     """
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[torch.dtype, ...]
     part: bool = False
+    norms: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not len(self.names) == len(self.shapes) == len(self.dtypes):
@@ -40,12 +43,20 @@ class ParameterLayout:
 
     @classmethod
     def of(cls, module: nn.Module) -> ParameterLayout:
-        """The layout of a module's parameters that require gradients, in registration order."""
+        """The layout of a module's parameters that require gradients, in registration order, with the
+        kind of normalisation module each normalisation parameter belongs to."""
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        kinds = {
+            f"{prefix}.{name}" if prefix else name: kind
+            for prefix, m in module.named_modules()
+            if (kind := norm_kind(m)) is not None
+            for name, _ in m.named_parameters(recurse=False)
+        }
         return cls(
             names=tuple(name for name, _ in named),
             shapes=tuple(tuple(p.shape) for _, p in named),
             dtypes=tuple(p.dtype for _, p in named),
+            norms=tuple((name, kinds[name]) for name, _ in named if name in kinds),
         )
 
     @classmethod
@@ -61,6 +72,7 @@ class ParameterLayout:
             shapes=tuple(self.shapes[i] for i in kept),
             dtypes=tuple(self.dtypes[i] for i in kept),
             part=True,
+            norms=tuple((name, kind) for name, kind in self.norms if keep(name)),
         )
 
     @property
@@ -192,6 +204,22 @@ class ParameterLayout:
         with torch.no_grad():
             for param, piece in zip(params, self.split(vector), strict=True):
                 param.copy_(piece)
+
+
+NORM_KINDS = ("batchnorm", "layernorm", "groupnorm")
+"""The kinds of normalisation module a :class:`ParameterLayout` tells apart."""
+
+
+def norm_kind(module: nn.Module) -> str | None:
+    """The kind of normalisation ``module`` is (one of :data:`NORM_KINDS`, subclasses such as timm's
+    ``LayerNorm2d`` or ``BatchNormAct2d`` included), or None for any other module."""
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return "batchnorm"
+    if isinstance(module, nn.LayerNorm):
+        return "layernorm"
+    if isinstance(module, nn.GroupNorm):
+        return "groupnorm"
+    return None
 
 
 RUNNING_STATISTICS = "running_statistics"

@@ -70,3 +70,28 @@ def test_mismatched_module_and_tensors() -> None:
         layout.flatten(
             {**dict(zip(layout.names, [torch.zeros(s) for s in layout.shapes], strict=False)), "extra": torch.zeros(1)}
         )
+
+
+def test_layout_records_the_normalisation_parameters_and_their_kind() -> None:
+    model = nn.Sequential(
+        nn.Linear(3, 4), nn.BatchNorm1d(4), nn.LayerNorm(4), nn.Sequential(nn.GroupNorm(2, 4)), nn.Linear(4, 2)
+    )
+    model[2].bias.requires_grad_(False)
+    layout = ParameterLayout.of(model)
+    assert layout.norms == (
+        ("1.weight", "batchnorm"),
+        ("1.bias", "batchnorm"),
+        ("2.weight", "layernorm"),
+        ("3.0.weight", "groupnorm"),
+        ("3.0.bias", "groupnorm"),
+    ), "a frozen parameter is no part of the layout, nor of its norms"
+    shared = layout.select(lambda name: not name.startswith("3."))
+    assert shared.norms == layout.norms[:3] and shared.names == (
+        "0.weight",
+        "0.bias",
+        "1.weight",
+        "1.bias",
+        "2.weight",
+        "4.weight",
+        "4.bias",
+    )

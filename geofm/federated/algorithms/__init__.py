@@ -3,7 +3,7 @@
 :data:`ALGORITHMS` names each algorithm class (a subclass of
 :class:`~geofm.federated.algorithms.base.Algorithm`); ``algorithm.name`` in a config picks one.
 The built-ins are registered lazily, so that config validation reads the names without importing
-torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold`` and ``pfedla``. Another package adds one through
+torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold``, ``pfedla`` and ``fedbn``. Another package adds one through
 the ``geofm.algorithms`` entry-point group (see :mod:`geofm.registry`), its settings in
 ``algorithm.options``.
 """
@@ -26,6 +26,7 @@ ALGORITHMS.register("fedprox", "geofm.federated.algorithms.fedprox:FedProx")
 ALGORITHMS.register("fedsense", "geofm.federated.algorithms.fedsense:FedSense")
 ALGORITHMS.register("scaffold", "geofm.federated.algorithms.scaffold:Scaffold")
 ALGORITHMS.register("pfedla", "geofm.federated.algorithms.pfedla:PFedLA")
+ALGORITHMS.register("fedbn", "geofm.federated.algorithms.fedbn:FedBN")
 
 
 def build_algorithm(

@@ -14,18 +14,24 @@ An algorithm is a subclass of :class:`Algorithm` registered in
 * ``personalised``: whether each client's own model is the algorithm's product (FedBN, pFedLA);
   then every client also evaluates the model it trained on its own validation data each round and
   the server logs their mean and spread.
+* ``keeps_local_statistics``: whether each client keeps its own batch-norm running statistics
+  (FedBN): the runtime restores them from the client's state after the downlink, and sends every
+  client the server model's start statistics instead of the average of the clients'.
 
 A runtime calls, each round: on the server :meth:`~Algorithm.send`; on each client
 :meth:`~Algorithm.receive`, :meth:`~Algorithm.restore_local`, :meth:`~Algorithm.local_hooks`
 around its local steps, :meth:`~Algorithm.finish_local` (the end of the local round: what to
 upload and the client's metadata), :meth:`~Algorithm.keep_local` and :meth:`~Algorithm.upload`;
 on the server again :meth:`~Algorithm.aggregate`, :meth:`~Algorithm.server_update`, and
-:meth:`~Algorithm.commit` once it keeps the outcome. :meth:`~Algorithm.state_dict` is the server's
-state (norm histories, downlink copies, which round each client holds, the algorithm's global and
-per-client state) for its checkpoints. The client's state is a dict of numpy arrays the runtime
+:meth:`~Algorithm.commit` once it keeps the outcome, then :meth:`~Algorithm.server_local` for the
+values of the local parameters its own model validates, checkpoints and exports (the server gives
+:meth:`~Algorithm.start_local` its model's start values of them once built).
+:meth:`~Algorithm.state_dict` is the server's state (norm histories, downlink copies, which round
+each client holds, the algorithm's global and per-client state) for its checkpoints. The client's state is a dict of numpy arrays the runtime
 keeps between rounds; the algorithm reads and writes it: ``feedback.<payload>.*`` (residuals),
 ``downlink.<payload>`` and ``reference_round`` (its copies under a compressed downlink), ``local``
-(its local parameters) and the algorithm's own keys.
+(its local parameters), ``local_statistics`` (its batch-norm running statistics, under
+``keeps_local_statistics``) and the algorithm's own keys.
 """
 
 from __future__ import annotations
@@ -142,6 +148,7 @@ class Algorithm(ABC):
     downlink: ClassVar[tuple[str, ...]]
     Options: ClassVar[type[BaseModel] | None] = None
     personalised: ClassVar[bool] = False
+    keeps_local_statistics: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -217,6 +224,14 @@ class Algorithm(ABC):
     def is_local(self, name: str) -> bool:
         """Whether parameter ``name`` stays on each client instead of being federated (default: never)."""
         return False
+
+    def start_local(self, values: Tensor) -> None:  # noqa: B027 (optional: most algorithms send no start values)
+        """The server model's start values of the local parameters (:attr:`local` order), given once built."""
+
+    def server_local(self) -> Tensor | None:
+        """The values of the local parameters the server's own model holds for validation, checkpoints and
+        export after the rounds kept so far, or None to leave them at their start (default)."""
+        return None
 
     # ---- server: downlink ---------------------------------------------------------------------
     def downlink_values(self, model: Tensor) -> dict[str, Tensor]:
