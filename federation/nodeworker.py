@@ -19,6 +19,7 @@ Flower or torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -195,10 +196,8 @@ def serve(
             except Exception as err:  # the program's own error (an OSError too) travels back to the ClientApp
                 err.add_note(f"in the node's worker process:\n{traceback.format_exc()}")
                 answer = ("error", _transportable(err))
-            try:
+            with contextlib.suppress(EOFError, OSError):  # the ClientApp went away (its round timed out)
                 connection.send(answer)
-            except (EOFError, OSError):
-                pass  # the ClientApp went away (its round timed out): nothing to answer
             last_message[0] = time.monotonic()
 
 
