@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from geofm.config.federated import FederatedConfig
+from geofm.config.base import read_config_tree
+from geofm.config.federated import FederatedConfig, read_federated_config
 from geofm.errors import ConfigError
 
 CONFIGS = sorted(Path(__file__).parents[2].joinpath("configs", "federated").glob("*.yaml"))
@@ -11,7 +12,7 @@ DEMO = Path(__file__).parents[2] / "configs/federated/demo_fedsense_swin_micro__
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_federated_configs_validate_and_are_named_after_their_run(path):
-    cfg = FederatedConfig.from_file(path)
+    cfg = read_federated_config(read_config_tree(path), str(path))  # pretraining or finetuning, by task
     assert cfg.run.output_dir.name == path.stem
 
 
