@@ -35,6 +35,7 @@ ALGORITHM_FIELDS = {
     "fedprox": ("proximal_beta",),
     "fedsense": ("perturbation_radius", "proximal_beta", "clusters", "distill_steps"),
     "scaffold": ("server_lr",),
+    "fednova": (),
 }
 
 
@@ -181,7 +182,8 @@ class AlgorithmConfig(Section):
     K-means of client models (``clusters``) and similarity distillation on the server's public data
     (``distill_steps``); these three combine the uploads with ``aggregator`` and step the global
     model with ``server_optimizer``. ``scaffold``: control variates correcting the client drift,
-    the paper's plain means and server step ``server_lr``. Any registered algorithm (see
+    the paper's plain means and server step ``server_lr``. ``fednova``: each client's update normalised
+    by its number of local steps, rescaled by their data-weighted mean ``tau_eff``. Any registered algorithm (see
     :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
     quantised: ``uplink`` and ``downlink`` apply to each payload of their direction,
     ``uplink_payloads`` and ``downlink_payloads`` change fields for one named payload.

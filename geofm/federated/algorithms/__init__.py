@@ -3,9 +3,9 @@
 :data:`ALGORITHMS` names each algorithm class (a subclass of
 :class:`~geofm.federated.algorithms.base.Algorithm`); ``algorithm.name`` in a config picks one.
 The built-ins are registered lazily, so that config validation reads the names without importing
-torch: ``fedavg``, ``fedprox``, ``fedsense`` and ``scaffold``. Another package adds one through
-the ``geofm.algorithms`` entry-point group (see :mod:`geofm.registry`), its settings in
-``algorithm.options``.
+torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold`` and ``fednova`` (normalised averaging
+of clients with different numbers of local steps). Another package adds one through the ``geofm.algorithms`` entry-point group (see
+:mod:`geofm.registry`), its settings in ``algorithm.options``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ ALGORITHMS.register("fedavg", "geofm.federated.algorithms.fedavg:FedAvg")
 ALGORITHMS.register("fedprox", "geofm.federated.algorithms.fedprox:FedProx")
 ALGORITHMS.register("fedsense", "geofm.federated.algorithms.fedsense:FedSense")
 ALGORITHMS.register("scaffold", "geofm.federated.algorithms.scaffold:Scaffold")
+ALGORITHMS.register("fednova", "geofm.federated.algorithms.fednova:FedNova")
 
 
 def build_algorithm(
