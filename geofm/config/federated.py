@@ -36,6 +36,7 @@ ALGORITHM_FIELDS = {
     "fedsense": ("perturbation_radius", "proximal_beta", "clusters", "distill_steps"),
     "scaffold": ("server_lr",),
     "fednova": (),
+    "feddc": (),
 }
 
 
@@ -183,7 +184,9 @@ class AlgorithmConfig(Section):
     (``distill_steps``); these three combine the uploads with ``aggregator`` and step the global
     model with ``server_optimizer``. ``scaffold``: control variates correcting the client drift,
     the paper's plain means and server step ``server_lr``. ``fednova``: each client's update normalised
-    by its number of local steps, rescaled by their data-weighted mean ``tau_eff``. Any registered algorithm (see
+    by its number of local steps, rescaled by their data-weighted mean ``tau_eff``. ``feddc``: a local
+    drift variable per client, its penalty ``options.alpha / 2 ||theta + h - w||^2`` and a gradient
+    correction, the server averaging the drift-corrected models. Any registered algorithm (see
     :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
     quantised: ``uplink`` and ``downlink`` apply to each payload of their direction,
     ``uplink_payloads`` and ``downlink_payloads`` change fields for one named payload.

@@ -3,8 +3,9 @@
 :data:`ALGORITHMS` names each algorithm class (a subclass of
 :class:`~geofm.federated.algorithms.base.Algorithm`); ``algorithm.name`` in a config picks one.
 The built-ins are registered lazily, so that config validation reads the names without importing
-torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold`` and ``fednova`` (normalised averaging
-of clients with different numbers of local steps). Another package adds one through the ``geofm.algorithms`` entry-point group (see
+torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold``, ``fednova`` (normalised averaging of
+clients with different numbers of local steps) and ``feddc`` (local drift decoupling and
+correction). Another package adds one through the ``geofm.algorithms`` entry-point group (see
 :mod:`geofm.registry`), its settings in ``algorithm.options``.
 """
 
@@ -26,6 +27,7 @@ ALGORITHMS.register("fedprox", "geofm.federated.algorithms.fedprox:FedProx")
 ALGORITHMS.register("fedsense", "geofm.federated.algorithms.fedsense:FedSense")
 ALGORITHMS.register("scaffold", "geofm.federated.algorithms.scaffold:Scaffold")
 ALGORITHMS.register("fednova", "geofm.federated.algorithms.fednova:FedNova")
+ALGORITHMS.register("feddc", "geofm.federated.algorithms.feddc:FedDC")
 
 
 def build_algorithm(
