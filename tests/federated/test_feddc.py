@@ -145,3 +145,11 @@ def test_each_payload_keeps_its_own_residual_under_a_1bit_uplink():
     assert torch.equal(outcome.model, 2 * decoded["update"]) and torch.equal(
         outcome.state["control"], decoded["delta_c"]
     )
+
+
+def test_the_correction_state_needs_a_step_at_a_positive_learning_rate():
+    algorithm = build_algorithm(AlgorithmConfig(name="feddc"), ParameterLayout.of(Point()))
+    received = {"model": torch.zeros(2), "control": torch.zeros(2)}
+    local = algorithm.local_round("one", received, Point(), {}, lr=0.0)
+    with pytest.raises(ValueError, match=r"client one: FedDC's correction state needs .* got 2 steps at 0.0"):
+        algorithm.finish_local(local, torch.ones(2), 2)

@@ -111,8 +111,11 @@ class FedDC(Algorithm):
         return LocalHooks(regulariser=regulariser)
 
     def finish_local(self, local: LocalRound, trained: Tensor, steps: int) -> LocalUpdate:
-        if steps < 1:
-            raise ValueError(f"client {local.client}: FedDC needs at least one local step, got {steps}")
+        if steps < 1 or local.lr <= 0:
+            raise ValueError(
+                f"client {local.client}: FedDC's correction state needs at least one local step at a positive "
+                f"learning rate, got {steps} steps at {local.lr}"
+            )
         delta = trained - local.received["model"]
         control = self._client(local, "control")
         new_control = control - local.received["control"] - delta / (steps * local.lr)
