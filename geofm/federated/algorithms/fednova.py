@@ -12,9 +12,9 @@ local steps and ``p_i`` its data weight (its share of the round's accepted examp
     tau_eff = sum_i p_i ||a_i||_1
     x <- x - tau_eff * sum_i p_i d_i  =  x + tau_eff * sum_i p_i (y_i - x) / ||a_i||_1
 
-``tau_eff`` is the paper's choice of effective step count (its eq. 7 with ``p_i``-weighted
-``||a_i||_1``), which keeps the step as long as FedAvg's when every client ran the same number of
-steps; the local learning rate is inside ``y_i - x``, so the server has no rate of its own.
+``tau_eff = sum_i p_i ||a_i||_1`` is the effective step count the paper uses; it keeps the step as
+long as FedAvg's when every client ran the same number of steps (FedNova is then FedAvg). The local
+learning rate is inside ``y_i - x``: the paper's server has no rate of its own, and neither has this one.
 
 Each client uploads ``update = y_i - x`` and reports its number of local optimizer steps as
 ``local_steps`` in its metadata; the server reads it from the upload's metrics and refuses a round
