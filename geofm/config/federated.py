@@ -36,6 +36,8 @@ ALGORITHM_FIELDS = {
     "fedsense": ("perturbation_radius", "proximal_beta", "clusters", "distill_steps"),
     "scaffold": ("server_lr",),
     "pfedla": (),
+    "fednova": (),
+    "feddc": (),
 }
 
 
@@ -187,10 +189,13 @@ class AlgorithmConfig(Section):
     from the client's updates (``options``: ``hn_lr``, ``embedding_dim``, ``hidden_dim``, ``layers``);
     the global model is the data-weighted mean of the clients' models; 32-bit downlink only. ``fedbn``:
     FedAvg whose normalisation layers (``options.layers``: ``all`` or the paper's ``batchnorm``) stay on
-    each client. Any registered algorithm (see :mod:`geofm.federated.algorithms`) takes its own settings
-    from ``options``. Every payload can be quantised: ``uplink`` and ``downlink`` apply to each payload
-    of their direction, ``uplink_payloads`` and ``downlink_payloads`` change fields for one named
-    payload.
+    each client. ``fednova``: each client's update normalised by its number of local steps, rescaled by
+    their data-weighted mean ``tau_eff``. ``feddc``: a local drift variable per client, its penalty
+    ``options.alpha / 2 ||theta + h - w||^2`` and a gradient correction, the server averaging the
+    drift-corrected models. Any registered algorithm (see :mod:`geofm.federated.algorithms`) takes its own
+    settings from ``options``. Every payload can be quantised: ``uplink`` and ``downlink`` apply to each
+    payload of their direction, ``uplink_payloads`` and ``downlink_payloads`` change fields for one
+    named payload.
     """
 
     name: str = "fedsense"

@@ -20,7 +20,7 @@
 * :mod:`~geofm.federated.partition`: splitting the sources' files among clients by source, by
   region or by Dirichlet proportions.
 * :mod:`~geofm.federated.algorithms`: the algorithm interface and the registered algorithms
-  (FedAvg, FedProx, FedSense, SCAFFOLD).
+  (FedAvg, FedProx, FedSense, SCAFFOLD, FedNova, FedDC).
 
 The names below are imported on first use, so that reading a registry of this package (as config
 validation does) loads no deep-learning package.

@@ -3,9 +3,10 @@
 :data:`ALGORITHMS` names each algorithm class (a subclass of
 :class:`~geofm.federated.algorithms.base.Algorithm`); ``algorithm.name`` in a config picks one.
 The built-ins are registered lazily, so that config validation reads the names without importing
-torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold``, ``pfedla`` and ``fedbn``. Another package adds one through
-the ``geofm.algorithms`` entry-point group (see :mod:`geofm.registry`), its settings in
-``algorithm.options``.
+torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold``, ``pfedla``, ``fedbn``, ``fednova``
+(normalised averaging of clients with different numbers of local steps) and ``feddc`` (local drift
+decoupling and correction). Another package adds one through the ``geofm.algorithms`` entry-point
+group (see :mod:`geofm.registry`), its settings in ``algorithm.options``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ ALGORITHMS.register("fedsense", "geofm.federated.algorithms.fedsense:FedSense")
 ALGORITHMS.register("scaffold", "geofm.federated.algorithms.scaffold:Scaffold")
 ALGORITHMS.register("pfedla", "geofm.federated.algorithms.pfedla:PFedLA")
 ALGORITHMS.register("fedbn", "geofm.federated.algorithms.fedbn:FedBN")
+ALGORITHMS.register("fednova", "geofm.federated.algorithms.fednova:FedNova")
+ALGORITHMS.register("feddc", "geofm.federated.algorithms.feddc:FedDC")
 
 
 def build_algorithm(
