@@ -181,10 +181,11 @@ class AlgorithmConfig(Section):
     K-means of client models (``clusters``) and similarity distillation on the server's public data
     (``distill_steps``); these three combine the uploads with ``aggregator`` and step the global
     model with ``server_optimizer``. ``scaffold``: control variates correcting the client drift,
-    the paper's plain means and server step ``server_lr``. Any registered algorithm (see
-    :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
-    quantised: ``uplink`` and ``downlink`` apply to each payload of their direction,
-    ``uplink_payloads`` and ``downlink_payloads`` change fields for one named payload.
+    the paper's plain means and server step ``server_lr``. ``moon``: FedAvg plus the
+    model-contrastive loss on the backbone's pooled features (``options``: ``mu``, ``temperature``).
+    Any registered algorithm (see :mod:`geofm.federated.algorithms`) takes its own settings from
+    ``options``. Every payload can be quantised: ``uplink`` and ``downlink`` apply to each payload of
+    their direction, ``uplink_payloads`` and ``downlink_payloads`` change fields for one named payload.
     """
 
     name: str = "fedsense"

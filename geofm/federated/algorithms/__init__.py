@@ -3,7 +3,7 @@
 :data:`ALGORITHMS` names each algorithm class (a subclass of
 :class:`~geofm.federated.algorithms.base.Algorithm`); ``algorithm.name`` in a config picks one.
 The built-ins are registered lazily, so that config validation reads the names without importing
-torch: ``fedavg``, ``fedprox``, ``fedsense`` and ``scaffold``. Another package adds one through
+torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold`` and ``moon``. Another package adds one through
 the ``geofm.algorithms`` entry-point group (see :mod:`geofm.registry`), its settings in
 ``algorithm.options``.
 """
@@ -25,6 +25,7 @@ ALGORITHMS.register("fedavg", "geofm.federated.algorithms.fedavg:FedAvg")
 ALGORITHMS.register("fedprox", "geofm.federated.algorithms.fedprox:FedProx")
 ALGORITHMS.register("fedsense", "geofm.federated.algorithms.fedsense:FedSense")
 ALGORITHMS.register("scaffold", "geofm.federated.algorithms.scaffold:Scaffold")
+ALGORITHMS.register("moon", "geofm.federated.algorithms.moon:Moon")
 
 
 def build_algorithm(
