@@ -15,6 +15,7 @@ from geofm.federated.algorithms.base import payload_arrays
 from geofm.federated.algorithms.moon import PREVIOUS, model_contrastive_loss, pooled, representation
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.flat import ParameterLayout
+from geofm.models.mim import Tap, embed_tokens, run_backbone
 from geofm.tasks import StepOutput
 
 
@@ -29,7 +30,7 @@ class PatchEmbed(nn.Module):
         return images.permute(0, 2, 3, 1) * torch.stack((self.a, torch.ones_like(self.a)))
 
 
-class Stage(nn.Module):
+class Block(nn.Module):
     """Channel 1 of (B, H, W, 2) tokens scaled by ``b``."""
 
     def __init__(self) -> None:
@@ -38,6 +39,15 @@ class Stage(nn.Module):
 
     def forward(self, tokens):
         return tokens * torch.stack((torch.ones_like(self.b), self.b))
+
+
+class Stage(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(Block())
+
+    def forward(self, tokens):
+        return self.blocks(tokens)
 
 
 class TinyBackbone(nn.Module):
@@ -116,7 +126,7 @@ def test_one_step_gives_the_papers_numbers():
     # The hooks are gone with the round: a forward captures nothing.
     model(IMAGE)
     assert not local.inputs and not local.outputs
-    assert not model.backbone.patch_embed._forward_pre_hooks and not model.backbone.layers[0]._forward_hooks
+    assert not model.backbone.patch_embed._forward_pre_hooks and not model.backbone.layers[0].blocks[0]._forward_hooks
 
 
 def test_a_first_round_takes_the_global_model_as_the_previous_one():
@@ -150,7 +160,7 @@ def test_vit_tokens_pool_without_the_class_token():
 @pytest.mark.parametrize("family", ["swin", "vit"])
 def test_the_hooked_representation_of_a_timm_backbone_is_its_frozen_copys(family, tiny_swin, tiny_vit):
     """At the start of a first round the trained backbone is the global one: z = z_glob = z_prev, l_con = log 2,
-    whichever of timm's paths (forward_features, forward_intermediates) the model takes."""
+    whichever path (timm's forward_features or forward_intermediates, geofm's run_backbone) the model takes."""
     backbone = (tiny_swin if family == "swin" else tiny_vit)(in_chans=3, img_size=64).eval()
     module = nn.Module()
     module.backbone = backbone
@@ -165,6 +175,11 @@ def test_the_hooked_representation_of_a_timm_backbone_is_its_frozen_copys(family
         torch.testing.assert_close(z, expected)
         assert regulariser(None, None).item() == pytest.approx(math.log(2), rel=1e-5)
         backbone.forward_intermediates(images, indices=None, intermediates_only=True)
+        assert regulariser(None, None).item() == pytest.approx(math.log(2), rel=1e-5)
+        # Masked image modelling runs it stage by stage, a Swin's last stage split at GFM's tap after its merging.
+        tap = Tap(3, include_merging=True) if family == "swin" else Tap(1)
+        run_backbone(backbone, embed_tokens(backbone, images), tap)
+        torch.testing.assert_close(pooled(local.outputs[0], local.prefix_tokens), expected)
         assert regulariser(None, None).item() == pytest.approx(math.log(2), rel=1e-5)
 
 

@@ -24,8 +24,8 @@ Representation, the same for every task: the model's ``backbone`` (finetuning) o
 image modelling), a timm Swin or ViT. The models call it through ``forward_features``,
 ``forward_intermediates`` or stage by stage, never as a module, so the hooks sit on its parts that
 every path calls: a forward pre-hook on ``patch_embed`` captures the backbone's input (the normalised
-image), a forward hook on its last stage (a Swin's ``layers[-1]``, (B, H, W, C)) or block (a ViT's
-``blocks[-1]``, (B, N, C)) captures its output, pooled to one vector per sample by the mean over
+image), a forward hook on its last block (of a Swin's last stage, (B, H, W, C), or a ViT's
+``blocks``, (B, N, C)) captures its output, pooled to one vector per sample by the mean over
 spatial positions or over the patch tokens (prefix tokens left out). The frozen copies run
 ``forward_intermediates`` up to the same stage, unnormalised, pooled alike, on the captured input.
 The hooks are registered when the local round begins and removed when it ends.
@@ -94,18 +94,23 @@ def representation_module(module: nn.Module) -> tuple[str, nn.Module]:
     )
 
 
-def last_stage(backbone: nn.Module) -> nn.Module:
-    """The backbone's last stage (a Swin's ``layers``) or block (a ViT's ``blocks``).
+def last_block(backbone: nn.Module) -> nn.Module:
+    """The backbone's last block: of a Swin's last stage (``layers[-1].blocks``), or of a ViT's ``blocks``.
+
+    A block rather than the stage: GFM's tap after the last stage's patch merging runs the stage's
+    merging and blocks apart, never the stage as a module.
 
     Raises:
         ConfigError: the backbone has neither.
     """
-    for name in ("layers", "blocks"):
-        stack = getattr(backbone, name, None)
-        if isinstance(stack, nn.Sequential) and len(stack):
-            return stack[-1]
+    stages = getattr(backbone, "layers", None)
+    stack = (
+        stages[-1].blocks if isinstance(stages, nn.Sequential) and len(stages) else getattr(backbone, "blocks", None)
+    )
+    if isinstance(stack, nn.Sequential) and len(stack):
+        return stack[-1]
     raise ConfigError(
-        f"algorithm moon reads the representation from a Swin's layers or a ViT's blocks; "
+        f"algorithm moon reads the representation from a Swin's layers[-1].blocks or a ViT's blocks; "
         f"{type(backbone).__name__} has neither"
     )
 
@@ -151,7 +156,7 @@ class MoonRound(LocalRound):
         prefix_tokens: a ViT's class and register tokens, left out of the pooling.
         losses: ``l_con`` of each micro-batch so far (detached).
         inputs: the backbone's inputs captured since the last regulariser call.
-        outputs: its last stage's outputs captured since then.
+        outputs: its last block's outputs captured since then, one per input.
         handles: the hooks, removed when the round ends.
     """
 
@@ -183,7 +188,7 @@ class Moon(FedAvg):
         self, client: str, received: dict[str, Tensor], module: nn.Module, state: Arrays, lr: float
     ) -> MoonRound:
         """The round of ``module`` (holding the global model): frozen copies of its backbone, and hooks
-        capturing the backbone's input and last-stage output in every forward until :meth:`finish_local`."""
+        capturing the backbone's input and last block's output in every forward until :meth:`finish_local`."""
         base = super().local_round(client, received, module, state, lr)
         prefix, backbone = representation_module(module)
         layout = ParameterLayout.of(backbone)
@@ -196,9 +201,14 @@ class Moon(FedAvg):
             previous_copy=frozen_copy(backbone, previous),
             prefix_tokens=int(getattr(backbone, "num_prefix_tokens", 0)),
         )
+
+        def take_output(_module, _args, output) -> None:
+            if len(local.outputs) < len(local.inputs):  # one output per backbone input, none without one
+                local.outputs.append(output)
+
         local.handles = [
             backbone.patch_embed.register_forward_pre_hook(lambda _, args: local.inputs.append(args[0])),
-            last_stage(backbone).register_forward_hook(lambda _, args, output: local.outputs.append(output)),
+            last_block(backbone).register_forward_hook(take_output),
         ]
         return local
 
