@@ -183,11 +183,17 @@ def test_the_hooked_representation_of_a_timm_backbone_is_its_frozen_copys(family
         assert regulariser(None, None).item() == pytest.approx(math.log(2), rel=1e-5)
 
 
-def test_a_model_without_backbone_or_encoder_is_refused():
+def test_a_model_without_a_trainable_backbone_or_encoder_is_refused():
     module = nn.Linear(2, 2)
     algorithm = build_algorithm(AlgorithmConfig(name="moon"), ParameterLayout.of(module))
     with pytest.raises(ConfigError, match="no module named backbone or encoder"):
         algorithm.local_round("one", {"model": torch.zeros(6)}, module, {}, 0.1)
+    probe = Net()
+    probe.backbone.requires_grad_(False)  # linear probing: only a head trains
+    probe.head = nn.Linear(2, 1)
+    algorithm = build_algorithm(AlgorithmConfig(name="moon"), ParameterLayout.of(probe))
+    with pytest.raises(ConfigError, match="the model's backbone, which is frozen"):
+        algorithm.local_round("one", {"model": torch.zeros(3)}, probe, {}, 0.1)
     with pytest.raises(ConfigError, match=r"algorithm\.options\.temperature"):
         build_algorithm(AlgorithmConfig(name="moon", options={"temperature": 0}), 2)
 

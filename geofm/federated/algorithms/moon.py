@@ -192,6 +192,8 @@ class Moon(FedAvg):
         base = super().local_round(client, received, module, state, lr)
         prefix, backbone = representation_module(module)
         layout = ParameterLayout.of(backbone)
+        if not layout.names:
+            raise ConfigError(f"algorithm moon trains the representation of the model's {prefix}, which is frozen")
         previous = torch.from_numpy(state[PREVIOUS].copy()) if PREVIOUS in state else None
         local = MoonRound(
             **vars(base),
@@ -220,11 +222,14 @@ class Moon(FedAvg):
 
         def regulariser(batch, output) -> Tensor:
             """``mu * l_con`` of the forward just run, the mean over the backbone's calls in it."""
-            captured = list(zip(local.inputs, local.outputs, strict=True))
+            captured = list(zip(local.inputs, local.outputs, strict=False))
+            if not captured or len(local.inputs) != len(local.outputs):
+                raise RuntimeError(
+                    f"client {local.client}: moon needs the {local.prefix} run to its last block in every forward; "
+                    f"this one gave {len(local.inputs)} inputs and {len(local.outputs)} last-block outputs"
+                )
             local.inputs.clear()
             local.outputs.clear()
-            if not captured:
-                raise RuntimeError(f"client {local.client}: moon saw no backbone run in this forward")
             losses = []
             for images, features in captured:
                 with torch.no_grad():
