@@ -3,7 +3,7 @@
 :data:`ALGORITHMS` names each algorithm class (a subclass of
 :class:`~geofm.federated.algorithms.base.Algorithm`); ``algorithm.name`` in a config picks one.
 The built-ins are registered lazily, so that config validation reads the names without importing
-torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold``, ``pfedla``, ``fedbn``, ``fednova``
+torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold``, ``moon``, ``pfedla``, ``fedbn``, ``fednova``
 (normalised averaging of clients with different numbers of local steps) and ``feddc`` (local drift
 decoupling and correction). Another package adds one through the ``geofm.algorithms`` entry-point
 group (see :mod:`geofm.registry`), its settings in ``algorithm.options``.
@@ -30,6 +30,7 @@ ALGORITHMS.register("pfedla", "geofm.federated.algorithms.pfedla:PFedLA")
 ALGORITHMS.register("fedbn", "geofm.federated.algorithms.fedbn:FedBN")
 ALGORITHMS.register("fednova", "geofm.federated.algorithms.fednova:FedNova")
 ALGORITHMS.register("feddc", "geofm.federated.algorithms.feddc:FedDC")
+ALGORITHMS.register("moon", "geofm.federated.algorithms.moon:Moon")
 
 
 def build_algorithm(
