@@ -15,6 +15,7 @@ A client's share is its part of the train split under the configured sample part
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,32 +157,24 @@ class FederatedFinetuning:
         return model.param_groups(self.cfg.train.weight_decay, self.cfg.finetune.layer_decay)
 
     def local_batches(self, indices: np.ndarray, steps: int, rnd: int, seed: int) -> Iterator[list[dict]]:
-        """``steps`` local steps over the client's samples, each a list of micro-batches, reshuffled
-        every pass in an order fixed by (``seed``, round, pass); each step's augmentations (and a
-        pass's loader workers) draw from torch's generator seeded by (``seed``, round, step), so a
-        resumed run trains on the same crops as an unbroken one."""
+        """``steps`` local steps, each a list of micro-batches, drawn in turn from an endless stream of
+        the client's samples reshuffled every pass in an order fixed by (``seed``, round, pass): a
+        batch may span two passes, and a client with fewer samples than one step's batch repeats them
+        (under label skew a client may hold a handful). Each step's augmentations (and the loader's
+        workers) draw from torch's generator seeded by (``seed``, round, step), so a resumed run trains
+        on the same crops as an unbroken one."""
+        if not len(indices):
+            raise DatasetTooSmallError("this client holds no training samples")
         train = self.cfg.train
         micro, accum = train.micro_batch_size, train.grad_accum_steps
-        if len(indices) < micro * accum:
-            raise DatasetTooSmallError(
-                f"this client holds {len(indices)} training samples, fewer than one local step's "
-                f"{micro * accum} (train.micro_batch_size x grad_accum_steps)"
-            )
-        done, epoch = 0, 0
-        while done < steps:
-            order = np.random.default_rng([seed, rnd, epoch]).permutation(indices).tolist()
-            loader = DataLoader(
-                self.train_set, batch_size=micro, sampler=order, num_workers=self.cfg.data.num_workers, drop_last=True
-            )
-            batches = None
-            for _ in range(len(order) // (micro * accum)):
-                if done == steps:
-                    break
-                torch.manual_seed(int(np.random.SeedSequence([seed, rnd, done]).generate_state(1)[0]))
-                batches = batches or iter(loader)
-                yield [next(batches) for _ in range(accum)]
-                done += 1
-            epoch += 1
+        passes = (np.random.default_rng([seed, rnd, p]).permutation(indices) for p in itertools.count())
+        order = [int(i) for i in itertools.islice(itertools.chain.from_iterable(passes), steps * micro * accum)]
+        loader = DataLoader(self.train_set, batch_size=micro, sampler=order, num_workers=self.cfg.data.num_workers)
+        batches = None
+        for step in range(steps):
+            torch.manual_seed(int(np.random.SeedSequence([seed, rnd, step]).generate_state(1)[0]))
+            batches = batches or iter(loader)
+            yield [next(batches) for _ in range(accum)]
 
     def forward(self, model, batch: dict) -> StepOutput:
         """The task's loss of one micro-batch (label mixing included where the task mixes)."""

@@ -242,3 +242,11 @@ def test_a_federated_finetune_deployed_with_tls_ends_as_the_same_run_in_one_proc
     assert evaluations[0]["metrics"] == evaluations[1]["metrics"]
     with pytest.raises(DatasetNotFoundError, match="the val split folder /nonexistent/val does not exist"):
         FederatedServer(read_federated_config({**tree, "data": {**tree["data"], "root": "/nonexistent"}}))
+
+
+def test_a_client_holding_fewer_samples_than_a_batch_trains_on_them_repeated(class_folders, finetune_tree, tmp_path):
+    """Under strong label skew a client may hold a handful of samples: it still takes its local steps."""
+    tree = _federated(finetune_tree("classification", tmp_path / "skew", data={"root": str(class_folders)}))
+    tree["train"]["micro_batch_size"] = 16  # more than either client's 12 samples
+    rounds = _rounds(_run(tree))
+    assert all(r["clients"] == ["client00", "client01"] and not r["failed"] for r in rounds)

@@ -17,7 +17,11 @@ def _uneven_tree(finetune_tree, class_folders: Path, tmp_path: Path, name: str, 
     """Two clients by site: 'big' holds the field and forest scenes (16), 'small' the water scenes (8);
     one local epoch at micro-batch 4 is then 4 steps for one and 2 for the other."""
     metadata = tmp_path / "sites.csv"
-    rows = [f"{c}/{i}.tif,{'small' if c == 'water' else 'big'}" for c in ("field", "forest", "water") for i in range(8)]
+    rows = [
+        f"train/{c}/{i}.tif,{'small' if c == 'water' else 'big'}"
+        for c in ("field", "forest", "water")
+        for i in range(8)
+    ]
     metadata.write_text("sample,site\n" + "\n".join(rows) + "\n")
     base = finetune_tree("classification", tmp_path / name, data={"root": str(class_folders)})
     scenario = {"partition": "by_field", "partition_field": "site", "metadata": str(metadata)}
