@@ -175,6 +175,7 @@ def test_a_shipped_demo_federated_finetune_runs_on_the_demo_archive(task, demo_a
         "head.decoder_channels=16",
         "train.micro_batch_size=4",
         "federation.rounds=2",
+        "train.local_epochs=1",
     ]
     run_dir = _run(read_config_tree(config, overrides))
     assert [r["round"] for r in _rounds(run_dir)] == [1, 2]

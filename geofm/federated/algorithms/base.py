@@ -147,6 +147,8 @@ class Algorithm(ABC):
     uplink: ClassVar[tuple[str, ...]]
     downlink: ClassVar[tuple[str, ...]]
     Options: ClassVar[type[BaseModel] | None] = None
+    own_server_rule: ClassVar[str | None] = None
+    """How the algorithm combines uploads itself, where it takes no ``aggregator`` or ``server_optimizer``."""
     personalised: ClassVar[bool] = False
     keeps_local_statistics: ClassVar[bool] = False
 
@@ -210,6 +212,10 @@ class Algorithm(ABC):
             unknown = sorted(set(named) - set(payloads))
             if unknown:
                 raise ValueError(f"{where} names {unknown}; {cls.name} sends {list(payloads)}")
+        if cls.own_server_rule is not None:
+            for section in ("aggregator", "server_optimizer"):
+                if getattr(cfg, section) != type(getattr(cfg, section))():
+                    raise ValueError(f"{section}: {cls.name} {cls.own_server_rule}; leave {section} at its default")
         cls.options_of(cfg)
 
     @classmethod

@@ -57,7 +57,6 @@ from pydantic import Field
 from torch import Tensor
 
 from geofm.config.base import Section
-from geofm.config.federated import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
 from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
@@ -75,17 +74,8 @@ class FedDC(Algorithm):
     name = "feddc"
     uplink = ("update", "delta_c")
     downlink = ("model", "control")
+    own_server_rule = "combines the corrected models by the official code's plain means"
     Options = FedDCOptions
-
-    @classmethod
-    def check_config(cls, cfg: AlgorithmConfig) -> None:
-        super().check_config(cfg)
-        for section in ("aggregator", "server_optimizer"):
-            if getattr(cfg, section) != type(getattr(cfg, section))():
-                raise ValueError(
-                    f"{section}: feddc combines the corrected models by the official code's plain means; "
-                    f"leave {section} at its default"
-                )
 
     def _global(self, key: str) -> Tensor:
         return self.state.get(key, torch.zeros(self.num_values))

@@ -35,7 +35,6 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
-from geofm.config.federated import AlgorithmConfig
 from geofm.errors import FederatedRunError
 from geofm.federated.aggregation import Accepted, RoundAggregate
 from geofm.federated.algorithms.base import Algorithm, LocalRound, LocalUpdate, Refiner, ServerRound
@@ -49,16 +48,9 @@ class FedNova(Algorithm):
     name = "fednova"
     uplink = ("update",)
     downlink = ("model",)
-
-    @classmethod
-    def check_config(cls, cfg: AlgorithmConfig) -> None:
-        super().check_config(cfg)
-        for section in ("aggregator", "server_optimizer"):
-            if getattr(cfg, section) != type(getattr(cfg, section))():
-                raise ValueError(
-                    f"{section}: fednova normalises each client's update by its own step count before the "
-                    f"data-weighted mean and steps by tau_eff; leave {section} at its default"
-                )
+    own_server_rule = (
+        "normalises each client's update by its own step count before the data-weighted mean and steps by tau_eff"
+    )
 
     def finish_local(self, local: LocalRound, trained: Tensor, steps: int) -> LocalUpdate:
         return LocalUpdate({"update": trained - local.received["model"]}, {STEPS_KEY: steps})

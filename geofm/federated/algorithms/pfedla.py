@@ -145,6 +145,7 @@ class PFedLA(Algorithm):
     name = "pfedla"
     uplink = ("update",)
     downlink = ("model",)
+    own_server_rule = "mixes the clients' models by its hypernetworks' weights and keeps no combined update"
     Options = PFedLAOptions
     personalised = True
 
@@ -177,12 +178,6 @@ class PFedLA(Algorithm):
                 "downlink.bits: pfedla sends each client its own personalised model, not a change to a copy "
                 "every client shares; leave downlink.bits (and downlink_payloads.model.bits) at 32"
             )
-        for section in ("aggregator", "server_optimizer"):
-            if getattr(cfg, section) != type(getattr(cfg, section))():
-                raise ValueError(
-                    f"{section}: pfedla mixes the clients' models by its hypernetworks' weights and keeps no "
-                    f"combined update; leave {section} at its default"
-                )
 
     # ---- server state -----------------------------------------------------------------------
     def _index(self, client: str) -> int:

@@ -32,7 +32,6 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from geofm.config.federated import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
 from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
@@ -44,16 +43,7 @@ class Scaffold(Algorithm):
     name = "scaffold"
     uplink = ("delta_y", "delta_c")
     downlink = ("model", "control")
-
-    @classmethod
-    def check_config(cls, cfg: AlgorithmConfig) -> None:
-        super().check_config(cfg)
-        for section in ("aggregator", "server_optimizer"):
-            if getattr(cfg, section) != type(getattr(cfg, section))():
-                raise ValueError(
-                    f"{section}: scaffold combines the uploads by the paper's plain means and steps by server_lr; "
-                    f"leave {section} at its default"
-                )
+    own_server_rule = "combines the uploads by the paper's plain means and steps by server_lr"
 
     def control(self) -> Tensor:
         """The server's control variate ``c``."""
