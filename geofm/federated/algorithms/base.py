@@ -308,6 +308,11 @@ class Algorithm(ABC):
             state["reference_round"] = np.array([int(config["reference_round"])], dtype=np.int64)
         return values, state
 
+    def client_vector(self, local: LocalRound, key: str) -> Tensor:
+        """The vector ``key`` of the client's state (a control variate, a drift), zero until first kept."""
+        saved = local.state.get(key)
+        return torch.zeros(self.num_values) if saved is None else torch.from_numpy(saved.copy())
+
     def restore_local(self, module: nn.Module, state: Arrays) -> None:
         """Put the client's own values of its local parameters into ``module`` (kept from its last round)."""
         if self.local.names and "local" in state:
@@ -356,6 +361,10 @@ class Algorithm(ABC):
         return _arrays(packets), reports
 
     # ---- server: uplink -------------------------------------------------------------------
+    def global_vector(self, key: str) -> Tensor:
+        """The vector ``key`` of the algorithm's global server state, zero until first set."""
+        return self.state.get(key, torch.zeros(self.num_values))
+
     def aggregate(self, uploads: Sequence[ClientUpload]) -> dict[str, RoundAggregate]:
         """Decode and screen every payload (its own norm history), combine each over the accepted clients
         with the configured aggregator."""

@@ -60,6 +60,7 @@ from geofm.config.base import Section
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
 from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.algorithms.scaffold import option_ii_control
 
 
 class FedDCOptions(Section):
@@ -77,20 +78,13 @@ class FedDC(Algorithm):
     own_server_rule = "combines the corrected models by the official code's plain means"
     Options = FedDCOptions
 
-    def _global(self, key: str) -> Tensor:
-        return self.state.get(key, torch.zeros(self.num_values))
-
     def downlink_values(self, model: Tensor) -> dict[str, Tensor]:
-        return {"model": model, "control": self._global("control")}
-
-    def _client(self, local: LocalRound, key: str) -> Tensor:
-        saved = local.state.get(key)
-        return torch.zeros(self.num_values) if saved is None else torch.from_numpy(saved.copy())
+        return {"model": model, "control": self.global_vector("control")}
 
     def local_hooks(self, local: LocalRound) -> LocalHooks:
         alpha = self.options.alpha
-        target = self.shared.split(local.received["model"] - self._client(local, "drift"))
-        correction = self.shared.split(local.received["control"] - self._client(local, "control"))
+        target = self.shared.split(local.received["model"] - self.client_vector(local, "drift"))
+        correction = self.shared.split(local.received["control"] - self.client_vector(local, "control"))
         terms = [(p, t.to(p.device), d.to(p.device)) for p, t, d in zip(local.params, target, correction, strict=True)]
 
         def regulariser(batch, output) -> Tensor:
@@ -107,9 +101,9 @@ class FedDC(Algorithm):
                 f"learning rate, got {steps} steps at {local.lr}"
             )
         delta = trained - local.received["model"]
-        control = self._client(local, "control")
-        new_control = control - local.received["control"] - delta / (steps * local.lr)
-        local.state["drift"] = (self._client(local, "drift") + delta).numpy()
+        control = self.client_vector(local, "control")
+        new_control = option_ii_control(control, local.received["control"], delta, steps, local.lr)
+        local.state["drift"] = (self.client_vector(local, "drift") + delta).numpy()
         local.state["control"] = new_control.numpy()
         return LocalUpdate({"update": delta, "delta_c": new_control - control})
 
@@ -122,8 +116,8 @@ class FedDC(Algorithm):
         size = len(accepted["update"])
         mean_update = weighted_mean(accepted["update"], [1.0] * size)
         share = size / self.num_clients
-        drift = self._global("drift") + share * mean_update
-        control = self._global("control") + share * weighted_mean(accepted["delta_c"], [1.0] * size)
+        drift = self.global_vector("drift") + share * mean_update
+        control = self.global_vector("control") + share * weighted_mean(accepted["delta_c"], [1.0] * size)
         return ServerRound(
             model + mean_update + drift,
             {

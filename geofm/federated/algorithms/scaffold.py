@@ -37,6 +37,12 @@ from geofm.federated.aggregation import RoundAggregate, weighted_mean
 from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
 
 
+def option_ii_control(c_i: Tensor, c: Tensor, delta: Tensor, steps: int, lr: float) -> Tensor:
+    """A client's next control variate by option II: ``c_i - c + (x - y_i) / (K eta_l)``, with
+    ``delta = y_i - x`` its round's change after ``steps`` (K) steps at rate ``lr`` (eta_l)."""
+    return c_i - c - delta / (steps * lr)
+
+
 class Scaffold(Algorithm):
     """SCAFFOLD, option II: up ``delta_y`` and ``delta_c``, down ``model`` and ``control``; ``server_lr`` is eta_g."""
 
@@ -45,19 +51,11 @@ class Scaffold(Algorithm):
     downlink = ("model", "control")
     own_server_rule = "combines the uploads by the paper's plain means and steps by server_lr"
 
-    def control(self) -> Tensor:
-        """The server's control variate ``c``."""
-        return self.state.get("control", torch.zeros(self.num_values))
-
     def downlink_values(self, model: Tensor) -> dict[str, Tensor]:
-        return {"model": model, "control": self.control()}
-
-    def _client_control(self, local: LocalRound) -> Tensor:
-        saved = local.state.get("control")
-        return torch.zeros(self.num_values) if saved is None else torch.from_numpy(saved.copy())
+        return {"model": model, "control": self.global_vector("control")}
 
     def local_hooks(self, local: LocalRound) -> LocalHooks:
-        correction = self.shared.split(local.received["control"] - self._client_control(local))
+        correction = self.shared.split(local.received["control"] - self.client_vector(local, "control"))
         pairs = [(p, d.to(p.device)) for p, d in zip(local.params, correction, strict=True)]
 
         def regulariser(batch, output) -> Tensor:
@@ -69,8 +67,8 @@ class Scaffold(Algorithm):
     def finish_local(self, local: LocalRound, trained: Tensor, steps: int) -> LocalUpdate:
         if steps < 1:
             raise ValueError(f"client {local.client}: SCAFFOLD needs at least one local step, got {steps}")
-        x, c, c_i = local.received["model"], local.received["control"], self._client_control(local)
-        c_new = c_i - c + (x - trained) / (steps * local.lr)
+        x, c, c_i = local.received["model"], local.received["control"], self.client_vector(local, "control")
+        c_new = option_ii_control(c_i, c, trained - x, steps, local.lr)
         local.state["control"] = c_new.numpy()
         return LocalUpdate({"delta_y": trained - x, "delta_c": c_new - c_i})
 
@@ -83,7 +81,7 @@ class Scaffold(Algorithm):
         size = len(accepted["delta_y"])
         delta_y = weighted_mean(accepted["delta_y"], [1.0] * size)
         delta_c = weighted_mean(accepted["delta_c"], [1.0] * size)
-        control = self.control() + (size / self.num_clients) * delta_c
+        control = self.global_vector("control") + (size / self.num_clients) * delta_c
         return ServerRound(
             model + self.cfg.server_lr * delta_y,
             {"control_norm": float(torch.linalg.vector_norm(control))},
@@ -91,4 +89,4 @@ class Scaffold(Algorithm):
         )
 
 
-__all__ = ["Scaffold"]
+__all__ = ["Scaffold", "option_ii_control"]
