@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,22 @@ def test_geofm_eval_reevaluates_a_federated_run(class_folders, finetune_tree, tm
     assert written["metrics"]["accuracy"] == pytest.approx(best["metrics"]["accuracy"])
 
 
+def _resumes_like_unbroken(tree_of: Callable[..., dict]) -> tuple[Path, list[dict], list[dict]]:
+    """Run ``tree_of("straight")`` unbroken, and ``tree_of("resumed", stop_after_rounds=1)`` then
+    ``tree_of("resumed")``: check the stop and that the resumed run's per-round losses and validation,
+    test metrics and kept round are the unbroken run's. Returns the unbroken run and both runs' rounds."""
+    straight = _run(tree_of("straight"))
+    stopped = _run(tree_of("resumed", stop_after_rounds=1))
+    assert [r["round"] for r in _rounds(stopped)] == [1]
+    resumed = _run(tree_of("resumed"))
+    a, b = _rounds(straight), _rounds(resumed)
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5) and ra["val"] == pytest.approx(rb["val"], rel=1e-5)
+    ea, eb = (json.loads((run / "eval.json").read_text()) for run in (straight, resumed))
+    assert ea["metrics"] == pytest.approx(eb["metrics"], rel=1e-5) and ea["selected"] == eb["selected"]
+    return straight, a, b
+
+
 def test_a_stopped_federated_finetune_resumes_to_the_same_result(class_folders, finetune_tree, tmp_path):
     """SCAFFOLD keeps state on both sides; the server validates and keeps best/ across the stop."""
 
@@ -117,16 +134,8 @@ def test_a_stopped_federated_finetune_resumes_to_the_same_result(class_folders, 
         base = finetune_tree("classification", tmp_path / name, data={"root": str(class_folders)})
         return {**_federated(base, rounds=3, **federation), "algorithm": {"name": "scaffold"}}
 
-    straight = _run(tree("straight"))
-    _run(tree("resumed", stop_after_rounds=1))
-    assert [r["round"] for r in _rounds(tmp_path / "resumed")] == [1]
-    resumed = _run(tree("resumed"))
-    a, b = _rounds(straight), _rounds(resumed)
-    assert [r["round"] for r in b] == [1, 2, 3]
-    for ra, rb in zip(a, b, strict=True):
-        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5) and ra["val"] == pytest.approx(rb["val"], rel=1e-5)
-    ea, eb = (json.loads((run / "eval.json").read_text()) for run in (straight, resumed))
-    assert ea["metrics"] == pytest.approx(eb["metrics"], rel=1e-5) and ea["selected"] == eb["selected"]
+    _, _, resumed = _resumes_like_unbroken(tree)
+    assert [r["round"] for r in resumed] == [1, 2, 3]
 
 
 def test_a_metadata_scenario_deals_whole_countries_of_the_kept_season(class_folders, finetune_tree, tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from tests.finetune.test_federated import _federated, _rounds, _run
+from tests.finetune.test_federated import _federated, _resumes_like_unbroken, _rounds, _run
 
 MOON_1BIT = {"name": "moon", "uplink": {"bits": 1, "error_feedback": True}}
 
@@ -52,15 +52,8 @@ def test_a_stopped_moon_finetune_with_1bit_uploads_resumes_to_the_same_result(cl
         base = finetune_tree("classification", tmp_path / name, data={"root": str(class_folders)})
         return {**_federated(base, **federation), "algorithm": MOON_1BIT}
 
-    straight = _run(tree("straight"))
-    _run(tree("resumed", stop_after_rounds=1))
-    assert [r["round"] for r in _rounds(tmp_path / "resumed")] == [1]
-    resumed = _run(tree("resumed"))
-    a, b = _rounds(straight), _rounds(resumed)
+    _, a, b = _resumes_like_unbroken(tree)
     assert [r["round"] for r in b] == [1, 2]
     for ra, rb in zip(a, b, strict=True):
-        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5) and ra["val"] == pytest.approx(rb["val"], rel=1e-5)
         assert ra["contrastive_loss"] == pytest.approx(rb["contrastive_loss"], rel=1e-5)
     assert a[0]["uplink_bytes"] < a[0]["downlink_bytes"] / 16, "1-bit uploads"
-    ea, eb = (json.loads((run / "eval.json").read_text()) for run in (straight, resumed))
-    assert ea["metrics"] == pytest.approx(eb["metrics"], rel=1e-5) and ea["selected"] == eb["selected"]
