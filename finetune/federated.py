@@ -215,8 +215,6 @@ class FederatedFinetuning:
         model.to(self.device)
         selected = load_best_weights(model, run_dir)
         test = evaluate(model, self.test_set, self.cfg, self.device, self.dtype)
-        if self.report is None and self.cfg.checkpoint is not None:
-            self.report = build_finetune_model(self.cfg)[1]  # a resumed server: the provenance again
         evaluation = eval_record(
             self.cfg,
             "test",
