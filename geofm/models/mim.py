@@ -165,6 +165,16 @@ class MaskedImageModel(nn.Module):
         tokens = embed_tokens(self.encoder, images, mask, self.mask_token)
         return run_backbone(self.encoder, tokens, self.tap)
 
+    def reconstruct(self, images: Tensor, mask: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Masked forward through the decoder: the reconstruction (B, C, H, W), in the normalised
+        units of ``images``, and the tapped features (B, h, w, C) or None."""
+        features, tapped = self.encode(images, mask)
+        return self.decoder(features), tapped
+
+    def pixel_mask(self, mask: Tensor) -> Tensor:
+        """The (B, h, w) token mask at pixel resolution, (B, 1, H, W)."""
+        return mask.repeat_interleave(self.patch_size, 1).repeat_interleave(self.patch_size, 2).unsqueeze(1)
+
     def forward(
         self,
         images: Tensor,
@@ -180,10 +190,15 @@ class MaskedImageModel(nn.Module):
             valid: optional (B, C, H, W) bool validity of each pixel and band.
             teacher_features: (B, h', w', C') frozen-teacher features for distillation.
         """
-        features, tapped = self.encode(images, mask)
-        reconstruction = self.decoder(features)
-        pixel_mask = mask.repeat_interleave(self.patch_size, 1).repeat_interleave(self.patch_size, 2).unsqueeze(1)
+        reconstruction, tapped = self.reconstruct(images, mask)
         student = self.projector(tapped) if teacher_features is not None else None
         return gfm_loss(
-            reconstruction, images, pixel_mask, valid, student, teacher_features, self.alpha, self.distill_loss
+            reconstruction,
+            images,
+            self.pixel_mask(mask),
+            valid,
+            student,
+            teacher_features,
+            self.alpha,
+            self.distill_loss,
         )
