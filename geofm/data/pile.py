@@ -29,7 +29,7 @@ _MASK64 = (1 << 64) - 1
 _MASK63 = (1 << 63) - 1
 
 # Tags that keep the random streams derived from one run seed apart.
-_CHOICE, _WALK, _SAMPLE, _AUGMENT = 1, 2, 3, 4
+_CHOICE, _WALK, _SAMPLE, _AUGMENT, _SHOWN = 1, 2, 3, 4, 5
 
 
 def _splitmix64(x: int) -> int:
@@ -158,6 +158,22 @@ class PileSampler(Sampler[PileIndex]):
         sources, files = self.epoch_plan(epoch)
         positions = range(self.rank + start * self.world_size, self._total, self.world_size)
         return (PileIndex(sources[p], files[p], _mix(_SAMPLE, self.seed, epoch, p)) for p in positions)
+
+
+def shown_samples(source_sizes: list[int], count: int, seed: int) -> list[PileIndex]:
+    """``count`` fixed samples to show a model's work on: the sources in turn, each source's files in
+    an order drawn from ``seed``, each sample with a seed of its own, apart from the training epochs'
+    (so its crop and mask are not the ones a training step sees)."""
+    orders = [
+        torch.randperm(size, generator=torch.Generator().manual_seed(_mix(_SHOWN, seed, s))).tolist()
+        for s, size in enumerate(source_sizes)
+    ]
+    indices = []
+    for k in range(count):
+        source, turn = k % len(source_sizes), k // len(source_sizes)
+        order = orders[source]
+        indices.append(PileIndex(source, order[turn % len(order)], _mix(_SHOWN, seed, len(source_sizes), k)))
+    return indices
 
 
 class PretrainPile(Dataset[dict[str, Tensor | int]]):

@@ -150,3 +150,13 @@ class ImageSource:
         image[self._positions] = torch.from_numpy(pixels)
         mask[self._positions] = torch.from_numpy(valid)
         return image, mask
+
+    def denormalise(self, image: Tensor) -> Tensor:
+        """Scaled values (raw x ``scale``: reflectance for most products) of a normalised image of this
+        source, (len(model_bands), H, W); bands the source lacks, invalid in its samples, are left as they are."""
+        image = image.float().clone()
+        mean = torch.from_numpy(self._mean).to(image.device)
+        std = torch.from_numpy(self._std).to(image.device)
+        positions = self._positions.to(image.device)
+        image[positions] = image[positions] * std + mean
+        return image

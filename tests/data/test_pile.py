@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from geofm.config import DataConfig
-from geofm.data.pile import PileIndex, PileSampler, PretrainPile
+from geofm.data.pile import PileIndex, PileSampler, PretrainPile, shown_samples
 from geofm.errors import DatasetNotFoundError, RasterReadError
 
 BANDS = ["blue", "green", "red", "nir"]
@@ -44,6 +44,20 @@ def test_sampler_deterministic_per_seed_and_epoch() -> None:
     assert first != order(1, 0)
     assert all(0 <= i.sample_seed < 2**63 for i in first)
     assert len({i.sample_seed for i in first}) == 50
+
+
+def test_shown_samples_take_the_sources_in_turn_with_seeds_of_their_own() -> None:
+    shown = shown_samples([3, 5], 8, seed=0)
+    assert shown == shown_samples([3, 5], 8, seed=0) and shown != shown_samples([3, 5], 8, seed=1)
+    assert [i.source for i in shown] == [0, 1] * 4
+    assert sorted(i.file for i in shown[0::2][:3]) == [0, 1, 2], "a source's files before any repeats"
+    assert len({i.file for i in shown[1::2]}) == 4
+    sampler = PileSampler([3, 5], [1.0, 1.0], 8, seed=0)
+    trained = set()
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        trained |= {i.sample_seed for i in sampler}
+    assert not trained & {i.sample_seed for i in shown}, "no training step sees these crops and masks"
 
 
 def test_sampler_respects_weights() -> None:
