@@ -2,9 +2,10 @@
 
 One program for one CPU, one GPU or a cluster: launch it plainly, or with ``deepspeed`` /
 ``torchrun`` for several processes. A run directory holds ``config.yaml``, ``metrics.jsonl``,
-``loss_curve.png``, ``checkpoints/step_*`` with ``checkpoints/last`` pointing at the newest, and,
-once training ends, ``backbone.safetensors`` with its ``backbone.json`` sidecar. Running the same
-config again resumes from ``checkpoints/last`` at the step it reached, with the same data order.
+``loss_curve.png`` and ``reconstruction.png`` (both redrawn at each checkpoint),
+``checkpoints/step_*`` with ``checkpoints/last`` pointing at the newest, and, once training ends,
+``backbone.safetensors`` with its ``backbone.json`` sidecar. Running the same config again resumes
+from ``checkpoints/last`` at the step it reached, with the same data order.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from geofm.models.backbones import backbone_kwargs, create_backbone, prefer_fuse
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
 from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels, teacher_dtype
+from geofm.reconstruction import shown_chips, write_reconstruction_figure
 from geofm.runlog import LOSS_KEYS, MetricsLog, Phases, final_metrics, plot_loss_curve
 from geofm.tasks import StepOutput
 from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, leave_cores_to_workers, start_run
@@ -161,6 +163,7 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     sampler = PileSampler(
         pile.source_sizes, pile.weights, pile.samples_per_epoch, seed=cfg.run.seed, rank=rank, world_size=world
     )
+    shown = shown_chips(pile, cfg.run.seed) if rank == 0 else None  # the reconstruction figure's chips
     startup.lap("data_index")
     prepare_models(model, teacher, cfg, dev)
     engine = ds.initialize(model, cfg.train, world, schedule)
@@ -189,6 +192,7 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
         checkpoints.save(engine, record, {"step": step})
         if metrics is not None:
             plot_loss_curve(metrics.read(), run_dir / "loss_curve.png", run_dir.name)
+            write_reconstruction_figure(engine.module, pile, shown, cfg.data.bands, run_dir)
 
     # One loader for the run: its workers persist from epoch to epoch, and each epoch's iterator
     # reads the sampler's epoch and start position as set just before.

@@ -48,8 +48,10 @@ def _run(args: argparse.Namespace) -> None:
     from geofm.config import PretrainConfig
 
     cfg = PretrainConfig.from_file(args.config, args.overrides)
+    from geofm.reconstruction import print_reconstruction_figure
     from pretrain.central import pretrain  # loads torch: only once the config is valid
 
     run_dir = pretrain(cfg, extend=args.extend, source=str(args.config))
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"run directory: {run_dir}")
+        print_reconstruction_figure(run_dir)

@@ -77,5 +77,6 @@ def test_a_single_process_start_is_quiet_and_builds_no_extension(tmp_path):
         "INFO geofm.engine: one process: ZeRO stage 0 (train.zero_stage=1 applies across processes)",
         "INFO geofm.pretrain: exported backbone to runs/demo_simmim_swin_micro__img64_win4__rgb_teacher/backbone.safetensors",
     ], done.stderr
-    assert done.stdout == "run directory: runs/demo_simmim_swin_micro__img64_win4__rgb_teacher\n"
+    run_dir = "runs/demo_simmim_swin_micro__img64_win4__rgb_teacher"
+    assert done.stdout == f"run directory: {run_dir}\nreconstruction figure: {run_dir}/reconstruction.png\n"
     assert not extensions.exists(), "no C++ extension was compiled"

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 import timm
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 
 from geofm.config import PretrainConfig
 from geofm.errors import CheckpointFormatError, ConfigError
+from geofm.reconstruction import SHOWN_CHIPS, figure_size
 from pretrain.central import pretrain
 
 
@@ -40,6 +42,9 @@ def test_tiny_gfm_run_end_to_end(tiny_tree, caplog):
     assert set(records[0]) >= {"step", "loss", "loss_mim", "loss_distill", "lr", "images_per_s"}
     assert records[-1]["loss_distill"] < records[0]["loss_distill"] < 0.5, "the distillation term is active"
     assert (run_dir / "loss_curve.png").stat().st_size > 0
+    with Image.open(run_dir / "reconstruction.png") as png:  # 4 chips of 32 px: one row each
+        width, height = figure_size(SHOWN_CHIPS, 32, 32)
+        assert png.format == "PNG" and png.size == (round(width * 120), round(height * 120))
     assert (run_dir / "checkpoints/last").resolve().name == "step_0000012"
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_0000008", "step_0000012"]
 

@@ -47,6 +47,7 @@ def test_two_processes_zero2_under_torchrun_on_cpu(tiny_tree, write_config, chil
     assert done.returncode == 0, done.stderr[-4000:]
     assert not [n for n in NOISE if n in done.stdout + done.stderr], f"start-up noise:\n{done.stderr[-3000:]}"
     assert done.stdout.count("run directory:") == 1, "printed once, by rank 0"
+    assert done.stdout.count("reconstruction figure:") == 1, "drawn by rank 0 from the full ZeRO-2 model"
 
     run_dir = Path(tree["run"]["output_dir"])
     # 24 samples per epoch / (2 images x 2 processes) = 6 steps per epoch, 2 epochs.
