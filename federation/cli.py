@@ -215,6 +215,11 @@ def _simulate(args: argparse.Namespace) -> None:
         num_cpus=args.num_cpus,
         verbose=getattr(args, "verbose", False),  # geofm --verbose
     )
+    if args.program == BUILT_IN:
+        from federation.program import run_config_tree
+        from geofm.reconstruction import print_reconstruction_figure
+
+        print_reconstruction_figure(run_config_tree(run_config).run.output_dir)
 
 
 def _print_commands(out: Path, args: argparse.Namespace) -> None:

@@ -3,7 +3,8 @@
 The federated program (:mod:`federation`) knows nothing of images or teachers: it builds this task
 from the run's config (registered as ``"mim"`` in :data:`geofm.tasks.TASKS`) and asks it for the
 model, a client's batches, the forward of one micro-batch, the server's public images and pooled
-features for similarity distillation, and the export at the end. Each piece is the one central
+features for similarity distillation, and the export at the end, with the reconstruction figure of
+the server's public chips (a client's images never leave it). Each piece is the one central
 pretraining uses (:mod:`pretrain.central`), so a federated client trains the very same objective.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -28,10 +30,13 @@ from geofm.models.backbones import patch_size_of
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel
 from geofm.models.teacher import FrozenTeacher, build_teacher
+from geofm.reconstruction import shown_chips, write_reconstruction_figure
 from geofm.runlog import LOSS_KEYS
 from geofm.tasks import ClientShare, StepOutput
 from geofm.training import InputPath
 from pretrain.central import RESUME_INVARIANTS, build_student, export_student, prepare_models
+
+log = logging.getLogger("geofm.federated")
 
 EPOCH_STRIDE = 100_003
 """A sampler's epoch in round ``rnd`` is ``rnd * EPOCH_STRIDE + epoch``: every round draws its own order."""
@@ -176,9 +181,7 @@ class MaskedImageModelling:
     def local_batches(self, shares: list[list[Path]], steps: int, rnd: int, seed: int) -> Iterator[list[dict]]:
         """``steps`` local steps, each a list of micro-batches, drawn from ``shares`` in an order fixed by ``seed``."""
         cfg = self.cfg
-        patch = patch_size_of(cfg.model.arch, cfg.model.timm_kwargs)
-        masks = MaskGenerator(cfg.model.img_size, cfg.masking.mask_patch_size, patch, cfg.masking.mask_ratio)
-        pile = share_pile(cfg, shares, masks)
+        pile = share_pile(cfg, shares, self._masks())
         micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
         images = micro * accum
         per_epoch = max(images, pile.samples_per_epoch // images * images)
@@ -212,10 +215,7 @@ class MaskedImageModelling:
     def public_batches(self, rnd: int) -> Iterator[torch.Tensor]:
         """Endless batches of the server's public images (``algorithm.distill_batch_size``), reshuffled per round."""
         cfg = self.cfg
-        shares = [
-            list_images(s.root, s.pattern) if s.name in cfg.federation.public_sources else [] for s in cfg.data.sources
-        ]
-        pile = share_pile(cfg, shares, None)
+        pile = share_pile(cfg, self._public_shares(), None)
         p = cfg.algorithm.distill_batch_size
         sampler = PileSampler(pile.source_sizes, pile.weights, max(p, pile.samples_per_epoch), seed=cfg.run.seed)
         epoch = 0
@@ -232,8 +232,26 @@ class MaskedImageModelling:
     pooled_features = staticmethod(pooled_features)
 
     def export(self, model: MaskedImageModel, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
-        """Write the student's backbone like a central run's, with ``extra`` in its sidecar."""
-        return export_student(self.cfg, model, run_dir, step, final, extra)
+        """Write the student's backbone like a central run's, with ``extra`` in its sidecar, and the
+        reconstruction figure of the server's public chips (none without a public source)."""
+        cfg = self.cfg
+        if cfg.federation.public_sources:
+            pile = share_pile(cfg, self._public_shares(), self._masks())
+            write_reconstruction_figure(model, pile, shown_chips(pile, cfg.run.seed), cfg.data.bands, run_dir)
+        else:
+            log.info("no reconstruction figure: the server holds no public source (federation.public_sources)")
+        return export_student(cfg, model, run_dir, step, final, extra)
+
+    def _masks(self) -> MaskGenerator:
+        """The run's SimMIM masks at the student's token grid."""
+        cfg = self.cfg
+        patch = patch_size_of(cfg.model.arch, cfg.model.timm_kwargs)
+        return MaskGenerator(cfg.model.img_size, cfg.masking.mask_patch_size, patch, cfg.masking.mask_ratio)
+
+    def _public_shares(self) -> list[list[Path]]:
+        """Every file of the server's public sources, per source of ``cfg.data.sources`` (empty lists for the others)."""
+        public = self.cfg.federation.public_sources
+        return [list_images(s.root, s.pattern) if s.name in public else [] for s in self.cfg.data.sources]
 
 
 __all__ = ["MaskedImageModelling", "client_shares", "frozen_teacher", "pooled_features", "share_pile"]

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from PIL import Image
 from safetensors.torch import load_file
 
 from federation.client import FederatedClient
@@ -26,6 +27,7 @@ from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError, DatasetNotFoundError, FederatedRunError
 from geofm.federated.codec import Codec
+from geofm.reconstruction import SHOWN_CHIPS, figure_size
 from geofm.tasks import TASKS
 from pretrain.task import client_shares
 
@@ -59,6 +61,9 @@ def test_a_fedsense_run_logs_every_round_and_exports_the_global_backbone(fed_tre
     assert rounds[0]["uplink_bytes"] * 28 < rounds[0]["downlink_bytes"], "1-bit uploads are >28x smaller than fp32"
     assert [r["lr"] for r in rounds] == [pytest.approx(round_lr(cfg, n)) for n in (1, 2, 3)]
     assert (run_dir / "rounds.png").stat().st_size > 0
+    with Image.open(run_dir / "reconstruction.png") as png:  # the server's public chips, one row each
+        width, height = figure_size(SHOWN_CHIPS, 32, 32)
+        assert png.format == "PNG" and png.size == (round(width * 120), round(height * 120))
 
     sidecar = json.loads((run_dir / "backbone.json").read_text())
     assert sidecar["federation"]["clients"] == ["aerial_rgb", "satellite_4band", "uav_rgbn"]

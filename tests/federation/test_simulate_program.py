@@ -20,10 +20,12 @@ def test_geofm_fed_simulate_runs_fedsense_on_flower_and_resumes(fed_tree, tmp_pa
     assert done.returncode == 0, done.stderr[-4000:]
     run_dir = tmp_path / "simulated"
     assert "stopped after round 1 of 2" in done.stderr and not (run_dir / "backbone.safetensors").exists()
+    assert "reconstruction figure" not in done.stdout, "drawn at the end of the run"
 
     done = subprocess.run(cmd, check=False, env=child_env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "resumed from" in done.stderr
+    assert f"reconstruction figure: {run_dir / 'reconstruction.png'}\n" in done.stdout
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2] and all(len(r["clients"]) == 3 for r in rounds)
     assert json.loads((run_dir / "backbone.json").read_text())["federation"]["rounds"] == 2
