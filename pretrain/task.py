@@ -21,7 +21,7 @@ from geofm import engine as ds
 from geofm.config import TeacherConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile
-from geofm.data.sources import list_images
+from geofm.data.products import list_products
 from geofm.errors import ConfigError, DatasetNotFoundError
 from geofm.federated.partition import PARTITIONERS
 from geofm.models.backbones import patch_size_of
@@ -77,7 +77,7 @@ class _ListedSources(Sequence):
 
     def __getitem__(self, index: int) -> list[Path]:
         if index not in self.listed:
-            self.listed[index] = list_images(self.sources[index].root, self.sources[index].pattern)
+            self.listed[index] = list_products(self.sources[index])
         return self.listed[index]
 
 
@@ -138,7 +138,7 @@ class MaskedImageModelling:
     def server_inputs(self) -> list[InputPath]:
         """The paths the server itself reads: its public sources (clients check their own data)."""
         return [
-            InputPath(f"data.sources.{i}.root ({s.name}, public)", s.root, s.pattern)
+            InputPath.of_source(f"data.sources.{i}.root ({s.name}, public)", s)
             for i, s in enumerate(self.cfg.data.sources)
             if s.name in self.cfg.federation.public_sources
         ]
@@ -212,9 +212,7 @@ class MaskedImageModelling:
     def public_batches(self, rnd: int) -> Iterator[torch.Tensor]:
         """Endless batches of the server's public images (``algorithm.distill_batch_size``), reshuffled per round."""
         cfg = self.cfg
-        shares = [
-            list_images(s.root, s.pattern) if s.name in cfg.federation.public_sources else [] for s in cfg.data.sources
-        ]
+        shares = [list_products(s) if s.name in cfg.federation.public_sources else [] for s in cfg.data.sources]
         pile = share_pile(cfg, shares, None)
         p = cfg.algorithm.distill_batch_size
         sampler = PileSampler(pile.source_sizes, pile.weights, max(p, pile.samples_per_epoch), seed=cfg.run.seed)
