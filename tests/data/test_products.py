@@ -171,6 +171,25 @@ def test_landsat_c1_from_mtl_json_and_pre_collection_refused_naming_the_field(tm
     assert info.value.path == str(mtl)
 
 
+def test_mtl_as_text_json_and_xml_reads_alike(tmp_path):
+    from geofm.data.products.landsat import read_mtl
+
+    folder, _ = _landsat_c2(tmp_path)
+    (text,) = folder.glob("*_MTL.txt")
+    tree = read_mtl(text)
+
+    def xml(node: dict) -> str:
+        return "".join(f"<{k}>{xml(v) if isinstance(v, dict) else v}</{k}>" for k, v in node.items())
+
+    text.with_name(text.name.replace(".txt", ".xml")).write_text(xml(tree))
+    text.with_name(text.name.replace(".txt", ".json")).write_text(json.dumps(tree))
+    assert read_mtl(text.with_suffix(".xml")) == read_mtl(text.with_suffix(".json")) == tree
+    assert tree["LANDSAT_METADATA_FILE"]["PRODUCT_CONTENTS"]["COLLECTION_NUMBER"] == "02"
+    text.unlink()
+    cfg = _source(tmp_path, "landsat_c2", ["blue"], pattern="**/*_MTL.xml")
+    assert ImageSource(cfg, ["blue"]).load(0)[0].shape == (1, 16, 16)
+
+
 def test_stac_item_bands_by_common_name_with_their_raster_scale(tmp_path):
     scl = np.full((8, 8), 4, dtype=np.uint8)
     scl[0, 0] = 10  # cirrus
