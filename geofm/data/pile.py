@@ -236,7 +236,7 @@ class PretrainPile(Dataset[dict[str, Tensor | int | str]]):
                 logger.warning("source %r: skipping %s: %s", src.name, exc.path, exc.reason)
                 reasons += UNREADABLE
             except InvalidChipError as exc:
-                logger.info("source %r: skipping %s", src.name, exc)
+                logger.debug("source %r: skipping %s", src.name, exc)  # routine: counted, not warned
                 reasons += MOSTLY_INVALID
             else:
                 return image, valid, reasons

@@ -9,7 +9,8 @@ scaling, and its quality band):
 * ``stac_item`` (:mod:`.stac`): STAC items with one local COG per band;
 * ``band_files`` (:mod:`.band_files`): single-band files grouped by a regular expression.
 
-:class:`ProductReader` reads a product, or a window of it, onto one grid at the source's GSD.
+:class:`ProductReader` reads a product, or a window of it, onto one grid at the source's GSD;
+:mod:`.synthetic` writes products in these layouts from given pixels (for tests and benchmarks).
 """
 
 from __future__ import annotations
