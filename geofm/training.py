@@ -23,9 +23,9 @@ import yaml
 
 from geofm import engine as ds
 from geofm.checkpoints.io import LAST_CHECKPOINT, resolve_checkpoint_path
-from geofm.config import OptimizerConfig, RunConfig, Section, config_to_dict
+from geofm.config import OptimizerConfig, RunConfig, Section, SourceConfig, config_to_dict
 from geofm.config.base import CONFIG_FILE
-from geofm.data.sources import list_images
+from geofm.data.products import list_products
 from geofm.errors import ConfigError, GeoFMError
 from geofm.runlog import Phases
 
@@ -43,17 +43,22 @@ TRAIN_SCHEDULE_KEYS = (
 
 @dataclass(frozen=True)
 class InputPath:
-    """A path a config names: a folder of images (with its glob ``pattern``) or a checkpoint."""
+    """A path a config names: a source's folder of images or products (``source``) or a checkpoint."""
 
     field: str
     path: Path
-    pattern: str | None = None
+    source: SourceConfig | None = None
+
+    @classmethod
+    def of_source(cls, field: str, source: SourceConfig) -> InputPath:
+        """The folder of an imagery source, which must hold its files or products."""
+        return cls(field, source.root, source)
 
     def problem(self) -> str | None:
         """What is wrong with the path (absolute, as resolved from the working directory), or None."""
         try:
-            if self.pattern is not None:
-                list_images(self.path, self.pattern)
+            if self.source is not None:
+                list_products(self.source)
             else:
                 resolve_checkpoint_path(self.path)
         except GeoFMError as err:
@@ -87,6 +92,8 @@ class Progress:
         world_size: processes that trained.
         zero_stage: the ZeRO stage those processes used (0 on one process).
         skipped_files: ``[source, file]`` indices of unreadable files skipped so far.
+        skipped_invalid: ``[source, chip]`` indices of samples skipped so far because their quality
+            band marks too many pixels invalid.
     """
 
     step: int
@@ -95,6 +102,7 @@ class Progress:
     world_size: int
     zero_stage: int
     skipped_files: list[list[int]] = field(default_factory=list)
+    skipped_invalid: list[list[int]] = field(default_factory=list)
 
     @classmethod
     def of(cls, step: int, total_steps: int, train: OptimizerConfig, world_size: int, **extra) -> Progress:

@@ -89,7 +89,7 @@ def prepare_models(
 
 def pretrain_inputs(cfg: PretrainConfig) -> list[InputPath]:
     """Every path a pretraining config reads: source folders, teacher and initial weights."""
-    paths = [InputPath(f"data.sources.{i}.root ({s.name})", s.root, s.pattern) for i, s in enumerate(cfg.data.sources)]
+    paths = [InputPath.of_source(f"data.sources.{i}.root ({s.name})", s) for i, s in enumerate(cfg.data.sources)]
     if cfg.teacher is not None:
         paths.append(InputPath("teacher.checkpoint", cfg.teacher.checkpoint))
     if cfg.model.init_checkpoint is not None:
@@ -175,7 +175,7 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     if progress is not None:
         ds.load_checkpoint(engine, checkpoints.directory, LAST_CHECKPOINT)
         step = progress.step
-        skipped.update(progress.skipped_files)
+        skipped.update(progress.skipped_files, progress.skipped_invalid)
         startup.lap("resume")
         if rank == 0:
             log.info("resumed from %s at step %d", checkpoints.latest().resolve(), step)
@@ -183,12 +183,19 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step) if rank == 0 else None
     micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
 
-    def skipped_everywhere() -> list[list[int]]:
-        """Files skipped by any process (a collective call when distributed)."""
-        return [list(pair) for pair in sorted(set().union(*ds.gather_objects(skipped.files)))]
+    def skipped_everywhere() -> tuple[list[list[int]], list[list[int]]]:
+        """Unreadable files and mostly invalid chips skipped by any process (a collective call when distributed)."""
+        gathered = ds.gather_objects((skipped.files, skipped.invalid))
+        files, invalid = set().union(*(g[0] for g in gathered)), set().union(*(g[1] for g in gathered))
+        return [list(pair) for pair in sorted(files)], [list(pair) for pair in sorted(invalid)]
+
+    def skipped_counts() -> dict[str, int]:
+        files, invalid = skipped_everywhere()
+        return {"skipped_files": len(files), "skipped_invalid_chips": len(invalid)}
 
     def save(step: int) -> None:
-        record = Progress.of(step, schedule.total_steps, cfg.train, world, skipped_files=skipped_everywhere())
+        files, invalid = skipped_everywhere()
+        record = Progress.of(step, schedule.total_steps, cfg.train, world, skipped_files=files, skipped_invalid=invalid)
         checkpoints.save(engine, record, {"step": step})
         if metrics is not None:
             plot_loss_curve(metrics.read(), run_dir / "loss_curve.png", run_dir.name)
@@ -226,7 +233,7 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
         config=cfg.run,
         save=save,
         metrics=metrics,
-        record=lambda: {"skipped_files": len(skipped_everywhere())},
+        record=skipped_counts,
         startup=startup,
         logger=log,
     )

@@ -23,7 +23,7 @@ from geofm import engine as ds
 from geofm.config import TeacherConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile
-from geofm.data.sources import list_images
+from geofm.data.products import list_products
 from geofm.errors import ConfigError, DatasetNotFoundError
 from geofm.federated.partition import PARTITIONERS
 from geofm.models.backbones import patch_size_of
@@ -82,7 +82,7 @@ class _ListedSources(Sequence):
 
     def __getitem__(self, index: int) -> list[Path]:
         if index not in self.listed:
-            self.listed[index] = list_images(self.sources[index].root, self.sources[index].pattern)
+            self.listed[index] = list_products(self.sources[index])
         return self.listed[index]
 
 
@@ -143,7 +143,7 @@ class MaskedImageModelling:
     def server_inputs(self) -> list[InputPath]:
         """The paths the server itself reads: its public sources (clients check their own data)."""
         return [
-            InputPath(f"data.sources.{i}.root ({s.name}, public)", s.root, s.pattern)
+            InputPath.of_source(f"data.sources.{i}.root ({s.name}, public)", s)
             for i, s in enumerate(self.cfg.data.sources)
             if s.name in self.cfg.federation.public_sources
         ]
@@ -251,7 +251,7 @@ class MaskedImageModelling:
     def _public_shares(self) -> list[list[Path]]:
         """Every file of the server's public sources, per source of ``cfg.data.sources`` (empty lists for the others)."""
         public = self.cfg.federation.public_sources
-        return [list_images(s.root, s.pattern) if s.name in public else [] for s in self.cfg.data.sources]
+        return [list_products(s) if s.name in public else [] for s in self.cfg.data.sources]
 
 
 __all__ = ["MaskedImageModelling", "client_shares", "frozen_teacher", "pooled_features", "share_pile"]

@@ -6,13 +6,15 @@ normalisation), ``train`` (optimisation on the DeepSpeed engine) and ``run`` (ou
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
 from geofm.config.base import Section, checks_architecture
-from geofm.data.bands import RGB, UnknownBandError, canonical_bands
+from geofm.data.bands import BAND_ID_TABLES, RGB, UnknownBandError, canonical_bands
+from geofm.data.quality import CONFIDENCE_LEVELS, GENERATIONS, QUALITY_CLASSES, RECORDED_CLASSES
 from geofm.models.backbones import backbone_family, patch_size_of, stage_count_of
 
 
@@ -133,27 +135,123 @@ def canonical_band_lists(section: dict, keys: tuple[str, ...], custom: list[str]
     return section
 
 
+LAYOUT_PATTERNS = {
+    "file": "**/*.tif",
+    "sentinel2_safe": "**/MTD_MSIL*.xml",
+    "landsat_c2": "**/*_MTL.txt",
+    "stac_item": "**/*.json",
+    "band_files": "**/*",
+}
+"""Each source layout's default ``pattern``: its files, or the metadata files that mark its products."""
+METADATA_LAYOUTS = ("sentinel2_safe", "landsat_c2")
+"""Layouts whose products' own metadata gives the scaling and the quality generation."""
+
+
+class QualityConfig(Section):
+    """Which pixels a product's quality band makes invalid, and when a chip has too many of them."""
+
+    band: str | None = Field(
+        default=None,
+        description="the quality band: its band id (band_files: BQA, QA_PIXEL, SCL) or asset key (stac_item: "
+        "qa_pixel, SCL); sentinel2_safe and landsat_c2 products name their own",
+    )
+    generation: Literal[GENERATIONS] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="the quality band's bit layout; required for band_files (and STAC items that do not state it), "
+        "read from the metadata of sentinel2_safe and landsat_c2 products",
+    )
+    invalid: list[Literal[QUALITY_CLASSES]] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        min_length=1,
+        description="classes whose pixels are invalid (left out of the loss); default every class the generation records",
+    )
+    confidence: Literal[tuple(CONFIDENCE_LEVELS)] = Field(  # type: ignore[valid-type]
+        default="medium", description="the lowest confidence at which a cloud, shadow, cirrus or snow flag counts"
+    )
+    max_invalid_fraction: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="a sample (chip) with a larger fraction of invalid pixels is passed over and counted; 1 keeps all",
+    )
+
+    @model_validator(mode="after")
+    def _check_classes(self) -> QualityConfig:
+        if self.generation is not None and self.invalid is not None:
+            unrecorded = [c for c in self.invalid if c not in RECORDED_CLASSES[self.generation]]
+            if unrecorded:
+                raise ValueError(
+                    f"quality.invalid: {self.generation} quality bands do not record {', '.join(unrecorded)} "
+                    f"(they record {', '.join(RECORDED_CLASSES[self.generation])})"
+                )
+        return self
+
+
 class SourceConfig(Section):
-    """One imagery source of the pretraining pile."""
+    """One imagery source of the pretraining pile: a folder of multi-band files or of per-band products."""
 
     name: str
     root: Path
-    pattern: str = Field(default="**/*.tif", description="glob below root")
+    layout: Literal[tuple(LAYOUT_PATTERNS)] = Field(  # type: ignore[valid-type]
+        default="file",
+        description="file: one multi-band file per sample; sentinel2_safe, landsat_c2, stac_item, band_files: "
+        "per-band products read onto one grid at gsd",
+    )
+    pattern: str = Field(
+        default=None,
+        validate_default=False,
+        description="glob below root: the files (file, band_files) or the products' metadata files "
+        f"(default {', '.join(f'{k}: {v}' for k, v in LAYOUT_PATTERNS.items())})",
+    )
     bands: list[str] = Field(
-        min_length=1, description="band names in the file's band order; bands the model does not use are dropped"
+        min_length=1,
+        description="band names in the file's band order (file layout) or the bands read from each product; "
+        "bands the model does not use are dropped",
     )
     scale: float = Field(default=1.0, gt=0.0, description="multiplies raw values (e.g. 1/255, 1/10000)")
+    offset: float = Field(default=0.0, description="added to raw values after scale (physical = raw * scale + offset)")
     nodata: float | None = Field(default=None, description="overrides the file's own nodata value")
     mean: list[float]
     std: list[float]
     weight: float = Field(default=1.0, gt=0.0, description="relative sampling weight in the pile")
-    gsd: float | None = Field(default=None, gt=0.0, description="ground sample distance in metres per pixel")
+    gsd: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="ground sample distance in metres per pixel; products are read onto a grid of this GSD "
+        "(default: their finest band read)",
+    )
     chip_size: int | None = Field(
         default=None,
         gt=0,
         description="files larger than this (pixels per side) are cut into a grid of chip_size windows, each a sample "
         "read on its own (large scenes are never read whole); every file's header is read when the source is indexed",
     )
+    filename_regex: str | None = Field(
+        default=None,
+        description="band_files: regular expression matched against each file's path below root, with groups "
+        "scene and band, e.g. (?P<scene>.+)_(?P<band>B\\w+)\\.(tif|jp2)",
+    )
+    band_ids: Literal[(*BAND_ID_TABLES, "vocabulary")] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="band_files: the table of band ids: sentinel2 (B01..B12, B8A), landsat8 (B1..B11) or "
+        "vocabulary (ids are band names; the default)",
+    )
+    quality: QualityConfig | None = Field(
+        default=None, description="per-band products: the quality band whose flagged pixels are invalid"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _layout_defaults(cls, data: Any) -> Any:
+        """The layout's own pattern when none is given; band_files' band ids are band names unless told."""
+        if not isinstance(data, dict):
+            return data
+        layout = data.get("layout", "file")
+        if data.get("pattern") is None:
+            data = {**data, "pattern": LAYOUT_PATTERNS.get(layout, LAYOUT_PATTERNS["file"])}
+        if layout == "band_files" and data.get("band_ids") is None:
+            data = {**data, "band_ids": "vocabulary"}
+        return data
 
     @model_validator(mode="after")
     def _check_stats(self) -> SourceConfig:
@@ -167,6 +265,47 @@ class SourceConfig(Section):
         if any(s <= 0 for s in self.std):
             raise ValueError(f"source {self.name!r}: std values must be positive, got {self.std}")
         return self
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> SourceConfig:
+        where = f"source {self.name!r} (layout {self.layout})"
+        if self.layout == "band_files":
+            if self.filename_regex is None:
+                raise ValueError(f"{where}: filename_regex is required, with groups scene and band")
+            try:
+                groups = re.compile(self.filename_regex).groupindex
+            except re.error as err:
+                raise ValueError(
+                    f"{where}: filename_regex {self.filename_regex!r} is not a regular expression: {err}"
+                ) from None
+            missing = [g for g in ("scene", "band") if g not in groups]
+            if missing:
+                raise ValueError(f"{where}: filename_regex {self.filename_regex!r} has no group {' or '.join(missing)}")
+        else:
+            if self.filename_regex is not None or self.band_ids is not None:
+                raise ValueError(f"{where}: filename_regex and band_ids apply to layout band_files only")
+        if self.layout in METADATA_LAYOUTS and (self.scale != 1.0 or self.offset != 0.0):
+            raise ValueError(f"{where}: scale and offset come from each product's metadata; leave them out")
+        if self.quality is not None:
+            self._check_quality(where, self.quality)
+        return self
+
+    def _check_quality(self, where: str, quality: QualityConfig) -> None:
+        if self.layout == "file":
+            raise ValueError(f"{where}: quality applies to per-band product layouts")
+        if self.layout in METADATA_LAYOUTS and (quality.band is not None or quality.generation is not None):
+            raise ValueError(
+                f"{where}: quality.band and quality.generation come from each product's metadata; leave them out"
+            )
+        if self.layout in ("band_files", "stac_item") and quality.band is None:
+            raise ValueError(
+                f"{where}: quality.band must name the quality band's {'asset' if self.layout == 'stac_item' else 'band id'}"
+            )
+        if self.layout == "band_files" and quality.generation is None:
+            raise ValueError(
+                f"{where}: quality.generation must name the quality band's layout ({', '.join(GENERATIONS)}); "
+                "single files carry no metadata that tells it"
+            )
 
 
 class DataConfig(Section):

@@ -11,9 +11,9 @@ canonical          what                                        aliases
 ``blue``           blue (~490 nm)                              ``b02``, ``sr_b2``
 ``green``          green (~560 nm)                             ``b03``, ``sr_b3``
 ``red``            red (~665 nm)                               ``b04``, ``sr_b4``
-``rededge1``       red edge 1 (~705 nm)                        ``b05``
-``rededge2``       red edge 2 (~740 nm)                        ``b06``
-``rededge3``       red edge 3 (~783 nm)                        ``b07``
+``rededge1``       red edge 1 (~705 nm)                        ``b05``, ``rededge071`` (STAC)
+``rededge2``       red edge 2 (~740 nm)                        ``b06``, ``rededge075`` (STAC)
+``rededge3``       red edge 3 (~783 nm)                        ``b07``, ``rededge078`` (STAC)
 ``nir``            near infrared (~842-865 nm)                 ``b08``, ``sr_b5``, ``near_infrared``
 ``nir08``          narrow near infrared (~865 nm)              ``b8a``, ``rededge4``
 ``water_vapour``   water vapour (~945 nm)                      ``b09``, ``nir09``, ``water_vapor``
@@ -28,7 +28,8 @@ canonical          what                                        aliases
 =================  ==========================================  ========================================
 
 Names are case-insensitive. Unpadded band numbers (``b5``, ``b8``) are not aliases: they mean
-different bands on Sentinel-2 and Landsat. Bands outside this vocabulary (an index, an elevation model, a
+different bands on Sentinel-2 and Landsat; a file's band id is read through a sensor's table of
+:data:`BAND_ID_TABLES` instead (:func:`band_of_id`). Bands outside this vocabulary (an index, an elevation model, a
 sensor-specific band) are declared explicitly, e.g. ``data.custom_bands: [ndvi, dem]``.
 """
 
@@ -94,7 +95,44 @@ ALIASES: dict[str, str] = {
     "swir1": "swir16",
     "swir2": "swir22",
     "panchromatic": "pan",
+    # STAC eo extension v2 common names of the red-edge bands
+    "rededge071": "rededge1",
+    "rededge075": "rededge2",
+    "rededge078": "rededge3",
 }
+
+BAND_ID_TABLES: dict[str, dict[str, str]] = {
+    "sentinel2": {
+        "B01": "coastal",
+        "B02": "blue",
+        "B03": "green",
+        "B04": "red",
+        "B05": "rededge1",
+        "B06": "rededge2",
+        "B07": "rededge3",
+        "B08": "nir",
+        "B8A": "nir08",
+        "B09": "water_vapour",
+        "B10": "cirrus",
+        "B11": "swir16",
+        "B12": "swir22",
+    },
+    "landsat8": {
+        "B1": "coastal",
+        "B2": "blue",
+        "B3": "green",
+        "B4": "red",
+        "B5": "nir",
+        "B6": "swir16",
+        "B7": "swir22",
+        "B8": "pan",
+        "B9": "cirrus",
+        "B10": "lwir11",
+        "B11": "lwir12",
+    },
+}
+"""Band ids as sensors name their files (``T32TQM_..._B8A.jp2``, ``LC08_..._B5.TIF``), per sensor:
+Sentinel-2 MSI and Landsat 8/9 OLI-TIRS (Landsat 9 numbers its bands as Landsat 8 does)."""
 
 RGB = ("red", "green", "blue")
 
@@ -126,6 +164,23 @@ def canonical_band(name: str, custom: Iterable[str] = ()) -> str:
         f"unknown band {name!r}: {hint}known bands are {', '.join(CANONICAL_BANDS)} (and aliases such as b08 for nir); "
         "declare other bands under data.custom_bands"
     )
+
+
+def band_of_id(band_id: str, table: str, custom: Iterable[str] = ()) -> str | None:
+    """The vocabulary band a file's band id stands for, or None if ``table`` does not know the id.
+
+    Args:
+        band_id: the id in a file name, e.g. ``B8A`` or ``B5`` (case-insensitive).
+        table: a sensor of :data:`BAND_ID_TABLES`, or ``vocabulary``: the id is a band name or
+            alias of the vocabulary (or of ``custom``) itself.
+        custom: declared custom band names.
+    """
+    if table == "vocabulary":
+        try:
+            return canonical_band(band_id, custom)
+        except UnknownBandError:
+            return None
+    return BAND_ID_TABLES[table].get(band_id.strip().upper())
 
 
 def canonical_bands(names: Sequence[str], custom: Iterable[str] = (), where: str = "bands") -> list[str]:

@@ -21,12 +21,17 @@ from torch.utils.data import Dataset, Sampler
 from geofm.config import DataConfig
 from geofm.data.sources import ImageSource
 from geofm.data.transforms import PretrainAugmentation
-from geofm.errors import DatasetNotFoundError, RasterReadError
+from geofm.errors import DatasetNotFoundError, InvalidChipError, RasterReadError
 
 logger = logging.getLogger("geofm.data")
 
 _MASK64 = (1 << 64) - 1
 _MASK63 = (1 << 63) - 1
+
+UNREADABLE = "u"
+"""Why a sample was passed over: its file could not be read (``data.on_bad_file: skip``)."""
+MOSTLY_INVALID = "i"
+"""Why a sample was passed over: its quality band marks more than ``quality.max_invalid_fraction`` invalid."""
 
 # Tags that keep the random streams derived from one run seed apart.
 _CHOICE, _WALK, _SAMPLE, _AUGMENT, _SHOWN = 1, 2, 3, 4, 5
@@ -176,12 +181,15 @@ def shown_samples(source_sizes: list[int], count: int, seed: int) -> list[PileIn
     return indices
 
 
-class PretrainPile(Dataset[dict[str, Tensor | int]]):
+class PretrainPile(Dataset[dict[str, Tensor | int | str]]):
     """Augmented, normalised samples of every source, indexed by :class:`PileIndex`.
 
     A sample is a dict with ``image`` (float32, C x img_size x img_size), ``valid`` (bool, same
-    shape), ``mask`` (only with a ``mask_fn``), ``source`` (its position in ``cfg.sources``) and
-    ``skipped`` (bad files passed over to produce it). It depends on its index only.
+    shape), ``mask`` (only with a ``mask_fn``), ``source`` (its position in ``cfg.sources``),
+    ``file`` (the sample of that source it was drawn as), ``skipped`` (samples passed over to
+    produce it: unreadable files, and chips whose quality band marks too many pixels invalid) and
+    ``skip_reasons`` (one letter per sample passed over, in order: :data:`UNREADABLE` or
+    :data:`MOSTLY_INVALID`). It depends on its index only.
     """
 
     def __init__(
@@ -230,9 +238,11 @@ class PretrainPile(Dataset[dict[str, Tensor | int]]):
         epoch = f"; data.samples_per_epoch {self.cfg.samples_per_epoch}" if self.cfg.samples_per_epoch else ""
         return f"data.sources {sources}{epoch}"
 
-    def _load(self, source: int, file: int) -> tuple[Tensor, Tensor, int]:
-        """Load a file, or with ``on_bad_file="skip"`` the next readable file of the same source."""
+    def _load(self, source: int, file: int) -> tuple[Tensor, Tensor, str]:
+        """Load a sample, or the next of the same source that is readable (with ``on_bad_file="skip"``)
+        and not mostly invalid; also say why each sample before it was passed over."""
         src = self.sources[source]
+        reasons = ""
         for skipped in range(len(src)):
             try:
                 image, valid = src.load((file + skipped) % len(src))
@@ -240,14 +250,24 @@ class PretrainPile(Dataset[dict[str, Tensor | int]]):
                 if self.cfg.on_bad_file == "error":
                     raise
                 logger.warning("source %r: skipping %s: %s", src.name, exc.path, exc.reason)
+                reasons += UNREADABLE
+            except InvalidChipError as exc:
+                logger.debug("source %r: skipping %s", src.name, exc)  # routine: counted, not warned
+                reasons += MOSTLY_INVALID
             else:
-                return image, valid, skipped
+                return image, valid, reasons
+        if MOSTLY_INVALID in reasons:
+            raise DatasetNotFoundError(
+                f"source {src.name!r}: none of the {len(src)} samples of the products matching {src.cfg.pattern!r} "
+                f"in {src.cfg.root} is readable with at most {src.cfg.quality.max_invalid_fraction} of its pixels "
+                "invalid (quality.max_invalid_fraction)"
+            )
         raise DatasetNotFoundError(
             f"source {src.name!r}: none of the {len(src)} files matching {src.cfg.pattern!r} "
             f"in {src.cfg.root} can be read"
         )
 
-    def __getitem__(self, index: PileIndex) -> dict[str, Tensor | int]:
+    def __getitem__(self, index: PileIndex) -> dict[str, Tensor | int | str]:
         """Load, augment and mask one sample.
 
         Args:
@@ -261,18 +281,19 @@ class PretrainPile(Dataset[dict[str, Tensor | int]]):
             DatasetNotFoundError: with ``on_bad_file="skip"``, if no file of the source can be read.
         """
         source, file, sample_seed = index
-        image, valid, skipped = self._load(source, file)
+        image, valid, reasons = self._load(source, file)
         with torch.random.fork_rng(devices=[]):
             # The CPU generator alone: torch.manual_seed would also queue seeds for every GPU
             # (recording a stack trace each time in a CUDA build), a large part of a small sample's cost.
             torch.default_generator.manual_seed(_mix(_AUGMENT, sample_seed))
             image, valid = self.augment(image, valid)
-        sample: dict[str, Tensor | int] = {
+        sample: dict[str, Tensor | int | str] = {
             "image": image,
             "valid": valid,
             "source": source,
             "file": file,
-            "skipped": skipped,
+            "skipped": len(reasons),
+            "skip_reasons": reasons,
         }
         if self.mask_fn is not None:
             sample["mask"] = self.mask_fn(torch.Generator().manual_seed(sample_seed))
@@ -280,24 +301,30 @@ class PretrainPile(Dataset[dict[str, Tensor | int]]):
 
 
 class SkippedFiles:
-    """The unreadable files skipped so far, each counted once however often it is met.
+    """The unreadable files and the mostly invalid chips skipped so far, each counted once however
+    often it is met.
 
-    A sample that skipped ``k`` files of source ``s`` starting at file ``f`` skipped files
-    ``f, f+1, ..., f+k-1`` (modulo the source's size), see :meth:`PretrainPile._load`.
+    A sample of source ``s`` drawn as sample ``f`` that passed over ``k`` samples passed over
+    ``f, f+1, ..., f+k-1`` (modulo the source's size), for the reasons its ``skip_reasons`` give
+    in that order, see :meth:`PretrainPile._load`.
     """
 
     def __init__(self, source_sizes: list[int]) -> None:
         self.source_sizes = list(source_sizes)
         self.files: set[tuple[int, int]] = set()
+        self.invalid: set[tuple[int, int]] = set()
 
     def add_batch(self, batch: dict) -> None:
-        """Record the files a collated batch skipped."""
-        for source, file, count in zip(
-            batch["source"].tolist(), batch["file"].tolist(), batch["skipped"].tolist(), strict=False
+        """Record the samples a collated batch skipped."""
+        for source, file, reasons in zip(
+            batch["source"].tolist(), batch["file"].tolist(), batch["skip_reasons"], strict=True
         ):
             size = self.source_sizes[source]
-            self.files.update((source, (file + k) % size) for k in range(count))
+            for k, reason in enumerate(reasons):
+                (self.files if reason == UNREADABLE else self.invalid).add((source, (file + k) % size))
 
-    def update(self, pairs: list[list[int]]) -> None:
-        """Add ``[source, file]`` pairs (from a checkpoint's progress record)."""
+    def update(self, pairs: list[list[int]], invalid: list[list[int]] = ()) -> None:
+        """Add ``[source, file]`` pairs of unreadable files and of mostly invalid chips (from a
+        checkpoint's progress record)."""
         self.files.update((int(s), int(f)) for s, f in pairs)
+        self.invalid.update((int(s), int(f)) for s, f in invalid)

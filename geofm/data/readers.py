@@ -1,7 +1,8 @@
 """Raster input: GeoTIFF, PNG and JPEG through rasterio.
 
 Whole files (:func:`read_raster`), headers (:func:`raster_info`), windows of scenes of any size
-(:class:`WindowReader`) and footprints (:func:`read_bounds_lonlat`). With
+(:class:`WindowReader`), the single-band files of a product read onto one grid, resampled by window
+(:class:`BandFiles`), and footprints (:func:`read_bounds_lonlat`). With
 :mod:`geofm.data.writers` (GeoTIFF output), the only module of geofm that imports :mod:`rasterio`.
 """
 
@@ -17,11 +18,14 @@ from pathlib import Path
 import numpy as np
 import rasterio
 from affine import Affine
+from rasterio.enums import Resampling
 from rasterio.errors import NotGeoreferencedWarning, RasterioError
 from rasterio.io import DatasetReader
+from rasterio.vrt import WarpedVRT
 from rasterio.warp import transform_bounds
 from rasterio.windows import Window
 
+from geofm.data.grid import PixelGrid, pixel_offset
 from geofm.errors import RasterReadError
 
 
@@ -49,8 +53,11 @@ class Raster:
         return valid_pixels(self.data, nodata if nodata is not None else self.nodata)
 
 
-def valid_pixels(data: np.ndarray, nodata: float | None) -> np.ndarray:
-    """Bool mask of ``data``'s shape: finite pixels not equal to ``nodata`` (None: every finite pixel)."""
+def valid_pixels(data: np.ndarray, nodata: float | np.ndarray | None) -> np.ndarray:
+    """Bool mask of ``data``'s shape: finite pixels not equal to ``nodata`` (None: every finite pixel).
+
+    ``nodata`` may be an array broadcasting over ``data`` (one value per band, NaN for none).
+    """
     valid = np.isfinite(data)
     if nodata is not None:
         valid &= data != nodata
@@ -58,17 +65,53 @@ def valid_pixels(data: np.ndarray, nodata: float | None) -> np.ndarray:
 
 
 def normalise_pixels(
-    raw: np.ndarray, scale: float, mean: np.ndarray, std: np.ndarray, nodata: float | None
+    raw: np.ndarray,
+    scale: float | np.ndarray,
+    mean: np.ndarray,
+    std: np.ndarray,
+    nodata: float | np.ndarray | None,
+    offset: float | np.ndarray = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(raw * scale - mean) / std`` as float32, with invalid pixels (see :func:`valid_pixels`) set to 0.
+    """``(raw * scale + offset - mean) / std`` as float32, with invalid pixels (see :func:`valid_pixels`) set to 0.
 
-    ``mean`` and ``std`` are float32 arrays broadcasting over ``raw`` (one value per band). Returns
-    the pixels and their valid mask.
+    ``scale``, ``offset``, ``mean`` and ``std`` are numbers or float32 arrays broadcasting over
+    ``raw`` (one value per band). Returns the pixels and their valid mask.
     """
     valid = valid_pixels(raw, nodata)
-    pixels = (raw.astype(np.float32) * np.float32(scale) - mean) / std
+    pixels = (raw.astype(np.float32) * np.float32(scale) + np.float32(offset) - mean) / std
     pixels[~valid] = 0.0
     return pixels, valid
+
+
+@dataclass(frozen=True)
+class RawPixels:
+    """One sample's raw pixels and how they become physical values, and which pixels are unusable.
+
+    Attributes:
+        data: array of shape (bands, height, width) in the files' dtype.
+        scale: per band, factor of the raw values (physical = raw * scale + offset).
+        offset: per band, added after scaling.
+        nodata: per band, the value marking pixels without data (NaN: none).
+        invalid: (height, width) pixels a quality band marks unusable, or None without one.
+    """
+
+    data: np.ndarray
+    scale: np.ndarray
+    offset: np.ndarray
+    nodata: np.ndarray
+    invalid: np.ndarray | None = None
+
+    def normalised(self, mean: np.ndarray, std: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The pixels normalised by per-band ``mean`` and ``std`` (float32) and their valid mask, see
+        :func:`normalise_pixels`; pixels the quality band marks are invalid in every band."""
+        column = (-1, 1, 1)
+        pixels, valid = normalise_pixels(
+            self.data, self.scale.reshape(column), mean, std, self.nodata.reshape(column), self.offset.reshape(column)
+        )
+        if self.invalid is not None:
+            valid &= ~self.invalid
+            pixels[:, self.invalid] = 0.0
+        return pixels, valid
 
 
 @dataclass(frozen=True)
@@ -278,6 +321,90 @@ class WindowReader:
         self._src.close()
 
     def __enter__(self) -> WindowReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BandFiles:
+    """The single-band files of one product, open together, each read onto a common grid by window.
+
+    A file whose pixels are the grid's is read as it is; any other is resampled on read
+    (:class:`rasterio.vrt.WarpedVRT` over just the window): nearest for categorical bands
+    (quality), bilinear where the file is coarser than the grid and average where it is finer.
+    Use it as a context manager; :attr:`infos` holds the headers.
+    """
+
+    def __init__(self, paths: Sequence[str | Path]) -> None:
+        """Open the files.
+
+        Raises:
+            RasterReadError: a file cannot be opened, holds more than one band or a dtype that is
+                neither integer nor float.
+        """
+        self._sources: list[DatasetReader] = []
+        try:
+            for path in paths:
+                src = _open_dataset(path)
+                self._sources.append(src)
+                if src.count != 1:
+                    raise RasterReadError(path, f"has {src.count} bands; a band file of a product holds one")
+                _check_layout(src, path, None, None)
+        except RasterReadError:
+            self.close()
+            raise
+        self.infos = [_info(src, path) for src, path in zip(self._sources, paths, strict=True)]
+
+    def read(
+        self,
+        index: int,
+        grid: PixelGrid,
+        window: tuple[int, int, int, int],
+        categorical: bool = False,
+        nodata: float | None = None,
+    ) -> np.ndarray:
+        """The pixels of file ``index`` in a window ``(row, col, height, width)`` of ``grid``, in its dtype.
+
+        ``nodata`` (default the file's own) is left out of the resampling and fills the window
+        where no valid pixel contributes.
+
+        Raises:
+            RasterReadError: if the file cannot be read.
+        """
+        src, info = self._sources[index], self.infos[index]
+        row, col, height, width = window
+        nodata = info.nodata if nodata is None else nodata
+        offset = pixel_offset(info.transform, grid)
+        try:
+            if offset is not None:
+                r, c = offset[0] + row, offset[1] + col
+                if r >= 0 and c >= 0 and r + height <= info.height and c + width <= info.width:
+                    return src.read(1, window=Window(c, r, width, height))
+            if categorical:
+                method = Resampling.nearest
+            else:
+                method = Resampling.bilinear if info.transform[0] >= grid.transform[0] else Resampling.average
+            transform = Affine(*grid.transform[:6]) @ Affine.translation(col, row)
+            with WarpedVRT(
+                src,
+                crs=src.crs,
+                transform=transform,
+                width=width,
+                height=height,
+                resampling=method,
+                **({} if nodata is None else {"src_nodata": nodata, "nodata": nodata}),
+            ) as vrt:
+                return vrt.read(1)
+        except RasterioError as exc:
+            raise RasterReadError(info.path, f"cannot read raster: {_describe(exc)}") from exc
+
+    def close(self) -> None:
+        """Close the files."""
+        for src in self._sources:
+            src.close()
+
+    def __enter__(self) -> BandFiles:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,8 +1,8 @@
-"""One imagery source: its files, band layout, nodata and normalisation."""
+"""One imagery source: its files or products, band layout, nodata, quality and normalisation."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -12,42 +12,31 @@ from torch import Tensor
 
 from geofm.config import SourceConfig
 from geofm.data.grid import grid_origins
-from geofm.data.readers import WindowReader, normalise_pixels, raster_info, read_raster
-from geofm.errors import DatasetNotFoundError
+from geofm.data.products import ProductReader, list_images, list_products
+from geofm.data.readers import RawPixels, WindowReader, raster_info, read_raster
 
-
-def list_images(root: str | Path, pattern: str) -> list[Path]:
-    """Files below ``root`` that match a glob pattern, sorted.
-
-    Args:
-        root: folder to search.
-        pattern: glob relative to ``root``, e.g. ``"**/*.tif"``.
-
-    Returns:
-        The matching files (folders excluded), in sorted order.
-
-    Raises:
-        DatasetNotFoundError: if ``root`` is not a folder or no file matches.
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise DatasetNotFoundError(f"image folder {root.resolve()} does not exist (pattern {pattern!r})")
-    files = [p for p in sorted(root.glob(pattern)) if p.is_file()]
-    if not files:
-        raise DatasetNotFoundError(f"no file in {root.resolve()} matches the pattern {pattern!r}")
-    return files
+__all__ = ["Chip", "ImageSource", "chips_of", "list_images", "list_products"]
 
 
 class Chip(NamedTuple):
-    """One sample of a source: a file, or a window ``(row, col, height, width)`` of a large one."""
+    """One sample of a source: a file or product, or a window ``(row, col, height, width)`` of a large one."""
 
     file: Path
     window: tuple[int, int, int, int] | None = None
 
 
-def chips_of(files: Sequence[Path], chip_size: int | None) -> list[Chip]:
+def _file_size(path: Path) -> tuple[int, int]:
+    info = raster_info(path)
+    return info.height, info.width
+
+
+def chips_of(
+    files: Sequence[Path], chip_size: int | None, size_of: Callable[[Path], tuple[int, int]] = _file_size
+) -> list[Chip]:
     """The samples of a source's files: each file whole, or with ``chip_size`` each file larger than
     that cut into a grid of ``chip_size`` windows (the last row and column flush with the far edges).
+
+    ``size_of`` gives a file's ``(height, width)`` (default: from its header; for a product, its grid's).
 
     Raises:
         RasterReadError: if ``chip_size`` is set and a file's header cannot be read.
@@ -56,25 +45,24 @@ def chips_of(files: Sequence[Path], chip_size: int | None) -> list[Chip]:
         return [Chip(f) for f in files]
     chips = []
     for f in files:
-        info = raster_info(f)
-        if info.height <= chip_size and info.width <= chip_size:
+        height, width = size_of(f)
+        if height <= chip_size and width <= chip_size:
             chips.append(Chip(f))
             continue
-        h, w = min(chip_size, info.height), min(chip_size, info.width)
-        chips += [
-            Chip(f, (row, col, h, w)) for row in grid_origins(info.height, h) for col in grid_origins(info.width, w)
-        ]
+        h, w = min(chip_size, height), min(chip_size, width)
+        chips += [Chip(f, (row, col, h, w)) for row in grid_origins(height, h) for col in grid_origins(width, w)]
     return chips
 
 
 class ImageSource:
     """The samples of one source, loaded in the model's band order and normalised.
 
-    A sample is a file, or with ``chip_size`` a window of a file larger than that (see
-    :func:`chips_of`), read by window and never whole. It is an image of shape
+    A sample is a file or a product (its ``layout``: one multi-band file, or per-band files read
+    onto one grid, see :mod:`geofm.data.products`), or with ``chip_size`` a window of one larger
+    than that (see :func:`chips_of`), read by window and never whole. It is an image of shape
     (len(model_bands), H, W) and a valid mask of the same shape. Bands the source lacks are zero
-    and invalid; nodata and non-finite pixels are zero and invalid; bands of the source that the
-    model does not use are neither read nor returned.
+    and invalid; nodata, non-finite pixels and those the quality band marks are zero and invalid;
+    bands of the source that the model does not use are neither read nor returned.
     """
 
     def __init__(self, cfg: SourceConfig, model_bands: list[str], files: Sequence[Path] | None = None) -> None:
@@ -83,11 +71,11 @@ class ImageSource:
         Args:
             cfg: the source's configuration.
             model_bands: the model's input bands, in order.
-            files: the source's files to use (a federated client's share), default every file
-                matching the pattern.
+            files: the source's files or products to use (a federated client's share), default
+                all of them (:func:`list_products`).
 
         Raises:
-            DatasetNotFoundError: if the source's folder is missing or no file matches its pattern.
+            DatasetNotFoundError: if the source's folder is missing or holds no file or product.
             RasterReadError: with ``chip_size``, if a file's header cannot be read.
             ValueError: if the source has none of ``model_bands``.
         """
@@ -96,8 +84,10 @@ class ImageSource:
             raise ValueError(f"source {cfg.name!r} has none of the model bands {model_bands}: {cfg.bands}")
         self.cfg = cfg
         self.model_bands = list(model_bands)
-        self.files = list_images(cfg.root, cfg.pattern) if files is None else list(files)
-        self.chips = chips_of(self.files, cfg.chip_size)
+        self.files = list_products(cfg) if files is None else list(files)
+        used = [cfg.bands[i] for i in keep]
+        self._products = None if cfg.layout == "file" else ProductReader(cfg, used)
+        self.chips = chips_of(self.files, cfg.chip_size, _file_size if self._products is None else self._product_size)
         self._keep = keep
         self._positions = torch.tensor([self.model_bands.index(cfg.bands[i]) for i in keep])
         self._mean = np.asarray(cfg.mean, dtype=np.float32)[keep, None, None]
@@ -113,18 +103,34 @@ class ImageSource:
         """Number of samples of the source: its files, or with ``chip_size`` their chips."""
         return len(self.chips)
 
-    def read(self, index: int) -> tuple[np.ndarray, float | None]:
-        """The raw pixels of sample ``index`` in the source's used bands, and the file's own nodata value.
+    def _product_size(self, path: Path) -> tuple[int, int]:
+        grid = self._products.grid(path)
+        return grid.height, grid.width
+
+    def read(self, index: int) -> RawPixels:
+        """The raw pixels of sample ``index`` in the source's used bands, with their scaling and nodata.
 
         Raises:
             RasterReadError: if the file cannot be read or does not match the source's bands.
+            InvalidChipError: if its quality band marks too many pixels invalid.
         """
         chip = self.chips[index]
+        if self._products is not None:
+            return self._products.read(chip.file, chip.window)
         if chip.window is None:
             raster = read_raster(chip.file, len(self.cfg.bands), band_names=self.cfg.bands, bands=self._keep)
-            return raster.data, raster.nodata
-        with WindowReader(chip.file, len(self.cfg.bands), band_names=self.cfg.bands) as reader:
-            return reader.read(*chip.window, bands=self._keep), reader.info.nodata
+            data, own_nodata = raster.data, raster.nodata
+        else:
+            with WindowReader(chip.file, len(self.cfg.bands), band_names=self.cfg.bands) as reader:
+                data, own_nodata = reader.read(*chip.window, bands=self._keep), reader.info.nodata
+        nodata = self.cfg.nodata if self.cfg.nodata is not None else own_nodata
+        bands = len(self._keep)
+        return RawPixels(
+            data=data,
+            scale=np.full(bands, self.cfg.scale, dtype=np.float32),
+            offset=np.full(bands, self.cfg.offset, dtype=np.float32),
+            nodata=np.full(bands, np.nan if nodata is None else nodata, dtype=np.float64),
+        )
 
     def load(self, index: int) -> tuple[Tensor, Tensor]:
         """Read and normalise one sample.
@@ -137,14 +143,14 @@ class ImageSource:
 
         Raises:
             RasterReadError: if the file cannot be read or does not match the source's bands.
+            InvalidChipError: if its quality band marks too many pixels invalid.
         """
-        raw, own_nodata = self.read(index)
-        nodata = self.cfg.nodata if self.cfg.nodata is not None else own_nodata
-        pixels, valid = normalise_pixels(raw, self.cfg.scale, self._mean, self._std, nodata)
+        raw = self.read(index)
+        pixels, valid = raw.normalised(self._mean, self._std)
         if self._in_order:  # the source holds every model band, in the model's order
             return torch.from_numpy(pixels), torch.from_numpy(valid)
 
-        _, height, width = raw.shape
+        _, height, width = raw.data.shape
         image = torch.zeros(len(self.model_bands), height, width, dtype=torch.float32)
         mask = torch.zeros(len(self.model_bands), height, width, dtype=torch.bool)
         image[self._positions] = torch.from_numpy(pixels)

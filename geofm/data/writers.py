@@ -1,4 +1,5 @@
-"""Raster output: GeoTIFFs written whole (:func:`write_geotiff`) or window by window (:class:`GeoTiffWriter`).
+"""Raster output: GeoTIFFs written whole (:func:`write_geotiff`) or window by window (:class:`GeoTiffWriter`),
+and lossless JPEG 2000 (:func:`write_jpeg2000`, as Sentinel-2 products hold their bands).
 
 With :mod:`geofm.data.readers`, the only module of geofm that imports :mod:`rasterio`.
 """
@@ -23,9 +24,10 @@ def _create(
     crs: str | None,
     transform: Sequence[float],
     nodata: float | None,
+    driver: str = "GTiff",
     **options: object,
 ) -> DatasetWriter:
-    """Open a new GeoTIFF of ``shape`` (bands, height, width) for writing, creating its folder.
+    """Open a new raster of ``shape`` (bands, height, width) for writing, creating its folder.
 
     ``options`` are GDAL creation options (compression, tiling...).
     """
@@ -34,7 +36,7 @@ def _create(
     return rasterio.open(
         path,
         "w",
-        driver="GTiff",
+        driver=driver,
         width=width,
         height=height,
         count=count,
@@ -67,11 +69,39 @@ def write_geotiff(
     Raises:
         ValueError: if ``array`` is not three-dimensional.
     """
+    _write(path, array, transform, crs, nodata, "GTiff")
+
+
+def write_jpeg2000(
+    path: str | Path,
+    array: np.ndarray,
+    *,
+    transform: Sequence[float],
+    crs: str | int,
+    nodata: float | None = None,
+) -> None:
+    """Write a (bands, height, width) array to a lossless JPEG 2000 file; arguments as :func:`write_geotiff`.
+
+    Raises:
+        ValueError: if ``array`` is not three-dimensional.
+    """
+    _write(path, array, transform, crs, nodata, "JP2OpenJPEG", QUALITY=100, REVERSIBLE="YES")
+
+
+def _write(
+    path: str | Path,
+    array: np.ndarray,
+    transform: Sequence[float],
+    crs: str | int,
+    nodata: float | None,
+    driver: str,
+    **options: object,
+) -> None:
     if array.ndim != 3:
         raise ValueError(f"expected an array of shape (bands, height, width), got shape {array.shape}")
     if isinstance(crs, int):
         crs = f"EPSG:{crs}"
-    with _create(path, array.shape, array.dtype, crs, transform, nodata) as dst:
+    with _create(path, array.shape, array.dtype, crs, transform, nodata, driver, **options) as dst:
         dst.write(array)
 
 

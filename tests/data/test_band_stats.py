@@ -72,3 +72,17 @@ def test_stats_for_source_config_and_yaml(tmp_path: Path, write_tif) -> None:
     parsed = yaml.safe_load(text)
     assert parsed["mean"] == pytest.approx([0.123457, 1.23457e6])
     assert parsed["std"] == pytest.approx([2.0, 1e-7])
+
+
+def test_stats_of_a_product_source_are_of_its_reflectance_over_unflagged_pixels(tmp_path: Path) -> None:
+    from geofm.data.products.synthetic import write_sentinel2_safe
+
+    blue = np.full((8, 8), 1500, dtype=np.uint16)  # reflectance 0.05 at baseline 04.00
+    blue[:, :4] = 3500  # 0.25, under cloud
+    scl = np.full((4, 4), 4, dtype=np.uint8)
+    scl[:, :2] = 9
+    write_sentinel2_safe(tmp_path, "a", {"B02": (blue, 10)}, scl=scl)
+    cfg = SourceConfig(name="s2", root=tmp_path, layout="sentinel2_safe", bands=["blue"], mean=[0], std=[1], quality={})
+    stats = compute_band_stats_for(cfg)
+    assert stats.mean == pytest.approx([0.05]) and stats.std == pytest.approx([0.0], abs=1e-7)
+    assert stats.pixels == [32] and stats.files == 1

@@ -153,10 +153,10 @@ def test_pile_sample(data_cfg: DataConfig) -> None:
     assert pile.weights == [2.0, 1.0]
     assert [s.name for s in pile.sources] == ["rgb", "ms"]
     sample = pile[PileIndex(0, 2, 12345)]
-    assert set(sample) == {"image", "valid", "mask", "source", "file", "skipped"}
+    assert set(sample) == {"image", "valid", "mask", "source", "file", "skipped", "skip_reasons"}
     assert sample["image"].shape == sample["valid"].shape == (4, 16, 16)
     assert sample["image"].dtype == torch.float32 and sample["valid"].dtype == torch.bool
-    assert sample["source"] == 0 and sample["file"] == 2 and sample["skipped"] == 0
+    assert sample["source"] == 0 and sample["file"] == 2 and sample["skipped"] == 0 and sample["skip_reasons"] == ""
     assert not sample["valid"][3].any(), "the RGB source has no nir band"
     assert sample["valid"][:3].all()
     assert torch.equal(sample["mask"], _mask_fn(torch.Generator().manual_seed(12345)))
@@ -190,7 +190,7 @@ def test_pile_same_batches_with_0_and_2_workers(data_cfg: DataConfig) -> None:
     for a, b in zip(serial, parallel, strict=False):
         assert a.keys() == b.keys()
         for key in a:
-            assert torch.equal(a[key], b[key]), key
+            assert torch.equal(a[key], b[key]) if torch.is_tensor(a[key]) else a[key] == b[key], key
 
 
 def test_samples_per_epoch(data_cfg: DataConfig) -> None:
@@ -211,7 +211,7 @@ def test_skip_mode_substitutes_next_file(data_cfg: DataConfig, caplog: pytest.Lo
     reference = PretrainPile(data_cfg, img_size=16)
     with caplog.at_level(logging.WARNING, logger="geofm.data"):
         sample = pile[PileIndex(0, 1, 5)]
-    assert sample["skipped"] == 2
+    assert sample["skipped"] == 2 and sample["skip_reasons"] == "uu"
     expected = reference[PileIndex(0, 3, 5)]
     assert torch.equal(sample["image"], expected["image"])
     assert [r.name for r in caplog.records] == ["geofm.data", "geofm.data"]

@@ -135,7 +135,7 @@ def test_only_the_model_bands_are_read(tmp_path: Path, write_tif) -> None:
     data = np.stack([np.full((4, 4), v, dtype=np.uint16) for v in (1, 2, 3, 4)])  # blue, green, red, nir
     write_tif(tmp_path / "a.tif", data)
     source = ImageSource(_config(tmp_path, ["blue", "green", "red", "nir"]), ["nir", "red"])
-    raw, _ = source.read(0)
+    raw = source.read(0).data
     assert raw[:, 0, 0].tolist() == [3, 4], "the file's unused bands were read"
     image, _ = source.load(0)
     assert image[:, 0, 0].tolist() == [4.0, 3.0]

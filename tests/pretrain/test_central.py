@@ -251,3 +251,40 @@ def test_student_starts_from_an_rgb_export_with_kernels_following_band_names(tin
     assert not torch.equal(kernel[:, 3], torch.zeros_like(kernel[:, 3]))
     block = "layers.1.blocks.0.attn.qkv.weight"
     assert torch.equal(student.encoder.state_dict()[block], load_file(rgb_run / "backbone.safetensors")[block])
+
+
+def test_pretraining_on_per_band_products_passes_over_cloudy_chips_and_counts_them(tiny_tree, tmp_path):
+    """A SimMIM run on a folder of Sentinel-2 band files (10 m bands, a 20 m SCL) cut into 32 px chips, one cloudy."""
+    import numpy as np
+
+    from geofm.data.writers import write_geotiff
+
+    folder = tmp_path / "bands"
+    rng = np.random.default_rng(0)
+    for band_id in ("B02", "B03", "B04", "B08"):
+        dn = rng.integers(500, 4000, (1, 64, 64)).astype(np.uint16)
+        write_geotiff(folder / f"T32TQM_{band_id}.tif", dn, transform=(10, 0, 5e5, 0, -10, 5e6), crs="EPSG:32632")
+    scl = np.full((1, 32, 32), 4, dtype=np.uint8)
+    scl[:, :16, :14] = 9  # the first chip (rows and columns 0-31 at 10 m) is 3/4 cloud
+    write_geotiff(folder / "T32TQM_SCL.tif", scl, transform=(20, 0, 5e5, 0, -20, 5e6), crs="EPSG:32632")
+    tree = tiny_tree("products", teacher=None, train={"epochs": 1}, data={"samples_per_epoch": 8})
+    tree["data"]["sources"] = [
+        {
+            "name": "sentinel2",
+            "root": str(folder),
+            "layout": "band_files",
+            "filename_regex": r"(?P<scene>\w+)_(?P<band>\w+)\.tif",
+            "band_ids": "sentinel2",
+            "bands": ["blue", "green", "red", "nir"],
+            "scale": 0.0001,
+            "mean": [0.2] * 4,
+            "std": [0.1] * 4,
+            "chip_size": 32,
+            "quality": {"band": "SCL", "generation": "sentinel2_scl"},
+        }
+    ]
+    run_dir = pretrain(PretrainConfig.from_tree(tree))
+    records = _metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[-1]["skipped_invalid_chips"] == 1 and records[-1]["skipped_files"] == 0
+    assert (run_dir / "backbone.safetensors").exists()
