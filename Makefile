@@ -38,8 +38,9 @@ demo-central: setup
 	$(DEMO_ENV) $(BIN)/geofm pretrain --config $(DEMO_TEACHER)
 	$(DEMO_ENV) $(BIN)/geofm pretrain --config $(DEMO_CENTRAL)
 
+# One pytest worker per core, at most four: tests start their own processes (Flower, Ray, torchrun) too.
 test: setup
-	DS_ACCELERATOR=cpu $(BIN)/python -m pytest -q
+	DS_ACCELERATOR=cpu $(BIN)/python -m pytest -q -n auto --maxprocesses=4
 
 # ruff's lint rules and formatter, as configured in pyproject.toml.
 lint: setup
