@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from geofm.config import SourceConfig
-from geofm.data.grid import grid_origins
+from geofm.data.grid import Window, grid_windows
 from geofm.data.readers import WindowReader, normalise_pixels, raster_info, read_raster
 from geofm.errors import DatasetNotFoundError
 
@@ -42,7 +42,7 @@ class Chip(NamedTuple):
     """One sample of a source: a file, or a window ``(row, col, height, width)`` of a large one."""
 
     file: Path
-    window: tuple[int, int, int, int] | None = None
+    window: Window | None = None
 
 
 def chips_of(files: Sequence[Path], chip_size: int | None) -> list[Chip]:
@@ -60,10 +60,7 @@ def chips_of(files: Sequence[Path], chip_size: int | None) -> list[Chip]:
         if info.height <= chip_size and info.width <= chip_size:
             chips.append(Chip(f))
             continue
-        h, w = min(chip_size, info.height), min(chip_size, info.width)
-        chips += [
-            Chip(f, (row, col, h, w)) for row in grid_origins(info.height, h) for col in grid_origins(info.width, w)
-        ]
+        chips += [Chip(f, window) for window in grid_windows(Window(0, 0, info.height, info.width), chip_size)]
     return chips
 
 
