@@ -57,6 +57,8 @@ RESUME_INVARIANTS = (
     "data.hr",
     "data.num_classes",
     "data.train_fraction",
+    "data.split",
+    "data.chip_size",
     "run.seed",
 )
 
