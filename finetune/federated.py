@@ -125,9 +125,10 @@ class FederatedFinetuning:
 
     def client_share(self, name: str, own_data: bool) -> ClientShare:
         """Client ``name``'s indices into the train split: its part under the sample partitioner, or
-        the whole split of a node with its own data (``own_data``)."""
+        the whole split of a node with its own data (``own_data``); each counts ``data.crops_per_scene``
+        examples, as in an epoch of central finetuning."""
         indices = np.arange(len(self.train_set)) if own_data else self.partition()[name]
-        return ClientShare(len(indices), indices)
+        return ClientShare(len(indices) * self.cfg.data.crops_per_scene, indices)
 
     @functools.cache  # noqa: B019 (one task object per run and process)
     def partition(self, split: str = "train") -> dict[str, np.ndarray]:

@@ -97,7 +97,7 @@ class FinetuneTask(ABC):
         if not cls.dense and (data.chip_size is not None or data.split is not None):
             raise ValueError(
                 f"data.chip_size and data.split cut scenes with per-pixel targets; a {cfg.task} scene is one "
-                "sample with one label"
+                "sample with one label (data.crops_per_scene draws several crops of it)"
             )
         windows = {"data.chip_size": data.chip_size, "data.split.block": data.split and data.split.block}
         for field, side in windows.items():

@@ -205,6 +205,12 @@ class FinetuneDataConfig(Section):
         "window: training crops model.img_size from it at random, evaluation tiles it (superres: low-resolution "
         "pixels; at least model.img_size)",
     )
+    crops_per_scene: int = Field(
+        default=1,
+        gt=0,
+        description="training: random crops of each sample (scene, or chip) per epoch; an epoch holds crops_per_scene "
+        "times the samples",
+    )
     crop_scale: tuple[float, float] = Field(
         default=(0.5, 1.0), description="classification, multilabel: area range of the training RandomResizedCrop"
     )

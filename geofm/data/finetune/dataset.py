@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
 from geofm.config.finetune import FinetuneDataConfig, Split
 from geofm.data.finetune.augment import ClassificationView, fit_tile, flip_randomly, random_crop
 from geofm.data.finetune.regions import Region, data_regions
+from geofm.data.finetune.sampler import SampleIndex
 from geofm.data.finetune.source import SceneSource, TaskData, cut_window, task_data
 from geofm.data.finetune.subset import subset_indices
 from geofm.data.finetune.torchgeo import TorchgeoSource
@@ -30,6 +32,9 @@ class FinetuneDataset(Dataset[dict[str, Tensor]]):
     regions cut into a grid of ``img_size`` tiles that covers every pixel (the last row and column
     of tiles are flush with the far edges, overlapping their neighbours), one sample per tile, in
     order. Each sample is a dict in the task's format (:mod:`geofm.config.finetune`), nothing else.
+
+    An index is a position, whose random view draws from torch's global generator, or a
+    :class:`~geofm.data.finetune.sampler.SampleIndex`, whose view draws from its own seed alone.
     """
 
     def __init__(
@@ -112,8 +117,16 @@ class FinetuneDataset(Dataset[dict[str, Tensor]]):
         size = self.img_size
         return scene, Window(row + top, col + left, min(size, height), min(size, width))
 
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
+    def __getitem__(self, index: int | SampleIndex) -> dict[str, Tensor]:
         """One sample in the task's format."""
+        if not isinstance(index, SampleIndex):
+            return self._sample(index)
+        with torch.random.fork_rng(devices=[]):
+            # The CPU generator alone: torch.manual_seed would also seed every GPU, for nothing.
+            torch.default_generator.manual_seed(index.seed)
+            return self._sample(index.index)
+
+    def _sample(self, index: int) -> dict[str, Tensor]:
         r, top, left = self.tiles[index]
         scene, window = self.regions[r]
         if not self.data.dense:
