@@ -68,13 +68,15 @@ class FinetuneDataset(Dataset[dict[str, Tensor]]):
         self.mask_fill = cfg.unscored_label
         self.hflip, self.vflip = cfg.hflip, cfg.vflip
         self.tiles: list[tuple[int, int, int]] = [(r, 0, 0) for r in range(len(self.regions))]
+        self.extents: list[tuple[int, int]] = []  # of each region, to tile it for a dense task's evaluation
         if data.dense and not train:
             whole = [r for r in self.regions if r.window is None]
             if whole and isinstance(source, TorchgeoSource):
                 logger.info("reading %d scenes of torchgeo %s once for their sizes", len(whole), source.name)
+            self.extents = [self.extent(region) for region in self.regions]
             self.tiles = [
                 (r, y, x)
-                for r, (height, width) in enumerate(map(self.extent, self.regions))
+                for r, (height, width) in enumerate(self.extents)
                 for y in grid_origins(height, img_size)
                 for x in grid_origins(width, img_size)
             ]
@@ -112,7 +114,7 @@ class FinetuneDataset(Dataset[dict[str, Tensor]]):
         scene, window = self.regions[r]
         if not self.data.dense or self.train:
             return scene, window
-        height, width = self.extent(self.regions[r])
+        height, width = self.extents[r]
         row, col = (window.row, window.col) if window else (0, 0)
         size = self.img_size
         return scene, Window(row + top, col + left, min(size, height), min(size, width))

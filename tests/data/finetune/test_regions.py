@@ -46,6 +46,9 @@ def test_a_region_split_deals_every_pixel_to_one_split_reproducibly(tmp_path, sc
         tiles = build_finetune_dataset(cfg, "segmentation", split, TILE, train=False)
         assert len(tiles.regions) == blocks, f"16 blocks dealt 8/4/4, {len(tiles.regions)} to {split}"
         covered[split] = set(torch.cat([_pixels(sample).flatten() for sample in tiles]).tolist())
+        _, (row, col, height, width) = tiles.sample_window(len(tiles) - 1)
+        last = _pixels(tiles[len(tiles) - 1])
+        assert (int(last.min()), int(last.max())) == (row * SIDE + col, (row + height - 1) * SIDE + col + width - 1)
     assert not covered["train"] & covered["val"] and not covered["train"] & covered["test"]
     assert not covered["val"] & covered["test"], "no pixel is in two splits"
     assert set().union(*covered.values()) == set(range(250 * SIDE)), "every pixel is in a split"
