@@ -29,29 +29,48 @@ class Evaluation(NamedTuple):
     scored_pixels: int | None
 
 
+def eval_loader(
+    dataset: Dataset,
+    cfg: FinetuneConfig,
+    device: torch.device,
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    keep: bool = False,
+) -> DataLoader:
+    """The loader of an evaluation, each process taking every ``world_size``-th sample in order.
+
+    With ``keep`` its workers persist between passes: a loader that serves every validation of a run.
+    """
+    workers = cfg.data.num_workers
+    return DataLoader(
+        dataset,
+        batch_size=cfg.finetune.eval_batch_size or cfg.train.micro_batch_size,
+        sampler=range(rank, len(dataset), world_size),
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=keep and workers > 0,
+    )
+
+
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
-    dataset: Dataset,
+    data: Dataset | DataLoader,
     cfg: FinetuneConfig,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     rank: int = 0,
     world_size: int = 1,
 ) -> Evaluation:
-    """The task's metrics of ``model`` on ``dataset`` (each process takes every ``world_size``-th sample).
+    """The task's metrics of ``model`` on a dataset (each process takes every ``world_size``-th
+    sample), or through a loader of :func:`eval_loader`.
 
     The model is put in eval mode for the pass and returned to its previous mode.
     """
     was_training = model.training
     model.eval()
-    loader = DataLoader(
-        dataset,
-        batch_size=cfg.finetune.eval_batch_size or cfg.train.micro_batch_size,
-        sampler=range(rank, len(dataset), world_size),
-        num_workers=cfg.data.num_workers,
-        pin_memory=device.type == "cuda",
-    )
+    loader = data if isinstance(data, DataLoader) else eval_loader(data, cfg, device, rank, world_size)
     metrics = TaskMetrics(cfg, device)
     task = metrics.task
     for batch in loader:

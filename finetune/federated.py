@@ -33,6 +33,7 @@ from finetune.tasks.base import FinetuneTask
 from geofm import engine as ds
 from geofm.checkpoints import LoadReport
 from geofm.config.fedfinetune import FederatedFinetuneConfig
+from geofm.data.finetune import FinetuneDataset
 from geofm.errors import DatasetTooSmallError
 from geofm.federated.scenarios import (
     PARTITION_FILE,
@@ -61,16 +62,23 @@ def _sample_id(source, index: int, root: Path, split: str) -> str:
 
 
 def sample_table(dataset, root: Path, split: str, metadata: Path | None = None) -> SampleTable:
-    """A split's samples as partitioners see them: their ids, labels where cheaply known, and the
-    fields of the ``metadata`` CSV (see :func:`~geofm.federated.scenarios.read_metadata`)."""
-    source = getattr(dataset, "source", None)
-    scenes = list(getattr(dataset, "scenes", range(len(dataset))))
-    ids = [f"{split}/{i}" if source is None else _sample_id(source, i, root, split) for i in scenes]
-    labels = None if source is None else source.labels()
+    """A split's samples as partitioners see them: their ids (a window of a scene adds its rows and
+    columns, ``train/images/a.tif[0:64,64:128]``), labels where cheaply known, and the fields of the
+    ``metadata`` CSV for their scenes (see :func:`~geofm.federated.scenarios.read_metadata`)."""
+    if not isinstance(dataset, FinetuneDataset):
+        return SampleTable([f"{split}/{i}" for i in range(len(dataset))])
+    windows = [dataset.sample_window(i) for i in range(len(dataset))]
+    scenes = [scene for scene, _ in windows]
+    scene_ids = [_sample_id(dataset.source, scene, root, split) for scene in scenes]
+    ids = [
+        scene_id if w is None else f"{scene_id}[{w.row}:{w.row + w.height},{w.col}:{w.col + w.width}]"
+        for scene_id, (_, w) in zip(scene_ids, windows, strict=True)
+    ]
+    labels = dataset.source.labels()
     return SampleTable(
         ids,
         None if labels is None else np.asarray(labels)[scenes],
-        read_metadata(metadata, ids) if metadata is not None else {},
+        read_metadata(metadata, scene_ids) if metadata is not None else {},
     )
 
 
@@ -117,9 +125,10 @@ class FederatedFinetuning:
 
     def client_share(self, name: str, own_data: bool) -> ClientShare:
         """Client ``name``'s indices into the train split: its part under the sample partitioner, or
-        the whole split of a node with its own data (``own_data``)."""
+        the whole split of a node with its own data (``own_data``); each counts ``data.crops_per_scene``
+        examples, as in an epoch of central finetuning."""
         indices = np.arange(len(self.train_set)) if own_data else self.partition()[name]
-        return ClientShare(len(indices), indices)
+        return ClientShare(len(indices) * self.cfg.data.crops_per_scene, indices)
 
     @functools.cache  # noqa: B019 (one task object per run and process)
     def partition(self, split: str = "train") -> dict[str, np.ndarray]:

@@ -24,10 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from finetune.best import load_best_weights, read_best, restore_best, save_best, snapshot_best
-from finetune.evaluate import eval_record, evaluate, write_json
+from finetune.evaluate import eval_loader, eval_record, evaluate, write_json
 from finetune.models import build_finetune_model
 from finetune.splits import build_split, describe_split
 from finetune.tasks import task_of
@@ -35,6 +35,7 @@ from geofm import engine as ds
 from geofm.checkpoints import LoadReport
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config.finetune import FinetuneConfig
+from geofm.data.finetune.sampler import EpochSampler
 from geofm.loop import TrainLoop, epoch_steps, step_seed
 from geofm.runlog import MetricsLog, plot_loss_curve, plot_metric_curve
 from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, start_run
@@ -57,6 +58,9 @@ RESUME_INVARIANTS = (
     "data.hr",
     "data.num_classes",
     "data.train_fraction",
+    "data.split",
+    "data.chip_size",
+    "data.crops_per_scene",
     "run.seed",
 )
 
@@ -117,7 +121,9 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
     train_set = build_split(cfg, "train", train=True)
     val_set = build_split(cfg, opt.val_split, train=False) if opt.val_split else None
     test_set = build_split(cfg, "test", train=False)
-    schedule = ds.make_schedule(cfg.train, len(train_set), world, describe_split(cfg, "train"))
+    crops = cfg.data.crops_per_scene
+    schedule = ds.make_schedule(cfg.train, len(train_set) * crops, world, describe_split(cfg, "train"))
+    sampler = EpochSampler(len(train_set), crops, cfg.run.seed, rank, world)
 
     torch.manual_seed(cfg.run.seed)
     model, report = build_finetune_model(cfg)
@@ -168,6 +174,8 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         plot_loss_curve(records, run_dir / "loss_curve.png", run_dir.name)
         plot_metric_curve(records, "val", [metric], run_dir / "val_curve.png", f"{run_dir.name}: {opt.val_split}")
 
+    val_loader = None if val_set is None else eval_loader(val_set, cfg, dev, rank, world, keep=True)
+
     def validate(step: int) -> bool:
         """At the end of every ``finetune.eval_every``-th epoch and of the run: evaluate, keep the best weights."""
         nonlocal best
@@ -176,7 +184,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         if val_set is None or in_epoch or not (epochs_done % opt.eval_every == 0 or last):
             return False
         epoch = round(step / schedule.steps_per_epoch, 4)
-        values = evaluate(engine.module, val_set, cfg, dev, dtype, rank, world).metrics
+        values = evaluate(engine.module, val_loader, cfg, dev, dtype, rank, world).metrics
         if metrics is not None:
             metrics.write({"step": step, "epoch": epoch, "val": values})
             log.info("step %d (epoch %g): %s %s", step, epoch, opt.val_split, _format(values))
@@ -187,22 +195,22 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
                 save_best(engine.module, run_dir, best)
         return True
 
+    # One loader for the run: its workers persist from epoch to epoch, and each epoch's iterator
+    # reads the sampler's epoch and start position as set just before.
+    loader = DataLoader(
+        train_set,
+        batch_size=micro,
+        sampler=sampler,
+        num_workers=cfg.data.num_workers,
+        drop_last=True,
+        pin_memory=dev.type == "cuda",
+        persistent_workers=cfg.data.num_workers > 0,
+    )
+
     def epoch_batches(epoch: int, done: int) -> Iterator[dict]:
-        sampler = DistributedSampler(
-            train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg.run.seed, drop_last=True
-        )
         sampler.set_epoch(epoch)
-        torch.manual_seed(step_seed(cfg.run.seed, epoch * schedule.steps_per_epoch + done, rank))
-        return iter(
-            DataLoader(
-                train_set,
-                batch_size=micro,
-                sampler=list(sampler)[done * micro * accum :],
-                num_workers=cfg.data.num_workers,
-                drop_last=True,
-                pin_memory=dev.type == "cuda",
-            )
-        )
+        sampler.set_start(done * micro * accum)
+        return iter(loader)
 
     loop = TrainLoop(
         engine,

@@ -12,6 +12,8 @@ def describe_split(cfg: FinetuneConfig, split: Split) -> str:
     data = cfg.data
     if data.torchgeo is not None:
         source = f"torchgeo {data.torchgeo}(root={str(data.root.resolve())!r}, split={data.splits[split]!r})"
+    elif data.split is not None:
+        source = f"data.split by {data.split.by} of the folder {data.root.resolve()}"
     else:
         source = f"folder {(data.root / data.splits[split]).resolve()}"
     return f"the {split} split ({source})"

@@ -94,6 +94,18 @@ class FinetuneTask(ABC):
             )
         if not cls.mixes and (opt.mixing or opt.label_smoothing):
             raise ValueError(f"finetune.mixup, cutmix and label_smoothing apply to classification, not {cfg.task}")
+        if not cls.dense and (data.chip_size is not None or data.split is not None):
+            raise ValueError(
+                f"data.chip_size and data.split cut scenes with per-pixel targets; a {cfg.task} scene is one "
+                "sample with one label (data.crops_per_scene draws several crops of it)"
+            )
+        windows = {"data.chip_size": data.chip_size, "data.split.block": data.split and data.split.block}
+        for field, side in windows.items():
+            if side is not None and side < cfg.model.img_size:
+                raise ValueError(
+                    f"{field} {side} is smaller than model.img_size {cfg.model.img_size}: training crops would be "
+                    "part padding"
+                )
         if cfg.head.name is not None:
             try:
                 HEADS.check(cfg.head.name)

@@ -88,6 +88,38 @@ class HighResolutionConfig(Section):
         return self
 
 
+class RegionSplitConfig(Section):
+    """``data.split``: train, val and test as disjoint regions of the same scenes (the folders under ``data.root``).
+
+    ``by: regions`` cuts every scene into ``block`` x ``block`` blocks (those at the far edges cut
+    short) and deals them to the splits in ``fractions``, in an order drawn from ``seed``;
+    ``by: rows`` (``columns``) cuts every scene into three stripes of rows (columns), the first
+    ``fractions[0]`` of them train, then val, then test. No window of a split reaches into another's.
+    """
+
+    by: Literal["regions", "rows", "columns"] = Field(
+        description="blocks dealt at random, or stripes of rows or columns"
+    )
+    fractions: tuple[float, float, float] = Field(description="shares of train, val and test, summing to 1")
+    block: int | None = Field(default=None, gt=0, description="regions: side of the square blocks, in pixels")
+    seed: int = Field(default=0, description="regions: seed of the blocks' order; the same seed, the same split")
+
+    @model_validator(mode="after")
+    def _check(self) -> RegionSplitConfig:
+        if any(f < 0 for f in self.fractions) or abs(sum(self.fractions) - 1) > 1e-6:
+            raise ValueError(
+                f"data.split.fractions must be 3 shares (train, val, test) summing to 1, got {self.fractions}"
+            )
+        if self.fractions[0] == 0:
+            raise ValueError("data.split.fractions: the train split needs a share above 0")
+        if (self.by == "regions") != (self.block is not None):
+            raise ValueError(
+                "data.split.block is the side of the blocks of by: regions"
+                + (", which needs it" if self.by == "regions" else f"; stripes (by: {self.by}) take none")
+            )
+        return self
+
+
 class FinetuneDataConfig(Section):
     """A downstream dataset: a torchgeo dataset class, or folders of GeoTIFF/PNG/JPEG files.
 
@@ -159,6 +191,26 @@ class FinetuneDataConfig(Section):
     subset_seed: int = Field(
         default=0, description="seed of the train_fraction subset: the same subset for every run and backbone compared"
     )
+    split: RegionSplitConfig | None = Field(
+        default=None,
+        description="segmentation, change, superres: train, val and test as regions of the same scenes, whose "
+        "folders are directly under root (not data.splits); e.g. {by: regions, fractions: [0.7, 0.15, 0.15], "
+        "block: 256}",
+    )
+    chip_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="segmentation, change, superres: each scene (or region of data.split) larger than this is cut into "
+        "a grid of chip_size windows (the last row and column flush with its far edges), each a sample read by "
+        "window: training crops model.img_size from it at random, evaluation tiles it (superres: low-resolution "
+        "pixels; at least model.img_size)",
+    )
+    crops_per_scene: int = Field(
+        default=1,
+        gt=0,
+        description="training: random crops of each sample (scene, or chip) per epoch; an epoch holds crops_per_scene "
+        "times the samples",
+    )
     crop_scale: tuple[float, float] = Field(
         default=(0.5, 1.0), description="classification, multilabel: area range of the training RandomResizedCrop"
     )
@@ -211,6 +263,14 @@ class FinetuneDataConfig(Section):
             )
         if self.torchgeo is not None and self.folders:
             raise ValueError("data.folders names the parts of split folders; a torchgeo class reads its own layout")
+        if self.split is not None and self.torchgeo is not None:
+            raise ValueError(
+                "data.split cuts the scenes of the user's folders; a torchgeo class has its own (data.splits)"
+            )
+        if self.split is not None and "splits" in self.model_fields_set:
+            raise ValueError(
+                "data.splits names split folders; with data.split every split is a region of the scenes under data.root"
+            )
         return self
 
 

@@ -1,11 +1,12 @@
-"""Pixel grids: tiling a scene into windows, and the one grid the bands of a product are read onto."""
+"""Pixel grids: tiling a scene into windows (a covering grid of equal windows, or a partition into
+blocks), and the one grid the bands of a product are read onto."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 class RasterHeader(Protocol):
@@ -16,6 +17,15 @@ class RasterHeader(Protocol):
     transform: tuple[float, ...]
     width: int
     height: int
+
+
+class Window(NamedTuple):
+    """A rectangle of a scene's pixels: first row and column, height and width."""
+
+    row: int
+    col: int
+    height: int
+    width: int
 
 
 def grid_origins(length: int, size: int) -> list[int]:
@@ -89,3 +99,24 @@ def pixel_offset(transform: Sequence[float], grid: PixelGrid) -> tuple[int, int]
     if abs(col - round(col)) > 1e-6 or abs(row - round(row)) > 1e-6:
         return None
     return round(row), round(col)
+
+
+def grid_windows(area: Window, size: int) -> list[Window]:
+    """``size`` x ``size`` windows covering ``area`` row by row (see :func:`grid_origins`), each inside it;
+    a side of ``area`` shorter than ``size`` gives windows of that side."""
+    height, width = min(size, area.height), min(size, area.width)
+    return [
+        Window(area.row + row, area.col + col, height, width)
+        for row in grid_origins(area.height, height)
+        for col in grid_origins(area.width, width)
+    ]
+
+
+def block_windows(height: int, width: int, block: int) -> list[Window]:
+    """Non-overlapping ``block`` x ``block`` windows partitioning a ``height`` x ``width`` scene row by row;
+    those of the last row and column are cut short by the scene's edges."""
+    return [
+        Window(row, col, min(block, height - row), min(block, width - col))
+        for row in range(0, height, block)
+        for col in range(0, width, block)
+    ]

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from geofm.config import SourceConfig
-from geofm.data.grid import grid_origins
+from geofm.data.grid import Window, grid_windows
 from geofm.data.products import ProductReader, list_images, list_products
 from geofm.data.readers import RawPixels, WindowReader, raster_info, read_raster
 
@@ -22,7 +22,7 @@ class Chip(NamedTuple):
     """One sample of a source: a file or product, or a window ``(row, col, height, width)`` of a large one."""
 
     file: Path
-    window: tuple[int, int, int, int] | None = None
+    window: Window | None = None
 
 
 def _file_size(path: Path) -> tuple[int, int]:
@@ -49,8 +49,7 @@ def chips_of(
         if height <= chip_size and width <= chip_size:
             chips.append(Chip(f))
             continue
-        h, w = min(chip_size, height), min(chip_size, width)
-        chips += [Chip(f, (row, col, h, w)) for row in grid_origins(height, h) for col in grid_origins(width, w)]
+        chips += [Chip(f, window) for window in grid_windows(Window(0, 0, height, width), chip_size)]
     return chips
 
 

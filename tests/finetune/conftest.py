@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
+from geofm.data.finetune.sampler import SampleIndex
 from geofm.data.writers import write_geotiff
 
 CLASSES = ["field", "forest", "water"]
@@ -29,7 +30,8 @@ def class_folders(tmp_path_factory) -> Path:
 
 
 class RandomTaskData(Dataset):
-    """``n`` random samples in a task's sample format (see geofm.config.finetune), fixed by ``seed``."""
+    """``n`` random samples in a task's sample format (see geofm.config.finetune), fixed by ``seed``; an
+    index is a position or, as the training loader gives it, a :class:`SampleIndex`."""
 
     def __init__(self, task: str, n: int, size: int = 32, bands: int = 4, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
@@ -54,8 +56,8 @@ class RandomTaskData(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> dict:
-        return self.samples[index]
+    def __getitem__(self, index: int | SampleIndex) -> dict:
+        return self.samples[index.index if isinstance(index, SampleIndex) else index]
 
 
 @pytest.fixture

@@ -6,8 +6,9 @@ bands, ``(raw * scale - mean) / std`` with nodata set to 0; ``label`` int64 (cla
 float32 multi-hot (multilabel); ``mask`` int64 (segmentation; change in {0, 1}); ``target`` at
 ``scale_factor`` times the size of ``image`` (superres). Folder layouts: :mod:`.folders`; torchgeo
 classes: :mod:`.torchgeo`; augmentation and evaluation views: :mod:`.augment`; train fractions:
-:mod:`.subset`. Files that do not fit together raise :class:`~geofm.errors.DataMismatchError`
-naming them.
+:mod:`.subset`; chips and spatial splits of large scenes: :mod:`.regions`; the training order and
+each sample's augmentation seed: :mod:`.sampler`. Files that do not fit together raise
+:class:`~geofm.errors.DataMismatchError` naming them.
 """
 
 from geofm.data.finetune.dataset import FinetuneDataset, build_finetune_dataset

@@ -1,14 +1,14 @@
 """Views of downstream scenes: random training crops and the deterministic views of evaluation.
 
 Training: classification scenes get a RandomResizedCrop to ``img_size`` and flips; dense scenes
-(segmentation, change) a random ``img_size`` crop and flips with the same geometry for every image
-and the mask; super-resolution pairs a random ``img_size`` crop of the low-resolution image and the
-high-resolution crop of the same area (``scale_factor`` times the size, at ``scale_factor`` times
-the offset), flipped together. Evaluation: classification scenes are resized whole to
+(segmentation, change, super-resolution) a random ``img_size`` crop of a scene or of a window of it
+(:func:`random_crop`), read by window, and flips with the same geometry for every image and the
+mask; the high-resolution target of super-resolution is the crop of the same area, at
+``scale_factor`` times the size. Evaluation: classification scenes are resized whole to
 ``img_size``; dense scenes are cut into a grid of ``img_size`` tiles (:func:`geofm.data.grid.grid_origins`).
-Scenes smaller than ``img_size`` are padded: images with 0 (the mean), masks with the value that is
-never trained on or scored (``data.ignore_index``, or -100 without one), super-resolution targets
-with NaN, which the loss and the metrics leave out.
+Scenes smaller than ``img_size`` are padded (:func:`fit_tile`): images with 0 (the mean), masks
+with the value that is never trained on or scored (``data.ignore_index``, or -100 without one),
+super-resolution targets with NaN, which the loss and the metrics leave out.
 """
 
 from __future__ import annotations
@@ -20,34 +20,52 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from geofm.config.finetune import PADDING_LABEL
+from geofm.data.grid import Window
 from geofm.data.transforms import random_flips
 
-_IMAGES = ("image", "image1", "image2")
 
-
-def _pad_to(tensor: Tensor, height: int, width: int, fill: float) -> Tensor:
-    """Pad the last two dimensions at the bottom and right up to ``height`` x ``width``."""
-    pad_h, pad_w = max(0, height - tensor.shape[-2]), max(0, width - tensor.shape[-1])
-    if not pad_h and not pad_w:
-        return tensor
-    return F.pad(tensor, (0, pad_w, 0, pad_h), value=fill)
-
-
-def crop_tile(
-    sample: dict[str, Tensor], top: int, left: int, size: int, factor: int = 1, mask_fill: int = PADDING_LABEL
+def fit_tile(
+    part: dict[str, Tensor], top: int, left: int, size: int, mask_fill: int = PADDING_LABEL
 ) -> dict[str, Tensor]:
-    """The ``size`` x ``size`` tile at ``(top, left)`` of every image and mask of a sample.
+    """A ``size`` x ``size`` tile of every image and mask, holding ``part`` at ``(top, left)`` and padded around it.
 
-    ``target`` (super-resolution) is cut at ``factor`` times the offset and size. Tiles reaching
-    past a smaller scene are padded (see the module docstring).
+    ``target`` (super-resolution), at ``f`` times the image's size in ``part``, is fitted at ``f``
+    times the offsets and size. Padding is 0 in images, ``mask_fill`` in masks, NaN in targets.
     """
+    factor = part["target"].shape[-1] // part["image"].shape[-1] if "target" in part else 1
     tile = {}
-    for key, value in sample.items():
-        scale = factor if key == "target" else 1
+    for key, value in part.items():
+        f = factor if key == "target" else 1
         fill = {"mask": mask_fill, "target": float("nan")}.get(key, 0.0)
-        part = value[..., top * scale : (top + size) * scale, left * scale : (left + size) * scale]
-        tile[key] = _pad_to(part, size * scale, size * scale, fill)
+        bottom, right = size * f - top * f - value.shape[-2], size * f - left * f - value.shape[-1]
+        tile[key] = (
+            F.pad(value, (left * f, right, top * f, bottom), value=fill) if top or left or bottom or right else value
+        )
     return tile
+
+
+def random_crop(area: Window, size: int) -> tuple[Window, int, int]:
+    """A ``size`` x ``size`` crop at a random place over ``area``: inside it along a side where it is
+    longer than ``size``, holding it at a random offset where it is shorter.
+
+    Returns:
+        The part of ``area`` the crop covers, and where that part lies in the crop (row, column).
+        Randomness comes from torch's global generator.
+    """
+    placed = []
+    for start, length in ((area.row, area.height), (area.col, area.width)):
+        shift = int(torch.randint(0, abs(length - size) + 1, ()))
+        placed.append((start + shift, size, 0) if length >= size else (start, length, shift))
+    (row, height, top), (col, width, left) = placed
+    return Window(row, col, height, width), top, left
+
+
+def flip_randomly(sample: dict[str, Tensor], hflip: bool, vflip: bool) -> dict[str, Tensor]:
+    """Every image and mask of a sample flipped left-right and top-bottom alike, each with probability 0.5 if enabled."""
+    for enabled, dim in ((hflip, -1), (vflip, -2)):
+        if enabled and torch.rand(()) < 0.5:
+            sample = {k: v.flip(dim) for k, v in sample.items()}
+    return sample
 
 
 class ClassificationView:
@@ -84,60 +102,3 @@ class ClassificationView:
     def __call__(self, sample: dict[str, Tensor]) -> dict[str, Tensor]:
         """The sample with its ``image`` transformed."""
         return {**sample, "image": self.transform(tv_tensors.Image(sample["image"])).as_subclass(Tensor)}
-
-
-class DenseAugmentation:
-    """A random ``img_size`` crop and flips, with one geometry for every image and the mask of a sample."""
-
-    def __init__(self, img_size: int, hflip: bool = True, vflip: bool = True, mask_fill: int = PADDING_LABEL) -> None:
-        """Initialise a new DenseAugmentation instance.
-
-        Args:
-            img_size: side of the crop.
-            hflip: flip left-right with probability 0.5.
-            vflip: flip top-bottom with probability 0.5.
-            mask_fill: mask value of padding where a scene is smaller than the crop.
-        """
-        crop = v2.RandomCrop(img_size, pad_if_needed=True, fill={tv_tensors.Image: 0.0, tv_tensors.Mask: mask_fill})
-        self.transform = v2.Compose([crop, *random_flips(hflip, vflip)])
-
-    def __call__(self, sample: dict[str, Tensor]) -> dict[str, Tensor]:
-        """The sample's images (``image`` or ``image1``/``image2``) and ``mask``, cropped and flipped alike."""
-        keys = [k for k in _IMAGES if k in sample]
-        wrapped = {k: tv_tensors.Image(sample[k]) for k in keys}
-        wrapped["mask"] = tv_tensors.Mask(sample["mask"])
-        out = self.transform(wrapped)
-        return {k: v.as_subclass(Tensor) for k, v in out.items()}
-
-
-class SuperresAugmentation:
-    """An aligned random crop of a (low, high) resolution pair and flips of both.
-
-    The low-resolution crop is ``img_size`` at a random offset; the high-resolution crop covers the
-    same area. torchvision's crops need equal sizes in one call, hence the offsets drawn here.
-    """
-
-    def __init__(self, img_size: int, factor: int, hflip: bool = True, vflip: bool = True) -> None:
-        """Initialise a new SuperresAugmentation instance.
-
-        Args:
-            img_size: side of the low-resolution crop.
-            factor: high / low resolution ratio.
-            hflip: flip left-right with probability 0.5.
-            vflip: flip top-bottom with probability 0.5.
-        """
-        self.size = img_size
-        self.factor = factor
-        self.hflip = hflip
-        self.vflip = vflip
-
-    def __call__(self, sample: dict[str, Tensor]) -> dict[str, Tensor]:
-        """The sample's ``image`` and ``target``, cropped at one place and flipped alike."""
-        height, width = sample["image"].shape[-2:]
-        top = int(torch.randint(0, max(height - self.size, 0) + 1, ()))
-        left = int(torch.randint(0, max(width - self.size, 0) + 1, ()))
-        out = crop_tile(sample, top, left, self.size, self.factor)
-        for enabled, dim in ((self.hflip, -1), (self.vflip, -2)):
-            if enabled and torch.rand(()) < 0.5:
-                out = {k: v.flip(dim) for k, v in out.items()}
-        return out

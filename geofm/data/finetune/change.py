@@ -6,7 +6,8 @@ from torch import Tensor
 
 from geofm.config.finetune import FinetuneDataConfig, Split
 from geofm.data.finetune.checks import change_mask, check_same_size
-from geofm.data.finetune.folders import FolderSource, pair_by_stem
+from geofm.data.finetune.folders import FolderSource, extent, pair_by_stem
+from geofm.data.grid import Window
 from geofm.data.readers import same_grid
 from geofm.errors import DataMismatchError
 
@@ -31,16 +32,25 @@ class ChangeFolders(FolderSource):
         )
 
     def load(self, index: int) -> dict[str, Tensor]:
+        return self.window(index)
+
+    def window(self, index: int, window: Window | None = None) -> dict[str, Tensor]:
         files = self.items[index]
-        image1, before = self.read_image(files["image1"])
-        image2, after = self.read_image(files["image2"])
-        difference = same_grid(before, after)
-        if difference is not None:
-            raise DataMismatchError(
-                f"{files['image1']} and {files['image2']}: the before and after images differ in {difference}; "
-                "they must share CRS, transform and size"
-            )
-        mask = self.read_mask(files["mask"])
-        check_same_size(image1.shape[1:], mask.data.shape[1:], f"mask {files['mask'].name}", str(files["image1"]))
-        labels = change_mask(mask.data, self.cfg.ignore_index, str(files["mask"]))
-        return {"image1": image1, "image2": image2, "mask": labels}
+        with (
+            self.open_image(files["image1"]) as before,
+            self.open_image(files["image2"]) as after,
+            self.open_mask(files["mask"]) as mask,
+        ):
+            difference = same_grid(before.info, after.info)
+            if difference is not None:
+                raise DataMismatchError(
+                    f"{files['image1']} and {files['image2']}: the before and after images differ in {difference}; "
+                    "they must share CRS, transform and size"
+                )
+            check_same_size(extent(before.info), extent(mask.info), f"mask {files['mask'].name}", str(files["image1"]))
+            labels = change_mask(self.mask_pixels(mask, window), self.cfg.ignore_index, mask.path)
+            return {
+                "image1": self.image_pixels(before, window),
+                "image2": self.image_pixels(after, window),
+                "mask": labels,
+            }

@@ -47,7 +47,7 @@ class ClassFolders(FolderSource):
 
     def load(self, index: int) -> dict[str, Tensor]:
         path = self.items[index]["image"]
-        image, _ = self.read_image(path)
+        image = self.read_image(path)
         return {"image": image, "label": class_label(self.targets[index], len(self.class_names), str(path))}
 
     def labels(self) -> list[int]:

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from torch import Tensor
 
 from geofm.config.finetune import FinetuneDataConfig, Split
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.finetune.source import SceneSource
-from geofm.data.readers import Raster, raster_info, read_raster
+from geofm.data.grid import Window
+from geofm.data.readers import RasterInfo, WindowReader, raster_info
 from geofm.errors import ConfigError, DataMismatchError, DatasetNotFoundError
 
 FOLDER_LAYOUTS: dict[str, dict[str, str]] = {
@@ -57,11 +59,15 @@ def folder_layout(cfg: FinetuneDataConfig, task: str) -> dict[str, str]:
 
 
 def split_folder(cfg: FinetuneDataConfig, split: Split) -> Path:
-    """The folder of a split, ``root/<splits[split]>``.
+    """The folder of a split, ``root/<splits[split]>``; with ``data.split`` (regions of the same scenes), ``root``.
 
     Raises:
         DatasetNotFoundError: if it does not exist.
     """
+    if cfg.split is not None:
+        if not cfg.root.is_dir():
+            raise DatasetNotFoundError(f"data.root {cfg.root.resolve()}, the folder data.split cuts, does not exist")
+        return cfg.root
     folder = cfg.root / cfg.splits[split]
     if not folder.is_dir():
         raise DatasetNotFoundError(
@@ -152,34 +158,66 @@ class FolderSource(SceneSource):
         return ", ".join(str(p) for p in self.items[index].values() if isinstance(p, Path))
 
     def shape(self, index: int) -> tuple[int, int]:
-        info = raster_info(next(iter(self.items[index].values())))
-        return info.height, info.width
+        return extent(raster_info(next(iter(self.items[index].values()))))
 
-    def read_image(self, path: Path, normaliser: BandNormaliser | None = None) -> tuple[Tensor, Raster]:
-        """An image file, normalised in the model's bands, and its raster.
-
-        Args:
-            path: the file.
-            normaliser: the band spec of the file (default: the data section's, ``self.normaliser``).
+    def open_image(self, path: Path, normaliser: BandNormaliser | None = None) -> WindowReader:
+        """An image file opened for windowed reads, checked against a band spec (default :attr:`normaliser`).
 
         Raises:
             RasterReadError: if the file cannot be read or has another band count than the spec's dataset bands.
         """
-        normaliser = normaliser or self.normaliser
-        raster = read_raster(path, len(normaliser.dataset_bands), normaliser.dataset_bands)
-        image, _ = normaliser(raster.data, raster.nodata, str(path))
-        return image, raster
+        bands = (normaliser or self.normaliser).dataset_bands
+        return WindowReader(path, len(bands), bands)
 
-    def read_mask(self, path: Path) -> Raster:
-        """A single-band mask file of integer values.
+    def image_pixels(
+        self, reader: WindowReader, window: Window | None = None, normaliser: BandNormaliser | None = None
+    ) -> Tensor:
+        """A window (default: all) of an open image, normalised in the model's bands of its band spec.
+
+        Raises:
+            RasterReadError: if the window cannot be read.
+        """
+        raw = reader.read(*(window or whole(reader.info)))
+        return (normaliser or self.normaliser)(raw, reader.info.nodata, reader.path)[0]
+
+    def read_image(self, path: Path) -> Tensor:
+        """An image file, whole, normalised in the model's bands.
+
+        Raises:
+            RasterReadError: if the file cannot be read or has another band count than the dataset bands.
+        """
+        with self.open_image(path) as reader:
+            return self.image_pixels(reader)
+
+    @staticmethod
+    def open_mask(path: Path) -> WindowReader:
+        """A single-band mask file opened for windowed reads.
 
         Raises:
             RasterReadError: if the file cannot be read or has more than one band.
+        """
+        return WindowReader(path, 1, ["mask"])
+
+    @staticmethod
+    def mask_pixels(reader: WindowReader, window: Window | None = None) -> np.ndarray:
+        """A window (default: all) of an open mask, (1, H, W), in the file's dtype.
+
+        Raises:
             DataMismatchError: if its values are not integers.
         """
-        raster = read_raster(path, 1, ["mask"])
-        if raster.data.dtype.kind == "f" and not (raster.data == raster.data.round()).all():
+        data = reader.read(*(window or whole(reader.info)))
+        if data.dtype.kind == "f" and not (data == data.round()).all():
             raise DataMismatchError(
-                f"{path}: mask of dtype {raster.dtype} holds non-integer values; expected class ids"
+                f"{reader.path}: mask of dtype {data.dtype} holds non-integer values; expected class ids"
             )
-        return raster
+        return data
+
+
+def extent(info: RasterInfo) -> tuple[int, int]:
+    """Height and width of a raster."""
+    return info.height, info.width
+
+
+def whole(info: RasterInfo) -> Window:
+    """The window of all of a raster."""
+    return Window(0, 0, *extent(info))

@@ -69,7 +69,7 @@ class MultilabelFolder(FolderSource):
         self.targets = np.asarray(vectors, dtype=np.float32)
 
     def load(self, index: int) -> dict[str, Tensor]:
-        image, _ = self.read_image(self.items[index]["image"])
+        image = self.read_image(self.items[index]["image"])
         return {"image": image, "label": torch.from_numpy(self.targets[index].copy())}
 
     def labels(self) -> np.ndarray:

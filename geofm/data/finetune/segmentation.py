@@ -6,7 +6,8 @@ from torch import Tensor
 
 from geofm.config.finetune import FinetuneDataConfig, Split
 from geofm.data.finetune.checks import check_same_size, class_mask
-from geofm.data.finetune.folders import FolderSource, pair_by_stem
+from geofm.data.finetune.folders import FolderSource, extent, pair_by_stem
+from geofm.data.grid import Window
 
 
 class SegmentationFolders(FolderSource):
@@ -26,9 +27,12 @@ class SegmentationFolders(FolderSource):
         self.items = pair_by_stem({"image": self.part("images"), "mask": self.part("masks")}, cfg.suffixes)
 
     def load(self, index: int) -> dict[str, Tensor]:
+        return self.window(index)
+
+    def window(self, index: int, window: Window | None = None) -> dict[str, Tensor]:
         files = self.items[index]
-        image, _ = self.read_image(files["image"])
-        mask = self.read_mask(files["mask"])
-        check_same_size(image.shape[1:], mask.data.shape[1:], f"mask {files['mask'].name}", str(files["image"]))
-        labels = class_mask(mask.data, self.cfg.num_classes, self.cfg.ignore_index, str(files["mask"]))
-        return {"image": image, "mask": labels}
+        with self.open_image(files["image"]) as image, self.open_mask(files["mask"]) as mask:
+            size = f"mask {files['mask'].name}"
+            check_same_size(extent(image.info), extent(mask.info), size, str(files["image"]))
+            labels = class_mask(self.mask_pixels(mask, window), self.cfg.num_classes, self.cfg.ignore_index, mask.path)
+            return {"image": self.image_pixels(image, window), "mask": labels}

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch import Tensor
 
+from geofm.data.grid import Window
+
 if TYPE_CHECKING:
     from geofm.config.finetune import FinetuneDataConfig, Split
     from geofm.data.finetune.torchgeo import TorchgeoSource
@@ -23,6 +25,7 @@ class SceneSource(ABC):
     """
 
     task: str
+    _kept: tuple[int, dict[str, Tensor]] | None = None
 
     @abstractmethod
     def __len__(self) -> int:
@@ -37,6 +40,25 @@ class SceneSource(ABC):
             DataMismatchError: if the scene's files do not fit together or with the config.
         """
 
+    def window(self, index: int, window: Window) -> dict[str, Tensor]:
+        """The part of a scene inside ``window`` (of its low-resolution image; a super-resolution
+        ``target`` at ``scale_factor`` times the offsets and sides), in the sample format of the task.
+
+        This default cuts it from the whole scene, kept while consecutive windows of it are read;
+        sources of files read the window alone.
+
+        Raises:
+            RasterReadError: if a file cannot be read.
+            DataMismatchError: if the scene's files do not fit together or with the config.
+        """
+        return cut_window(self.kept(index), window)
+
+    def kept(self, index: int) -> dict[str, Tensor]:
+        """The whole scene, loaded once for consecutive calls with the same index."""
+        if self._kept is None or self._kept[0] != index:
+            self._kept = (index, self.load(index))
+        return self._kept[1]
+
     @abstractmethod
     def shape(self, index: int) -> tuple[int, int]:
         """Height and width of a scene's (low-resolution) image."""
@@ -49,6 +71,18 @@ class SceneSource(ABC):
         """Labels of every scene without reading images: class ids (classification), a (scenes,
         classes) multi-hot array (multilabel), or None where they are not cheaply known."""
         return None
+
+
+def cut_window(scene: dict[str, Tensor], window: Window) -> dict[str, Tensor]:
+    """The part of every image and mask of a scene inside ``window``; ``target``, at ``f`` times the
+    image's size, at ``f`` times the offsets and sides."""
+    factor = scene["target"].shape[-1] // scene["image"].shape[-1] if "target" in scene else 1
+    part = {}
+    for key, value in scene.items():
+        f = factor if key == "target" else 1
+        rows = slice(window.row * f, (window.row + window.height) * f)
+        part[key] = value[..., rows, window.col * f : (window.col + window.width) * f]
+    return part
 
 
 TorchgeoScene = Callable[["TorchgeoSource", dict[str, Tensor], str], dict[str, Tensor]]

@@ -7,13 +7,14 @@ from torch import Tensor
 
 from geofm.config.finetune import FinetuneDataConfig, Split
 from geofm.data.finetune.checks import superres_extent
-from geofm.data.finetune.folders import FolderSource, pair_by_stem
+from geofm.data.finetune.folders import FolderSource, extent, pair_by_stem
 from geofm.data.finetune.normalise import BandNormaliser
-from geofm.data.readers import Raster, RasterInfo, raster_info, scaled_transform
+from geofm.data.grid import Window
+from geofm.data.readers import RasterInfo, raster_info, scaled_transform
 from geofm.errors import DataMismatchError
 
 
-def _check_georeferencing(lr: Raster | RasterInfo, hr: Raster | RasterInfo, factor: int, where: str) -> None:
+def _check_georeferencing(lr: RasterInfo, hr: RasterInfo, factor: int, where: str) -> None:
     """Refuse a georeferenced pair whose high-resolution pixels are not the low-resolution ones split factor x factor."""
     if lr.crs is None or hr.crs is None:
         return
@@ -52,14 +53,20 @@ class SuperresFolders(FolderSource):
 
     def shape(self, index: int) -> tuple[int, int]:
         lr, hr = (raster_info(p) for p in self.items[index].values())
-        sizes = (lr.height, lr.width), (hr.height, hr.width)
-        return superres_extent(*sizes, self.factor, self.cfg.superres_trim, self._where(index))
+        return superres_extent(extent(lr), extent(hr), self.factor, self.cfg.superres_trim, self._where(index))
 
     def load(self, index: int) -> dict[str, Tensor]:
-        files = self.items[index]
-        image, lr = self.read_image(files["image"])
-        target, hr = self.read_image(files["target"], self.target_normaliser)
-        where = self._where(index)
-        h, w = superres_extent(image.shape[1:], target.shape[1:], self.factor, self.cfg.superres_trim, where)
-        _check_georeferencing(lr, hr, self.factor, where)
-        return {"image": image[:, :h, :w], "target": target[:, : h * self.factor, : w * self.factor]}
+        return self.window(index)
+
+    def window(self, index: int, window: Window | None = None) -> dict[str, Tensor]:
+        files, f = self.items[index], self.factor
+        with self.open_image(files["image"]) as lr, self.open_image(files["target"], self.target_normaliser) as hr:
+            where = self._where(index)
+            h, w = superres_extent(extent(lr.info), extent(hr.info), f, self.cfg.superres_trim, where)
+            _check_georeferencing(lr.info, hr.info, f, where)
+            window = window or Window(0, 0, h, w)
+            high = Window(*(side * f for side in window))
+            return {
+                "image": self.image_pixels(lr, window),
+                "target": self.image_pixels(hr, high, self.target_normaliser),
+            }

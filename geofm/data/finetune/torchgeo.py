@@ -297,7 +297,7 @@ class TorchgeoSource(SceneSource):
         return None
 
     def shape(self, index: int) -> tuple[int, int]:
-        sample = self.load(index)
+        sample = self.kept(index)
         image = sample["image"] if "image" in sample else sample["image1"]
         return int(image.shape[-2]), int(image.shape[-1])
 
