@@ -179,13 +179,16 @@ def _l8_stats(l8_root: Path) -> tuple[list[float], list[float]]:
 
 
 def _backbone(settings: dict[str, Any], img_size: int) -> dict[str, Any]:
-    dim = settings["embed_dim"]
-    heads = [max(1, dim * 2**i // 24) for i in range(4)]
+    """The micro Swin of both programs: ``embed_dim`` channels per attention head at every stage."""
     return {
         "arch": "swin_tiny_patch4_window7_224",
         "img_size": img_size,
         "window_size": 4 if img_size >= 64 else 2,
-        "timm_kwargs": {"embed_dim": dim, "depths": list(settings["depths"]), "num_heads": heads},
+        "timm_kwargs": {
+            "embed_dim": settings["embed_dim"],
+            "depths": list(settings["depths"]),
+            "num_heads": [1, 2, 4, 8],
+        },
     }
 
 
