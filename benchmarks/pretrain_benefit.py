@@ -44,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "pretrain_samples": 800,  # samples per pretraining epoch, drawn from both scenes (None: all their chips)
     "pretrain_lr": 2.0e-3,
     "pretrain_batch": 16,
+    "l8_weight": 1.0,  # sampling weight of the Landsat 8 crop against the Sentinel-2 crop's 1
     "train_fraction": 0.05,
     "frozen": False,
     "finetune_epochs": 15,
@@ -231,6 +232,7 @@ def pretrain_config(settings: dict[str, Any], chips: dict[str, Any], l8_root: Pa
                     "mean": l8_mean,
                     "std": l8_std,
                     "quality": {"band": "BQA", "generation": "landsat_pre_collection"},
+                    "weight": settings["l8_weight"],
                 },
             ],
         },
