@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 from finetune.best import load_best_weights, read_best, restore_best, save_best, snapshot_best
 from finetune.evaluate import eval_loader, eval_record, evaluate, write_json
@@ -38,7 +37,7 @@ from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune.sampler import EpochSampler
 from geofm.loop import TrainLoop, epoch_steps, step_seed
 from geofm.runlog import MetricsLog, plot_loss_curve, plot_metric_curve
-from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, start_run
+from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, run_loader, start_run
 
 log = logging.getLogger("geofm.finetune")
 
@@ -195,17 +194,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
                 save_best(engine.module, run_dir, best)
         return True
 
-    # One loader for the run: its workers persist from epoch to epoch, and each epoch's iterator
-    # reads the sampler's epoch and start position as set just before.
-    loader = DataLoader(
-        train_set,
-        batch_size=micro,
-        sampler=sampler,
-        num_workers=cfg.data.num_workers,
-        drop_last=True,
-        pin_memory=dev.type == "cuda",
-        persistent_workers=cfg.data.num_workers > 0,
-    )
+    loader = run_loader(train_set, sampler, micro, cfg.data.num_workers, dev)
 
     def epoch_batches(epoch: int, done: int) -> Iterator[dict]:
         sampler.set_epoch(epoch)

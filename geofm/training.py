@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import yaml
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from geofm import engine as ds
 from geofm.checkpoints.io import LAST_CHECKPOINT, resolve_checkpoint_path
@@ -355,3 +356,19 @@ def leave_cores_to_workers(num_workers: int) -> int:
     """
     torch.set_num_threads(threads_beside_workers(num_workers))
     return torch.get_num_threads()
+
+
+def run_loader(
+    dataset: Dataset, sampler: Sampler, micro_batch: int, num_workers: int, device: torch.device
+) -> DataLoader:
+    """The one training loader of a run: its workers persist from epoch to epoch, and each epoch's
+    iterator reads the sampler's epoch and start position as set just before."""
+    return DataLoader(
+        dataset,
+        batch_size=micro_batch,
+        sampler=sampler,
+        num_workers=num_workers,
+        drop_last=True,
+        pin_memory=device.type == "cuda",
+        persistent_workers=num_workers > 0,
+    )

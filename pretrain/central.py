@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 from geofm import engine as ds
 from geofm.checkpoints import export_backbone, load_pretraining_model
@@ -32,7 +31,7 @@ from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels,
 from geofm.reconstruction import shown_chips, write_reconstruction_figure
 from geofm.runlog import LOSS_KEYS, MetricsLog, Phases, final_metrics, plot_loss_curve
 from geofm.tasks import StepOutput
-from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, leave_cores_to_workers, start_run
+from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, leave_cores_to_workers, run_loader, start_run
 
 log = logging.getLogger("geofm.pretrain")
 
@@ -201,17 +200,7 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
             plot_loss_curve(metrics.read(), run_dir / "loss_curve.png", run_dir.name)
             write_reconstruction_figure(engine.module, pile, shown, cfg.data.bands, run_dir)
 
-    # One loader for the run: its workers persist from epoch to epoch, and each epoch's iterator
-    # reads the sampler's epoch and start position as set just before.
-    loader = DataLoader(
-        pile,
-        batch_size=micro,
-        sampler=sampler,
-        num_workers=cfg.data.num_workers,
-        drop_last=True,
-        pin_memory=dev.type == "cuda",
-        persistent_workers=cfg.data.num_workers > 0,
-    )
+    loader = run_loader(pile, sampler, micro, cfg.data.num_workers, dev)
 
     def epoch_batches(epoch: int, done: int) -> Iterator[dict]:
         sampler.set_epoch(epoch)

@@ -16,9 +16,10 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
 from geofm.config import DataConfig
+from geofm.data.epochs import EpochShareSampler
 from geofm.data.sources import ImageSource
 from geofm.data.transforms import PretrainAugmentation
 from geofm.errors import DatasetNotFoundError, InvalidChipError, RasterReadError
@@ -61,7 +62,7 @@ class PileIndex(NamedTuple):
     sample_seed: int
 
 
-class PileSampler(Sampler[PileIndex]):
+class PileSampler(EpochShareSampler[PileIndex]):
     """Weighted, reproducible sampling of files across sources.
 
     Each epoch, every one of ``samples_per_epoch`` positions picks a source with probability
@@ -103,35 +104,10 @@ class PileSampler(Sampler[PileIndex]):
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if samples_per_epoch < world_size:
             raise ValueError(f"samples_per_epoch {samples_per_epoch} is smaller than world_size {world_size}")
+        super().__init__(samples_per_epoch, seed, rank, world_size)
         self.source_sizes = list(source_sizes)
         self.weights = list(weights)
         self.samples_per_epoch = samples_per_epoch
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
-        self.epoch = 0
-        self._start = 0
-        self._total = samples_per_epoch // world_size * world_size
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the next iteration follows."""
-        self.epoch = epoch
-
-    def set_start(self, position: int) -> None:
-        """Skip the first ``position`` samples of this rank's share in the next iteration only.
-
-        Used to resume mid-epoch with the same data order; later iterations start at 0 again.
-
-        Raises:
-            ValueError: if ``position`` is outside ``[0, len(self)]``.
-        """
-        if not 0 <= position <= len(self):
-            raise ValueError(f"start position {position} is outside [0, {len(self)}]")
-        self._start = position
-
-    def __len__(self) -> int:
-        """Number of samples of this rank's share of an epoch."""
-        return self._total // self.world_size
 
     def epoch_plan(self, epoch: int) -> tuple[list[int], list[int]]:
         """Source and file of every position of an epoch, over all ranks.
@@ -158,10 +134,9 @@ class PileSampler(Sampler[PileIndex]):
 
     def __iter__(self) -> Iterator[PileIndex]:
         """Indices of this rank's share of the current epoch, from the start position on."""
-        start, self._start = self._start, 0
         epoch = self.epoch
         sources, files = self.epoch_plan(epoch)
-        positions = range(self.rank + start * self.world_size, self._total, self.world_size)
+        positions = self._share()
         return (PileIndex(sources[p], files[p], _mix(_SAMPLE, self.seed, epoch, p)) for p in positions)
 
 

@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+
+from geofm.data.epochs import EpochShareSampler
 
 _SEEDS = 2**62
 
@@ -26,7 +27,7 @@ class SampleIndex(NamedTuple):
     seed: int
 
 
-class EpochSampler(Sampler[SampleIndex]):
+class EpochSampler(EpochShareSampler[SampleIndex]):
     """Each epoch, every one of ``size`` samples ``repeats`` times, shuffled, shared among processes.
 
     The epoch's ``size x repeats`` positions, cut to a multiple of ``world_size`` (the rest dropped),
@@ -49,29 +50,8 @@ class EpochSampler(Sampler[SampleIndex]):
         """
         if size * repeats < world_size:
             raise ValueError(f"an epoch of {size} x {repeats} samples is shorter than world_size {world_size}")
-        self.size, self.repeats, self.seed = size, repeats, seed
-        self.rank, self.world_size = rank, world_size
-        self.epoch = 0
-        self._start = 0
-        self._total = size * repeats // world_size * world_size
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the next iteration follows."""
-        self.epoch = epoch
-
-    def set_start(self, position: int) -> None:
-        """Skip the first ``position`` samples of this process's share in the next iteration only (a resume).
-
-        Raises:
-            ValueError: if ``position`` is outside ``[0, len(self)]``.
-        """
-        if not 0 <= position <= len(self):
-            raise ValueError(f"start position {position} is outside [0, {len(self)}]")
-        self._start = position
-
-    def __len__(self) -> int:
-        """Samples of this process's share of an epoch."""
-        return self._total // self.world_size
+        super().__init__(size * repeats, seed, rank, world_size)
+        self.size, self.repeats = size, repeats
 
     def epoch_plan(self, epoch: int) -> tuple[list[int], list[int]]:
         """The sample and the seed of every position of an epoch, over all processes."""
@@ -84,7 +64,6 @@ class EpochSampler(Sampler[SampleIndex]):
 
     def __iter__(self) -> Iterator[SampleIndex]:
         """This process's share of the current epoch, from the start position on."""
-        start, self._start = self._start, 0
         order, seeds = self.epoch_plan(self.epoch)
-        positions = range(self.rank + start * self.world_size, self._total, self.world_size)
+        positions = self._share()
         return (SampleIndex(order[p], seeds[p]) for p in positions)
