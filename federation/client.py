@@ -68,7 +68,7 @@ class FederatedClient:
         self.task.prepare(model)
         engine = ds.initialize(model, cfg.train, 1, None, lr, param_groups=self.task.param_groups(model))
         local = algorithm.local_round(self.name, received, engine.module, state, lr)
-        hooks = algorithm.local_hooks(local)
+        hooks = algorithm.hooks(local)
         loop = TrainLoop(
             engine,
             lambda batch: self.task.forward(engine, batch),
@@ -76,6 +76,7 @@ class FederatedClient:
             seed_of=lambda step: stable_id(cfg.run.seed, self.name, rnd, step),
             around_gradient=hooks.around_gradient,
             regulariser=hooks.regulariser,
+            ascent=hooks.ascent,
         )
         batches = self.task.local_batches(self.share.data, self._num_steps(), rnd, stable_id(cfg.run.seed, self.name))
         device = ds.device()

@@ -126,6 +126,7 @@ class FederatedServer:
         """The global model for each selected client, whole or as a quantised change to its copy."""
         self._round_started = time.perf_counter()
         lr = round_lr(self.cfg, rnd)
+        self.algorithm.begin_round(rnd)
         generator = torch.Generator().manual_seed(stable_id(self.cfg.run.seed, rnd, "downlink"))
         sent = self.algorithm.send(self.global_model, rnd, [self.clients[node][0] for node in node_ids], generator)
         payloads = {}
@@ -179,7 +180,7 @@ class FederatedServer:
         # Keyed by the institution each node registered as, never by what a reply claims to be.
         metrics = {self.clients[r.node_id][0]: r.metrics for r in replies if self.clients[r.node_id][0] in accepted}
         weights = {a.client: w for a, w in zip(aggregate.accepted, aggregate.weights, strict=True)}
-        self.layout.assign(self.model, self.global_model)
+        self.layout.assign(self.model, self.algorithm.evaluated_model(self.global_model))
         local = self.algorithm.server_local()
         if local is not None:
             self.algorithm.local.assign(self.model, local)
@@ -254,7 +255,7 @@ class FederatedServer:
             "downlink_bytes": down,
             "public_sources": list(self.cfg.federation.public_sources),
         }
-        self.layout.assign(self.model, self.global_model)
+        self.layout.assign(self.model, self.algorithm.evaluated_model(self.global_model))
         self.task.export(self.model, self.run_dir, self.num_rounds, final, {"federation": federation})
 
     def _average_statistics(self, statistics: dict[str, np.ndarray | None], weights: dict[str, float]) -> None:

@@ -45,6 +45,9 @@ log = logging.getLogger("geofm.training")
 Forward = Callable[[Any], StepOutput]
 # A term added to the loss of a micro-batch, from the batch and the forward's output.
 Regulariser = Callable[[Any, StepOutput], torch.Tensor]
+# A context that moves the parameters for the gradient of a micro-batch from a first gradient of it:
+# it gets the micro-batch's loss as a closure (SAM's ascent step) and restores them on exit.
+Ascent = Callable[[Callable[[], torch.Tensor]], AbstractContextManager]
 
 
 def micro_step(
@@ -53,6 +56,7 @@ def micro_step(
     batch: Any,
     around_gradient: Callable[[], AbstractContextManager] = contextlib.nullcontext,
     regulariser: Regulariser | None = None,
+    ascent: Ascent | None = None,
 ) -> StepOutput:
     """Forward and backward of one micro-batch; the engine steps the optimizer at accumulation boundaries.
 
@@ -63,13 +67,21 @@ def micro_step(
         around_gradient: a context entered around the forward and backward (e.g. FedSense's
             perturbation, which moves the parameters and restores them before the optimizer step).
         regulariser: a term added to the loss (e.g. FedProx's proximal term).
+        ascent: a context entered inside ``around_gradient``, given the micro-batch's loss (forward
+            plus regulariser) as a closure: SAM computes its ascent gradient from it, moves the
+            parameters for the forward and backward, and restores them before the optimizer step.
     """
-    with around_gradient():
+
+    def loss_of() -> tuple[StepOutput, torch.Tensor]:
         output = forward(batch)
         loss = output.losses["loss"]
-        if regulariser is not None:
-            loss = loss + regulariser(batch, output)
-        engine.backward(loss)
+        return output, loss if regulariser is None else loss + regulariser(batch, output)
+
+    with around_gradient():
+        moved = contextlib.nullcontext() if ascent is None else ascent(lambda: loss_of()[1])
+        with moved:
+            output, loss = loss_of()
+            engine.backward(loss)
     engine.step()
     return output
 
@@ -110,7 +122,7 @@ class TrainLoop:
         loss_keys: the entries of ``StepOutput.losses`` averaged between log records.
         seed_of: the seed of a step (its index in the run, or in the round for local steps).
         seed_numpy: seed numpy's global RNG too (timm's Mixup draws from it).
-        around_gradient, regulariser: an algorithm's hooks (see :func:`micro_step`).
+        around_gradient, regulariser, ascent: an algorithm's hooks (see :func:`micro_step`).
         images: images per micro-batch over all processes, for the throughput.
     """
 
@@ -124,11 +136,12 @@ class TrainLoop:
         seed_numpy: bool = False,
         around_gradient: Callable[[], AbstractContextManager] = contextlib.nullcontext,
         regulariser: Regulariser | None = None,
+        ascent: Ascent | None = None,
         images: int = 0,
     ) -> None:
         self.engine, self.forward = engine, forward
         self.seed_of, self.seed_numpy = seed_of, seed_numpy
-        self.around_gradient, self.regulariser = around_gradient, regulariser
+        self.around_gradient, self.regulariser, self.ascent = around_gradient, regulariser, ascent
         self.images = images
         self.interval, self.speed = IntervalMeans(loss_keys), Throughput()
         self.startup: Phases | None = None
@@ -142,7 +155,9 @@ class TrainLoop:
         for batch in micro_batches:
             if self.startup is not None and "first_batch" not in self.startup.seconds:
                 self.startup.lap("first_batch")
-            output = micro_step(self.engine, self.forward, batch, self.around_gradient, self.regulariser)
+            output = micro_step(
+                self.engine, self.forward, batch, self.around_gradient, self.regulariser, self.ascent
+            )
             self.interval.add(output.losses)
             self.speed.add(self.images)
 

@@ -85,6 +85,7 @@ class LocalRound:
         anchor: the round's global model split like ``params``, on their devices.
         state: the client's state, read and written by the algorithm.
         lr: the round's learning rate of the local optimiser.
+        module: the module the client trains (its engine's), for hooks on its blocks.
     """
 
     client: str
@@ -93,6 +94,7 @@ class LocalRound:
     anchor: list[Tensor]
     state: Arrays
     lr: float
+    module: nn.Module | None = None
 
 
 @dataclass
@@ -105,10 +107,14 @@ class LocalHooks:
         regulariser: ``(batch, output) -> Tensor`` added to each micro-batch's loss, or None; it
             sees the micro-batch, the forward's :class:`~geofm.tasks.StepOutput` and (through the
             :class:`LocalRound` it was made with) the client's state.
+        ascent: ``(loss closure) -> context`` entered inside ``around_gradient``: a first gradient
+            from the closure, the parameters moved for the real forward/backward and restored on
+            exit (SAM), or None (see :func:`geofm.loop.micro_step`).
     """
 
     around_gradient: Callable[[], AbstractContextManager] = contextlib.nullcontext
     regulariser: Callable[[Any, StepOutput], Tensor] | None = None
+    ascent: Callable[[Callable[[], Tensor]], AbstractContextManager] | None = None
 
 
 @dataclass
@@ -198,6 +204,7 @@ class Algorithm(ABC):
         self.synced: dict[str, int] = {}  # client -> round of the copies it holds
         self.state: dict[str, Tensor] = {}
         self.client_state: dict[str, dict[str, Tensor]] = {}
+        self.round = 0  # the server's round in progress (begin_round)
 
     # ---- declarations ---------------------------------------------------------------------
     @classmethod
@@ -239,7 +246,16 @@ class Algorithm(ABC):
         export after the rounds kept so far, or None to leave them at their start (default)."""
         return None
 
+    def evaluated_model(self, model: Tensor) -> Tensor:
+        """The shared values the server validates and exports, given the global model that trains on
+        (default: that model; server averaging, e.g. SWA, returns its average)."""
+        return model
+
     # ---- server: downlink ---------------------------------------------------------------------
+    def begin_round(self, rnd: int) -> None:
+        """The server starts round ``rnd`` (before :meth:`send`); :attr:`round` holds it until the next."""
+        self.round = rnd
+
     def downlink_values(self, model: Tensor) -> dict[str, Tensor]:
         """The value of each downlink payload this round (FedAvg: the global model)."""
         return {"model": model}
@@ -329,7 +345,12 @@ class Algorithm(ABC):
         """The local round of ``client`` training ``module`` from the received payloads."""
         params = self.shared.parameters(module)
         anchor = [piece.to(p.device) for piece, p in zip(self.shared.split(received["model"]), params, strict=True)]
-        return LocalRound(client, received, params, anchor, state, lr)
+        return LocalRound(client, received, params, anchor, state, lr, module)
+
+    def hooks(self, local: LocalRound) -> LocalHooks:
+        """What the runtime adds to the local steps: the algorithm's :meth:`local_hooks`, with the
+        client-step components every algorithm takes from its config."""
+        return self.local_hooks(local)
 
     def local_hooks(self, local: LocalRound) -> LocalHooks:
         """The client update rule around the shared local step: plain steps unless overridden."""
