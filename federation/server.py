@@ -80,7 +80,7 @@ class FederatedServer:
         check_inputs(self.task.server_inputs(), "the run's config")
         self.model = self.task.build_model()
         self.algorithm: Algorithm = build_algorithm(
-            cfg.algorithm, ParameterLayout.of(self.model), fed.declared_examples, cfg.num_clients
+            cfg.algorithm, ParameterLayout.of(self.model), fed.declared_examples, cfg.num_clients, fed.rounds
         )
         # What travels; the parameters local to the clients hold the algorithm's server_local, else their start.
         self.layout = self.algorithm.shared

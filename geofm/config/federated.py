@@ -193,7 +193,10 @@ class AlgorithmConfig(Section):
     their data-weighted mean ``tau_eff``. ``feddc``: a local drift variable per client, its penalty
     ``options.alpha / 2 ||theta + h - w||^2`` and a gradient correction, the server averaging the
     drift-corrected models. ``moon``: FedAvg plus the model-contrastive loss on the backbone's pooled
-    features (``options``: ``mu``, ``temperature``). Any registered algorithm (see
+    features (``options``: ``mu``, ``temperature``). ``swa`` and ``wima``: FedAvg whose server validates and
+    exports an average of its global models: SWA's running average of each cycle's last model under a
+    cyclical server step (``options``: ``start``, ``cycle``, ``lr_max``, ``lr_min``), or the mean of the
+    last ``window`` models (``options``: ``start``, ``window``, ``blocks``). Any registered algorithm (see
     :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
     quantised: ``uplink`` and ``downlink`` apply to each payload of their direction, ``uplink_payloads``
     and ``downlink_payloads`` change fields for one named payload.

@@ -4,8 +4,10 @@
 :class:`~geofm.federated.algorithms.base.Algorithm`); ``algorithm.name`` in a config picks one.
 The built-ins are registered lazily, so that config validation reads the names without importing
 torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold``, ``moon``, ``pfedla``, ``fedbn``, ``fednova``
-(normalised averaging of clients with different numbers of local steps) and ``feddc`` (local drift
-decoupling and correction). Another package adds one through the ``geofm.algorithms`` entry-point
+(normalised averaging of clients with different numbers of local steps), ``feddc`` (local drift
+decoupling and correction), and ``swa`` and ``wima`` (the server validates and exports an average
+of its global models: stochastic weight averaging with a cyclical server step, or a window of the
+last rounds). Another package adds one through the ``geofm.algorithms`` entry-point
 group (see :mod:`geofm.registry`), its settings in ``algorithm.options``.
 """
 
@@ -31,6 +33,8 @@ ALGORITHMS.register("fedbn", "geofm.federated.algorithms.fedbn:FedBN")
 ALGORITHMS.register("fednova", "geofm.federated.algorithms.fednova:FedNova")
 ALGORITHMS.register("feddc", "geofm.federated.algorithms.feddc:FedDC")
 ALGORITHMS.register("moon", "geofm.federated.algorithms.moon:Moon")
+ALGORITHMS.register("swa", "geofm.federated.algorithms.swa:SWA")
+ALGORITHMS.register("wima", "geofm.federated.algorithms.swa:WiMA")
 
 
 def build_algorithm(
@@ -38,9 +42,10 @@ def build_algorithm(
     layout: ParameterLayout | int,
     declared_examples: Mapping[str, int] | None = None,
     num_clients: int | None = None,
+    num_rounds: int | None = None,
 ) -> Algorithm:
     """The algorithm ``cfg.name`` names, for a model of ``layout`` (or a plain vector of that length)."""
-    return ALGORITHMS.get(cfg.name)(cfg, layout, declared_examples, num_clients)
+    return ALGORITHMS.get(cfg.name)(cfg, layout, declared_examples, num_clients, num_rounds=num_rounds)
 
 
 __all__ = ["ALGORITHMS", "build_algorithm"]

@@ -147,6 +147,7 @@ class Algorithm(ABC):
         layout: the model's trainable parameters, or the length of a plain parameter vector.
         declared_examples: institution -> the most examples it may claim.
         num_clients: the number of clients of the federation (known to the server).
+        num_rounds: the run's number of rounds (known to the server).
     """
 
     name: ClassVar[str]
@@ -164,8 +165,9 @@ class Algorithm(ABC):
         layout: ParameterLayout | int,
         declared_examples: Mapping[str, int] | None = None,
         num_clients: int | None = None,
+        num_rounds: int | None = None,
     ) -> None:
-        self.cfg, self.num_clients = cfg, num_clients
+        self.cfg, self.num_clients, self.num_rounds = cfg, num_clients, num_rounds
         try:
             self.check_config(cfg)
         except ValueError as err:

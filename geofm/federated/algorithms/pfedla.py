@@ -155,8 +155,9 @@ class PFedLA(Algorithm):
         layout: ParameterLayout | int,
         declared_examples: Mapping[str, int] | None = None,
         num_clients: int | None = None,
+        num_rounds: int | None = None,
     ) -> None:
-        super().__init__(cfg, layout, declared_examples, num_clients)
+        super().__init__(cfg, layout, declared_examples, num_clients, num_rounds)
         groups = layer_names(self.shared.names, self.options.layers)
         self.layers = list(dict.fromkeys(groups))
         # Runs of consecutive values in one layer: (start, end, layer index).
