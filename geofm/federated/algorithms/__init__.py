@@ -4,8 +4,10 @@
 :class:`~geofm.federated.algorithms.base.Algorithm`); ``algorithm.name`` in a config picks one.
 The built-ins are registered lazily, so that config validation reads the names without importing
 torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold``, ``moon``, ``pfedla``, ``fedbn``, ``fednova``
-(normalised averaging of clients with different numbers of local steps) and ``feddc`` (local drift
-decoupling and correction). Another package adds one through the ``geofm.algorithms`` entry-point
+(normalised averaging of clients with different numbers of local steps), ``feddc`` (local drift
+decoupling and correction), ``fedsam`` and ``fedasam`` (FedAvg with SAM or ASAM local steps) and
+``fedgloss`` (server-side SAM from the previous round's pseudo-gradient, with ADMM). Every algorithm
+takes SAM or ASAM local steps from ``algorithm.sam``. Another package adds one through the ``geofm.algorithms`` entry-point
 group (see :mod:`geofm.registry`), its settings in ``algorithm.options``.
 """
 
@@ -31,6 +33,9 @@ ALGORITHMS.register("fedbn", "geofm.federated.algorithms.fedbn:FedBN")
 ALGORITHMS.register("fednova", "geofm.federated.algorithms.fednova:FedNova")
 ALGORITHMS.register("feddc", "geofm.federated.algorithms.feddc:FedDC")
 ALGORITHMS.register("moon", "geofm.federated.algorithms.moon:Moon")
+ALGORITHMS.register("fedsam", "geofm.federated.algorithms.fedsam:FedSAM")
+ALGORITHMS.register("fedasam", "geofm.federated.algorithms.fedsam:FedASAM")
+ALGORITHMS.register("fedgloss", "geofm.federated.algorithms.fedgloss:FedGloSS")
 
 
 def build_algorithm(
