@@ -183,8 +183,12 @@ class SamConfig(Section):
     rho: float | None = Field(
         default=None, gt=0.0, description="the ascent's radius; null: the algorithm's (fedsam, fedasam, fedgloss)"
     )
-    adaptive: bool = Field(default=False, description="ASAM: the neighbourhood scaled by |w| + eta")
-    eta: float = Field(default=0.01, ge=0.0, description="ASAM: the offset of T_w = |w| + eta")
+    adaptive: bool | None = Field(
+        default=None, description="ASAM: the neighbourhood scaled by |w| + eta; null: the algorithm's, else false"
+    )
+    eta: float | None = Field(
+        default=None, ge=0.0, description="ASAM: the offset of T_w = |w| + eta; null: the algorithm's, else 0.01"
+    )
 
 
 class AlgorithmConfig(Section):

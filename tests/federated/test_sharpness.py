@@ -191,6 +191,11 @@ def test_algorithms_take_their_papers_radii_and_any_algorithm_takes_sam():
     assert (sam(name="fedasam").rho, sam(name="fedasam").adaptive, sam(name="fedasam").eta) == (0.7, True, 0.2)
     kept = sam(name="fedasam", sam={"rho": 0.05})
     assert (kept.rho, kept.adaptive, kept.eta) == (0.05, True, 0.2), "the fields sam leaves out stay the paper's"
+    written = AlgorithmConfig(name="fedasam", sam={"rho": 0.05}).model_dump(mode="json")
+    again = build_algorithm(AlgorithmConfig.model_validate(written), 3).local_sam()
+    assert again == kept, "a config written out and read back (each node's copy) means the same"
+    assert (sam(name="fedavg", sam={"rho": 0.1}).adaptive, sam(name="fedavg", sam={"rho": 0.1}).eta) == (False, 0.01)
+    assert sam(name="fedavg", sam={"rho": 0.1, "adaptive": True}).eta == 0.01
     assert sam(name="fedgloss").rho == 0.15
     assert sam(name="scaffold", sam={"rho": 0.02}).rho == 0.02
 

@@ -62,6 +62,8 @@ Arrays = dict[str, np.ndarray]
 # A server-side refinement of the new global model from the round's group models and their weights
 # (FedSense's similarity distillation); returns the refined model and its mean loss.
 Refiner = Callable[[Tensor, Sequence[Tensor], Sequence[float]], tuple[Tensor, float]]
+# ASAM's offset of T_w = |w| + eta where neither the config nor the algorithm gives one (the ASAM code's default).
+ASAM_ETA = 0.01
 # Client state keys of runs written before payloads had names, and their names now.
 _LEGACY_CLIENT_KEYS = {
     "feedback.error": "feedback.update.error",
@@ -231,16 +233,18 @@ class Algorithm(ABC):
         sam = cls.sharpness(cfg)
         if sam is not None and sam.rho is None:
             raise ValueError(f"sam.rho: {cls.name} has no default radius; set sam.rho (> 0)")
-        if sam is not None and not sam.adaptive and cfg.sam is not None and "eta" in cfg.sam.model_fields_set:
+        if sam is not None and not sam.adaptive and cfg.sam is not None and cfg.sam.eta is not None:
             raise ValueError("sam.eta: eta is ASAM's offset; set sam.adaptive: true to use it")
         cls.options_of(cfg)
 
     @classmethod
     def sharpness(cls, cfg: AlgorithmConfig) -> SamConfig | None:
-        """The local SAM step: ``cfg.sam``'s fields over :attr:`default_sam`'s; None: plain steps."""
-        if cfg.sam is None or cls.default_sam is None:
-            return cfg.sam or cls.default_sam
-        return cls.default_sam.model_copy(update={key: getattr(cfg.sam, key) for key in cfg.sam.model_fields_set})
+        """The local SAM step: ``cfg.sam``'s fields over :attr:`default_sam`'s, then SAM (``adaptive``
+        false, ``eta`` 0.01) for those both leave null; None: plain steps."""
+        if cfg.sam is None and cls.default_sam is None:
+            return None
+        given = [part.model_dump(exclude_none=True) for part in (cls.default_sam, cfg.sam) if part is not None]
+        return SamConfig(**{"adaptive": False, "eta": ASAM_ETA, **{k: v for part in given for k, v in part.items()}})
 
     @classmethod
     def options_of(cls, cfg: AlgorithmConfig) -> BaseModel | None:

@@ -32,7 +32,7 @@ class FedSAM(FedAvg):
     """FedAvg with SAM local steps (``sam.rho`` 0.1 by default)."""
 
     name = "fedsam"
-    default_sam: ClassVar[SamConfig] = SamConfig(rho=0.1)
+    default_sam: ClassVar[SamConfig] = SamConfig(rho=0.1, adaptive=False)
 
     @classmethod
     def check_config(cls, cfg: AlgorithmConfig) -> None:
