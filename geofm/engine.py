@@ -24,6 +24,7 @@ import platform
 import socket
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -338,6 +339,25 @@ def initialize(
     if train.compile:
         engine.compile(backend=COMPILE_BACKEND or get_accelerator().get_compile_backend())
     return engine
+
+
+@contextlib.contextmanager
+def plain_forward(engine) -> Iterator[None]:
+    """Calls of a DeepSpeed ``engine`` run its module directly for the block (anything else is left as is).
+
+    The engine's own forward hooks its outputs so that a backward through them enters its backward
+    state (loss scaling, ZeRO's reduction, a refusal of ``tensor.backward`` at stage 0): a forward
+    whose gradient is taken apart from :meth:`engine.backward` (SAM's ascent, through
+    :func:`torch.autograd.grad`) must bypass it.
+    """
+    if not isinstance(engine, deepspeed.DeepSpeedEngine):
+        yield
+        return
+    engine.forward = engine.module.__call__
+    try:
+        yield
+    finally:
+        del engine.forward
 
 
 def save_checkpoint(engine, directory: Path, tag: str, client_state: dict) -> None:

@@ -46,7 +46,7 @@ Forward = Callable[[Any], StepOutput]
 # A term added to the loss of a micro-batch, from the batch and the forward's output.
 Regulariser = Callable[[Any, StepOutput], torch.Tensor]
 # A context that moves the parameters for the gradient of a micro-batch from a first gradient of it:
-# it gets the micro-batch's loss as a closure (SAM's ascent step) and restores them on exit.
+# it gets the micro-batch's task loss as a closure (SAM's ascent step) and restores them on exit.
 Ascent = Callable[[Callable[[], torch.Tensor]], AbstractContextManager]
 
 
@@ -67,9 +67,11 @@ def micro_step(
         around_gradient: a context entered around the forward and backward (e.g. FedSense's
             perturbation, which moves the parameters and restores them before the optimizer step).
         regulariser: a term added to the loss (e.g. FedProx's proximal term).
-        ascent: a context entered inside ``around_gradient``, given the micro-batch's loss (forward
-            plus regulariser) as a closure: SAM computes its ascent gradient from it, moves the
-            parameters for the forward and backward, and restores them before the optimizer step.
+        ascent: a context entered inside ``around_gradient``, given the micro-batch's task loss as a
+            closure: SAM computes its ascent gradient from it, moves the parameters for the forward
+            and backward, and restores them before the optimizer step. The regulariser stays out of
+            the closure: SAM perturbs the training loss, an algorithm's terms stay outside its
+            maximisation (as weight decay does in Foret et al.).
     """
 
     def loss_of() -> tuple[StepOutput, torch.Tensor]:
@@ -77,8 +79,12 @@ def micro_step(
         loss = output.losses["loss"]
         return output, loss if regulariser is None else loss + regulariser(batch, output)
 
+    def task_loss() -> torch.Tensor:
+        with ds.plain_forward(engine):  # a gradient apart from the engine's backward
+            return forward(batch).losses["loss"]
+
     with around_gradient():
-        moved = contextlib.nullcontext() if ascent is None else ascent(lambda: loss_of()[1])
+        moved = contextlib.nullcontext() if ascent is None else ascent(task_loss)
         with moved:
             output, loss = loss_of()
             engine.backward(loss)
@@ -155,9 +161,7 @@ class TrainLoop:
         for batch in micro_batches:
             if self.startup is not None and "first_batch" not in self.startup.seconds:
                 self.startup.lap("first_batch")
-            output = micro_step(
-                self.engine, self.forward, batch, self.around_gradient, self.regulariser, self.ascent
-            )
+            output = micro_step(self.engine, self.forward, batch, self.around_gradient, self.regulariser, self.ascent)
             self.interval.add(output.losses)
             self.speed.add(self.images)
 

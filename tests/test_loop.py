@@ -64,6 +64,45 @@ def test_the_micro_step_regularises_inside_the_hook_and_steps_after_it():
     assert float(output.losses["loss"]) == 3.0, "the logged loss is the forward's own"
 
 
+def test_the_ascent_gets_the_task_loss_inside_the_hook_and_the_regulariser_only_in_the_real_pass():
+    events = []
+    engine = Engine(events)
+
+    @contextlib.contextmanager
+    def around_gradient():
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    @contextlib.contextmanager
+    def ascent(closure):
+        events.append(("ascent", float(closure())))
+        yield
+        events.append("restore")
+
+    def forward(batch):
+        events.append("forward")
+        return value_forward(batch)
+
+    def regulariser(batch, output):
+        events.append("regulariser")
+        return torch.tensor(0.25)
+
+    micro_step(engine, forward, 3, around_gradient, regulariser, ascent)
+    assert events == [
+        "enter",
+        "forward",
+        ("ascent", 3.0),
+        "forward",
+        "regulariser",
+        "backward",
+        "restore",
+        "exit",
+        "step",
+    ]
+    assert engine.backward_losses == [3.25]
+
+
 def test_each_step_reseeds_after_taking_its_step_batch_and_before_reading_it():
     draws = []
 

@@ -175,6 +175,22 @@ class AggregatorConfig(Section):
         return self
 
 
+class SamConfig(Section):
+    """The client optimiser's sharpness-aware step: each local gradient is taken at ``w + e`` and applied
+    at ``w``, with ``e = rho g / ||g||`` (SAM) or ``e = rho T_w^2 g / ||T_w g||``, ``T_w = |w| + eta``
+    (``adaptive``: ASAM); see :mod:`geofm.federated.sharpness`. It composes with every algorithm."""
+
+    rho: float | None = Field(
+        default=None, gt=0.0, description="the ascent's radius; null: the algorithm's (fedsam, fedasam, fedgloss)"
+    )
+    adaptive: bool | None = Field(
+        default=None, description="ASAM: the neighbourhood scaled by |w| + eta; null: the algorithm's, else false"
+    )
+    eta: float | None = Field(
+        default=None, ge=0.0, description="ASAM: the offset of T_w = |w| + eta; null: the algorithm's, else 0.01"
+    )
+
+
 class AlgorithmConfig(Section):
     """The federated algorithm: client update rule, server update rule and what travels each way.
 
@@ -196,7 +212,11 @@ class AlgorithmConfig(Section):
     features (``options``: ``mu``, ``temperature``). ``swa`` and ``wima``: FedAvg whose server validates and
     exports an average of its global models: SWA's running average of each cycle's last model under a
     cyclical server step (``options``: ``start``, ``cycle``, ``lr_max``, ``lr_min``), or the mean of the
-    last ``window`` models (``options``: ``start``, ``window``, ``blocks``). Any registered algorithm (see
+    last ``window`` models (``options``: ``start``, ``window``, ``blocks``). ``fedsam`` and ``fedasam``:
+    FedAvg whose local steps are SAM's or ASAM's (``sam``, with the FedSAM paper's radii by default).
+    ``fedgloss``: SAM on the server along the previous round's update, with an ADMM dual on both sides
+    (``options``: ``rho``, ``beta``, ``warmup_rounds``, ``rho0``) and local SAM. ``sam`` makes any
+    algorithm's local steps sharpness-aware. Any registered algorithm (see
     :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
     quantised: ``uplink`` and ``downlink`` apply to each payload of their direction, ``uplink_payloads``
     and ``downlink_payloads`` change fields for one named payload.
@@ -212,6 +232,9 @@ class AlgorithmConfig(Section):
     distill_lr: float = Field(default=1e-5, gt=0.0, description="fedsense: AdamW learning rate of the distillation")
     distill_batch_size: int = Field(default=16, gt=1, description="fedsense: public images p per distillation step")
     server_lr: float = Field(default=1.0, gt=0.0, description="scaffold: the server's step eta_g on the mean update")
+    sam: SamConfig | None = Field(
+        default=None, description="sharpness-aware local steps (SAM, ASAM) under any algorithm; null: plain steps"
+    )
     options: dict[str, Any] = Field(
         default_factory=dict, description="a registered algorithm's own settings, checked by that algorithm"
     )

@@ -5,9 +5,11 @@
 The built-ins are registered lazily, so that config validation reads the names without importing
 torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold``, ``moon``, ``pfedla``, ``fedbn``, ``fednova``
 (normalised averaging of clients with different numbers of local steps), ``feddc`` (local drift
-decoupling and correction), and ``swa`` and ``wima`` (the server validates and exports an average
+decoupling and correction), ``swa`` and ``wima`` (the server validates and exports an average
 of its global models: stochastic weight averaging with a cyclical server step, or a window of the
-last rounds). Another package adds one through the ``geofm.algorithms`` entry-point
+last rounds), ``fedsam`` and ``fedasam`` (FedAvg with SAM or ASAM local steps) and ``fedgloss``
+(server-side SAM from the previous round's pseudo-gradient, with ADMM). Every algorithm takes SAM or
+ASAM local steps from ``algorithm.sam``. Another package adds one through the ``geofm.algorithms`` entry-point
 group (see :mod:`geofm.registry`), its settings in ``algorithm.options``.
 """
 
@@ -35,6 +37,9 @@ ALGORITHMS.register("feddc", "geofm.federated.algorithms.feddc:FedDC")
 ALGORITHMS.register("moon", "geofm.federated.algorithms.moon:Moon")
 ALGORITHMS.register("swa", "geofm.federated.algorithms.swa:SWA")
 ALGORITHMS.register("wima", "geofm.federated.algorithms.swa:WiMA")
+ALGORITHMS.register("fedsam", "geofm.federated.algorithms.fedsam:FedSAM")
+ALGORITHMS.register("fedasam", "geofm.federated.algorithms.fedsam:FedASAM")
+ALGORITHMS.register("fedgloss", "geofm.federated.algorithms.fedgloss:FedGloSS")
 
 
 def build_algorithm(

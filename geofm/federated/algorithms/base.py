@@ -48,19 +48,22 @@ import torch
 from pydantic import BaseModel
 from torch import Tensor, nn
 
-from geofm.config.federated import AlgorithmConfig, CodecConfig, UplinkConfig, validated
+from geofm.config.federated import AlgorithmConfig, CodecConfig, SamConfig, UplinkConfig, validated
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload, RoundAggregate, UploadRules, aggregate_payloads
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
 from geofm.federated.flat import ParameterLayout
 from geofm.federated.robust import build_aggregator
+from geofm.federated.sharpness import SharpnessAscent, asam_scaled
 from geofm.tasks import StepOutput
 
 Arrays = dict[str, np.ndarray]
 # A server-side refinement of the new global model from the round's group models and their weights
 # (FedSense's similarity distillation); returns the refined model and its mean loss.
 Refiner = Callable[[Tensor, Sequence[Tensor], Sequence[float]], tuple[Tensor, float]]
+# ASAM's offset of T_w = |w| + eta where neither the config nor the algorithm gives one (the ASAM code's default).
+ASAM_ETA = 0.01
 # Client state keys of runs written before payloads had names, and their names now.
 _LEGACY_CLIENT_KEYS = {
     "feedback.error": "feedback.update.error",
@@ -107,9 +110,10 @@ class LocalHooks:
         regulariser: ``(batch, output) -> Tensor`` added to each micro-batch's loss, or None; it
             sees the micro-batch, the forward's :class:`~geofm.tasks.StepOutput` and (through the
             :class:`LocalRound` it was made with) the client's state.
-        ascent: ``(loss closure) -> context`` entered inside ``around_gradient``: a first gradient
-            from the closure, the parameters moved for the real forward/backward and restored on
-            exit (SAM), or None (see :func:`geofm.loop.micro_step`).
+        ascent: ``(task loss closure) -> context`` entered inside ``around_gradient``: a first
+            gradient from the closure, the parameters moved for the real forward/backward and restored
+            on exit (SAM, set by :meth:`Algorithm.hooks` from ``algorithm.sam``), or None (see
+            :func:`geofm.loop.micro_step`).
     """
 
     around_gradient: Callable[[], AbstractContextManager] = contextlib.nullcontext
@@ -158,6 +162,9 @@ class Algorithm(ABC):
     """How the algorithm combines uploads itself, where it takes no ``aggregator`` or ``server_optimizer``."""
     personalised: ClassVar[bool] = False
     keeps_local_statistics: ClassVar[bool] = False
+    default_sam: ClassVar[SamConfig | None] = None
+    """The local SAM step the algorithm takes when ``algorithm.sam`` is null, and the defaults of the
+    fields that section leaves out (FedSAM: the paper's radius); None: plain steps."""
 
     def __init__(
         self,
@@ -225,7 +232,21 @@ class Algorithm(ABC):
             for section in ("aggregator", "server_optimizer"):
                 if getattr(cfg, section) != type(getattr(cfg, section))():
                     raise ValueError(f"{section}: {cls.name} {cls.own_server_rule}; leave {section} at its default")
+        sam = cls.sharpness(cfg)
+        if sam is not None and sam.rho is None:
+            raise ValueError(f"sam.rho: {cls.name} has no default radius; set sam.rho (> 0)")
+        if sam is not None and not sam.adaptive and cfg.sam is not None and cfg.sam.eta is not None:
+            raise ValueError("sam.eta: eta is ASAM's offset; set sam.adaptive: true to use it")
         cls.options_of(cfg)
+
+    @classmethod
+    def sharpness(cls, cfg: AlgorithmConfig) -> SamConfig | None:
+        """The local SAM step: ``cfg.sam``'s fields over :attr:`default_sam`'s, then SAM (``adaptive``
+        false, ``eta`` 0.01) for those both leave null; None: plain steps."""
+        if cfg.sam is None and cls.default_sam is None:
+            return None
+        given = [part.model_dump(exclude_none=True) for part in (cls.default_sam, cfg.sam) if part is not None]
+        return SamConfig(**{"adaptive": False, "eta": ASAM_ETA, **{k: v for part in given for k, v in part.items()}})
 
     @classmethod
     def options_of(cls, cfg: AlgorithmConfig) -> BaseModel | None:
@@ -351,8 +372,18 @@ class Algorithm(ABC):
 
     def hooks(self, local: LocalRound) -> LocalHooks:
         """What the runtime adds to the local steps: the algorithm's :meth:`local_hooks`, with the
-        client-step components every algorithm takes from its config."""
-        return self.local_hooks(local)
+        client-step components every algorithm takes from its config: the SAM ascent of :meth:`local_sam`
+        (inside ``around_gradient``: from FedSense's drift-perturbed point, see :mod:`geofm.federated.sharpness`)."""
+        hooks = self.local_hooks(local)
+        sam = self.local_sam()
+        if sam is not None:
+            eta = sam.eta if sam.adaptive else None
+            hooks.ascent = SharpnessAscent(local.params, sam.rho, eta, asam_scaled(self.shared.names))
+        return hooks
+
+    def local_sam(self) -> SamConfig | None:
+        """The SAM step of this round's local steps (default: :meth:`sharpness` of the config)."""
+        return self.sharpness(self.cfg)
 
     def local_hooks(self, local: LocalRound) -> LocalHooks:
         """The client update rule around the shared local step: plain steps unless overridden."""

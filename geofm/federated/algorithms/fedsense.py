@@ -20,7 +20,9 @@ class FedSense(FedProx):
     drift from the round's global model) and applied at ``theta``; the proximal term is added when
     ``proximal_beta`` is set. Server: the client models ``Theta + delta_i`` are grouped by K-means
     (``clusters``), and the averaged model is refined by similarity distillation towards the
-    groups' data-weighted consensus on public images (``distill_steps``).
+    groups' data-weighted consensus on public images (``distill_steps``). With ``algorithm.sam`` the
+    drift perturbation applies first and SAM's ascent is taken from the perturbed point: the gradient is
+    ``grad L(theta + eps + e)``, ``e`` from ``grad L(theta + eps)``, applied at ``theta``.
     """
 
     name = "fedsense"
