@@ -193,10 +193,11 @@ class AlgorithmConfig(Section):
     their data-weighted mean ``tau_eff``. ``feddc``: a local drift variable per client, its penalty
     ``options.alpha / 2 ||theta + h - w||^2`` and a gradient correction, the server averaging the
     drift-corrected models. ``moon``: FedAvg plus the model-contrastive loss on the backbone's pooled
-    features (``options``: ``mu``, ``temperature``). Any registered algorithm (see
-    :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
-    quantised: ``uplink`` and ``downlink`` apply to each payload of their direction, ``uplink_payloads``
-    and ``downlink_payloads`` change fields for one named payload.
+    features (``options``: ``mu``, ``temperature``). ``fedalign``: FedAvg plus the Lipschitz matching of
+    the backbone's final stage with its MLPs pruned (``options``: ``mu``, ``width``, ``power_iterations``).
+    Any registered algorithm (see :mod:`geofm.federated.algorithms`) takes its own settings from
+    ``options``. Every payload can be quantised: ``uplink`` and ``downlink`` apply to each payload of
+    their direction, ``uplink_payloads`` and ``downlink_payloads`` change fields for one named payload.
     """
 
     name: str = "fedsense"

@@ -4,9 +4,10 @@
 :class:`~geofm.federated.algorithms.base.Algorithm`); ``algorithm.name`` in a config picks one.
 The built-ins are registered lazily, so that config validation reads the names without importing
 torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold``, ``moon``, ``pfedla``, ``fedbn``, ``fednova``
-(normalised averaging of clients with different numbers of local steps) and ``feddc`` (local drift
-decoupling and correction). Another package adds one through the ``geofm.algorithms`` entry-point
-group (see :mod:`geofm.registry`), its settings in ``algorithm.options``.
+(normalised averaging of clients with different numbers of local steps), ``feddc`` (local drift
+decoupling and correction) and ``fedalign`` (Lipschitz matching of a width-pruned final stage).
+Another package adds one through the ``geofm.algorithms`` entry-point group (see
+:mod:`geofm.registry`), its settings in ``algorithm.options``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ ALGORITHMS.register("fedbn", "geofm.federated.algorithms.fedbn:FedBN")
 ALGORITHMS.register("fednova", "geofm.federated.algorithms.fednova:FedNova")
 ALGORITHMS.register("feddc", "geofm.federated.algorithms.feddc:FedDC")
 ALGORITHMS.register("moon", "geofm.federated.algorithms.moon:Moon")
+ALGORITHMS.register("fedalign", "geofm.federated.algorithms.fedalign:FedAlign")
 
 
 def build_algorithm(
