@@ -188,3 +188,18 @@ def test_bad_settings_and_models_are_refused(tiny_swin, tiny_vit):
     algorithm = build_algorithm(AlgorithmConfig(name="fedalign"), ParameterLayout.of(probe))
     with pytest.raises(ConfigError, match="final stage of the model's backbone, which is frozen"):
         algorithm.local_round("one", {"model": torch.zeros(3)}, probe, {}, 0.1)
+
+
+def test_a_pruned_copy_that_keeps_every_unit_adds_nothing_rather_than_nan():
+    # MLP hidden 4: make_divisible(0.25 * 4) = 8, capped at 4, so the copy is the stage itself, L_reg = 0
+    # and mu (L_task / L_reg) L_reg is 0 (the official ratio would be 0 / 0).
+    module = nn.Module()
+    module.backbone = nn.Module()
+    module.backbone.blocks = nn.Sequential(Block(4, num_heads=1, mlp_ratio=1.0))
+    algorithm = build_algorithm(AlgorithmConfig(name="fedalign"), ParameterLayout.of(module))
+    local = algorithm.local_round("one", {"model": algorithm.shared.flatten_module(module)}, module, {}, 0.1)
+    hooks = algorithm.local_hooks(local)
+    with hooks.around_gradient():
+        module.backbone.blocks(torch.randn(2, 3, 4))
+        assert hooks.regulariser(None, StepOutput({"loss": torch.tensor(1e3)})).item() == 0.0
+    assert local.losses[0].item() == 0.0

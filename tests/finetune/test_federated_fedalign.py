@@ -20,15 +20,9 @@ def test_a_fedalign_classifier_stopped_after_round_1_resumes_to_the_same_result(
         assert 0 < ra["lipschitz_loss"] < math.inf and ra["lipschitz_loss"] == rb["lipschitz_loss"]
 
 
-def test_fedalign_finetunes_a_segmenter_unlike_fedavg(random_datasets, finetune_tree, tmp_path):
-    """A dense head reads the backbone through forward_intermediates: the hooks see its final stage all the same,
-    and the matching changes the second local step's loss from FedAvg's."""
-
-    def run(algorithm: dict) -> list[dict]:
-        base = finetune_tree("segmentation", tmp_path / algorithm["name"])
-        return _rounds(_run({**_federated(base), "algorithm": algorithm}))
-
-    fedalign, fedavg = run({"name": "fedalign", "options": {"mu": 1.0}}), run({"name": "fedavg"})
-    assert [r["round"] for r in fedalign] == [1, 2]
-    assert all(0 < r["lipschitz_loss"] < math.inf for r in fedalign)
-    assert fedalign[0]["loss"] != fedavg[0]["loss"]
+def test_fedalign_finetunes_a_segmenter(random_datasets, finetune_tree, tmp_path):
+    """A dense head reads the backbone through forward_intermediates: the hooks see its final stage all the same."""
+    base = finetune_tree("segmentation", tmp_path / "seg")
+    rounds = _rounds(_run({**_federated(base), "algorithm": {"name": "fedalign", "options": {"mu": 1.0}}}))
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and 0 < r["lipschitz_loss"] < math.inf for r in rounds)

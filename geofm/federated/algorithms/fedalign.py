@@ -11,6 +11,9 @@ output features (``C_in`` x ``C_out``, the input pooled to the output's position
     L_reg = mean over samples of (lambda_student - lambda_teacher)^2
     L = L_task + mu * (L_task / L_reg) * L_reg       (the ratio detached: L_reg weighs mu * L_task)
 
+with ``L_task`` the task's loss (the official code's cross-entropy; masked image modelling's loss in
+pretraining) and ``L_reg`` kept from 0 in the ratio's denominator.
+
 The top eigenvalue comes from ``power_iterations`` steps of power iteration from the ones vector,
 ``v <- T T^T v / |T T^T v|``, the estimate being the last ``|T T^T v|``, and it is differentiated
 through. The teacher's features are detached: the regulariser trains the stage's kept slices only,
@@ -37,12 +40,13 @@ Deliberate deviations from the paper:
   gradients reach the kept slices. The residual width stays whole: layer norms normalise over it,
   so a cut one would change every normalisation rather than drop units. The attention heads stay
   whole: timm's attention splits its projections by its ``num_heads`` attribute, not a weight,
-  and the MLP holds two thirds of a block's weights.
+  and the MLP holds two thirds of a block's weights. A ViT has no stages: its last block is its
+  final stage.
 * The official code clips the gradient norm at 10 in its own step; here the run's ``train.grad_clip``
   applies as for every algorithm.
 
 Cost: one more pass of the final stage, forward and backward, with its MLPs at ``width``, and two
-Lipschitz estimates, each ``B C_in^2 (C_out + N)`` products for ``T`` and ``T T^T`` plus the power
+Lipschitz estimates, each ``B C_in C_out (N + C_in)`` products for ``T`` and ``T T^T`` plus the power
 iterations (the student's differentiated). With a Swin's wide last stage (768 channels for Swin-T)
 the estimates cost about as much as the pruned pass: on CPU a step took 1.3 times FedAvg's for Swin-T
 at 224 px (batch 4) and 1.6 times for the tests' tiny Swin, whose many small products dominate.
@@ -218,8 +222,8 @@ class FedAlign(FedAvg):
             local.outputs.clear()
             loss = torch.stack([self.lipschitz_loss(local, x, y) for x, y in captured]).mean()
             local.losses.append(loss.detach())
-            ratio = output.losses["loss"].detach().float() / loss.detach().clamp_min(torch.finfo(loss.dtype).tiny)
-            return mu * ratio * loss
+            scaled = loss / loss.detach().clamp_min(torch.finfo(loss.dtype).tiny)  # 1 in value, 0 where L_reg is
+            return mu * output.losses["loss"].detach().float() * scaled
 
         return regulariser
 
