@@ -215,8 +215,9 @@ class AlgorithmConfig(Section):
     last ``window`` models (``options``: ``start``, ``window``, ``blocks``). ``fedsam`` and ``fedasam``:
     FedAvg whose local steps are SAM's or ASAM's (``sam``, with the FedSAM paper's radii by default).
     ``fedgloss``: SAM on the server along the previous round's update, with an ADMM dual on both sides
-    (``options``: ``rho``, ``beta``, ``warmup_rounds``, ``rho0``) and local SAM. ``sam`` makes any
-    algorithm's local steps sharpness-aware. Any registered algorithm (see
+    (``options``: ``rho``, ``beta``, ``warmup_rounds``, ``rho0``) and local SAM. ``fedalign``: FedAvg plus the
+    Lipschitz matching of the backbone's final stage with its MLPs pruned (``options``: ``mu``, ``width``,
+    ``power_iterations``). ``sam`` makes any algorithm's local steps sharpness-aware. Any registered algorithm (see
     :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
     quantised: ``uplink`` and ``downlink`` apply to each payload of their direction, ``uplink_payloads``
     and ``downlink_payloads`` change fields for one named payload.

@@ -149,6 +149,16 @@ class RoundAggregate:
     rejected: list[Rejection]
     bounded: dict[str, tuple[int, int]] = field(default_factory=dict)
 
+    def reported_mean(self, key: str) -> float | None:
+        """The mean of the number ``key`` the accepted uploads report in their metadata, weighted as their
+        updates (over those that report it); None when none does."""
+        reported = [
+            (float(a.metadata[key]), w) for a, w in zip(self.accepted, self.weights, strict=True) if key in a.metadata
+        ]
+        if not reported:
+            return None
+        return sum(v * w for v, w in reported) / sum(w for _, w in reported)
+
 
 class Aggregator(Protocol):
     """Combines equally long update vectors (one per accepted client, with its weight) into one."""

@@ -126,7 +126,7 @@ def test_one_step_gives_the_papers_numbers():
     # The hooks are gone with the round: a forward captures nothing.
     model(IMAGE)
     assert not local.inputs and not local.outputs
-    assert not model.backbone.patch_embed._forward_pre_hooks and not model.backbone.layers[0].blocks[0]._forward_hooks
+    assert not model.backbone.patch_embed._forward_pre_hooks and not model.backbone.layers[0].blocks._forward_hooks
 
 
 def test_a_first_round_takes_the_global_model_as_the_previous_one():

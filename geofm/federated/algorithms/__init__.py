@@ -7,10 +7,11 @@ torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold``, ``moon``, ``pfedla``
 (normalised averaging of clients with different numbers of local steps), ``feddc`` (local drift
 decoupling and correction), ``swa`` and ``wima`` (the server validates and exports an average
 of its global models: stochastic weight averaging with a cyclical server step, or a window of the
-last rounds), ``fedsam`` and ``fedasam`` (FedAvg with SAM or ASAM local steps) and ``fedgloss``
-(server-side SAM from the previous round's pseudo-gradient, with ADMM). Every algorithm takes SAM or
-ASAM local steps from ``algorithm.sam``. Another package adds one through the ``geofm.algorithms`` entry-point
-group (see :mod:`geofm.registry`), its settings in ``algorithm.options``.
+last rounds), ``fedsam`` and ``fedasam`` (FedAvg with SAM or ASAM local steps), ``fedgloss``
+(server-side SAM from the previous round's pseudo-gradient, with ADMM) and ``fedalign`` (Lipschitz
+matching of a width-pruned final stage). Every algorithm takes SAM or ASAM local steps from
+``algorithm.sam`` and client-level differential privacy from ``algorithm.privacy``. Another package
+adds one through the ``geofm.algorithms`` entry-point group (see :mod:`geofm.registry`), its settings in ``algorithm.options``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ ALGORITHMS.register("wima", "geofm.federated.algorithms.swa:WiMA")
 ALGORITHMS.register("fedsam", "geofm.federated.algorithms.fedsam:FedSAM")
 ALGORITHMS.register("fedasam", "geofm.federated.algorithms.fedsam:FedASAM")
 ALGORITHMS.register("fedgloss", "geofm.federated.algorithms.fedgloss:FedGloSS")
+ALGORITHMS.register("fedalign", "geofm.federated.algorithms.fedalign:FedAlign")
 
 
 def build_algorithm(

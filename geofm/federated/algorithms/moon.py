@@ -24,8 +24,9 @@ Representation, the same for every task: the model's ``backbone`` (finetuning) o
 image modelling), a timm Swin or ViT. The models call it through ``forward_features``,
 ``forward_intermediates`` or stage by stage, never as a module, so the hooks sit on its parts that
 every path calls: a forward pre-hook on ``patch_embed`` captures the backbone's input (the normalised
-image), a forward hook on its last block (of a Swin's last stage, (B, H, W, C), or a ViT's
-``blocks``, (B, N, C)) captures its output, pooled to one vector per sample by the mean over
+image), a forward hook on its final stage (see
+:func:`~geofm.federated.algorithms.representation.final_stage`: a Swin's last stage's blocks,
+(B, H, W, C), or a ViT's last block, (B, N, C)) captures its output, pooled to one vector per sample by the mean over
 spatial positions or over the patch tokens (prefix tokens left out). The frozen copies run
 ``forward_intermediates`` up to the same stage, unnormalised, pooled alike, on the captured input.
 The hooks are registered when the local round begins and removed when it ends.
@@ -71,48 +72,11 @@ from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate
 from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
 from geofm.federated.algorithms.fedavg import FedAvg
+from geofm.federated.algorithms.representation import final_stage, representation_module
 from geofm.federated.flat import ParameterLayout
 
 PREVIOUS = "moon.previous"
 """The client-state key of the client's previous trained backbone (a flat vector)."""
-REPRESENTATION_MODULES = ("backbone", "encoder")
-
-
-def representation_module(module: nn.Module) -> tuple[str, nn.Module]:
-    """The name and module of a model's representation network: its ``backbone`` or ``encoder``.
-
-    Raises:
-        ConfigError: the model has neither.
-    """
-    for name in REPRESENTATION_MODULES:
-        found = getattr(module, name, None)
-        if isinstance(found, nn.Module):
-            return name, found
-    raise ConfigError(
-        f"algorithm moon contrasts the representations of a model's backbone or encoder; "
-        f"{type(module).__name__} has no module named {' or '.join(REPRESENTATION_MODULES)}"
-    )
-
-
-def last_block(backbone: nn.Module) -> nn.Module:
-    """The backbone's last block: of a Swin's last stage (``layers[-1].blocks``), or of a ViT's ``blocks``.
-
-    A block rather than the stage: GFM's tap after the last stage's patch merging runs the stage's
-    merging and blocks apart, never the stage as a module.
-
-    Raises:
-        ConfigError: the backbone has neither.
-    """
-    stages = getattr(backbone, "layers", None)
-    stack = (
-        stages[-1].blocks if isinstance(stages, nn.Sequential) and len(stages) else getattr(backbone, "blocks", None)
-    )
-    if isinstance(stack, nn.Sequential) and len(stack):
-        return stack[-1]
-    raise ConfigError(
-        f"algorithm moon reads the representation from a Swin's layers[-1].blocks or a ViT's blocks; "
-        f"{type(backbone).__name__} has neither"
-    )
 
 
 def pooled(features: Tensor, prefix_tokens: int = 0) -> Tensor:
@@ -190,7 +154,7 @@ class Moon(FedAvg):
         """The round of ``module`` (holding the global model): frozen copies of its backbone, and hooks
         capturing the backbone's input and last block's output in every forward until :meth:`finish_local`."""
         base = super().local_round(client, received, module, state, lr)
-        prefix, backbone = representation_module(module)
+        prefix, backbone = representation_module(module, self.name)
         layout = ParameterLayout.of(backbone)
         if not layout.names:
             raise ConfigError(f"algorithm moon trains the representation of the model's {prefix}, which is frozen")
@@ -210,7 +174,7 @@ class Moon(FedAvg):
 
         local.handles = [
             backbone.patch_embed.register_forward_pre_hook(lambda _, args: local.inputs.append(args[0])),
-            last_block(backbone).register_forward_hook(take_output),
+            final_stage(backbone, self.name).register_forward_hook(take_output),
         ]
         return local
 
@@ -264,14 +228,9 @@ class Moon(FedAvg):
     ) -> ServerRound:
         """FedAvg's update; logs ``contrastive_loss``, the clients' mean ``l_con`` weighted as their updates."""
         outcome = super().server_update(model, payloads, refine)
-        update = payloads["update"]
-        reported = [
-            (float(a.metadata["contrastive_loss"]), w)
-            for a, w in zip(update.accepted, update.weights, strict=True)
-            if "contrastive_loss" in a.metadata
-        ]
-        if reported:
-            outcome.metrics["contrastive_loss"] = sum(v * w for v, w in reported) / sum(w for _, w in reported)
+        reported = payloads["update"].reported_mean("contrastive_loss")
+        if reported is not None:
+            outcome.metrics["contrastive_loss"] = reported
         return outcome
 
 
