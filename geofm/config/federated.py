@@ -175,6 +175,28 @@ class AggregatorConfig(Section):
         return self
 
 
+class PrivacyConfig(Section):
+    """Client-level differential privacy of the model updates (see :mod:`geofm.federated.privacy`).
+
+    ``central``: the server clips each decoded update to ``clip``, averages them with equal weights
+    and adds Gaussian noise of std ``noise_multiplier * clip / m`` (DP-FedAvg). ``local``: each client
+    clips its update and adds noise of std ``noise_multiplier * clip`` before quantising it.
+    """
+
+    mode: Literal["central", "local"]
+    clip: float = Field(gt=0.0, description="S: the L2 norm each client's update is clipped to")
+    noise_multiplier: float = Field(
+        ge=0.0, description="z: the noise std in units of clip (0: clipping only, no guarantee)"
+    )
+    delta: float = Field(default=1e-5, gt=0.0, lt=1.0, description="the delta the logged epsilon is for")
+    seed: int | None = Field(
+        default=None,
+        ge=0,
+        description="null: noise from OS entropy, the only private choice; an integer makes the noise "
+        "reproducible (experiments, tests) and gives no privacy against anyone who knows it",
+    )
+
+
 class AlgorithmConfig(Section):
     """The federated algorithm: client update rule, server update rule and what travels each way.
 
@@ -193,7 +215,8 @@ class AlgorithmConfig(Section):
     their data-weighted mean ``tau_eff``. ``feddc``: a local drift variable per client, its penalty
     ``options.alpha / 2 ||theta + h - w||^2`` and a gradient correction, the server averaging the
     drift-corrected models. ``moon``: FedAvg plus the model-contrastive loss on the backbone's pooled
-    features (``options``: ``mu``, ``temperature``). Any registered algorithm (see
+    features (``options``: ``mu``, ``temperature``). ``privacy`` clips and noises the clients' model
+    updates (algorithms whose only upload is ``update`` and whose server averages it). Any registered algorithm (see
     :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
     quantised: ``uplink`` and ``downlink`` apply to each payload of their direction, ``uplink_payloads``
     and ``downlink_payloads`` change fields for one named payload.
@@ -240,6 +263,9 @@ class AlgorithmConfig(Section):
     )
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
     aggregator: AggregatorConfig = AggregatorConfig()
+    privacy: PrivacyConfig | None = Field(
+        default=None, description="client-level differential privacy of the updates; null: off"
+    )
 
     @field_validator("name")
     @classmethod
