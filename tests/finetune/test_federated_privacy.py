@@ -60,3 +60,10 @@ def test_central_dp_refuses_a_robust_aggregator_in_a_finetuning_config(class_fol
     }
     with pytest.raises(ConfigError, match=r"algorithm\.aggregator: central privacy calibrates its noise"):
         read_federated_config({**_federated(base), "algorithm": algorithm})
+
+
+def test_privacy_refuses_a_segmenter_whose_batch_norm_statistics_would_travel(random_datasets, finetune_tree, tmp_path):
+    tree = _federated(finetune_tree("segmentation", tmp_path / "seg"))
+    privacy = {"mode": "local", "clip": 1.0, "noise_multiplier": 1.0}
+    with pytest.raises(ConfigError, match=r"algorithm\.privacy: the model has batch-norm layers"):
+        _run({**tree, "algorithm": {"name": "fedavg", "privacy": privacy}})
