@@ -22,6 +22,7 @@ from geofm.config.federated import FederatedConfig
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.feedback import UplinkReport
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
+from geofm.federated.privacy import check_statistics, noise_generator
 from geofm.loop import TrainLoop
 from geofm.training import check_inputs
 
@@ -89,8 +90,11 @@ class FederatedClient:
         update = algorithm.finish_local(local, algorithm.shared.flatten_module(engine.module).cpu(), steps)
         algorithm.keep_local(engine.module, state)
         generator = torch.Generator().manual_seed(stable_id(cfg.run.seed, self.name, rnd, "uplink"))
-        upload, reports = algorithm.upload(update, state, generator)
+        privacy = cfg.algorithm.privacy
+        noise = noise_generator(privacy.seed, "client", self.name, rnd) if privacy else None
         statistics = running_statistics(engine.module)
+        check_statistics(privacy, statistics)
+        upload, reports = algorithm.upload(update, state, generator, noise)
         if statistics is not None:
             upload[RUNNING_STATISTICS] = statistics
             if algorithm.keeps_local_statistics:

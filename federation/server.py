@@ -21,6 +21,7 @@ from geofm.federated.aggregation import ClientUpload, RoundAggregate
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.base import Algorithm, ServerRound, payload_arrays
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
+from geofm.federated.privacy import PrivacyAccountant, check_statistics
 from geofm.federated.similarity import distill_similarity
 from geofm.runlog import MetricsLog, plot_metric_curve, plot_rounds
 from geofm.training import Progress, RunCheckpoints, check_inputs, check_resume
@@ -86,6 +87,10 @@ class FederatedServer:
         self.layout = self.algorithm.shared
         self.global_model = self.layout.flatten_module(self.model)
         self.statistics = running_statistics(self.model)  # batch-norm buffers, averaged beside the payloads
+        privacy = cfg.algorithm.privacy
+        check_statistics(privacy, self.statistics)
+        n = cfg.num_clients
+        self.accountant = PrivacyAccountant(privacy, self.selected_count(n) / n) if privacy else None
         # What clients that keep their own statistics and local parameters start from (FedBN): the
         # freshly built model's, the same on every invocation of the run.
         self.start_statistics = self.statistics
@@ -118,8 +123,13 @@ class FederatedServer:
     def select(self, rnd: int, attempt: int, node_ids: list[int]) -> list[int]:
         """A seeded ``fraction`` of the institutions, by name, so that a restarted run selects the same ones."""
         by_name = sorted(node_ids, key=lambda node: self.clients[node][0])
-        count = min(len(by_name), max(self.min_clients, math.ceil(self.fraction * len(by_name))))
-        return random.Random(stable_id(self.cfg.run.seed, rnd, attempt)).sample(by_name, count)
+        return random.Random(stable_id(self.cfg.run.seed, rnd, attempt)).sample(
+            by_name, self.selected_count(len(by_name))
+        )
+
+    def selected_count(self, available: int) -> int:
+        """How many of ``available`` institutions a round selects: ``fraction`` of them, at least ``min_clients``."""
+        return min(available, max(self.min_clients, math.ceil(self.fraction * available)))
 
     # ---- rounds --------------------------------------------------------------------------
     def configure(self, rnd: int, node_ids: list[int]) -> dict[int, tuple[Arrays, Scalars]]:
@@ -175,6 +185,8 @@ class FederatedServer:
                 log.error("round %d: %s; the global model stays as it was", rnd, discarded)
         else:
             log.warning("round %d: no upload was accepted; the global model stays as it was", rnd)
+        if self.accountant is not None:  # every upload was released (local), the round's mean too (central)
+            self.accountant.step([u.client for u in uploads])
         accepted = {a.client for a in aggregate.accepted} if discarded is None else set()
         self.algorithm.note_replies(rnd, [self.clients[r.node_id][0] for r in replies])
         # Keyed by the institution each node registered as, never by what a reply claims to be.
@@ -194,6 +206,7 @@ class FederatedServer:
                 for key in self.task.log_keys
             },
             **server_metrics,
+            **(self.accountant.report() if self.accountant is not None else {}),
             **({"val": validation} if validation is not None else {}),
             "lr": round_lr(self.cfg, rnd),
             "uplink_bytes": sum(sum(a.nbytes for a in r.arrays.values()) for r in replies),
@@ -310,6 +323,7 @@ class FederatedServer:
             "round": rnd,
             "distill_optimizer": self.distill_optimizer.state_dict(),
             "algorithm": self.algorithm.state_dict(),
+            **({"privacy": self.accountant.state_dict()} if self.accountant is not None else {}),
         }
         torch.save({"module": self.model.state_dict(), "server": server}, folder / DEEPSPEED_MODEL_STATES)
         self.checkpoints.commit(tag, self._progress(rnd))
@@ -342,6 +356,8 @@ class FederatedServer:
         self.distill_optimizer.load_state_dict(server["distill_optimizer"])
         # Checkpoints written before the algorithm kept its own state hold FedAvg's at the top level.
         self.algorithm.load_state_dict(server.get("algorithm", server))
+        if self.accountant is not None:  # the algorithm section, privacy included, is kept on resume
+            self.accountant.load_state_dict(server["privacy"])
         if not bool(torch.isfinite(self.global_model).all()):
             raise GeoFMError(
                 f"{self.checkpoints.latest().resolve()} holds a global model with non-finite values; "

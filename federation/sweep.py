@@ -15,7 +15,7 @@ A sweep file names a federated ``config`` (the base of every cell) and the setti
       1bit_ef: {bits: 1, error_feedback: true}
 
 A cell's ``algorithm`` section is its own settings over the base's communication and screening
-settings (:data:`SHARED_ALGORITHM_KEYS`: codecs, norm rules, server optimiser, aggregator): the
+settings (:data:`SHARED_ALGORITHM_KEYS`: codecs, norm rules, server optimiser, aggregator, privacy): the
 base's algorithm-specific settings (FedSense's perturbation, FedProx's beta, ...) do not carry over,
 so ``fedavg: {}`` is plain FedAvg whatever the base runs. Each cell's whole config is written to
 ``OUTPUT/configs/`` and run with ``geofm fed simulate`` in a process of its own, into
@@ -55,8 +55,10 @@ SHARED_ALGORITHM_KEYS = (
     "examples_factor",
     "server_optimizer",
     "aggregator",
+    "privacy",
 )
-"""The base's ``algorithm`` settings every cell keeps: how updates travel and are screened and combined."""
+"""The base's ``algorithm`` settings every cell keeps: how updates travel, are screened and combined, and
+their differential privacy."""
 
 
 class SweepConfig(ProgramConfig):

@@ -191,6 +191,28 @@ class SamConfig(Section):
     )
 
 
+class PrivacyConfig(Section):
+    """Client-level differential privacy of the model updates (see :mod:`geofm.federated.privacy`).
+
+    ``central``: the server clips each decoded update to ``clip``, averages them with equal weights
+    and adds Gaussian noise of std ``noise_multiplier * clip / m`` (DP-FedAvg). ``local``: each client
+    clips its update and adds noise of std ``noise_multiplier * clip`` before quantising it.
+    """
+
+    mode: Literal["central", "local"]
+    clip: float = Field(gt=0.0, description="S: the L2 norm each client's update is clipped to")
+    noise_multiplier: float = Field(
+        ge=0.0, description="z: the noise std in units of clip (0: clipping only, no guarantee)"
+    )
+    delta: float = Field(default=1e-5, gt=0.0, lt=1.0, description="the delta the logged epsilon is for")
+    seed: int | None = Field(
+        default=None,
+        ge=0,
+        description="null: noise from OS entropy, the only private choice; an integer makes the noise "
+        "reproducible (experiments, tests) and gives no privacy against anyone who knows it",
+    )
+
+
 class AlgorithmConfig(Section):
     """The federated algorithm: client update rule, server update rule and what travels each way.
 
@@ -217,7 +239,9 @@ class AlgorithmConfig(Section):
     ``fedgloss``: SAM on the server along the previous round's update, with an ADMM dual on both sides
     (``options``: ``rho``, ``beta``, ``warmup_rounds``, ``rho0``) and local SAM. ``fedalign``: FedAvg plus the
     Lipschitz matching of the backbone's final stage with its MLPs pruned (``options``: ``mu``, ``width``,
-    ``power_iterations``). ``sam`` makes any algorithm's local steps sharpness-aware. Any registered algorithm (see
+    ``power_iterations``). ``sam`` makes any algorithm's local steps sharpness-aware; ``privacy`` clips and noises
+    the clients' model updates (algorithms whose only upload is ``update`` and whose server averages it).
+    Any registered algorithm (see
     :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
     quantised: ``uplink`` and ``downlink`` apply to each payload of their direction, ``uplink_payloads``
     and ``downlink_payloads`` change fields for one named payload.
@@ -267,6 +291,9 @@ class AlgorithmConfig(Section):
     )
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
     aggregator: AggregatorConfig = AggregatorConfig()
+    privacy: PrivacyConfig | None = Field(
+        default=None, description="client-level differential privacy of the updates; null: off"
+    )
 
     @field_validator("name")
     @classmethod

@@ -59,6 +59,20 @@ def test_an_invalid_cell_is_named_before_anything_runs(sweep_file, monkeypatch):
         read_sweep(sweep_file(algorithms={"a/b": {}}))
 
 
+def test_every_cell_keeps_the_bases_privacy_and_one_that_cannot_is_named(fed_tree, monkeypatch, tmp_path):
+    privacy = {"mode": "central", "clip": 0.1, "noise_multiplier": 1.0}
+    base = fed_tree("base", federation={"rounds": 1}, algorithm={"distill_steps": 0, "privacy": privacy})
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    sweep = {"config": "base.yaml", "output_dir": str(tmp_path / "sweep"), "algorithms": {"fedavg": {}}}
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    _, (cell,) = read_sweep(str(tmp_path / "sweep.yaml"))
+    assert cell.tree["algorithm"]["privacy"] == privacy
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({**sweep, "algorithms": {"scaffold": {}}}))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("ran a cell"))
+    with pytest.raises(ConfigError, match=r"(?s)cell base__scaffold.*privacy: scaffold uploads"):
+        run_sweep(str(tmp_path / "sweep.yaml"))
+
+
 def test_a_failed_cell_leaves_the_others_to_run_and_is_named(sweep_file, monkeypatch, tmp_path):
     calls = []
 

@@ -14,6 +14,10 @@ An algorithm is a subclass of :class:`Algorithm` registered in
 * ``personalised``: whether each client's own model is the algorithm's product (FedBN, pFedLA);
   then every client also evaluates the model it trained on its own validation data each round and
   the server logs their mean and spread.
+* ``algorithm.privacy`` (:mod:`~geofm.federated.privacy`): every algorithm whose only upload is
+  ``update`` and whose server steps by the round's combined update takes it: :meth:`~Algorithm.upload`
+  clips and noises the update under local privacy, :meth:`~Algorithm.aggregate` clips, averages and
+  noises under central privacy.
 * ``keeps_local_statistics``: whether each client keeps its own batch-norm running statistics
   (FedBN): the runtime restores them from the client's state after the downlink, and sends every
   client the server model's start statistics instead of the average of the clients'.
@@ -37,6 +41,7 @@ keeps between rounds; the algorithm reads and writes it: ``feedback.<payload>.*`
 from __future__ import annotations
 
 import contextlib
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -54,6 +59,7 @@ from geofm.federated.aggregation import ClientUpload, RoundAggregate, UploadRule
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
 from geofm.federated.flat import ParameterLayout
+from geofm.federated.privacy import PrivateMean, check_private, noise_generator, privatise
 from geofm.federated.robust import build_aggregator
 from geofm.federated.sharpness import SharpnessAscent, asam_scaled
 from geofm.tasks import StepOutput
@@ -174,7 +180,7 @@ class Algorithm(ABC):
         num_clients: int | None = None,
         num_rounds: int | None = None,
     ) -> None:
-        self.cfg, self.num_clients, self.num_rounds = cfg, num_clients, num_rounds
+        self.cfg, self.num_clients, self.num_rounds, self.privacy = cfg, num_clients, num_rounds, cfg.privacy
         try:
             self.check_config(cfg)
         except ValueError as err:
@@ -199,7 +205,8 @@ class Algorithm(ABC):
             p: UploadRules(
                 num_values=self.num_values,
                 bits=up.bits,
-                norm_factor=cfg.norm_factor,
+                # Central privacy clips instead of screening norms (see geofm.federated.privacy).
+                norm_factor=math.inf if self.privacy and self.privacy.mode == "central" else cfg.norm_factor,
                 examples_factor=cfg.examples_factor,
                 declared_examples=declared_examples or {},
             )
@@ -237,6 +244,7 @@ class Algorithm(ABC):
             raise ValueError(f"sam.rho: {cls.name} has no default radius; set sam.rho (> 0)")
         if sam is not None and not sam.adaptive and cfg.sam is not None and cfg.sam.eta is not None:
             raise ValueError("sam.eta: eta is ASAM's offset; set sam.adaptive: true to use it")
+        check_private(cls.name, cls.uplink, cls.own_server_rule, cfg)
         cls.options_of(cfg)
 
     @classmethod
@@ -394,22 +402,26 @@ class Algorithm(ABC):
         """The end of the local round: the uplink payloads from the trained shared parameters (CPU vector)."""
 
     def upload(
-        self, update: LocalUpdate, state: Arrays, generator: torch.Generator
+        self, update: LocalUpdate, state: Arrays, generator: torch.Generator, noise: torch.Generator | None = None
     ) -> tuple[Arrays, dict[str, UplinkReport]]:
-        """Encode each uplink payload with its codec and its own error-feedback residual (kept in ``state``).
+        """Encode each uplink payload with its codec and its own error-feedback residual (kept in ``state``);
+        under local privacy the update is clipped and noised first, with ``noise`` (None: OS entropy).
 
         Raises:
             CodecError: a payload holds NaN or Inf, or its stored residual is malformed.
         """
         if set(update.payloads) != set(self.uplink):
             raise ValueError(f"algorithm {self.name} uploads {list(self.uplink)}, got {sorted(update.payloads)}")
+        payloads = dict(update.payloads)
+        if self.privacy is not None and self.privacy.mode == "local":
+            payloads["update"] = privatise(payloads["update"], self.privacy, noise or noise_generator(None))
         packets, reports = {}, {}
         for p in self.uplink:
             prefix = f"feedback.{p}."
             kept = self.uplink_configs[p].error_feedback
             saved = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)} if kept else {}
             feedback = FeedbackState.from_arrays(saved) if saved else FeedbackState()
-            packets[p], reports[p] = self.feedback[p].uplink(update.payloads[p], feedback, generator)
+            packets[p], reports[p] = self.feedback[p].uplink(payloads[p], feedback, generator)
             if kept:
                 state.update({prefix + k: v for k, v in feedback.to_arrays().items()})
         return _arrays(packets), reports
@@ -421,9 +433,13 @@ class Algorithm(ABC):
 
     def aggregate(self, uploads: Sequence[ClientUpload]) -> dict[str, RoundAggregate]:
         """Decode and screen every payload (its own norm history), combine each over the accepted clients
-        with the configured aggregator."""
+        with the configured aggregator; under privacy the mean is :class:`~geofm.federated.privacy.PrivateMean`
+        (its noise drawn for :attr:`round` when ``privacy.seed`` is set)."""
         recent = {p: [n for norms in self.recent_norms[p] for n in norms] for p in self.uplink}
-        return aggregate_payloads(uploads, self.rules, recent, self.aggregator)
+        aggregator = self.aggregator
+        if self.privacy is not None and self.cfg.aggregator.name == "mean":
+            aggregator = PrivateMean(self.privacy, noise_generator(self.privacy.seed, "server", self.round))
+        return aggregate_payloads(uploads, self.rules, recent, aggregator)
 
     @abstractmethod
     def server_update(

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
+from geofm.config.federated import AlgorithmConfig
 from geofm.federated.aggregation import RoundAggregate
 from geofm.federated.algorithms.base import LocalHooks, LocalRound, Refiner, ServerRound
 from geofm.federated.algorithms.fedprox import FedProx
@@ -26,6 +27,15 @@ class FedSense(FedProx):
     """
 
     name = "fedsense"
+
+    @classmethod
+    def check_config(cls, cfg: AlgorithmConfig) -> None:
+        super().check_config(cfg)
+        if cfg.privacy is not None and cfg.privacy.mode == "central" and cfg.distill_steps:
+            raise ValueError(
+                "distill_steps: central privacy noises only the round's mean update, and the similarity "
+                "distillation groups the clients' own updates; set distill_steps to 0 or use local privacy"
+            )
 
     def local_hooks(self, local: LocalRound) -> LocalHooks:
         hooks = super().local_hooks(local)
