@@ -133,3 +133,13 @@ def test_the_server_update_needs_the_number_of_clients():
     payloads = server.aggregate(_uploads(server, {"a": ([0.1, 0.2], 1)}))
     with pytest.raises(ConfigError, match="number of clients"):
         server.server_update(torch.zeros(2), payloads, None)
+
+
+def test_fedgloss_refuses_central_privacy_whose_mean_its_dual_would_bypass():
+    """sigma sums the raw accepted updates: under central privacy that sum would leave the accountant's mechanism."""
+    privacy = {"clip": 1.0, "noise_multiplier": 1.0, "seed": 0}
+    with pytest.raises(ConfigError, match="privacy: fedgloss's dual"):
+        build_algorithm(
+            AlgorithmConfig.model_validate({"name": "fedgloss", "privacy": {"mode": "central", **privacy}}), 4
+        )
+    build_algorithm(AlgorithmConfig.model_validate({"name": "fedgloss", "privacy": {"mode": "local", **privacy}}), 4)

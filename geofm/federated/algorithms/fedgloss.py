@@ -46,7 +46,7 @@ from pydantic import Field
 from torch import Tensor
 
 from geofm.config.base import Section
-from geofm.config.federated import SamConfig
+from geofm.config.federated import AlgorithmConfig, SamConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate
 from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
@@ -82,6 +82,15 @@ class FedGloSS(FedAvg):
     name = "fedgloss"
     Options = FedGloSSOptions
     default_sam: ClassVar[SamConfig] = SamConfig(rho=0.15)
+
+    @classmethod
+    def check_config(cls, cfg: AlgorithmConfig) -> None:
+        super().check_config(cfg)
+        if cfg.privacy is not None and cfg.privacy.mode == "central":
+            raise ValueError(
+                "privacy: fedgloss's dual sigma sums each accepted update as it arrived, outside central "
+                "privacy's clipped and noised mean; use privacy.mode: local"
+            )
 
     # ---- server --------------------------------------------------------------------------
     def downlink_values(self, model: Tensor) -> dict[str, Tensor]:
