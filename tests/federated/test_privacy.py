@@ -182,3 +182,17 @@ def test_a_model_with_batch_norm_statistics_is_refused_under_privacy():
     check_statistics(None, torch.ones(3).numpy())
     with pytest.raises(ConfigError, match="batch-norm layers"):
         check_statistics(privacy, torch.ones(3).numpy())
+
+
+@pytest.mark.parametrize("name", ["fedsam", "fedasam", "swa", "wima", "fedalign", "fedgloss"])
+def test_the_flatness_algorithms_take_privacy_local_and_all_but_fedgloss_central(name):
+    """Each uploads one averaged ``update``: both modes compose, except FedGloSS's dual under central privacy."""
+    for mode in ("local", "central"):
+        cfg = AlgorithmConfig.model_validate(
+            {"name": name, "privacy": {"mode": mode, "clip": 1.0, "noise_multiplier": 1.0, "seed": 0}}
+        )
+        if name == "fedgloss" and mode == "central":
+            with pytest.raises(ConfigError, match="privacy: fedgloss"):
+                build_algorithm(cfg, 4, num_clients=2)
+        else:
+            assert build_algorithm(cfg, 4, num_clients=2).privacy.mode == mode
