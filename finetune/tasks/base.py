@@ -171,15 +171,21 @@ class FinetuneTask(ABC):
         return batch[self.target].to(device, non_blocking=True)
 
     def forward(
-        self, model: nn.Module, batch: dict[str, Tensor], device: torch.device, dtype: torch.dtype
+        self, model: nn.Module, batch: dict[str, Tensor], device: torch.device, dtype: torch.dtype, mix: bool = True
     ) -> StepOutput:
-        """One training micro-batch: inputs and target (mixed, where the task mixes), outputs and loss."""
+        """One micro-batch: inputs and target, outputs and loss. Where the task mixes, ``mix`` mixes the
+        batch (training); without it the loss takes the unmixed batch's targets as the mixing makes
+        them (one-hot, label-smoothed), as a validation loss does."""
         from geofm.tasks import StepOutput
 
         inputs = self.model_inputs(batch, device, dtype)
         target = self.batch_target(batch, device)
-        if self.mixing is not None:
+        if self.mixing is not None and mix:
             inputs[0], target = self.mixing(inputs[0], target)
+        elif self.mixing is not None:
+            from timm.data.mixup import mixup_target
+
+            target = mixup_target(target, self.mixing.num_classes, 1.0, self.mixing.label_smoothing)
         outputs = model(*inputs)
         loss = self.criterion(outputs.float(), target.float() if self.float_target else target)
         return StepOutput({"loss": loss}, outputs)

@@ -19,6 +19,8 @@
   (:func:`distill_similarity`).
 * :mod:`~geofm.federated.partition`: splitting the sources' files among clients by source, by
   region or by Dirichlet proportions.
+* :mod:`~geofm.federated.flatness`: :func:`~geofm.federated.flatness.flatness`, a model's mean loss increase
+  under random perturbations of a fixed norm.
 * :mod:`~geofm.federated.algorithms`: the algorithm interface and the registered algorithms
   (FedAvg, FedProx, FedSense, SCAFFOLD, FedNova, FedDC).
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from finetune.models import build_finetune_model
 from finetune.objective import build_criterion
+from finetune.tasks import task_of
 from geofm.config.finetune import PADDING_LABEL
 
 
@@ -68,3 +69,19 @@ def test_l1_is_the_mean_over_the_unpadded_target(task_config):
     )
     loss.backward()
     assert bool(outputs.grad.isfinite().all()) and bool((outputs.grad[:, :, 6:] == 0).all()), "padding gets no gradient"
+
+
+def test_an_unmixed_forward_of_a_mixing_task_takes_the_one_hot_targets_smoothed_as_mixing_smooths(task_config):
+    cfg = task_config("classification", finetune={"mixup": 0.8, "label_smoothing": 0.1})
+    task = task_of(cfg)
+    logits = torch.tensor([[2.0, 0.0, 0.0]])
+
+    class Fixed(torch.nn.Module):
+        def forward(self, image: torch.Tensor) -> torch.Tensor:
+            return logits.expand(len(image), -1)
+
+    batch = {"image": torch.zeros(1, 4, 32, 32), "label": torch.tensor([0])}
+    loss = task.forward(Fixed(), batch, torch.device("cpu"), torch.float32, mix=False).losses["loss"]
+    # 3 classes, smoothing 0.1: target (1 - 0.1 + 0.1/3, 0.1/3, 0.1/3); log-softmax of (2, 0, 0) is
+    # (2, 0, 0) - log(e^2 + 2) = (-0.23954, -2.23954, -2.23954); the loss is 0.93333 * 0.23954 + 2 * 0.03333 * 2.23954.
+    assert float(loss) == pytest.approx(0.93333 * 0.23954 + 2 * 0.033333 * 2.23954, rel=1e-4)
