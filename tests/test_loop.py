@@ -4,6 +4,7 @@ step-batches over epochs, the local steps of a federated client, and a run's log
 import contextlib
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -40,15 +41,23 @@ def value_forward(batch) -> StepOutput:
     return StepOutput({"loss": torch.tensor(float(batch))}, outputs=2 * batch)
 
 
-def test_the_micro_step_regularises_inside_the_hook_and_steps_after_it():
-    events = []
-    engine = Engine(events)
+def recording_context(events: list) -> Callable[[], contextlib.AbstractContextManager]:
+    """An ``around_gradient`` hook that records ``enter`` and ``exit`` in ``events``."""
 
     @contextlib.contextmanager
     def around_gradient():
         events.append("enter")
         yield
         events.append("exit")
+
+    return around_gradient
+
+
+def test_the_micro_step_regularises_inside_the_hook_and_steps_after_it():
+    events = []
+    engine = Engine(events)
+
+    around_gradient = recording_context(events)
 
     def forward(batch):
         events.append("forward")
@@ -68,11 +77,7 @@ def test_the_ascent_gets_the_task_loss_inside_the_hook_and_the_regulariser_only_
     events = []
     engine = Engine(events)
 
-    @contextlib.contextmanager
-    def around_gradient():
-        events.append("enter")
-        yield
-        events.append("exit")
+    around_gradient = recording_context(events)
 
     @contextlib.contextmanager
     def ascent(closure):

@@ -95,6 +95,7 @@ class LocalRound:
         state: the client's state, read and written by the algorithm.
         lr: the round's learning rate of the local optimiser.
         module: the module the client trains (its engine's), for hooks on its blocks.
+        losses: a regulariser's values of each micro-batch so far (detached), for the round's log.
     """
 
     client: str
@@ -104,6 +105,7 @@ class LocalRound:
     state: Arrays
     lr: float
     module: nn.Module | None = None
+    losses: list[Tensor] = field(default_factory=list)
 
 
 @dataclass

@@ -55,7 +55,7 @@ at 224 px (batch 4) and 1.6 times for the tests' tiny Swin, whose many small pro
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,8 +67,7 @@ from torch import Tensor, nn
 
 from geofm.config.base import Section
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import RoundAggregate
-from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.representation import final_stage, representation_module
 from geofm.tasks import StepOutput
@@ -136,7 +135,6 @@ class FedAlignRound(LocalRound):
         inputs: the stage's inputs captured since the last regulariser call.
         outputs: its outputs captured since then, one per input.
         pruning: whether the pruned pass runs (its own calls are not captured).
-        losses: ``L_reg`` of each micro-batch so far (detached).
     """
 
     prefix: str = ""
@@ -145,7 +143,6 @@ class FedAlignRound(LocalRound):
     inputs: list[Tensor] = field(default_factory=list)
     outputs: list[Tensor] = field(default_factory=list)
     pruning: bool = False
-    losses: list[Tensor] = field(default_factory=list)
 
 
 class FedAlignOptions(Section):
@@ -160,6 +157,7 @@ class FedAlign(FedAvg):
     """FedAlign: FedAvg plus ``mu (L_task / L_reg) L_reg`` in every local loss (module docstring)."""
 
     name = "fedalign"
+    reported_loss = "lipschitz_loss"
     Options = FedAlignOptions
 
     def local_round(
@@ -243,23 +241,6 @@ class FedAlign(FedAvg):
         with torch.no_grad():
             teacher = lipschitz_estimate(features, feature_map(outputs, local.prefix_tokens), iterations)
         return F.mse_loss(student, teacher)
-
-    def finish_local(self, local: FedAlignRound, trained: Tensor, steps: int) -> LocalUpdate:
-        """FedAvg's upload; the round's mean ``L_reg`` goes to the server as ``lipschitz_loss``."""
-        update = super().finish_local(local, trained, steps)
-        if local.losses:
-            update.metadata["lipschitz_loss"] = float(torch.stack(local.losses).mean())
-        return update
-
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
-        """FedAvg's update; logs ``lipschitz_loss``, the clients' mean ``L_reg`` weighted as their updates."""
-        outcome = super().server_update(model, payloads, refine)
-        reported = payloads["update"].reported_mean("lipschitz_loss")
-        if reported is not None:
-            outcome.metrics["lipschitz_loss"] = reported
-        return outcome
 
 
 __all__ = [

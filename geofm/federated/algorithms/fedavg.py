@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
+import torch
 from torch import Tensor
 
 from geofm.federated.aggregation import RoundAggregate
@@ -20,6 +21,9 @@ class FedAvg(Algorithm):
     name = "fedavg"
     uplink = ("update",)
     downlink = ("model",)
+    reported_loss: ClassVar[str | None] = None
+    """The name under which a client reports the round's mean regulariser value (``LocalRound.losses``)
+    and ``rounds.jsonl`` logs the clients' mean, weighted as their updates (MOON, FedAlign)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -27,14 +31,21 @@ class FedAvg(Algorithm):
         self._optimizer_before: dict[str, Any] | None = None
 
     def finish_local(self, local: LocalRound, trained: Tensor, steps: int) -> LocalUpdate:
-        return LocalUpdate({"update": trained - local.received["model"]})
+        update = LocalUpdate({"update": trained - local.received["model"]})
+        if self.reported_loss and local.losses:
+            update.metadata[self.reported_loss] = float(torch.stack(local.losses).mean())
+        return update
 
     def server_update(
         self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
     ) -> ServerRound:
         """The next global model: the server optimiser's step by the combined update."""
         self._optimizer_before = copy.deepcopy(self.server_optimizer.state_dict())
-        return ServerRound(self.server_optimizer.step(model, payloads["update"].update))
+        outcome = ServerRound(self.server_optimizer.step(model, payloads["update"].update))
+        reported = payloads["update"].reported_mean(self.reported_loss) if self.reported_loss else None
+        if reported is not None:
+            outcome.metrics[self.reported_loss] = reported
+        return outcome
 
     def discard(self) -> None:
         if self._optimizer_before is not None:

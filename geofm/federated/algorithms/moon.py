@@ -57,7 +57,7 @@ backbone in memory and one in its state.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,8 +69,7 @@ from torch.utils.hooks import RemovableHandle
 
 from geofm.config.base import Section
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import RoundAggregate
-from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound, LocalUpdate
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.representation import final_stage, representation_module
 from geofm.federated.flat import ParameterLayout
@@ -118,7 +117,6 @@ class MoonRound(LocalRound):
         global_copy: the round's global backbone, frozen.
         previous_copy: the client's previous trained backbone (the global one in its first round), frozen.
         prefix_tokens: a ViT's class and register tokens, left out of the pooling.
-        losses: ``l_con`` of each micro-batch so far (detached).
         inputs: the backbone's inputs captured since the last regulariser call.
         outputs: its last block's outputs captured since then, one per input.
         handles: the hooks, removed when the round ends.
@@ -129,7 +127,6 @@ class MoonRound(LocalRound):
     global_copy: nn.Module | None = None
     previous_copy: nn.Module | None = None
     prefix_tokens: int = 0
-    losses: list[Tensor] = field(default_factory=list)
     inputs: list[Tensor] = field(default_factory=list)
     outputs: list[Tensor] = field(default_factory=list)
     handles: list[RemovableHandle] = field(default_factory=list)
@@ -146,6 +143,7 @@ class Moon(FedAvg):
     """MOON: FedAvg plus the model-contrastive loss ``mu * l_con`` in every local loss (module docstring)."""
 
     name = "moon"
+    reported_loss = "contrastive_loss"
     Options = MoonOptions
 
     def local_round(
@@ -218,20 +216,7 @@ class Moon(FedAvg):
         local.state[PREVIOUS] = local.layout.flatten(
             {n: pieces[f"{local.prefix}.{n}"] for n in local.layout.names}
         ).numpy()
-        update = super().finish_local(local, trained, steps)
-        if local.losses:
-            update.metadata["contrastive_loss"] = float(torch.stack(local.losses).mean())
-        return update
-
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
-        """FedAvg's update; logs ``contrastive_loss``, the clients' mean ``l_con`` weighted as their updates."""
-        outcome = super().server_update(model, payloads, refine)
-        reported = payloads["update"].reported_mean("contrastive_loss")
-        if reported is not None:
-            outcome.metrics["contrastive_loss"] = reported
-        return outcome
+        return super().finish_local(local, trained, steps)
 
 
 __all__ = ["Moon", "MoonOptions", "MoonRound", "model_contrastive_loss", "pooled", "representation"]
