@@ -104,18 +104,6 @@ def method_sections(methods: list[Any]) -> dict[str, dict[str, Any]]:
     return sections
 
 
-def check_privacy(settings: dict[str, Any]) -> None:
-    """Raises ConfigError where DP runs are asked for and the algorithm config has no ``privacy`` section."""
-    from geofm.config.federated import AlgorithmConfig
-    from geofm.errors import ConfigError
-
-    if settings["noise_multipliers"] and "privacy" not in AlgorithmConfig.model_fields:
-        raise ConfigError(
-            "noise_multipliers: this geofm has no algorithm.privacy section (differential privacy); "
-            "run without DP with noise_multipliers=[]"
-        )
-
-
 def _model(tree: dict, settings: dict[str, Any]) -> None:
     kwargs = tree["model"]["timm_kwargs"]
     tree["model"].update(img_size=settings["img_size"], timm_kwargs={**kwargs, "embed_dim": settings["embed_dim"]})
@@ -327,7 +315,6 @@ def run(settings: dict[str, Any]) -> Report:
     from geofm.errors import ConfigError
 
     sections = method_sections(settings["methods"])
-    check_privacy(settings)
     unknown = sorted(set(settings["partitions"]) - set(PARTITIONS))
     if unknown:
         raise ConfigError(f"partitions: {unknown} are not among {list(PARTITIONS)}")

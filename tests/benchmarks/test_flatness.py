@@ -10,7 +10,6 @@ import pytest
 from benchmarks import flatness as bench
 from benchmarks.cli import settings_of
 from geofm.config.base import parse_overrides
-from geofm.config.federated import AlgorithmConfig
 from geofm.data.demo import make_demo_archive
 from geofm.errors import ConfigError
 
@@ -53,9 +52,3 @@ def test_methods_that_are_not_registered_are_named_before_anything_runs(tmp_path
     with pytest.raises(ConfigError, match="'fedavg' appears twice"):
         bench.method_sections(["fedavg", {"name": "fedavg"}])
     assert bench.method_sections([{"name": "fedavg", "label": "plain"}]) == {"plain": {"name": "fedavg"}}
-
-
-@pytest.mark.skipif("privacy" in AlgorithmConfig.model_fields, reason="this geofm has differential privacy")
-def test_dp_runs_without_a_privacy_section_are_refused_naming_the_setting() -> None:
-    with pytest.raises(ConfigError, match=r"noise_multipliers: this geofm has no algorithm\.privacy"):
-        bench.check_privacy({"noise_multipliers": [1.0]})
