@@ -38,20 +38,21 @@ DEFAULTS: dict[str, Any] = {
     "split_fractions": [0.6, 0.2, 0.2],  # train, val, test shares of the chip rows, top to bottom
     "embed_dim": 24,
     "depths": [1, 1, 2, 1],
-    "mask_patch_size": 8,
+    "mask_patch_size": 4,
     "mask_ratio": 0.6,
-    "pretrain_epochs": 3,
+    "pretrain_epochs": 40,
     "pretrain_samples": 800,  # samples per pretraining epoch, drawn from both scenes (None: all their chips)
     "pretrain_lr": 2.0e-3,
     "pretrain_batch": 16,
-    "l8_weight": 1.0,  # sampling weight of the Landsat 8 crop against the Sentinel-2 crop's 1
-    "train_fraction": 0.05,
-    "frozen": False,
-    "finetune_epochs": 15,
+    "l8_weight": 0.13,  # sampling weight of the Landsat 8 crop against the Sentinel-2 crop's 1 (0.13: each chip as often)
+    "train_fraction": 0.02,
+    "frozen": True,
+    "finetune_epochs": 30,
     "finetune_lr": 1.0e-3,
+    "layer_decay": 0.9,  # finetuning lr of each backbone layer group against the one above (1: no decay)
     "finetune_batch": 8,
     "decoder_channels": 64,
-    "seeds": [0, 1, 2],
+    "seeds": list(range(10)),
     "checkpoint": None,  # a finished pretraining run or export to finetune from instead of pretraining here
     "work_dir": None,  # keeps chips and runs there (None: a temporary folder)
     "markdown": "runs/bench/pretrain-benefit.md",  # the table as Markdown
@@ -282,7 +283,11 @@ def finetune_config(
             "warmup_epochs": min(1.0, settings["finetune_epochs"] / 4),
             "weight_decay": 0.05,
         },
-        "finetune": {"val_split": "val", "eval_every": max(1, settings["finetune_epochs"] // 3)},
+        "finetune": {
+            "val_split": "val",
+            "eval_every": max(1, settings["finetune_epochs"] // 3),
+            "layer_decay": settings["layer_decay"],
+        },
     }
     return FinetuneConfig.from_tree(tree, "geofm bench pretrain-benefit (finetuning)")
 
