@@ -2,11 +2,14 @@
 
 The server dies in round 2 after every client trained and kept its round-2 state, before it
 aggregates; the rerun must use the clients' round-1 states and the server's round-1 checkpoint
-(FedGloSS's duals and pseudo-gradient, SWA's average, the privacy accountant and residuals).
+(FedGloSS's duals and pseudo-gradient, the privacy accountant and the 1-bit residuals). The
+algorithms whose clients keep no state of their own resume from the server's checkpoint alone, as
+their stop-after-round-1 tests show.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -21,8 +24,6 @@ PLAIN = {"perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
 ONE_BIT = {"bits": 1, "bucket_size": 512, "error_feedback": True}
 ALGORITHMS = {
     "fedgloss": {"name": "fedgloss", **PLAIN, "options": {"rho": 0.05, "beta": 5.0}, "sam": {"rho": 0.05}},
-    "swa": {"name": "swa", **PLAIN, "options": {"start": 1, "cycle": 2, "lr_max": 1.0, "lr_min": 0.5}},
-    "fedalign_with_asam": {"name": "fedalign", **PLAIN, "sam": {"rho": 0.2, "adaptive": True}},
     "central_privacy_1bit": {
         "name": "fedavg",
         **PLAIN,
@@ -43,9 +44,12 @@ def test_a_server_killed_in_round_2_resumes_to_the_unbroken_runs_losses_and_weig
         run_server(FederatedServer(cfg), _KilledInRound(clients, 2), poll_s=0)
     assert [r["round"] for r in _rounds(cfg.run.output_dir)] == [1]
     resumed = _run(tree)  # fresh client programs: their round-2 states are newer than the server's checkpoint
-    logged = [key for key in ("loss", "sigma_norm", "swa_models", "lipschitz_loss", "epsilon") if key in straight[0]]
+    logged = [key for key in ("loss", "sigma_norm", "epsilon") if key in straight[0]]
     assert "loss" in logged and len(logged) > 1, f"{name} logs its own figures"
     for a, b in zip(straight, _rounds(resumed), strict=True):
         assert {k: a[k] for k in logged} == {k: b[k] for k in logged}, f"round {a['round']}"
     wa, wb = load_file(unbroken / "backbone.safetensors"), load_file(resumed / "backbone.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "the resumed run exports the same weights"
+    state = "clients/uav_rgbn/state_round_000002.npz"
+    with np.load(unbroken / state) as a, np.load(resumed / state) as b:
+        assert sorted(a.files) == sorted(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
