@@ -51,6 +51,34 @@ def drift_norm(params: Sequence[Tensor], anchor: Sequence[Tensor]) -> float:
     return float(_drift_norm(_pairs(params, anchor)))
 
 
+class MovedParameters:
+    """Parameters moved for a block and restored bit for bit after it: ``with moved(shift): ...``.
+
+    The saved copy is a buffer kept from block to block; the parameters come back from it, not by
+    subtracting the shift, which would not round-trip in bf16.
+    """
+
+    def __init__(self, params: Sequence[Tensor]) -> None:
+        self.params = list(params)
+        self._saved: list[Tensor] | None = None
+
+    @contextmanager
+    def __call__(self, shift: Sequence[Tensor]) -> Iterator[None]:
+        """Add ``shift`` (one tensor per parameter) for the block; restore the parameters on exit."""
+        values = [p.detach() for p in self.params]
+        with torch.no_grad():
+            if self._saved is None:
+                self._saved = [v.clone() for v in values]
+            else:
+                torch._foreach_copy_(self._saved, values)
+            torch._foreach_add_(values, list(shift))
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(values, self._saved)
+
+
 class Perturbation:
     """Drift-aware perturbed steps for fixed parameters: ``with perturbation(): ...`` moves them to
     ``theta + radius * d / ||d||`` and restores them on exit (see :func:`perturbed`).
@@ -74,19 +102,14 @@ class Perturbation:
         self.params = [p for p, _ in pairs]
         self.anchor = [a for _, a in pairs]
         self.radius = radius
-        self._saved: list[Tensor] | None = None
-        self._drift: list[Tensor] | None = None
+        self._moved = MovedParameters(self.params)
+        self._drift = [torch.empty_like(a) for a in self.anchor]
 
     @contextmanager
     def __call__(self) -> Iterator[Tensor]:
         """Move the parameters for the block, restore them bit for bit after it; yields ``||d||`` as a 0-dim tensor."""
         values = [p.detach() for p in self.params]
         with torch.no_grad():
-            if self._saved is None:
-                self._saved = [v.clone() for v in values]
-                self._drift = [torch.empty_like(a) for a in self.anchor]
-            else:
-                torch._foreach_copy_(self._saved, values)
             torch._foreach_copy_(self._drift, values)
             torch._foreach_sub_(self._drift, self.anchor)
             norm = (
@@ -95,12 +118,8 @@ class Perturbation:
             # radius / ||d||, or 0 (no move) when there is no drift or no radius
             scale = torch.where(norm > 0, self.radius / norm.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
             torch._foreach_mul_(self._drift, scale)
-            torch._foreach_add_(values, self._drift)
-        try:
+        with self._moved(self._drift):
             yield norm
-        finally:
-            with torch.no_grad():
-                torch._foreach_copy_(values, self._saved)
 
 
 def perturbed(params: Sequence[Tensor], anchor: Sequence[Tensor], radius: float) -> AbstractContextManager[Tensor]:

@@ -39,6 +39,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from geofm.federated.perturbation import MovedParameters
+
 
 @contextmanager
 def replayed_randomness(devices: Sequence[int]) -> Iterator[None]:
@@ -76,7 +78,7 @@ class SharpnessAscent:
             raise ValueError(f"scaled names {len(scaled)} parameters, got {len(self.params)}")
         self.scaled = [i for i, s in enumerate(scaled) if s] if eta is not None else []
         self.devices = sorted({p.device.index or 0 for p in self.params if p.device.type == "cuda"})
-        self._saved: list[Tensor] | None = None
+        self._moved = MovedParameters(self.params)
 
     def step(self, closure: Callable[[], Tensor]) -> tuple[list[Tensor], Tensor]:
         """The ascent ``e`` per parameter (float32) and the norm ``||T g||``, from the closure's loss at ``w``."""
@@ -108,18 +110,8 @@ class SharpnessAscent:
             yield torch.zeros(())
             return
         ascent, norm = self.step(closure)
-        values = [p.detach() for p in self.params]
-        with torch.no_grad():
-            if self._saved is None:
-                self._saved = [v.clone() for v in values]
-            else:
-                torch._foreach_copy_(self._saved, values)
-            torch._foreach_add_(values, ascent)
-        try:
+        with self._moved(ascent):
             yield norm
-        finally:
-            with torch.no_grad():
-                torch._foreach_copy_(values, self._saved)
 
 
 def asam_scaled(names: Sequence[str]) -> list[bool]:
