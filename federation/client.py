@@ -22,7 +22,7 @@ from geofm.config.federated import FederatedConfig
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.feedback import UplinkReport
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
-from geofm.federated.privacy import check_statistics, noise_generator
+from geofm.federated.privacy import noise_generator
 from geofm.loop import TrainLoop
 from geofm.training import check_inputs
 
@@ -93,7 +93,6 @@ class FederatedClient:
         privacy = cfg.algorithm.privacy
         noise = noise_generator(privacy.seed, "client", self.name, rnd) if privacy else None
         statistics = running_statistics(engine.module)
-        check_statistics(privacy, statistics)
         upload, reports = algorithm.upload(update, state, generator, noise)
         if statistics is not None:
             upload[RUNNING_STATISTICS] = statistics
