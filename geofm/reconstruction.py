@@ -41,7 +41,7 @@ class ReconstructionPanels:
         reconstruction: the decoder's output in masked pixels, the target in visible ones.
         masked: True where the pixel lies in a masked patch.
         valid: False where a pixel or band holds no data.
-        names: one label per chip (source and file).
+        names: one label per chip (source, then file or scene and window).
     """
 
     target: Tensor
@@ -56,7 +56,8 @@ def shown_chips(pile: PretrainPile, seed: int, count: int = SHOWN_CHIPS) -> dict
     indices = shown_samples(pile.source_sizes, count, seed)
     batch = default_collate([pile[index] for index in indices])
     batch["names"] = [
-        f"{pile.sources[i.source].name}: {pile.sources[i.source].chips[i.file].file.name}" for i in indices
+        f"{pile.sources[i.source].name}: {pile.sources[i.source].chip_label(pile.sources[i.source].chips[i.file])}"
+        for i in indices
     ]
     return batch
 

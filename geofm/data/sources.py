@@ -12,7 +12,7 @@ from torch import Tensor
 
 from geofm.config import SourceConfig
 from geofm.data.grid import Window, grid_windows
-from geofm.data.products import ProductReader, list_images, list_products
+from geofm.data.products import ProductReader, band_files, list_images, list_products
 from geofm.data.readers import RawPixels, WindowReader, raster_info, read_raster
 
 __all__ = ["Chip", "ImageSource", "chips_of", "list_images", "list_products"]
@@ -97,6 +97,18 @@ class ImageSource:
     def name(self) -> str:
         """The source's name."""
         return self.cfg.name
+
+    def chip_label(self, chip: Chip) -> str:
+        """A person's name for ``chip``: its file, or its product (a per-band scene by its scene id, not by
+        its first band's file), and the window it covers."""
+        if self.cfg.layout == "band_files":
+            label = f"scene {band_files.scene_name(self.cfg, chip.file)}"
+        else:
+            label = chip.file.name
+        if chip.window is None:
+            return label
+        row, col, height, width = chip.window
+        return f"{label} [{row}:{row + height}, {col}:{col + width}]"
 
     def __len__(self) -> int:
         """Number of samples of the source: its files, or with ``chip_size`` their chips."""

@@ -62,6 +62,12 @@ def list_products(cfg: SourceConfig) -> list[Path]:
     return sorted(min(files.values()) for files in scenes.values())
 
 
+def scene_name(cfg: SourceConfig, first: Path) -> str:
+    """The scene id (``filename_regex``'s ``scene`` group) of the scene whose first file is ``first``."""
+    match = re.compile(cfg.filename_regex).fullmatch(first.relative_to(Path(cfg.root)).as_posix())
+    return first.name if match is None else match["scene"]
+
+
 def open_product(cfg: SourceConfig, first: Path, bands: Collection[str]) -> Product:
     """The scene whose first file is ``first``, with the files of ``bands`` (those it has) and its quality band.
 
