@@ -6,6 +6,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,18 @@ def figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=120)
 
 
+def loss_lines(records: list[dict], keys: Sequence[str]) -> list[tuple[str, str]]:
+    """The ``(key, label)`` of each loss worth a line: logged and not zero throughout. A component equal
+    to the total in every record (a run without distillation) is named in the total's label rather
+    than drawn under it."""
+    drawn = [key for key in keys if any(r.get(key) not in (None, 0) for r in records)]
+    same = [key for key in drawn[1:] if all(r.get(key) == r.get(drawn[0]) for r in records)]
+    lines = [(key, key) for key in drawn if key not in same]
+    if lines and same:
+        lines[0] = (drawn[0], f"{drawn[0]} (= {', '.join(same)})")
+    return lines
+
+
 def plot_loss_curve(records: list[dict], path: Path, title: str = "") -> None:
     """Loss components and learning rate against step, as a PNG (records without ``lr`` are skipped)."""
     records = [r for r in records if "lr" in r]
@@ -80,10 +93,8 @@ def plot_loss_curve(records: list[dict], path: Path, title: str = "") -> None:
     steps = [r["step"] for r in records]
     fig = figure(7, 4)
     ax = fig.subplots()
-    for key in LOSS_KEYS:
-        values = [r.get(key) for r in records]
-        if any(v is not None and v != 0 for v in values):
-            ax.plot(steps, values, label=key, linewidth=1.4)
+    for key, label in loss_lines(records, LOSS_KEYS):
+        ax.plot(steps, [r.get(key) for r in records], label=label, linewidth=1.4)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
@@ -111,10 +122,10 @@ def plot_rounds(records: list[dict], path: Path, title: str = "") -> None:
     rounds = [r["round"] for r in records]
     fig = figure(11, 4)
     loss_ax, bytes_ax = fig.subplots(1, 2)
-    for key in (*LOSS_KEYS, "loss_similarity"):
+    lines = loss_lines(records, (*LOSS_KEYS, "loss_similarity"))
+    for key, label in lines:
         values = [r.get(key) for r in records]
-        if any(v is not None and v != 0 for v in values):
-            loss_ax.plot(rounds, [math.nan if v is None else v for v in values], label=key, linewidth=1.4, marker=".")
+        loss_ax.plot(rounds, [math.nan if v is None else v for v in values], label=label, linewidth=1.4, marker=".")
     troubled = [r["round"] for r in records if r.get("failed") or r.get("rejected")]
     discarded = [r["round"] for r in records if r.get("discarded") or not r.get("clients", [None])]
     for marked, label, style in (
@@ -124,7 +135,8 @@ def plot_rounds(records: list[dict], path: Path, title: str = "") -> None:
         for number, rnd in enumerate(marked):
             loss_ax.axvspan(rnd - 0.4, rnd + 0.4, label=label if not number else None, linewidth=0, **style)
     loss_ax.set_xlabel("round")
-    loss_ax.set_ylabel("loss (clients' mean; server distillation)")
+    server = " and the server's distillation" if any(key == "loss_similarity" for key, _ in lines) else ""
+    loss_ax.set_ylabel(f"loss (clients' mean{server})")
     loss_ax.grid(alpha=0.3)
     if any("lr" in r for r in records):
         lr_ax = loss_ax.twinx()
@@ -134,9 +146,12 @@ def plot_rounds(records: list[dict], path: Path, title: str = "") -> None:
     else:
         handles = loss_ax.get_legend_handles_labels()[0]
     loss_ax.legend(handles, [h.get_label() for h in handles], fontsize=8)
-    for key, label in (("uplink_bytes", "uplink"), ("downlink_bytes", "downlink")):
-        values = [r.get(key) or math.nan for r in records]
-        bytes_ax.plot(rounds, values, label=label, linewidth=1.4, marker=".")
+    uplink, downlink = ([r.get(key) or math.nan for r in records] for key in ("uplink_bytes", "downlink_bytes"))
+    if uplink == downlink:  # an uncompressed uplink: one line, not one hidden under the other
+        bytes_ax.plot(rounds, uplink, label="uplink = downlink", linewidth=1.4, marker=".")
+    else:
+        bytes_ax.plot(rounds, uplink, label="uplink", linewidth=1.4, marker=".")
+        bytes_ax.plot(rounds, downlink, label="downlink", linewidth=1.4, marker="x", linestyle="--")
     bytes_ax.set_yscale("log")
     bytes_ax.set_xlabel("round")
     bytes_ax.set_ylabel("bytes on the wire per round (all clients)")

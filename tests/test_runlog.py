@@ -5,7 +5,7 @@ import json
 import pytest
 
 from geofm.errors import GeoFMError
-from geofm.runlog import MetricsLog
+from geofm.runlog import LOSS_KEYS, MetricsLog, loss_lines, plot_rounds
 
 
 def test_resume_drops_records_after_the_checkpoint_and_a_line_cut_short_by_a_kill(tmp_path):
@@ -22,3 +22,26 @@ def test_a_damaged_line_before_the_last_is_an_error_naming_the_file_and_line(tmp
     path.write_text('{"round": 1}\nnot json\n{"round": 3}\n')
     with pytest.raises(GeoFMError, match=r"rounds\.jsonl, line 2: not a JSON record"):
         MetricsLog(path, resume_step=3, key="round")
+
+
+def test_a_loss_component_equal_to_the_total_is_named_in_its_label_not_drawn_under_it():
+    teacher = [{"loss": 0.5, "loss_mim": 0.5, "loss_distill": 0.0}, {"loss": 0.4, "loss_mim": 0.4, "loss_distill": 0.0}]
+    assert loss_lines(teacher, LOSS_KEYS) == [("loss", "loss (= loss_mim)")]
+    gfm = [{"loss": 1.5, "loss_mim": 0.5, "loss_distill": 1.0}]
+    assert loss_lines(gfm, LOSS_KEYS) == [("loss", "loss"), ("loss_mim", "loss_mim"), ("loss_distill", "loss_distill")]
+
+
+def test_rounds_figure_names_server_distillation_only_when_there_is_one(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    saved: list[Figure] = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kwargs: saved.append(fig))
+    fedavg = [{"round": r, "loss": 1.0 / r, "uplink_bytes": 100, "downlink_bytes": 100, "clients": [0]} for r in (1, 2)]
+    fedsense = [{**record, "loss_similarity": 0.1, "uplink_bytes": 4} for record in fedavg]
+    plot_rounds(fedavg, tmp_path / "a.png")
+    plot_rounds(fedsense, tmp_path / "b.png")
+    (loss_a, bytes_a), (loss_b, bytes_b) = (fig.axes[:2] for fig in saved)
+    assert loss_a.get_ylabel() == "loss (clients' mean)"
+    assert "server's distillation" in loss_b.get_ylabel()
+    assert [line.get_label() for line in bytes_a.get_lines()] == ["uplink = downlink"]
+    assert [line.get_label() for line in bytes_b.get_lines()] == ["uplink", "downlink"]
