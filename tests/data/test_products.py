@@ -252,9 +252,7 @@ def test_band_files_group_scenes_and_a_share_of_them_keeps_its_identity(tmp_path
 def test_a_band_files_chip_is_labelled_by_its_scene_and_window_not_its_first_band_file(tmp_path):
     for band_id in ("B01", "B02", "B03", "B04"):
         write_band(tmp_path / f"s2_{band_id}.tif", np.full((16, 32), 7, np.uint16), 10.0)
-    cfg = _source(
-        tmp_path, "band_files", ["blue", "green", "red"], filename_regex=r"(?P<scene>.+)_(?P<band>B\w+)\.tif"
-    )
+    cfg = _source(tmp_path, "band_files", ["blue", "green", "red"], filename_regex=r"(?P<scene>.+)_(?P<band>B\w+)\.tif")
     source = ImageSource(cfg.model_copy(update={"chip_size": 16}), ["red", "green", "blue"])
     assert [source.chip_label(chip) for chip in source.chips] == ["scene s2 [0:16, 0:16]", "scene s2 [0:16, 16:32]"]
 
