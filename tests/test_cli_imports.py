@@ -51,6 +51,8 @@ def test_help_imports_no_heavy_package(args):
     [
         ["pretrain", "--config", PRETRAIN, "train.epoch=3"],
         ["pretrain", "--config", PRETRAIN, "masking.mask_ratio=2"],
+        ["pretrain", "--config", PRETRAIN, "masking.mask_patch_size=48"],
+        ["fed", "simulate", "--config", FEDERATED, "masking.mask_patch_size=48"],
         ["finetune", "--config", FINETUNE, "train.micro_batch_size=0"],
         ["fed", "simulate", "--config", FEDERATED, "federation.rounds=0"],
         ["pretrain", "--config", "missing.yaml"],

@@ -437,8 +437,9 @@ class FederatedConfig(ProgramConfig):
 
     @model_validator(mode="after")
     def _check_combination(self, info: ValidationInfo) -> FederatedConfig:
-        if checks_architecture(info):
-            check_masked_pretraining(self.model, self.masking, self.teacher, self.data)
+        check_masked_pretraining(
+            self.model, self.masking, self.teacher, self.data, architecture=checks_architecture(info)
+        )
         fed, names = self.federation, [s.name for s in self.data.sources]
         unknown = [n for n in fed.public_sources if n not in names]
         if unknown:

@@ -28,6 +28,7 @@ class PretrainConfig(ProgramConfig):
 
     @model_validator(mode="after")
     def _check_combination(self, info: ValidationInfo) -> PretrainConfig:
-        if checks_architecture(info):
-            check_masked_pretraining(self.model, self.masking, self.teacher, self.data)
+        check_masked_pretraining(
+            self.model, self.masking, self.teacher, self.data, architecture=checks_architecture(info)
+        )
         return self

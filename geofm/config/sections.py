@@ -431,9 +431,18 @@ class RunConfig(Section):
 
 
 def check_masked_pretraining(
-    model: StudentConfig, masking: MaskingConfig, teacher: TeacherConfig | None, data: DataConfig
+    model: StudentConfig,
+    masking: MaskingConfig,
+    teacher: TeacherConfig | None,
+    data: DataConfig,
+    *,
+    architecture: bool = True,
 ) -> None:
     """Check that the sections of a masked-image pretraining config fit together.
+
+    Args:
+        architecture: also the checks that build the backbone (its patch size and depth, which
+            import timm); without it only those the values alone decide.
 
     Raises:
         ValueError: naming the fields that do not fit.
@@ -441,6 +450,12 @@ def check_masked_pretraining(
     mp, img = masking.mask_patch_size, model.img_size
     if img % mp:
         raise ValueError(f"model.img_size {img} is not divisible by masking.mask_patch_size {mp}")
+    if teacher is not None and len(data.bands) != 3 and data.rgb_indices is None:
+        raise ValueError(
+            f"a teacher sees RGB: data.bands {data.bands} must name red, green and blue (or hold exactly 3 bands)"
+        )
+    if not architecture:
+        return
     patch = patch_size_of(model.arch, model.timm_kwargs)
     if mp % patch:
         raise ValueError(f"masking.mask_patch_size {mp} is not divisible by the backbone's patch size {patch}")
@@ -449,7 +464,3 @@ def check_masked_pretraining(
     depth = stage_count_of(model.arch, model.timm_kwargs)
     if model.distill_block is not None and model.distill_block > depth:
         raise ValueError(f"model.distill_block {model.distill_block} does not exist in {model.arch} ({depth} blocks)")
-    if teacher is not None and len(data.bands) != 3 and data.rgb_indices is None:
-        raise ValueError(
-            f"a teacher sees RGB: data.bands {data.bands} must name red, green and blue (or hold exactly 3 bands)"
-        )
