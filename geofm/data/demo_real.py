@@ -45,8 +45,9 @@ real/              REAL IMAGERY, copied here by `geofm demo-data` from the Pytho
                    line {HELD_OUT_COLUMNS_60M * 60 / 1000:g} km from its western edge (1574 x 1947 px at 10 m): fields,
                    marsh, a barrier island and the ocean. One institution's archive in the
                    federated demo.
-  sentinel2_public/ the same bands west of that line (359 x 1947 px at 10 m, fields): held
-                   out from that institution, the federated demo server's public set.
+  sentinel2_public/ the same bands west of that line (359 x 1947 px at 10 m: fields, woods, a
+                   village and, at its southern end, open water): held out from that
+                   institution, the federated demo server's public set.
   landsat8/        Landsat 8 OLI/TIRS pre-collection Level-1, scene "l8": l8_B1.tif ..
                    l8_B11.tif (uint16 DN; 627 x 603 px of 30 m, B8 pan 1254 x 1207 px of 15 m,
                    B10 and B11 thermal) and l8_BQA.tif, the pre-collection quality band (about a
