@@ -64,7 +64,7 @@ DATA_ROOT = "data-root"
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("geofm.federated")
 
 
 @dataclass(frozen=True)

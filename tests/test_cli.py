@@ -1,3 +1,4 @@
+import logging
 import os
 import re
 from pathlib import Path
@@ -159,3 +160,41 @@ def test_help_texts_list_registered_algorithms_and_give_each_command_its_own_exa
     for command, words in described.items():
         assert words in _help(capsys, *command), f"{' '.join(command)} has a description"
     assert "--deployment DIR" in _help(capsys, "fed", "certs") and "--out" not in _help(capsys, "fed", "commands")
+
+
+def _module_logger_names() -> dict[str, str]:
+    """Each module's logger (a module-level ``NAME = logging.getLogger(...)``) -> the module, for every package."""
+    import ast
+
+    root = Path(__file__).parents[1]
+    loggers = {}
+    for package in ("geofm", "federation", "pretrain", "finetune", "benchmarks"):
+        for path in (root / package).rglob("*.py"):
+            module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            for node in ast.parse(path.read_text()).body:
+                call = node.value if isinstance(node, ast.Assign) else None
+                if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "getLogger":
+                    [argument] = call.args
+                    name = module if isinstance(argument, ast.Name) and argument.id == "__name__" else argument.value
+                    loggers[name] = module
+    return loggers
+
+
+def test_every_module_logger_is_shown_at_info_by_the_command_line(monkeypatch):
+    from geofm import PROJECT_LOGGERS
+    from geofm.cli import configure_logging
+
+    monkeypatch.delenv("RANK", raising=False)
+    touched = [logging.getLogger(name) for name in (*PROJECT_LOGGERS, "rasterio")]
+    levels = [logger.level for logger in touched]
+    try:
+        configure_logging(verbose=False)
+        loggers = _module_logger_names()
+        hidden = {
+            module: name for name, module in loggers.items() if not logging.getLogger(name).isEnabledFor(logging.INFO)
+        }
+    finally:
+        for logger, level in zip(touched, levels, strict=True):
+            logger.setLevel(level)
+    assert "geofm.federated" in loggers, loggers
+    assert not hidden, f"modules logging under names the command line does not show: {hidden}"
