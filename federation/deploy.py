@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from federation.processes import WATCH_S, kill_marked
+from federation.processes import WATCH_S, end_marked
 from federation.runtime import DATA_ROOT, INSTITUTION, Scalar
 from geofm.errors import ConfigError, FederatedRunError
 
@@ -401,10 +401,11 @@ def run_supernode(arguments: Sequence[str], retry_activation_s: float, pause_s: 
             code = process.wait()
         finally:
             signal.signal(signal.SIGTERM, forward)
+        end_marked(SUPERNODE_MARKER, token)  # what this start left: SuperExec, ClientApps, the node's worker
         # A leftover caught mid-exec shows no environment yet: look again until its output closes.
         while relay.is_alive():
-            kill_marked(SUPERNODE_MARKER, token)
             relay.join(WATCH_S)
+            end_marked(SUPERNODE_MARKER, token)
         if code == 0 or not refused.is_set() or time.monotonic() + pause_s > deadline:
             return code
         print(
