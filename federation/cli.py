@@ -157,8 +157,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run flower-supernode, starting it again while the SuperLink refuses its activation",
         description="Run `flower-supernode ARGS`; while the SuperLink refuses to activate it (a node restarted "
         "within a minute of a crash still counts as online there), start it again, for at most "
-        "--retry-activation-s seconds. A key the SuperLink does not know is not retried: `geofm fed register` "
-        "must run first. Exits with flower-supernode's exit code.",
+        "--retry-activation-s seconds. A key the SuperLink does not know is refused the same way: refused for longer "
+        "than a previous process counts as online (60 s), it stops and says that `geofm fed register` must run first. "
+        "Exits with flower-supernode's exit code.",
         epilog=_examples(EXAMPLES["supernode"], "`geofm fed commands` prints each institution's line."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
