@@ -108,7 +108,7 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
     register(parser.add_subparsers(dest="command", required=True))
     out = tmp_path / "fed"
     args = parser.parse_args(
-        ["fed", "certs", "--out", str(out), "--institutions", "esa,ign", "--host", "10.1.2.3", "--port", "9000"]
+        ["fed", "certs", "--deployment", str(out), "--institutions", "esa,ign", "--host", "10.1.2.3", "--port", "9000"]
     )
     args.handler(args)
     printed = capsys.readouterr().out
@@ -116,11 +116,11 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
     nodes = [line for line in printed.splitlines() if " fed supernode " in line]
     assert [shlex.split(line)[-1] for line in nodes] == ["9001", "9002"], "node ports follow --port"
     assert all('DS_ACCELERATOR="cpu"' in line for line in nodes), "client processes know their accelerator"
-    args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign=/srv/ign"])
+    args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign=/srv/ign"])  # as before
     args.handler(args)
     printed = capsys.readouterr().out
     assert 'data-root="/srv/ign"' in printed, printed
-    args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign"])
+    args = parser.parse_args(["fed", "commands", "--deployment", str(out), "--data-root", "ign"])
     with pytest.raises(ConfigError, match="expected NAME=PATH"):
         args.handler(args)
     config = tmp_path / "toy.yaml"
