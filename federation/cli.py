@@ -24,6 +24,7 @@ from federation.deploy import (
     ACTIVATION_RETRY_S,
     DEFAULT_CONNECTION,
     DEFAULT_PORT,
+    ONLINE_PATIENCE_S,
     DeploymentFiles,
     deployment_commands,
     launch_run,
@@ -158,7 +159,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run `flower-supernode ARGS`; while the SuperLink refuses to activate it (a node restarted "
         "within a minute of a crash still counts as online there), start it again, for at most "
         "--retry-activation-s seconds. A key the SuperLink does not know is refused the same way: refused for longer "
-        "than a previous process counts as online (60 s), it stops and says that `geofm fed register` must run first. "
+        f"than a previous process counts as online ({ONLINE_PATIENCE_S:g} s), it stops and says that "
+        "`geofm fed register` must run first. "
         "Exits with flower-supernode's exit code.",
         epilog=_examples(EXAMPLES["supernode"], "`geofm fed commands` prints each institution's line."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
