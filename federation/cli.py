@@ -5,6 +5,8 @@
 ``geofm fed certs``     writes a deployment's certificates, SuperNode keys and CLI connection, then
                         prints its commands;
 ``geofm fed commands``  prints those commands again for a folder ``geofm fed certs`` wrote;
+``geofm fed register``  registers the institutions' SuperNode keys with the SuperLink;
+``geofm fed supernode`` runs an institution's SuperNode, starting it again while it is refused;
 ``geofm fed launch``    starts a run on a deployment's SuperLink and follows it to its final status;
 ``geofm fed sweep``     runs one simulation per algorithm x scenario (x uplink) of a sweep file and
                         compares them (:mod:`federation.sweep`).
@@ -22,6 +24,7 @@ from federation.deploy import (
     ACTIVATION_RETRY_S,
     DEFAULT_CONNECTION,
     DEFAULT_PORT,
+    ONLINE_PATIENCE_S,
     DeploymentFiles,
     deployment_commands,
     launch_run,
@@ -32,28 +35,62 @@ from federation.deploy import (
 from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, Scalar, config_entry
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
+from geofm.federated.algorithms import ALGORITHMS
 
 BUILT_IN = "geofm"
 """The registered program that runs a config's task, algorithm and partition."""
 
-EXAMPLES = """\
-examples:
-  geofm fed simulate --config configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml
-  geofm fed simulate --config configs/federated/fedavg_swin_tiny__10clients__100rounds.yaml federation.rounds=5
-  geofm fed certs --out ~/geofm-deployment --institutions naip,sentinel2,aerial_fr --host superlink.example.org
-  geofm fed launch --deployment deploy --config configs/federated/fedsense_swin_tiny__10clients__100rounds.yaml
-
-Rerunning the same config resumes from the server's last checkpoint.
+EXAMPLES = {
+    "simulate": [
+        "geofm fed simulate --config configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml",
+        "geofm fed simulate --config configs/federated/fedavg_swin_tiny__10clients__100rounds.yaml federation.rounds=5",
+    ],
+    "certs": [
+        "geofm fed certs --deployment ~/geofm-deployment --institutions naip,sentinel2,aerial_fr "
+        "--host superlink.example.org --data-root naip=/archive/naip",
+    ],
+    "commands": ["geofm fed commands --deployment ~/geofm-deployment --data-root naip=/archive/naip"],
+    "register": ["geofm fed register --deployment ~/geofm-deployment"],
+    "supernode": [
+        "geofm fed supernode -- --superlink superlink.example.org:9093 --root-certificates naip/ca.crt "
+        '--auth-supernode-private-key naip/supernode.key --node-config \'institution="naip" '
+        'data-root="/archive/naip"\' --port 9094',
+    ],
+    "launch": [
+        "geofm fed launch --deployment ~/geofm-deployment "
+        "--config configs/federated/fedsense_swin_tiny__10clients__100rounds.yaml",
+    ],
+    "sweep": ["geofm fed sweep --config sweep.yaml --num-cpus 8"],
+}
+"""Each subcommand's examples, shown by its ``--help`` (``geofm fed --help`` shows the first of each)."""
+RESUMES = "Rerunning the same config resumes from the server's last checkpoint."
+SWEEP_FILE = """\
+a sweep file (README: "Comparing algorithms and scenarios"):
+  config: base.yaml               # a federated config, relative to the sweep file
+  output_dir: runs/sweep          # OUTPUT
+  algorithms:                     # label: its algorithm settings (name defaults to the label)
+    fedavg: {}
+    fedprox: {proximal_beta: 0.01}
+  scenarios:                      # label: its federation settings, over the base's
+    sources: {partition: by_source}
+  uplinks:                        # optional; label: its algorithm.uplink settings
+    1bit_ef: {bits: 1, error_feedback: true}
 """
+
+
+def _examples(lines: list[str], *notes: str) -> str:
+    """An epilog: the example command lines, then notes as paragraphs."""
+    return "\n\n".join(["examples:\n" + "".join(f"  {line}\n" for line in lines), *notes])
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     fed = subparsers.add_parser(
         "fed",
-        help="federated pretraining on Flower: simulation, deployment certificates, commands and launch",
-        description="Federated continual pretraining (FedAvg, FedProx, FedSense) on Flower, simulated on this "
-        "machine or deployed with one SuperNode per institution.",
-        epilog=EXAMPLES,
+        help="federated pretraining and finetuning on Flower: simulation, deployment and launch",
+        description=f"Federated continual pretraining and finetuning with a registered algorithm "
+        f"({', '.join(ALGORITHMS)}; `geofm list algorithms` describes them) on Flower, simulated on this machine "
+        "or deployed with one SuperNode per institution. `geofm fed COMMAND --help` shows a command's examples.",
+        epilog=_examples([lines[0] for lines in EXAMPLES.values()]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = fed.add_subparsers(dest="fed_command", required=True, metavar="COMMAND")
@@ -63,7 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run a federated config on this machine, one simulated SuperNode per institution",
         description="Run the ServerApp and one simulated SuperNode per institution with Flower's simulation engine. "
         "Exits non-zero when the server fails.",
-        epilog=EXAMPLES,
+        epilog=_examples(EXAMPLES["simulate"], RESUMES),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_program_args(simulate)
@@ -83,12 +120,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     certs = commands.add_parser(
         "certs",
         help="write a deployment's CA, SuperLink certificate, SuperNode keys and CLI connection; print its commands",
-        description="Write into OUT (outside any git work tree, or ignored by git): ca.crt, offline/ca.key, "
-        "superlink.crt/superlink.key (SAN: HOST, localhost, 127.0.0.1), per institution supernodes/NAME.pub and "
-        "institutions/NAME/ (ca.crt and its SuperNode's private key, EC P-384, OpenSSH: the folder to hand to "
-        "NAME) and flwr-home/config.toml; then print every command of the deployment.",
+        description="Write into the deployment folder (outside any git work tree, or ignored by git): ca.crt, "
+        "offline/ca.key, superlink.crt/superlink.key (SAN: HOST, localhost, 127.0.0.1), per institution "
+        "supernodes/NAME.pub and institutions/NAME/ (ca.crt and its SuperNode's private key, EC P-384, OpenSSH: "
+        "the folder to hand to NAME) and flwr-home/config.toml; then print every command of the deployment.",
+        epilog=_examples(EXAMPLES["certs"]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    certs.add_argument("--out", type=Path, required=True, help="output folder")
+    _add_deployment(certs, "the deployment folder to write")
     certs.add_argument(
         "--institutions", type=_names, required=True, metavar="A,B,...", help="one SuperNode key pair each"
     )
@@ -102,9 +141,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     certs.set_defaults(handler=_certs)
 
     show = commands.add_parser(
-        "commands", help="print the deployment commands for a folder written by `geofm fed certs`"
+        "commands",
+        help="print the deployment commands for a folder written by `geofm fed certs`",
+        description="Print again, in order and commented, every command of the deployment that `geofm fed certs` "
+        "wrote into the folder: the SuperLink's, registering the SuperNode keys, each institution's SuperNode "
+        "(with its --data-root, or a placeholder) and launching a run.",
+        epilog=_examples(EXAMPLES["commands"]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    show.add_argument("--out", type=Path, required=True, help="folder written by geofm fed certs")
+    _add_deployment(show)
     _add_data_roots(show)
     show.set_defaults(handler=_commands)
 
@@ -113,7 +158,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run flower-supernode, starting it again while the SuperLink refuses its activation",
         description="Run `flower-supernode ARGS`; while the SuperLink refuses to activate it (a node restarted "
         "within a minute of a crash still counts as online there), start it again, for at most "
-        "--retry-activation-s seconds. Exits with flower-supernode's exit code.",
+        "--retry-activation-s seconds. A key the SuperLink does not know is refused the same way: refused for longer "
+        f"than a previous process counts as online ({ONLINE_PATIENCE_S:g} s), it stops and says that "
+        "`geofm fed register` must run first. "
+        "Exits with flower-supernode's exit code.",
+        epilog=_examples(EXAMPLES["supernode"], "`geofm fed commands` prints each institution's line."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     node.add_argument(
         "--retry-activation-s", type=float, default=ACTIVATION_RETRY_S, help=f"default {ACTIVATION_RETRY_S:g}"
@@ -126,8 +176,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="register the institutions' SuperNode keys with the SuperLink (a key already there is fine)",
         description="Register every institution's supernodes/NAME.pub of a deployment folder with its SuperLink "
         "(`flwr supernode register`). Idempotent: a key the SuperLink already holds counts as registered.",
+        epilog=_examples(EXAMPLES["register"]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    enrol.add_argument("--deployment", type=Path, required=True, help="folder written by geofm fed certs")
+    _add_deployment(enrol)
     enrol.add_argument("--institutions", type=_names, metavar="A,B,...", help="only these (default: all)")
     enrol.set_defaults(handler=_register)
 
@@ -136,17 +188,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="start a run on a deployment's SuperLink and follow it until it finishes",
         description="Submit the config to the SuperLink of a deployment folder (`flwr run`), stream the run's log, "
         "and exit 0 only if the run's final status is finished:completed.",
+        epilog=_examples(EXAMPLES["launch"], RESUMES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    launch.add_argument("--deployment", type=Path, required=True, help="folder written by geofm fed certs")
+    _add_deployment(launch)
     _add_program_args(launch)
     launch.set_defaults(handler=_launch)
 
     sweep = commands.add_parser(
         "sweep",
         help="one simulation per algorithm x scenario (x uplink) of a sweep file, then their comparison",
-        description="Validate every cell of a sweep file (see federation/sweep.py), run each unfinished one with "
-        "`geofm fed simulate` in a process of its own, and write OUTPUT/comparison/comparison.md, .json and .png. "
-        "Rerunning skips finished cells and resumes the others.",
+        description="Validate every cell of a sweep file (below), run each unfinished one with `geofm fed simulate` "
+        "in a process of its own into OUTPUT/SCENARIO/ALGORITHM[__UPLINK], and write OUTPUT/comparison/comparison.md, "
+        ".json and .png. A cell's algorithm settings replace the base's algorithm-specific ones. Rerunning skips "
+        "finished cells and resumes the others.",
+        epilog=SWEEP_FILE + "\n" + _examples(EXAMPLES["sweep"]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sweep.add_argument("--config", required=True, type=Path, help="the sweep file")
     sweep.add_argument("overrides", nargs="*", metavar="key.path=value", help="override sweep-file values")
@@ -168,6 +225,13 @@ def _add_program_args(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"a registered federated program (default {BUILT_IN}: the config's task, algorithm and partition)",
     )
+
+
+def _add_deployment(parser: argparse.ArgumentParser, help_text: str = "folder written by geofm fed certs") -> None:
+    """``--deployment DIR``, required; ``--out DIR``, its name on ``certs`` and ``commands`` before, still works."""
+    folder = parser.add_mutually_exclusive_group(required=True)
+    folder.add_argument("--deployment", type=Path, metavar="DIR", help=help_text)
+    folder.add_argument("--out", dest="deployment", type=Path, help=argparse.SUPPRESS)
 
 
 def _add_data_roots(parser: argparse.ArgumentParser) -> None:
@@ -228,7 +292,12 @@ def _print_commands(out: Path, args: argparse.Namespace) -> None:
 
 def _certs(args: argparse.Namespace) -> None:
     files = write_deployment_files(
-        args.out, args.institutions, args.host, port=args.port, connection=args.connection, valid_days=args.valid_days
+        args.deployment,
+        args.institutions,
+        args.host,
+        port=args.port,
+        connection=args.connection,
+        valid_days=args.valid_days,
     )
     print(
         f"# wrote {files.root}: ca.crt, offline/ca.key (keep offline), superlink.crt/.key, supernodes/*.pub, "
@@ -238,7 +307,7 @@ def _certs(args: argparse.Namespace) -> None:
 
 
 def _commands(args: argparse.Namespace) -> None:
-    _print_commands(args.out, args)
+    _print_commands(args.deployment, args)
 
 
 def _supernode(args: argparse.Namespace) -> None:

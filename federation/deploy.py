@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from federation.processes import WATCH_S, kill_marked
+from federation.processes import WATCH_S, end_marked
 from federation.runtime import DATA_ROOT, INSTITUTION, Scalar
 from geofm.errors import ConfigError, FederatedRunError
 
@@ -55,6 +55,8 @@ DEFAULT_PORT = 9093
 DEFAULT_CONNECTION = "geofm"
 ACTIVATION_RETRY_S = 120.0
 """How long ``geofm fed supernode`` keeps starting a SuperNode the SuperLink refuses (its heartbeat patience is 60 s)."""
+ONLINE_PATIENCE_S = 60.0
+"""How long the SuperLink counts a SuperNode online after its last heartbeat (flwr: two 30 s heartbeat intervals)."""
 QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 COMPLETED = "finished:completed"
 """Environment for every Flower process: no telemetry, no update check (machines may be offline)."""
@@ -375,17 +377,24 @@ def run_supernode(arguments: Sequence[str], retry_activation_s: float, pause_s: 
     """Run ``flower-supernode ARGUMENTS``, starting it again while the SuperLink refuses its activation.
 
     A SuperNode restarted within a minute of a crash is refused: the SuperLink still counts its
-    previous process as online until two heartbeats (60 s) pass without one. A key that was never
-    registered is refused the same way, so retries stop after ``retry_activation_s``.
+    previous process as online until two heartbeats (:data:`ONLINE_PATIENCE_S`) pass without one. A
+    key the SuperLink does not know is refused with the same words, so it is told apart by time: a
+    start refused more than that after the first refusal was refused for its key.
 
     Returns:
         flower-supernode's exit code (that of its last start).
+
+    Raises:
+        FederatedRunError: the SuperLink refused this node's key (never registered, or registered
+            with a SuperLink that has since lost its database).
     """
     deadline = time.monotonic() + retry_activation_s
+    first_refusal = None
     while True:
         # flower-supernode starts a SuperExec that outlives it when it exits on an error, retrying its
         # connection forever with this output open: a marker finds it (and any other leftover) after.
         token = uuid.uuid4().hex
+        started = time.monotonic()
         process = subprocess.Popen(
             ["flower-supernode", *arguments],
             stdout=subprocess.PIPE,
@@ -401,15 +410,28 @@ def run_supernode(arguments: Sequence[str], retry_activation_s: float, pause_s: 
             code = process.wait()
         finally:
             signal.signal(signal.SIGTERM, forward)
+        end_marked(SUPERNODE_MARKER, token)  # what this start left: SuperExec, ClientApps, the node's worker
         # A leftover caught mid-exec shows no environment yet: look again until its output closes.
         while relay.is_alive():
-            kill_marked(SUPERNODE_MARKER, token)
             relay.join(WATCH_S)
-        if code == 0 or not refused.is_set() or time.monotonic() + pause_s > deadline:
+            end_marked(SUPERNODE_MARKER, token)
+        if code == 0 or not refused.is_set():
+            return code
+        if first_refusal is None:
+            first_refusal = time.monotonic()
+        elif started - first_refusal > ONLINE_PATIENCE_S:
+            raise FederatedRunError(
+                f"the SuperLink does not know this SuperNode's key: it still refuses activation "
+                f"{started - first_refusal:.0f} s after the first refusal, longer than it counts a previous "
+                f"process of this node as online ({ONLINE_PATIENCE_S:g} s). The operator must register the key "
+                "first (`geofm fed register --deployment DIR`), then start this node again"
+            )
+        if time.monotonic() + pause_s > deadline:
             return code
         print(
-            f"# the SuperLink refused activation (a previous process of this node may count as online for up to "
-            f"60 s); starting again in {pause_s:g} s",
+            "# the SuperLink refused activation: a previous process of this node counts as online there for up to "
+            f"{ONLINE_PATIENCE_S:g} s after its end, or the SuperLink does not know this key (then the operator must "
+            f"run `geofm fed register` first); starting again in {pause_s:g} s",
             flush=True,
         )
         time.sleep(pause_s)
@@ -522,10 +544,17 @@ def launch_run(files: DeploymentFiles, run_config: Mapping[str, Scalar], poll_s:
     run_id = int(flwr_json(run_command(config_file, connection), env)["run-id"])
     print(f"run {run_id} submitted; following its log (Ctrl-C stops following, not the run)", flush=True)
     subprocess.run(["flwr", "log", str(run_id), connection, "--stream"], check=False, env=env, stdin=subprocess.DEVNULL)
-    while not (record := flwr_json(status_command(run_id, connection), env)["runs"][0])["status"].startswith(
-        "finished"
-    ):
-        time.sleep(poll_s)
+    try:
+        while not (record := flwr_json(status_command(run_id, connection), env)["runs"][0])["status"].startswith(
+            "finished"
+        ):
+            time.sleep(poll_s)
+    except FederatedRunError as err:
+        raise FederatedRunError(
+            f"lost run {run_id}: {err}. Once the SuperLink and the SuperNodes run again (the commands "
+            f"`geofm fed commands --deployment {files.root}` prints), rerun this `geofm fed launch`: the run "
+            "resumes from the server's last checkpoint"
+        ) from err
     if record["status"] != COMPLETED:
         raise FederatedRunError(f"run {run_id} ended {record['status']}: {record.get('status-details', '')}")
     print(f"run {run_id}: {record['status']}")
@@ -566,7 +595,10 @@ def register_nodes(files: DeploymentFiles, names: Sequence[str] | None = None) -
 
 
 def flwr_json(command: list[str], env: Mapping[str, str]) -> dict:
-    """Run a ``flwr`` command that prints JSON; a failure is an error quoting its output."""
+    """Run a ``flwr`` command that prints JSON; a failure is an error quoting what ``flwr`` said, on one line.
+
+    ``flwr`` reports some failures (an unreachable SuperLink) as JSON with exit code 0.
+    """
     result = subprocess.run(
         command, check=False, env=dict(env), capture_output=True, text=True, stdin=subprocess.DEVNULL
     )
@@ -575,7 +607,6 @@ def flwr_json(command: list[str], env: Mapping[str, str]) -> dict:
     except ValueError:
         answer = {"success": False}
     if result.returncode != 0 or not answer.get("success"):
-        raise FederatedRunError(
-            f"{' '.join(command)} failed (exit {result.returncode}): {result.stdout}{result.stderr}"
-        )
+        said = answer.get("error-message") or f"{result.stdout}{result.stderr}" or f"exit code {result.returncode}"
+        raise FederatedRunError(f"`{shlex.join(command)}` failed: {' '.join(said.split())}")
     return answer

@@ -65,7 +65,7 @@ PULL_INTERVAL_S = 0.2
 """How often the server asks the SuperLink for replies while a round runs."""
 _ERROR_NAMES = {code: name.lower().replace("_", " ") for name, code in vars(ErrorCode).items() if name.isupper()}
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("geofm.federated")
 
 
 def to_array_record(arrays: Mapping[str, np.ndarray], what: str) -> ArrayRecord:

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -164,10 +165,16 @@ def serve(
     watch_pid: int,
     idle_exit_s: float = IDLE_EXIT_S,
 ) -> None:
-    """The worker's loop: answer one message at a time until the SuperNode is gone or it idles out."""
+    """The worker's loop: answer one message at a time until the SuperNode is gone, it idles out or
+    it is sent SIGTERM; it removes its socket, key and lock file as it exits."""
     listener = Listener(str(address), family="AF_UNIX", authkey=key_file.read_bytes())
     last_message = [time.monotonic()]
     busy = threading.Lock()
+
+    def leave(*_: object) -> None:
+        for path in (address, key_file, address.with_suffix(".lock")):
+            path.unlink(missing_ok=True)
+        os._exit(0)
 
     def watch() -> None:
         while True:
@@ -175,10 +182,9 @@ def serve(
             gone = not _alive(watch_pid)
             idle = not busy.locked() and time.monotonic() - last_message[0] > idle_exit_s
             if gone or idle:
-                for path in (address, key_file, address.with_suffix(".lock")):
-                    path.unlink(missing_ok=True)
-                os._exit(0)
+                leave()
 
+    signal.signal(signal.SIGTERM, leave)
     threading.Thread(target=watch, daemon=True).start()
     while True:
         try:

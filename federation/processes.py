@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 WATCH_S = 0.5
+GRACE_S = 5.0
+"""How long :func:`end_marked` gives marked processes to exit on SIGTERM before it kills them."""
 PROCESS_GROUP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """A process group's variables, set by a launcher or by a one-process group this process formed: never
 passed to the processes of a federated run, or every client would try to join this process's group."""
@@ -42,16 +44,31 @@ def marked_processes(marker: str, token: str, exclude: set[int] | None = None) -
     return found
 
 
-def kill_marked(marker: str, token: str, exclude: set[int] | None = None) -> set[int]:
-    """SIGKILL every marked process; returns the pids signalled."""
+def kill_marked(
+    marker: str, token: str, exclude: set[int] | None = None, sig: signal.Signals = signal.SIGKILL
+) -> set[int]:
+    """Send ``sig`` (SIGKILL) to every marked process; returns the pids signalled."""
     killed = set()
     for pid in marked_processes(marker, token, exclude):
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
             killed.add(pid)
         except ProcessLookupError:
             continue
     return killed
+
+
+def end_marked(marker: str, token: str, grace_s: float = GRACE_S) -> None:
+    """SIGTERM every marked process, and SIGKILL those still there after ``grace_s``.
+
+    SIGTERM first lets a process clean up: a node worker removes its socket, key and lock file,
+    which SIGKILL would leave behind.
+    """
+    deadline = time.monotonic() + grace_s
+    kill_marked(marker, token, sig=signal.SIGTERM)
+    while marked_processes(marker, token) and time.monotonic() < deadline:
+        time.sleep(WATCH_S)
+    kill_marked(marker, token)
 
 
 def start_watchdog(watch_pid: int, marker: str, token: str, remove: Path | None = None) -> subprocess.Popen:

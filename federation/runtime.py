@@ -64,7 +64,7 @@ DATA_ROOT = "data-root"
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("geofm.federated")
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,7 @@ class Program(NamedTuple):
 
 
 PROGRAMS: Registry[Program] = Registry("federated program", "geofm.federated_programs")
+"""Federated programs a run config names (``geofm fed simulate --program``)."""
 PROGRAMS.register("geofm", "federation.program:PROGRAM")
 
 RETIRED_KEYS = ("server-factory", "client-factory")

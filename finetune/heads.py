@@ -16,6 +16,7 @@ from __future__ import annotations
 from geofm.registry import Registry
 
 HEADS: Registry = Registry("head", "geofm.heads")
+"""What a finetuning model puts on its backbone (``head.name``)."""
 HEADS.register("linear", "finetune.models:Classifier")
 HEADS.register("upernet", "finetune.models:Segmenter")
 HEADS.register("siamese_upernet", "finetune.models:ChangeDetector")

@@ -12,12 +12,13 @@ import json
 import logging
 import os
 import sys
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from geofm import PROJECT_LOGGERS
+from geofm import PROJECT_LOGGERS, __version__
 from geofm.errors import GeoFMError
+from geofm.registry import REGISTRIES
 
 if TYPE_CHECKING:
     from geofm.data.stats import BandStats
@@ -127,6 +128,22 @@ def _checkpoint_inspect(args: argparse.Namespace) -> None:
     print(json.dumps(result, indent=2, default=str) if args.json else format_inspection(result))
 
 
+def _list(args: argparse.Namespace) -> None:
+    """Print a registry's names with their summaries, or without KIND the registries."""
+    registry = REGISTRIES if args.kind is None else REGISTRIES.get(args.kind)
+    width = max(map(len, registry.names()), default=0)
+    for name in registry.names():
+        print(f"{name:<{width}}  {registry.summary(name)}".rstrip())
+
+
+def _installed_version() -> str:
+    """The installed distribution's version (the source tree's where geofm runs uninstalled)."""
+    try:
+        return version("geofm")
+    except PackageNotFoundError:
+        return __version__
+
+
 def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -142,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="geofm", description="Geospatial foundation models: pretrain, finetune, publish."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_installed_version()}")
     # The deepspeed launcher passes --local_rank; the engine reads LOCAL_RANK from the environment.
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -188,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     ben = data.add_parser(
         "bigearthnet-metadata",
         help="each BigEarthNet v2.0 patch's country and season, as the CSV federation.metadata reads",
+        description="Read the metadata.parquet of torchgeo's BigEarthNetV2 below ROOT and write one row per patch "
+        "(sample, patch_id, country, and the season of its acquisition month): the per-sample metadata a federated "
+        "finetuning config names in federation.metadata, to split clients by country or keep one season.",
+        epilog="example:\n  geofm data bigearthnet-metadata data/bigearthnet --out data/bigearthnet/metadata.csv",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ben.add_argument("root", type=Path, help="torchgeo BigEarthNetV2's root (its metadata.parquet)")
     ben.add_argument("--out", type=Path, required=True, help="the CSV file to write")
@@ -227,29 +250,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.set_defaults(handler=_checkpoint_convert)
     inspect = checkpoint_commands.add_parser(
-        "inspect", help="format, architecture, parameters, bands and provenance of a checkpoint"
+        "inspect",
+        help="format, architecture, parameters, bands and provenance of a checkpoint",
+        description="Describe a checkpoint in any known layout without building the model: its file format and "
+        "layout, the architecture inferred from its weights, parameter count, bands, sizes and provenance.",
+        epilog="examples:\n  geofm checkpoint inspect runs/gfm_demo\n  geofm checkpoint inspect exports/gfm --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     inspect.add_argument("path", type=Path, help="weights file, export folder or training run directory")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.set_defaults(handler=_checkpoint_inspect)
+
+    kinds = commands.add_parser(
+        "list",
+        help="what is registered (algorithms, tasks, heads...), one name per line with its summary",
+        description="Print the names registered under KIND, built-in and from installed plug-ins, each with the "
+        "first paragraph of its docstring; without KIND, the kinds.",
+        epilog="examples:\n  geofm list\n  geofm list algorithms",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    kinds.add_argument("kind", nargs="?", choices=REGISTRIES.names(), metavar="KIND", help=", ".join(REGISTRIES))
+    kinds.set_defaults(handler=_list)
 
     for plugin in entry_points(group="geofm.commands"):
         plugin.load()(commands)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def configure_logging(verbose: bool) -> None:
+    """The project's loggers (:data:`geofm.PROJECT_LOGGERS`) at INFO on rank 0 (DEBUG with ``verbose``),
+    other libraries' at WARNING."""
     rank = int(os.environ.get("RANK", "0"))
-    level = logging.DEBUG if args.verbose else logging.INFO if rank == 0 else logging.WARNING
+    level = logging.DEBUG if verbose else logging.INFO if rank == 0 else logging.WARNING
     # Other libraries' INFO lines (matplotlib's font cache on a first run, say) only with --verbose.
-    root_level = logging.DEBUG if args.verbose else logging.WARNING
+    root_level = logging.DEBUG if verbose else logging.WARNING
     logging.basicConfig(level=root_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for name in PROJECT_LOGGERS:
         logging.getLogger(name).setLevel(level)
-    if not args.verbose:
+    if not verbose:
         # GDAL's own messages about a broken file repeat what geofm's error says; --verbose shows them.
         logging.getLogger("rasterio").setLevel(logging.ERROR)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.verbose)
     try:
         args.handler(args)
     except GeoFMError as exc:

@@ -11,15 +11,20 @@ editing geofm through an entry point of the registry's group::
 
 Only registered names can be loaded: a config names an entry, never an import path, so a node of
 a federation imports only modules its installation registered. An unknown name is an error that
-lists the nearest registered names.
+lists the nearest registered names. ``geofm list KIND`` prints a registry's names with the first
+paragraph of each entry's docstring (:meth:`Registry.summary`), read from the source of a lazy entry.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib
+import importlib.util
+import inspect
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Generic, TypeVar
 
 from geofm.errors import ConfigError
@@ -110,5 +115,59 @@ class Registry(Generic[T]):
             entry = self._entries[name] = getattr(module, attribute)
         return entry
 
+    def summary(self, name: str) -> str:
+        """The first paragraph of the entry's docstring on one line (empty without one).
 
-__all__ = ["Registry"]
+        A lazy entry's docstring is read from its module's source, so that listing imports none
+        of the entries' modules.
+
+        Raises:
+            ConfigError: ``name`` is not registered (listing the nearest names).
+        """
+        if name not in self:
+            raise ConfigError(self.unknown(name))
+        entry = self._entries[name]
+        doc = _source_docstring(entry) if isinstance(entry, str) else inspect.getdoc(entry)
+        return " ".join((doc or "").split("\n\n")[0].split())
+
+
+def _source_docstring(entry: str) -> str | None:
+    """The docstring of a lazy entry's class or function, or of its variable (the string after the
+    assignment), read from the module's source; None where there is none or no source."""
+    module_name, attribute = entry.split(":")
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    body = ast.parse(Path(spec.origin).read_text()).body
+    for node, following in zip(body, [*body[1:], None], strict=True):
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.name == attribute:
+            return ast.get_docstring(node)
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(target, ast.Name) and target.id == attribute for target in targets):
+            text = (
+                following.value.value
+                if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                else None
+            )
+            return inspect.cleandoc(text) if isinstance(text, str) else None
+    return None
+
+
+REGISTRIES: Registry[Registry] = Registry("registry", "geofm.registries")
+"""The registries users extend, by the name ``geofm list`` takes; a plug-in adds its own through the
+``geofm.registries`` entry-point group."""
+REGISTRIES.register("algorithms", "geofm.federated.algorithms:ALGORITHMS")
+REGISTRIES.register("aggregators", "geofm.federated.robust:AGGREGATORS")
+REGISTRIES.register("federated-configs", "geofm.tasks:FEDERATED_CONFIGS")
+REGISTRIES.register("heads", "finetune.heads:HEADS")
+REGISTRIES.register("partitioners", "geofm.federated.partition:PARTITIONERS")
+REGISTRIES.register("programs", "federation.runtime:PROGRAMS")
+REGISTRIES.register("sample-partitioners", "geofm.federated.scenarios:SAMPLE_PARTITIONERS")
+REGISTRIES.register("server-optimizers", "geofm.federated.server_optimizers:SERVER_OPTIMIZERS")
+REGISTRIES.register("tasks", "geofm.tasks:TASKS")
+
+
+__all__ = ["REGISTRIES", "Registry"]

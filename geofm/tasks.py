@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # config validation reads the registry without importing torc
     from torch import Tensor
 
 TASKS: Registry = Registry("task", "geofm.tasks")
+"""What a program trains: data, model and head, loss and metrics (``task`` of a config)."""
 TASKS.register("mim", "pretrain.task:MaskedImageModelling")
 TASKS.register("classification", "finetune.tasks.classification:Classification")
 TASKS.register("multilabel", "finetune.tasks.multilabel:Multilabel")

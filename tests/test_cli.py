@@ -1,4 +1,6 @@
+import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,94 @@ def test_a_single_process_start_is_quiet_and_builds_no_extension(tmp_path):
     run_dir = "runs/demo_simmim_swin_micro__img64_win4__rgb_teacher"
     assert done.stdout == f"run directory: {run_dir}\nreconstruction figure: {run_dir}/reconstruction.png\n"
     assert not extensions.exists(), "no C++ extension was compiled"
+
+
+def _help(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as done:
+        main([*args, "--help"])
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_version_is_the_installed_distributions(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"geofm {version('geofm')}\n"
+
+
+def test_list_prints_every_registry_and_each_registered_name_with_its_summary(capsys):
+    from geofm.federated.algorithms import ALGORITHMS
+    from geofm.registry import REGISTRIES
+
+    assert main(["list"]) == 0
+    kinds = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in kinds] == REGISTRIES.names() and all(len(line.split()) > 1 for line in kinds)
+    assert main(["list", "algorithms"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ALGORITHMS.names()
+    assert re.search(r"^fedprox +FedAvg plus the proximal term", "\n".join(lines), re.M), "with its docstring's summary"
+    for kind in REGISTRIES:
+        assert main(["list", kind]) == 0
+        assert all(len(line.split()) > 1 for line in capsys.readouterr().out.splitlines()), f"{kind}: a summary each"
+
+
+def test_help_texts_list_registered_algorithms_and_give_each_command_its_own_examples(capsys):
+    from geofm.federated.algorithms import ALGORITHMS
+
+    assert "federated pretraining and finetuning" in _help(capsys)
+    assert ", ".join(ALGORITHMS) in " ".join(_help(capsys, "fed").split()), "every algorithm, from the registry"
+    simulate = _help(capsys, "fed", "simulate")
+    assert "geofm fed simulate --config" in simulate and "fed certs" not in simulate and "fed launch" not in simulate
+    for command in ("certs", "commands", "register", "supernode", "launch", "sweep"):
+        text = _help(capsys, "fed", command)
+        assert f"examples:\n  geofm fed {command} " in text, f"fed {command} --help shows its own example"
+    sweep = _help(capsys, "fed", "sweep")
+    assert "federation/sweep.py" not in sweep and "algorithms:" in sweep and "scenarios:" in sweep
+    described = {
+        ("fed", "commands"): "Print again",
+        ("checkpoint", "inspect"): "without building the model",
+        ("data", "bigearthnet-metadata"): "metadata.parquet",
+    }
+    for command, words in described.items():
+        assert words in _help(capsys, *command), f"{' '.join(command)} has a description"
+    assert "--deployment DIR" in _help(capsys, "fed", "certs") and "--out" not in _help(capsys, "fed", "commands")
+
+
+def _module_logger_names() -> dict[str, str]:
+    """Each module's logger (a module-level ``NAME = logging.getLogger(...)``) -> the module, for every package."""
+    import ast
+
+    root = Path(__file__).parents[1]
+    loggers = {}
+    for package in ("geofm", "federation", "pretrain", "finetune", "benchmarks"):
+        for path in (root / package).rglob("*.py"):
+            module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            for node in ast.parse(path.read_text()).body:
+                call = node.value if isinstance(node, ast.Assign) else None
+                if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "getLogger":
+                    [argument] = call.args
+                    name = module if isinstance(argument, ast.Name) and argument.id == "__name__" else argument.value
+                    loggers[name] = module
+    return loggers
+
+
+def test_every_module_logger_is_shown_at_info_by_the_command_line(monkeypatch):
+    from geofm import PROJECT_LOGGERS
+    from geofm.cli import configure_logging
+
+    monkeypatch.delenv("RANK", raising=False)
+    touched = [logging.getLogger(name) for name in (*PROJECT_LOGGERS, "rasterio")]
+    levels = [logger.level for logger in touched]
+    try:
+        configure_logging(verbose=False)
+        loggers = _module_logger_names()
+        hidden = {
+            module: name for name, module in loggers.items() if not logging.getLogger(name).isEnabledFor(logging.INFO)
+        }
+    finally:
+        for logger, level in zip(touched, levels, strict=True):
+            logger.setLevel(level)
+    assert "geofm.federated" in loggers, loggers
+    assert not hidden, f"modules logging under names the command line does not show: {hidden}"

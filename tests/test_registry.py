@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import sys
 
@@ -67,3 +68,50 @@ def test_installed_plugin_registers_through_its_entry_point(tmp_path, monkeypatc
     assert reg.names() == ["builtin", "plugged"]
     assert reg.get("plugged")() == "from the plug-in"
     sys.modules.pop("geofm_plugin_demo", None)
+
+
+def test_summary_reads_a_lazy_entrys_docstring_without_importing_it(tmp_path, monkeypatch):
+    (tmp_path / "geofm_summary_demo.py").write_text(
+        'class Fancy:\n    """A fancy thing:\n    two lines.\n\n    Details.\n    """\n\n\n'
+        'MADE = Fancy()\n"""The made one."""\nBARE = 1\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = Registry("thing", "geofm.tests-none")
+    for name in ("Fancy", "MADE", "BARE"):
+        reg.register(name.lower(), f"geofm_summary_demo:{name}")
+
+    @reg.register("coded")
+    def coded():
+        """Registered in code."""
+
+    summaries = {name: reg.summary(name) for name in reg}
+    assert summaries == {
+        "fancy": "A fancy thing: two lines.",
+        "made": "The made one.",
+        "bare": "",
+        "coded": "Registered in code.",
+    }
+    assert "geofm_summary_demo" not in sys.modules, "listing imports no entry"
+
+
+def test_every_registry_of_the_project_is_listed():
+    """``geofm list`` knows each registry a module defines: a module-level ``NAME = Registry(...)``."""
+    import ast
+    from pathlib import Path
+
+    from geofm.registry import REGISTRIES
+
+    root = Path(__file__).parents[1]
+    defined = set()
+    for package in ("geofm", "federation", "pretrain", "finetune", "benchmarks"):
+        for path in (root / package).rglob("*.py"):
+            module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            for node in ast.parse(path.read_text()).body:
+                value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+                if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "Registry":
+                    target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                    defined.add(f"{module}:{target.id}")
+    listed = [REGISTRIES.get(kind) for kind in REGISTRIES]
+    for entry in sorted(defined - {"geofm.registry:REGISTRIES"}):
+        module, name = entry.split(":")
+        assert any(getattr(importlib.import_module(module), name) is registry for registry in listed), entry

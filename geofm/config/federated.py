@@ -3,9 +3,9 @@
 It reuses central pretraining's sections (``run``, ``model``, ``masking``, ``teacher``, ``data``)
 with the same meaning; ``train`` is the clients' local optimisation (AdamW, clipping, precision)
 with a learning-rate schedule over rounds; ``federation`` says who the clients are and how rounds
-run; ``algorithm`` says what each side does and what travels each way. FedAvg, FedProx and FedSense
-(with every component switchable, for its ablations and the quantised baselines), SCAFFOLD, pFedLA, and any
-algorithm a plug-in registers are runs of the same program with different ``algorithm`` sections.
+run; ``algorithm`` says what each side does and what travels each way. Every registered algorithm
+(``geofm list algorithms``; FedSense with every component switchable, for its ablations and the
+quantised baselines), a plug-in's included, is a run of the same program with another ``algorithm`` section.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class ServerOptimizerConfig(Section):
     adaptive steps ``lr m / (sqrt(v) + tau)``. A plug-in's optimiser reads the keys it needs.
     """
 
-    name: str = Field(default="sgd", description="sgd, fedavgm, fedadam, fedyogi, or a plug-in's name")
+    name: str = Field(default="sgd", description="a registered server optimiser (geofm list server-optimizers)")
     lr: float | None = Field(
         default=None, gt=0.0, description="server learning rate; null: 1.0 (sgd, fedavgm); fedadam and fedyogi need it"
     )
@@ -147,7 +147,7 @@ class ServerOptimizerConfig(Section):
 class AggregatorConfig(Section):
     """How the server combines the accepted client updates: the weighted mean, or a Byzantine-robust rule."""
 
-    name: str = Field(default="mean", description="mean, median, trimmed_mean, krum, or a plug-in's name")
+    name: str = Field(default="mean", description="a registered aggregator (geofm list aggregators)")
     trim_fraction: float = Field(
         default=0.1, ge=0.0, lt=0.5, description="trimmed_mean: share of the values dropped at each end, per coordinate"
     )
@@ -356,7 +356,7 @@ class FederationConfig(Section):
     """
 
     rounds: int = Field(gt=0)
-    partition: str = Field(default="by_source", description="a registered partitioner: by_source, by_region, dirichlet")
+    partition: str = Field(default="by_source", description="a registered partitioner (geofm list partitioners)")
     clients: int | None = Field(default=None, gt=0, description="by_region, dirichlet: number of clients")
     dirichlet_alpha: float = Field(default=0.5, gt=0.0)
     public_sources: list[str] = Field(default_factory=list, description="source names held by the server only")

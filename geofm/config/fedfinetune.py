@@ -21,7 +21,9 @@ from geofm.config.finetune import FinetuneConfig
 class FinetuneFederationConfig(FederationConfig):
     """Who the clients are (a partition of the train split's samples) and how rounds run."""
 
-    partition: str = Field(default="iid", description="a registered sample partitioner: iid, dirichlet, by_field")
+    partition: str = Field(
+        default="iid", description="a registered sample partitioner (geofm list sample-partitioners)"
+    )
     metadata: Path | None = Field(
         default=None, description="CSV of per-sample fields: a 'sample' column, one per field"
     )

@@ -384,7 +384,7 @@ def metric_names(
 class FinetuneConfig(ProgramConfig):
     """Finetuning (or linear probing) of a backbone on one downstream task."""
 
-    task: str = Field(description="a registered finetuning task (classification, segmentation...)")
+    task: str = Field(description="a registered finetuning task (geofm list tasks)")
     checkpoint: Path | None = Field(
         default=None, description="backbone weights in any layout geofm.checkpoints reads; none: random init (baseline)"
     )

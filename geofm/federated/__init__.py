@@ -22,7 +22,7 @@
 * :mod:`~geofm.federated.flatness`: :func:`~geofm.federated.flatness.flatness`, a model's mean loss increase
   under random perturbations of a fixed norm.
 * :mod:`~geofm.federated.algorithms`: the algorithm interface and the registered algorithms
-  (FedAvg, FedProx, FedSense, SCAFFOLD, FedNova, FedDC).
+  (``geofm list algorithms``).
 
 The names below are imported on first use, so that reading a registry of this package (as config
 validation does) loads no deep-learning package.

@@ -238,7 +238,7 @@ def share_by_source(
     public: Collection[int] = (),
     alpha: float = 1.0,
 ) -> list[ClientFile]:
-    """Client ``client``'s share under :func:`partition_by_source`, reading only its own source."""
+    """One client per private source (:func:`partition_by_source`): client ``client``'s share, reading only its source."""
     private = _one_client_per_source(sources, num_clients, public)
     files = _files(sources, [private[client]])
     if not files:
@@ -255,7 +255,7 @@ def share_by_region(
     public: Collection[int] = (),
     alpha: float = 1.0,
 ) -> list[ClientFile]:
-    """Client ``client``'s share under :func:`partition_by_region`."""
+    """Spatially coherent clients, regions of the files' footprints (:func:`partition_by_region`): client ``client``'s share."""
     return partition_by_region(sources, num_clients, seed=seed, public=public)[client]
 
 
@@ -268,11 +268,12 @@ def share_dirichlet(
     public: Collection[int] = (),
     alpha: float = 1.0,
 ) -> list[ClientFile]:
-    """Client ``client``'s share under :func:`partition_dirichlet` with concentration ``alpha``."""
+    """Each private source's files dealt in ``Dirichlet(alpha)`` proportions (:func:`partition_dirichlet`): client ``client``'s share."""
     return partition_dirichlet(sources, num_clients, alpha, seed=seed, public=public)[client]
 
 
 PARTITIONERS: Registry[Partitioner] = Registry("partitioner", "geofm.partitioners")
+"""How federated pretraining splits the sources' files among clients (``federation.partition``)."""
 PARTITIONERS.register("by_source", share_by_source)
 PARTITIONERS.register("by_region", share_by_region)
 PARTITIONERS.register("dirichlet", share_dirichlet)

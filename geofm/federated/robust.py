@@ -34,6 +34,7 @@ from geofm.federated.aggregation import Aggregator, TooFewUpdates, weighted_mean
 from geofm.registry import Registry
 
 AGGREGATORS: Registry = Registry("aggregator", "geofm.aggregators")
+"""Rules combining a round's accepted client updates into one (``algorithm.aggregator.name``)."""
 
 
 class Mean:
@@ -107,10 +108,28 @@ class Krum:
         return torch.stack([updates[i].float() for i in best.tolist()]).mean(dim=0)
 
 
-AGGREGATORS.register("mean", lambda cfg: Mean())
-AGGREGATORS.register("median", lambda cfg: Median())
-AGGREGATORS.register("trimmed_mean", lambda cfg: TrimmedMean(cfg.trim_fraction))
-AGGREGATORS.register("krum", lambda cfg: Krum(cfg.byzantine_clients, cfg.multi_krum or 1))
+@AGGREGATORS.register("mean")
+def _mean(cfg: AggregatorConfig) -> Mean:
+    """The data-weighted mean (FedAvg's, the default)."""
+    return Mean()
+
+
+@AGGREGATORS.register("median")
+def _median(cfg: AggregatorConfig) -> Median:
+    """The coordinate-wise median (Yin et al. 2018)."""
+    return Median()
+
+
+@AGGREGATORS.register("trimmed_mean")
+def _trimmed_mean(cfg: AggregatorConfig) -> TrimmedMean:
+    """The coordinate-wise mean without the ``trim_fraction`` largest and smallest values (Yin et al. 2018)."""
+    return TrimmedMean(cfg.trim_fraction)
+
+
+@AGGREGATORS.register("krum")
+def _krum(cfg: AggregatorConfig) -> Krum:
+    """Krum or Multi-Krum (``multi_krum``) against ``byzantine_clients`` attackers (Blanchard et al. 2017)."""
+    return Krum(cfg.byzantine_clients, cfg.multi_krum or 1)
 
 
 def build_aggregator(cfg: AggregatorConfig) -> Aggregator:

@@ -33,6 +33,7 @@ from geofm.registry import Registry
 PARTITION_FILE = "partition.json"
 SamplePartitioner = Callable[..., dict[str, np.ndarray]]
 SAMPLE_PARTITIONERS: Registry[SamplePartitioner] = Registry("sample partitioner", "geofm.sample_partitioners")
+"""How federated finetuning splits a dataset's samples among clients (``federation.partition``)."""
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ class ServerOptimizer(Protocol):
 
 
 SERVER_OPTIMIZERS: Registry = Registry("server optimiser", "geofm.server_optimizers")
+"""How the round's combined update moves the global model (``algorithm.server_optimizer.name``)."""
 
 
 class TorchSGD:
@@ -118,18 +119,22 @@ class AdaptiveServerOptimizer:
 
 
 def _sgd(cfg: ServerOptimizerConfig, num_values: int) -> TorchSGD:
+    """``x <- x + lr Delta``; lr 1.0 is FedAvg (the default)."""
     return TorchSGD(num_values, cfg.lr or 1.0)
 
 
 def _fedavgm(cfg: ServerOptimizerConfig, num_values: int) -> TorchSGD:
+    """Server momentum (Hsu et al., 2019): ``v <- momentum v + Delta; x <- x + lr v``."""
     return TorchSGD(num_values, cfg.lr or 1.0, cfg.momentum)
 
 
 def _fedadam(cfg: ServerOptimizerConfig, num_values: int) -> AdaptiveServerOptimizer:
+    """FedAdam (Reddi et al., 2021): Adam on the server, without bias correction."""
     return AdaptiveServerOptimizer(num_values, cfg.lr, cfg.beta1, cfg.beta2, cfg.tau)
 
 
 def _fedyogi(cfg: ServerOptimizerConfig, num_values: int) -> AdaptiveServerOptimizer:
+    """FedYogi (Reddi et al., 2021): Yogi's additive second-moment update on the server."""
     return AdaptiveServerOptimizer(num_values, cfg.lr, cfg.beta1, cfg.beta2, cfg.tau, yogi=True)
 
 

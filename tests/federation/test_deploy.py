@@ -17,16 +17,18 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key, l
 from flwr.cli.flower_config import parse_superlink_connection
 from flwr.common.config import parse_config_args
 
+import federation.deploy
 from federation.cli import program_run_config, register
 from federation.deploy import (
     deployment_commands,
     format_config_values,
+    launch_run,
     run_supernode,
     write_deployment_files,
 )
 from federation.processes import is_zombie
 from federation.runtime import config_entry
-from geofm.errors import ConfigError
+from geofm.errors import ConfigError, FederatedRunError
 
 
 def test_files_hold_a_ca_signed_superlink_certificate_p384_openssh_keys_and_the_cli_connection(tmp_path):
@@ -106,7 +108,7 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
     register(parser.add_subparsers(dest="command", required=True))
     out = tmp_path / "fed"
     args = parser.parse_args(
-        ["fed", "certs", "--out", str(out), "--institutions", "esa,ign", "--host", "10.1.2.3", "--port", "9000"]
+        ["fed", "certs", "--deployment", str(out), "--institutions", "esa,ign", "--host", "10.1.2.3", "--port", "9000"]
     )
     args.handler(args)
     printed = capsys.readouterr().out
@@ -114,11 +116,11 @@ def test_fed_command_line_writes_certificates_and_prints_commands(tmp_path, caps
     nodes = [line for line in printed.splitlines() if " fed supernode " in line]
     assert [shlex.split(line)[-1] for line in nodes] == ["9001", "9002"], "node ports follow --port"
     assert all('DS_ACCELERATOR="cpu"' in line for line in nodes), "client processes know their accelerator"
-    args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign=/srv/ign"])
+    args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign=/srv/ign"])  # as before
     args.handler(args)
     printed = capsys.readouterr().out
     assert 'data-root="/srv/ign"' in printed, printed
-    args = parser.parse_args(["fed", "commands", "--out", str(out), "--data-root", "ign"])
+    args = parser.parse_args(["fed", "commands", "--deployment", str(out), "--data-root", "ign"])
     with pytest.raises(ConfigError, match="expected NAME=PATH"):
         args.handler(args)
     config = tmp_path / "toy.yaml"
@@ -167,3 +169,48 @@ def test_a_supernode_the_superlink_refuses_is_started_again_for_a_bounded_time(t
     starts.unlink()
     assert run_supernode([], retry_activation_s=0, pause_s=0) == 1, "no retry without a window: refused for good"
     assert starts.read_text().count("start") == 1
+
+
+def _fake_command(folder: Path, name: str, script: str) -> Path:
+    fake = folder / "bin" / name
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    return fake.parent
+
+
+def test_a_key_refused_longer_than_a_crashed_node_counts_as_online_is_reported_unknown(tmp_path, monkeypatch, capfd):
+    """flower-supernode says the same for an unknown key as for a node still online; time tells them apart."""
+    starts = tmp_path / "starts"
+    folder = _fake_command(
+        tmp_path, "flower-supernode", f'echo start >> "{starts}"\necho "ERROR: Failed to activate SuperNode."; exit 1\n'
+    )
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    monkeypatch.setattr(federation.deploy, "ONLINE_PATIENCE_S", 0.0)  # any later refusal is past it
+    with pytest.raises(FederatedRunError, match=r"does not know this SuperNode's key.*`geofm fed register"):
+        run_supernode([], retry_activation_s=600, pause_s=0)
+    assert starts.read_text().count("start") == 2
+    assert "or the SuperLink does not know this key" in capfd.readouterr().out, "the retry names both causes"
+
+
+def test_launch_reports_a_lost_superlink_and_how_to_resume(tmp_path, monkeypatch):
+    """flwr ls exits 0 with an error in its JSON once the SuperLink is gone."""
+    files = write_deployment_files(tmp_path / "fed", ["esa"], "127.0.0.1")
+    unavailable = (
+        '{"success": false, "error-message": "Using SuperLink: geofm\\n\\nConnection to the SuperLink is '
+        'unavailable. Please check your network connection."}'
+    )
+    folder = _fake_command(
+        tmp_path,
+        "flwr",
+        f"""case "$1" in run) echo '{{"success": true, "run-id": 7}}';; ls) printf '%s\\n' '{unavailable}';; esac\n""",
+    )
+    environment = {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"}
+    monkeypatch.setattr(federation.deploy, "operator_env", lambda files: environment)
+    with pytest.raises(FederatedRunError) as lost:
+        launch_run(files, {"program": "toy"})
+    message = str(lost.value)
+    assert message.startswith("lost run 7: `flwr ls geofm --run-id 7 --format json` failed: Using SuperLink")
+    assert "Connection to the SuperLink is unavailable" in message and "exit 0" not in message
+    assert f"geofm fed commands --deployment {files.root}" in message and "rerun this `geofm fed launch`" in message
+    assert "\n" not in message

@@ -153,3 +153,4 @@ def read_records(path: Path) -> list[dict]:
 
 
 PROGRAM = Program(make_server, make_client)
+"""The toy federated program: counts rounds and uploads bits, for the runtime's tests."""

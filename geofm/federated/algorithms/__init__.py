@@ -3,15 +3,10 @@
 :data:`ALGORITHMS` names each algorithm class (a subclass of
 :class:`~geofm.federated.algorithms.base.Algorithm`); ``algorithm.name`` in a config picks one.
 The built-ins are registered lazily, so that config validation reads the names without importing
-torch: ``fedavg``, ``fedprox``, ``fedsense``, ``scaffold``, ``moon``, ``pfedla``, ``fedbn``, ``fednova``
-(normalised averaging of clients with different numbers of local steps), ``feddc`` (local drift
-decoupling and correction), ``swa`` and ``wima`` (the server validates and exports an average
-of its global models: stochastic weight averaging with a cyclical server step, or a window of the
-last rounds), ``fedsam`` and ``fedasam`` (FedAvg with SAM or ASAM local steps), ``fedgloss``
-(server-side SAM from the previous round's pseudo-gradient, with ADMM) and ``fedalign`` (Lipschitz
-matching of a width-pruned final stage). Every algorithm takes SAM or ASAM local steps from
-``algorithm.sam`` and client-level differential privacy from ``algorithm.privacy``. Another package
-adds one through the ``geofm.algorithms`` entry-point group (see :mod:`geofm.registry`), its settings in ``algorithm.options``.
+torch; ``geofm list algorithms`` prints every registered name with its class's summary. Every
+algorithm takes SAM or ASAM local steps from ``algorithm.sam`` and client-level differential privacy
+from ``algorithm.privacy``. Another package adds one through the ``geofm.algorithms`` entry-point
+group (see :mod:`geofm.registry`), its settings in ``algorithm.options``.
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ if TYPE_CHECKING:
     from geofm.federated.flat import ParameterLayout
 
 ALGORITHMS: Registry = Registry("algorithm", "geofm.algorithms")
+"""Federated algorithms: client and server update rules and what travels each way (``algorithm.name``)."""
 ALGORITHMS.register("fedavg", "geofm.federated.algorithms.fedavg:FedAvg")
 ALGORITHMS.register("fedprox", "geofm.federated.algorithms.fedprox:FedProx")
 ALGORITHMS.register("fedsense", "geofm.federated.algorithms.fedsense:FedSense")
