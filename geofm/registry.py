@@ -116,7 +116,8 @@ class Registry(Generic[T]):
         return entry
 
     def summary(self, name: str) -> str:
-        """The first paragraph of the entry's docstring on one line (empty without one).
+        """The first paragraph of the entry's docstring on one line, literals in single backquotes (empty
+        without one).
 
         A lazy entry's docstring is read from its module's source, so that listing imports none
         of the entries' modules.
@@ -128,7 +129,7 @@ class Registry(Generic[T]):
             raise ConfigError(self.unknown(name))
         entry = self._entries[name]
         doc = _source_docstring(entry) if isinstance(entry, str) else inspect.getdoc(entry)
-        return " ".join((doc or "").split("\n\n")[0].split())
+        return " ".join((doc or "").split("\n\n")[0].split()).replace("``", "`")
 
 
 def _source_docstring(entry: str) -> str | None:

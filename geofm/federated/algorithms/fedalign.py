@@ -154,7 +154,8 @@ class FedAlignOptions(Section):
 
 
 class FedAlign(FedAvg):
-    """FedAlign: FedAvg plus ``mu (L_task / L_reg) L_reg`` in every local loss (module docstring)."""
+    """FedAlign: FedAvg plus ``mu (L_task / L_reg) L_reg`` in every local loss, matching the final block's Lipschitz
+    constant at a reduced width (details in the module docstring)."""
 
     name = "fedalign"
     reported_loss = "lipschitz_loss"

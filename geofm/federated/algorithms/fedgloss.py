@@ -77,7 +77,8 @@ def global_ascent(direction: Tensor, radius: float) -> Tensor:
 
 
 class FedGloSS(FedAvg):
-    """FedGloSS (module docstring): up ``update`` (``w_k - w~``), down ``model`` (``w~``, the perturbed model)."""
+    """FedGloSS: global SAM from the previous round's pseudo-gradient, with ADMM dual variables; up ``update`` (``w_k - w~``), down
+    ``model`` (``w~``, the perturbed model). Details in the module docstring."""
 
     name = "fedgloss"
     Options = FedGloSSOptions

@@ -140,7 +140,8 @@ class MoonOptions(Section):
 
 
 class Moon(FedAvg):
-    """MOON: FedAvg plus the model-contrastive loss ``mu * l_con`` in every local loss (module docstring)."""
+    """MOON: FedAvg plus the model-contrastive loss ``mu * l_con`` in every local loss (details in the module
+    docstring)."""
 
     name = "moon"
     reported_loss = "contrastive_loss"

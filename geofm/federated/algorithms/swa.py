@@ -147,7 +147,8 @@ class _ServerAverage(FedAvg):
 
 
 class SWA(_ServerAverage):
-    """SWA on the server: a cyclical server step from ``start``, each cycle's last model averaged (module docstring)."""
+    """SWA on the server: a cyclical server step from ``start``, each cycle's last model averaged (details in the
+    module docstring)."""
 
     name = "swa"
     Options = SWAOptions
@@ -178,7 +179,8 @@ class SWA(_ServerAverage):
 
 
 class WiMA(_ServerAverage):
-    """WiMA: the server validates and exports the mean of its last ``window`` global models (module docstring)."""
+    """WiMA: the server validates and exports the mean of its last ``window`` global models (details in the
+    module docstring)."""
 
     name = "wima"
     Options = WiMAOptions
