@@ -171,7 +171,9 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
 
     def plot(records: list[dict]) -> None:
         plot_loss_curve(records, run_dir / "loss_curve.png", run_dir.name)
-        plot_metric_curve(records, "val", [metric], run_dir / "val_curve.png", f"{run_dir.name}: {opt.val_split}")
+        kept = best["step"] if best is not None and best["split"] is not None else None
+        title = f"{run_dir.name}: {opt.val_split}"
+        plot_metric_curve(records, "val", [metric], run_dir / "val_curve.png", title, kept=kept)
 
     val_loader = None if val_set is None else eval_loader(val_set, cfg, dev, rank, world, keep=True)
 

@@ -22,3 +22,20 @@ def test_a_damaged_line_before_the_last_is_an_error_naming_the_file_and_line(tmp
     path.write_text('{"round": 1}\nnot json\n{"round": 3}\n')
     with pytest.raises(GeoFMError, match=r"rounds\.jsonl, line 2: not a JSON record"):
         MetricsLog(path, resume_step=3, key="round")
+
+
+def test_the_metric_curve_names_its_metric_counts_whole_steps_and_marks_the_kept_step(tmp_path, monkeypatch):
+    from geofm import runlog
+
+    figures, make = [], runlog.figure
+    monkeypatch.setattr(runlog, "figure", lambda *size: figures.append(make(*size)) or figures[-1])
+    records = [{"step": 2, "val": {"miou": 0.3}}, {"step": 3, "loss": 1.0}, {"step": 4, "val": {"miou": 0.5}}]
+    runlog.plot_metric_curve(records, "val", ["miou"], tmp_path / "val_curve.png", kept=4)
+
+    ax = figures[0].axes[0]
+    assert ax.get_ylabel() == "val miou"
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    kept = [line for line in ax.get_lines() if line.get_label() == "kept weights (step 4)"]
+    assert len(kept) == 1 and list(kept[0].get_xdata()) == [4, 4]
+    assert (tmp_path / "val_curve.png").is_file()
