@@ -177,6 +177,11 @@ class RegionStitcher:
         )
 
 
+def format_metrics(values: dict[str, float]) -> str:
+    """Metrics for a log line: ``miou 0.5698, accuracy 0.7270``."""
+    return ", ".join(f"{name} {value:.4f}" for name, value in values.items())
+
+
 def eval_record(cfg: FinetuneConfig, split: str, evaluation: Evaluation, **provenance: Any) -> dict[str, Any]:
     """An evaluation record: what was evaluated on which data, the metrics, and ``provenance``."""
     pixels = {} if evaluation.scored_pixels is None else {"scored_pixels": evaluation.scored_pixels}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import logging
+
 import numpy as np
 import pytest
 import torch
 
-from finetune.evaluate import eval_loader, evaluate
+from finetune.evaluate import eval_loader, evaluate, format_metrics
 from finetune.models import build_finetune_model
 from finetune.predict import blend_weights
 from geofm.data.finetune import build_finetune_dataset
@@ -90,3 +93,25 @@ def test_processes_evaluate_whole_scenes(task_config, tmp_path):
     regions = [{dataset.tiles[i][0] for i in share} for share in shares]
     assert regions == [{0, 2}, {1}], "every second scene, each with all of its tiles"
     assert sorted(shares[0] + shares[1]) == list(range(len(dataset)))
+
+
+def test_central_and_federated_finetuning_log_validation_alike(task_tree, random_datasets, caplog):
+    from finetune.run import finetune
+    from geofm.config.federated import read_federated_config
+    from geofm.config.finetune import FinetuneConfig, finetune_task
+    from tests.finetune.test_federated import _federated
+
+    with caplog.at_level(logging.INFO, logger="geofm.finetune"):
+        run_dir = finetune(FinetuneConfig.from_tree(task_tree("classification", "central")))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    validations = [r["val"] for r in records if "val" in r]
+    central = [r.getMessage() for r in caplog.records if r.name == "geofm.finetune" and " val " in r.getMessage()]
+    assert central[-1] == f"step 4 (epoch 2): val {format_metrics(validations[-1])}"
+
+    cfg = read_federated_config(_federated(task_tree("classification", "federated")))
+    program = finetune_task(cfg.task).federated(cfg)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="geofm.federated"):
+        values = program.evaluate_round(program.build_model(initial_weights=False), 1)
+    assert [r.getMessage() for r in caplog.records] == [f"round 1: val {format_metrics(values)}"]
+    assert format_metrics({"miou": 0.14295542240142822, "accuracy": 0.5}) == "miou 0.1430, accuracy 0.5000"
