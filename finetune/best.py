@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from finetune.models import FinetuneModel, build_finetune_model
 from geofm.config.base import CONFIG_FILE
-from geofm.config.fedfinetune import read_finetune_config
+from geofm.config.fedfinetune import check_finetuning_run, read_finetune_config
 from geofm.config.finetune import FinetuneConfig
 from geofm.errors import CheckpointNotFoundError
 
@@ -96,7 +96,9 @@ def run_config(run_dir: Path) -> FinetuneConfig:
 
     Raises:
         CheckpointNotFoundError: if ``run_dir`` holds no config.
+        ConfigError: if ``run_dir`` is a pretraining run.
     """
+    check_finetuning_run(run_dir)
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         raise CheckpointNotFoundError(f"{path.resolve()} does not exist: {run_dir} is not a finetuning run directory")

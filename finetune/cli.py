@@ -136,7 +136,7 @@ def _finetune(args: argparse.Namespace) -> None:
 def _eval(args: argparse.Namespace) -> None:
     from geofm.config import read_config_tree
     from geofm.config.base import CONFIG_FILE
-    from geofm.config.fedfinetune import read_finetune_config
+    from geofm.config.fedfinetune import check_finetuning_run, read_finetune_config
     from geofm.errors import ConfigError
 
     settings = {"checkpoint": None, "split": "test"}
@@ -152,6 +152,7 @@ def _eval(args: argparse.Namespace) -> None:
     if settings["split"] not in ("train", "val", "test"):
         raise ConfigError(f"split={settings['split']!r}: expected train, val or test")
     run_dir = Path(settings["checkpoint"])
+    check_finetuning_run(run_dir)
     source = Path(args.config) if args.config else run_dir / CONFIG_FILE
     cfg = read_finetune_config(read_config_tree(source, overrides), str(source))
     from finetune.evaluate import evaluate_run, write_json  # the training stack, once the config is valid

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from finetune.best import load_best_weights, read_best, save_best
-from finetune.evaluate import eval_record, evaluate, write_json
+from finetune.evaluate import eval_record, evaluate, format_metrics, write_json
 from finetune.models import FinetuneModel, build_finetune_model
 from finetune.run import EVAL_FILE, RESUME_INVARIANTS, checkpoint_provenance, finetune_inputs
 from finetune.splits import build_split
@@ -212,7 +212,7 @@ class FederatedFinetuning:
         if best is None or self.task.improves(metric, values[metric], best["value"]):
             record = {"round": rnd, "step": rnd, "split": self.cfg.finetune.val_split, "metric": metric}
             save_best(model, self.cfg.run.output_dir, {**record, "value": values[metric], "metrics": values})
-        log.info("round %d: %s %s", rnd, self.cfg.finetune.val_split, values)
+        log.info("round %d: %s %s", rnd, self.cfg.finetune.val_split, format_metrics(values))
         return values
 
     def export(self, model: FinetuneModel, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
@@ -238,7 +238,12 @@ class FederatedFinetuning:
             run_dir=str(run_dir),
             **extra,
         )
-        log.info("test (weights of round %s): %s", selected.get("round"), test.metrics)
+        log.info(
+            "test %s (weights of round %s): %s",
+            self.cfg.dataset_name,
+            selected.get("round"),
+            format_metrics(test.metrics),
+        )
         return write_json(evaluation, run_dir / EVAL_FILE)
 
 

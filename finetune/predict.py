@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -50,6 +50,7 @@ from geofm.errors import ConfigError, DataMismatchError
 from geofm.runlog import progress_bar
 
 ModelFn = Callable[..., Tensor]
+ArrayT = TypeVar("ArrayT", np.ndarray, Tensor)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,16 @@ def tile_origins(length: int, tile: int, overlap: int) -> list[int]:
     stride = tile - overlap
     count = -(-max(length - tile, 0) // stride) + 1
     return [k * stride for k in range(count)]
+
+
+def add_tile(
+    scores: ArrayT, weight_sum: ArrayT, output: ArrayT, weights: ArrayT, top: int, left: int, height: int, width: int
+) -> None:
+    """Add the top-left ``height`` x ``width`` of one tile's output (C, size, size), weighted by
+    ``weights`` (:func:`blend_weights`), to running sums of scores (C, H, W) and weights (H, W) at
+    (``top``, ``left``); the blend is ``scores / weight_sum``. Numpy arrays or torch tensors alike."""
+    scores[:, top : top + height, left : left + width] += output[:, :height, :width] * weights[:height, :width]
+    weight_sum[top : top + height, left : left + width] += weights[:height, :width]
 
 
 def _tile(strip: np.ndarray, left: int, tile: int) -> np.ndarray:
@@ -261,9 +272,7 @@ def predict_scene(
                     scores = np.zeros((out.shape[1], size, width * factor), dtype=np.float32)
                 for b, left in enumerate(lefts):
                     h, w = rows_read * factor, min(tile, width - left) * factor
-                    x = left * factor
-                    scores[:, :h, x : x + w] += out[b, :, :h, :w] * weights[:h, :w]
-                    weight_sum[:h, x : x + w] += weights[:h, :w]
+                    add_tile(scores, weight_sum, out[b], weights, 0, left * factor, h, w)
                 bar.update(len(lefts))
             final = rows[r + 1] - top if r + 1 < len(rows) else rows_read
             done = final * factor

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from finetune.best import load_best_weights, read_best, restore_best, save_best, snapshot_best
-from finetune.evaluate import eval_loader, eval_record, evaluate, write_json
+from finetune.evaluate import eval_loader, eval_record, evaluate, format_metrics, write_json
 from finetune.models import build_finetune_model
 from finetune.splits import build_split, describe_split
 from finetune.tasks import task_of
@@ -171,7 +171,9 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
 
     def plot(records: list[dict]) -> None:
         plot_loss_curve(records, run_dir / "loss_curve.png", run_dir.name)
-        plot_metric_curve(records, "val", [metric], run_dir / "val_curve.png", f"{run_dir.name}: {opt.val_split}")
+        kept = best["step"] if best is not None and best["split"] is not None else None
+        title = f"{run_dir.name}: {opt.val_split}"
+        plot_metric_curve(records, "val", [metric], run_dir / "val_curve.png", title, kept=kept)
 
     val_loader = None if val_set is None else eval_loader(val_set, cfg, dev, rank, world, keep=True)
 
@@ -186,7 +188,7 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         values = evaluate(engine.module, val_loader, cfg, dev, dtype, rank, world).metrics
         if metrics is not None:
             metrics.write({"step": step, "epoch": epoch, "val": values})
-            log.info("step %d (epoch %g): %s %s", step, epoch, opt.val_split, _format(values))
+            log.info("step %d (epoch %g): %s %s", step, epoch, opt.val_split, format_metrics(values))
         if best is None or task.improves(metric, values[metric], best["value"]):
             best = {"step": step, "epoch": epoch, "split": opt.val_split, "metric": metric, "value": values[metric]}
             best["metrics"] = values
@@ -251,9 +253,5 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         )
         write_json(record, run_dir / EVAL_FILE)
         plot(metrics.read())
-        log.info("test %s (weights of step %d): %s", cfg.dataset_name, selected["step"], _format(test.metrics))
+        log.info("test %s (weights of step %d): %s", cfg.dataset_name, selected["step"], format_metrics(test.metrics))
     return run_dir
-
-
-def _format(values: dict[str, float]) -> str:
-    return ", ".join(f"{k} {v:.4f}" for k, v in values.items())

@@ -165,19 +165,31 @@ def plot_rounds(records: list[dict], path: Path, title: str = "") -> None:
 
 
 def plot_metric_curve(
-    records: list[dict], section: str, keys: list[str], path: Path, title: str = "", x: str = "step"
+    records: list[dict],
+    section: str,
+    keys: list[str],
+    path: Path,
+    title: str = "",
+    x: str = "step",
+    kept: int | None = None,
 ) -> None:
-    """Metrics logged under ``record[section]`` (e.g. the validation metrics) against ``x`` (step or round), as a PNG."""
+    """Metrics logged under ``record[section]`` (e.g. the validation metrics) against ``x`` (step or
+    round), as a PNG; ``kept``: the ``x`` of the kept (best) weights, marked."""
     records = [r for r in records if section in r]
     if not records:
         return
+    from matplotlib.ticker import MaxNLocator
+
     steps = [r[x] for r in records]
     fig = figure(7, 4)
     ax = fig.subplots()
     for key in keys:
         ax.plot(steps, [r[section].get(key) for r in records], marker="o", markersize=3, linewidth=1.4, label=key)
+    if kept is not None:
+        ax.axvline(kept, color="grey", linestyle="--", linewidth=1, label=f"kept weights ({x} {kept})")
     ax.set_xlabel("optimizer step" if x == "step" else x)
-    ax.set_ylabel(section)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(f"{section} {', '.join(keys)}")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     ax.set_title(title, fontsize=9)

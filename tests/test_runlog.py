@@ -45,3 +45,20 @@ def test_rounds_figure_names_server_distillation_only_when_there_is_one(tmp_path
     assert "server's distillation" in loss_b.get_ylabel()
     assert [line.get_label() for line in bytes_a.get_lines()] == ["uplink = downlink"]
     assert [line.get_label() for line in bytes_b.get_lines()] == ["uplink", "downlink"]
+
+
+def test_the_metric_curve_names_its_metric_counts_whole_steps_and_marks_the_kept_step(tmp_path, monkeypatch):
+    from geofm import runlog
+
+    figures, make = [], runlog.figure
+    monkeypatch.setattr(runlog, "figure", lambda *size: figures.append(make(*size)) or figures[-1])
+    records = [{"step": 2, "val": {"miou": 0.3}}, {"step": 3, "loss": 1.0}, {"step": 4, "val": {"miou": 0.5}}]
+    runlog.plot_metric_curve(records, "val", ["miou"], tmp_path / "val_curve.png", kept=4)
+
+    ax = figures[0].axes[0]
+    assert ax.get_ylabel() == "val miou"
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    kept = [line for line in ax.get_lines() if line.get_label() == "kept weights (step 4)"]
+    assert len(kept) == 1 and list(kept[0].get_xdata()) == [4, 4]
+    assert (tmp_path / "val_curve.png").is_file()

@@ -19,23 +19,40 @@ or a whole pretraining module (encoder, mask token, decoder, projector), to cont
     report = load_pretraining_model(masked_image_model, "gfm.pth", bands=["red", "green", "blue", "nir"])
 """
 
-from geofm.checkpoints.build import (
-    build_backbone,
-    convert_checkpoint,
-    format_inspection,
-    inspect_checkpoint,
-    load_backbone_for_bands,
-    load_pretraining_model,
-)
-from geofm.checkpoints.card import model_card
-from geofm.checkpoints.convert import LoadReport, backbone_state_dict, load_backbone_weights
-from geofm.checkpoints.export import export_backbone, timm_pretrained_cfg_overlay
-from geofm.checkpoints.facts import read_checkpoint
-from geofm.checkpoints.infer import ArchSpec, infer_architecture
-from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
-from geofm.checkpoints.layouts import LAYOUTS, detect_layout, locate_backbone, read_export_sidecar
-from geofm.checkpoints.pretraining import PretrainingReport
-from geofm.checkpoints.weights_enum import GeoFMWeights, torchgeo_weights
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_MODULES = {
+    "build": [
+        "build_backbone",
+        "convert_checkpoint",
+        "format_inspection",
+        "inspect_checkpoint",
+        "load_backbone_for_bands",
+        "load_pretraining_model",
+    ],
+    "card": ["model_card"],
+    "convert": ["LoadReport", "backbone_state_dict", "load_backbone_weights"],
+    "export": ["export_backbone", "timm_pretrained_cfg_overlay"],
+    "facts": ["read_checkpoint"],
+    "infer": ["ArchSpec", "infer_architecture"],
+    "io": ["load_checkpoint_file", "resolve_checkpoint_path"],
+    "layouts": ["LAYOUTS", "detect_layout", "locate_backbone", "read_export_sidecar"],
+    "pretraining": ["PretrainingReport"],
+    "weights_enum": ["GeoFMWeights", "torchgeo_weights"],
+}
+_MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use: config validation reads an export's
+    ``backbone.json`` (:mod:`.layouts`) without importing torch."""
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+
 
 __all__ = [
     "LAYOUTS",

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from geofm.errors import CheckpointFormatError, CheckpointNotFoundError
+from geofm.models.backbones import backbone_config_fields
 
 LAYOUTS: dict[str, str] = {
     "timm": "timm Swin/ViT/BEiT state dict, bare or under 'state_dict'/'model'",
@@ -96,6 +97,15 @@ def export_sidecar_path(weights_path: str | Path) -> Path:
     return Path(weights_path).with_suffix(".json")
 
 
+def sidecar_of(path: str | Path) -> Path:
+    """Where the sidecar of an export is, given the export folder (or a pretraining run's, which
+    holds its export), its safetensors file or the JSON itself."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return path / EXPORT_SIDECAR
+    return path if path.suffix == ".json" else export_sidecar_path(path)
+
+
 def read_export_sidecar(path: str | Path) -> dict[str, Any]:
     """Read an export's sidecar, given the export folder, its safetensors file or the JSON itself.
 
@@ -103,11 +113,7 @@ def read_export_sidecar(path: str | Path) -> dict[str, Any]:
         CheckpointNotFoundError: if the sidecar is missing.
         CheckpointFormatError: if it is not JSON or not a ``geofm-backbone/1`` sidecar.
     """
-    path = Path(path)
-    if path.is_dir():
-        path = path / EXPORT_SIDECAR
-    elif path.suffix != ".json":
-        path = export_sidecar_path(path)
+    path = sidecar_of(path)
     if not path.is_file():
         raise CheckpointNotFoundError(
             f"export sidecar not found: {path} (written next to the weights by export_backbone)"
@@ -120,6 +126,21 @@ def read_export_sidecar(path: str | Path) -> dict[str, Any]:
         found = sidecar.get("format") if isinstance(sidecar, dict) else type(sidecar).__name__
         raise CheckpointFormatError(f"{path}: expected a {EXPORT_FORMAT} sidecar, found format {found!r}")
     return sidecar
+
+
+def export_architecture(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """The backbone config fields an export's sidecar records (``arch``, ``img_size``, ``window_size``
+    for a Swin, ``timm_kwargs``), and the sidecar's path; None where ``path`` (see :func:`sidecar_of`)
+    has no sidecar. Reads JSON only (no torch).
+
+    Raises:
+        CheckpointFormatError: if the sidecar is not JSON or not a ``geofm-backbone/1`` sidecar.
+    """
+    sidecar_path = sidecar_of(path)
+    if not sidecar_path.is_file():
+        return None
+    sidecar = read_export_sidecar(sidecar_path)
+    return sidecar_path, {"arch": sidecar["arch"], **backbone_config_fields(sidecar["timm_kwargs"])}
 
 
 def detect_layout(raw: Mapping[str, Any], *, path: str | Path | None = None) -> str:

@@ -14,8 +14,10 @@ from pathlib import Path
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from geofm.config.base import CONFIG_FILE, read_config_tree
 from geofm.config.federated import AlgorithmConfig, FederationConfig, LocalTrainConfig, check_federation
 from geofm.config.finetune import FinetuneConfig
+from geofm.errors import ConfigError
 
 
 class FinetuneFederationConfig(FederationConfig):
@@ -96,4 +98,26 @@ def read_finetune_config(tree: dict, source: str = "<config>") -> FinetuneConfig
     return FinetuneConfig.from_tree(tree, source)
 
 
-__all__ = ["FederatedFinetuneConfig", "FinetuneFederationConfig", "read_finetune_config"]
+def check_finetuning_run(run_dir: Path) -> None:
+    """Refuse a pretraining run (central or federated) where a finetuning run is read (``geofm eval``,
+    ``geofm predict``): its ``config.yaml`` has a ``masking`` section or no ``task``. A folder
+    without ``config.yaml`` is left to the caller's own error.
+
+    Raises:
+        ConfigError: naming the run, what it is, and how to finetune from it.
+    """
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        return
+    tree = read_config_tree(path)
+    if "task" in tree and "masking" not in tree:
+        return
+    kind = "federated" if "federation" in tree else "central"
+    raise ConfigError(
+        f"{run_dir} is a {kind} pretraining run, not a finetuning run: geofm eval and geofm predict take a geofm "
+        f"finetune run; finetune its backbone first with geofm finetune --config CONFIG checkpoint={run_dir} "
+        "(or checkpoint: in CONFIG)"
+    )
+
+
+__all__ = ["FederatedFinetuneConfig", "FinetuneFederationConfig", "check_finetuning_run", "read_finetune_config"]

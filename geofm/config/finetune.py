@@ -20,15 +20,19 @@ best-weights selection), ``train`` (the optimisation shared with pretraining) an
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from geofm.checkpoints.layouts import EXPORT_SIDECAR, export_architecture
 from geofm.config.base import ProgramConfig, Section, checks_architecture
 from geofm.config.sections import BackboneConfig, RunConfig, TrainConfig, canonical_band_lists
 from geofm.errors import ConfigError
 from geofm.tasks import TASKS
+
+log = logging.getLogger("geofm.config")
 
 Split = Literal["train", "val", "test"]
 PADDING_LABEL = -100
@@ -381,6 +385,10 @@ def metric_names(
     return finetune_task(task).metric_names(num_classes, class_names, ignore_index)
 
 
+ARCHITECTURE_KEYS = ("arch", "img_size", "window_size", "timm_kwargs")
+"""The keys of ``model`` a finetuning config may leave to the checkpoint's ``backbone.json``."""
+
+
 class FinetuneConfig(ProgramConfig):
     """Finetuning (or linear probing) of a backbone on one downstream task."""
 
@@ -394,6 +402,35 @@ class FinetuneConfig(ProgramConfig):
     finetune: FinetuneOptimConfig = FinetuneOptimConfig()
     data: FinetuneDataConfig
     train: TrainConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _architecture_from_checkpoint(cls, tree: Any, info: ValidationInfo) -> Any:
+        """Complete ``model`` with the architecture the checkpoint's ``backbone.json`` records (an
+        export's, or a pretraining run's): the keys of :data:`ARCHITECTURE_KEYS` it leaves out.
+        Stated keys win; a stated ``arch`` other than the recorded one takes nothing."""
+        if not isinstance(tree, dict) or tree.get("checkpoint") is None:
+            return tree
+        model = tree.get("model") or {}
+        missing = [key for key in ARCHITECTURE_KEYS if isinstance(model, dict) and key not in model]
+        if not missing:
+            return tree
+        recorded = export_architecture(tree["checkpoint"])
+        if recorded is None:
+            if {"arch", "img_size"} & set(missing):
+                raise ValueError(
+                    f"model: the checkpoint {tree['checkpoint']} has no {EXPORT_SIDECAR} to take the backbone's "
+                    "architecture from (a geofm export and a finished pretraining run have one); state model.arch "
+                    "and model.img_size (and window_size, timm_kwargs)"
+                )
+            return tree
+        sidecar, fields = recorded
+        if model.get("arch", fields["arch"]) != fields["arch"]:
+            return tree
+        taken = {key: fields[key] for key in missing if key in fields}
+        if taken and checks_architecture(info):
+            log.info("model: %s taken from %s", ", ".join(f"{k} {v}" for k, v in taken.items()), sidecar)
+        return {**tree, "model": {**model, **taken}}
 
     @field_validator("task")
     @classmethod

@@ -104,6 +104,14 @@ def backbone_kwargs(
     return kwargs
 
 
+def backbone_config_fields(create_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The ``img_size``, ``window_size`` (if any) and ``timm_kwargs`` of a backbone config that give
+    these :func:`backbone_kwargs` (as an export records them), whatever the bands."""
+    kwargs = {k: v for k, v in create_kwargs.items() if k not in ("num_classes", "in_chans")}
+    fields = {key: kwargs.pop(key) for key in ("img_size", "window_size") if key in kwargs}
+    return {**fields, "timm_kwargs": kwargs}
+
+
 def create_backbone(arch: str, kwargs: dict[str, Any], drop_path_rate: float = 0.0) -> nn.Module:
     """Build a randomly initialised timm backbone from :func:`backbone_kwargs`."""
     import timm

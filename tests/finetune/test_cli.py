@@ -49,3 +49,35 @@ def test_finetune_command_runs_a_config_file_with_overrides(parser, task_tree, c
     args.handler(args)
     assert f"run directory: {out}" in capsys.readouterr().out
     assert json.loads((out / "eval.json").read_text())["steps"] == 6
+
+
+@pytest.mark.parametrize(
+    ("kind", "config"),
+    [
+        ("central", "configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml"),
+        ("federated", "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml"),
+    ],
+)
+def test_eval_and_predict_of_a_pretraining_run_say_how_to_finetune_it_in_one_line(kind, config, tmp_path, capsys):
+    from geofm.cli import main
+    from geofm.config import read_config_tree
+    from geofm.config.base import config_to_dict
+    from geofm.config.federated import read_federated_config
+    from geofm.config.pretrain import PretrainConfig
+
+    cfg = PretrainConfig.from_file(config) if kind == "central" else read_federated_config(read_config_tree(config))
+    run_dir = tmp_path / "pretraining_run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    commands = [
+        ["eval", f"checkpoint={run_dir}"],
+        ["predict", "--model", str(run_dir), "--input", "scene.tif", "--output", str(tmp_path / "out.tif")],
+    ]
+    for command in commands:
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.splitlines() == [
+            f"geofm: error: {run_dir} is a {kind} pretraining run, not a finetuning run: geofm eval and geofm predict "
+            f"take a geofm finetune run; finetune its backbone first with geofm finetune --config CONFIG "
+            f"checkpoint={run_dir} (or checkpoint: in CONFIG)"
+        ], command

@@ -151,3 +151,44 @@ def test_a_resume_undoes_a_selection_made_after_its_checkpoint(class_folders, ta
     straight = json.loads((classification_run / "eval.json").read_text())["selected"]
     assert selected["step"] == straight["step"], "the selection of the step-8 checkpoint competed with step 12 again"
     assert selected["value"] == pytest.approx(straight["value"])
+
+
+def test_a_config_without_model_takes_the_architecture_from_the_exports_backbone_json(
+    class_folders, task_tree, rgb_export, caplog
+):
+    tree = task_tree("classification", "from_export", checkpoint=str(rgb_export), data={"root": str(class_folders)})
+    stated = tree.pop("model")
+    with caplog.at_level(logging.INFO, logger="geofm.config"):
+        cfg = FinetuneConfig.from_tree(tree)
+    assert cfg.model.model_dump(include={"arch", "img_size", "window_size", "timm_kwargs"}) == stated
+    taken = [r.getMessage() for r in caplog.records if r.name == "geofm.config"]
+    assert taken == [
+        f"model: arch {stated['arch']}, img_size 32, window_size 4, timm_kwargs {stated['timm_kwargs']} "
+        f"taken from {rgb_export / 'backbone.json'}"
+    ]
+    run_dir = finetune(cfg)
+    evaluation = json.loads((run_dir / "eval.json").read_text())
+    assert evaluation["checkpoint"]["layout"] == "geofm_export" and evaluation["checkpoint"]["fresh_bands"] == ["nir"]
+
+
+def test_a_partial_model_keeps_its_values_and_takes_the_rest_from_backbone_json(task_tree, rgb_export, caplog):
+    tree = task_tree("segmentation", checkpoint=str(rgb_export))
+    stated = tree["model"]
+    tree["model"] = {"img_size": 64, "frozen": True}
+    with caplog.at_level(logging.INFO, logger="geofm.config"):
+        cfg = FinetuneConfig.from_tree(tree)
+    assert (cfg.model.img_size, cfg.model.frozen) == (64, True), "the config's own values win"
+    assert (cfg.model.arch, cfg.model.window_size, cfg.model.timm_kwargs) == (
+        stated["arch"],
+        stated["window_size"],
+        stated["timm_kwargs"],
+    )
+    assert "img_size" not in caplog.text and "taken from" in caplog.text
+
+
+def test_a_config_without_model_needs_a_checkpoint_with_backbone_json(task_tree, rgb_export):
+    (rgb_export / "backbone.json").unlink()
+    tree = task_tree("classification", checkpoint=str(rgb_export))
+    del tree["model"]
+    with pytest.raises(ConfigError, match=r"has no backbone.json to take the backbone's architecture from"):
+        FinetuneConfig.from_tree(tree)

@@ -85,6 +85,11 @@ class FinetuneDataset(Dataset[dict[str, Tensor]]):
         self._cached: tuple[int, dict[str, Tensor]] | None = None
 
     @property
+    def tiled(self) -> bool:
+        """Whether the samples are evaluation tiles of dense regions (:attr:`tiles` and :attr:`extents`)."""
+        return bool(self.extents)
+
+    @property
     def scenes(self) -> list[int]:
         """The scenes the samples are drawn from, in order."""
         return sorted({region.scene for region in self.regions})
