@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -36,6 +38,31 @@ def test_geofm_fed_simulate_runs_fedsense_on_flower_and_resumes(fed_tree, tmp_pa
     assert json.loads((run_dir / "backbone.json").read_text())["federation"]["rounds"] == 2
     states = sorted(p.name for p in (run_dir / "clients/uav_rgbn").iterdir())
     assert states == ["state_round_000001.npz", "state_round_000002.npz"], "each client keeps its state on disk"
+
+
+def test_ctrl_c_stops_geofm_fed_simulate_after_its_last_round_and_a_rerun_resumes(fed_tree, tmp_path, child_env):
+    tree = fed_tree("stopped", federation={"rounds": 20})
+    config = tmp_path / "fed.yaml"
+    config.write_text(yaml.safe_dump(tree))
+    cmd = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), "--num-cpus", "2"]
+    rounds_log = tmp_path / "stopped" / "rounds.jsonl"
+    main = subprocess.Popen(cmd, env=child_env, stderr=subprocess.PIPE, text=True)
+    while not (rounds_log.exists() and rounds_log.read_text()):
+        assert main.poll() is None, "the simulation ended before its first round"
+        time.sleep(0.2)
+    main.send_signal(signal.SIGINT)
+    _, stderr = main.communicate()
+    done = len(rounds_log.read_text().splitlines())
+    assert main.returncode == 2, stderr[-4000:]
+    expected = f"geofm: error: stopped by SIGINT after round {done}; rerun the same command to resume"
+    assert [line for line in stderr.splitlines() if " INFO " not in line] == [expected], stderr[-4000:]
+
+    resumed = subprocess.run(
+        [*cmd, "federation.stop_after_rounds=1"], check=False, env=child_env, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"after round {done}" in resumed.stderr and f"stopped after round {done + 1} of 20" in resumed.stderr
+    assert [json.loads(line)["round"] for line in rounds_log.read_text().splitlines()] == list(range(1, done + 2))
 
 
 def test_geofm_fed_simulate_refuses_a_missing_client_folder_before_it_starts(fed_tree, tmp_path, child_env):
