@@ -351,20 +351,25 @@ def _setup_ray_worker() -> None:
 
 
 @contextlib.contextmanager
-def _quiet_simulation(stop: SimulationStop) -> Iterator[None]:
+def _quiet_simulation(stop: SimulationStop, verbose: bool) -> Iterator[None]:
     """Flower's console handler stays the only printer of Flower's records (no copies, no DEBUG lines through
-    a root handler a command line set up), without colours unless on a terminal; Flower's notices that
-    tell nothing, its errors about the Ray workers a stop ended, SQL migration notes of its in-memory
-    state and Ray's accelerator FutureWarning are dropped; everything is restored afterwards."""
+    a root handler a command line set up), at DEBUG with timestamps when ``verbose``, without colours
+    unless on a terminal; Flower's notices that tell nothing, its errors about the Ray workers a stop
+    ended, SQL migration notes of its in-memory state and Ray's accelerator FutureWarning are dropped;
+    everything is restored afterwards."""
     from flwr.common.logger import console_handler
 
     flower = logging.getLogger("flwr")
     alembic = logging.getLogger("alembic")
     notices = _DropFlowerNotices(stop)
-    propagate, alembic_level, colored = flower.propagate, alembic.level, console_handler.colored
+    propagate, alembic_level = flower.propagate, alembic.level
+    level, timestamps, colored = console_handler.level, console_handler.timestamps, console_handler.colored
     flower.addFilter(notices)
     flower.propagate = False
     alembic.setLevel(logging.WARNING)
+    if verbose:
+        console_handler.setLevel(logging.DEBUG)
+        console_handler.timestamps = True
     console_handler.colored = _colour()
     try:
         with warnings.catch_warnings():
@@ -374,7 +379,8 @@ def _quiet_simulation(stop: SimulationStop) -> Iterator[None]:
         flower.removeFilter(notices)
         flower.propagate = propagate
         alembic.setLevel(alembic_level)
-        console_handler.colored = colored
+        console_handler.setLevel(level)
+        console_handler.timestamps, console_handler.colored = timestamps, colored
 
 
 @contextlib.contextmanager
@@ -538,7 +544,7 @@ def simulate(
     token = uuid.uuid4().hex
     environment = {SIMULATION_MARKER: token, **({} if sys.stderr.isatty() else {COLOUR_PREFIX: "0"})}
     stop = SimulationStop(WORKER_MARKER, token)
-    with _environment(environment, PROCESS_GROUP_ENV), _quiet_simulation(stop):
+    with _environment(environment, PROCESS_GROUP_ENV), _quiet_simulation(stop, verbose):
         watchdog = start_watchdog(os.getpid(), SIMULATION_MARKER, token, remove=ray_dir)
         try:
             stop.install()
@@ -553,7 +559,7 @@ def simulate(
                 build_client_app(config),
                 num_supernodes=num_nodes,
                 backend_config=backend_config,
-                verbose_logging=verbose,
+                verbose_logging=False,  # _quiet_simulation shows Flower's DEBUG lines without forcing colours
             )
         finally:
             stop.restore()

@@ -219,12 +219,24 @@ def test_a_simulation_killed_with_sigkill_leaves_no_ray_process_and_no_ray_folde
     shutil.rmtree(short_tmp)  # what the test itself made: the folder of the simulation's temporary files
 
 
-def test_a_simulations_log_holds_no_colour_codes_and_no_actor_termination_notices(tmp_path, toy_pythonpath):
+@pytest.mark.parametrize("verbose", [[], ["--verbose"]], ids=["plain", "verbose"])
+def test_a_simulations_log_holds_no_colour_codes_and_no_actor_termination_notices(tmp_path, toy_pythonpath, verbose):
     """Its stderr is no terminal here: Ray's and Flower's colours stay out, as do Flower's notices."""
     out = tmp_path / "records.jsonl"
     config = tmp_path / "toy.yaml"
     config.write_text(yaml.safe_dump({"rounds": 2, "out": str(out), "bad_input": "b@1"}))
-    command = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), "--program", "toy"]
+    command = [
+        sys.executable,
+        "-m",
+        "geofm.cli",
+        *verbose,
+        "fed",
+        "simulate",
+        "--config",
+        str(config),
+        "--program",
+        "toy",
+    ]
     env = {**os.environ, "PYTHONPATH": toy_pythonpath}
     done = subprocess.run(
         [*command, "--institutions", "a,b", "--num-cpus", "2"], env=env, capture_output=True, text=True, check=False
