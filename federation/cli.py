@@ -268,10 +268,16 @@ def _data_roots(items: list[str]) -> dict[str, str]:
 
 def _simulate(args: argparse.Namespace) -> None:
     run_config = program_run_config(args)
-    from federation.flower import simulate  # imports flwr and torch: only once the config is valid
-
     if not run_config[INSTITUTIONS]:
         raise ConfigError("--institutions names the simulated nodes of another program")
+    cfg = None
+    if args.program == BUILT_IN:
+        from federation.program import check_simulation_inputs, run_config_tree
+
+        cfg = run_config_tree(run_config)
+        check_simulation_inputs(cfg, str(args.config))
+    from federation.flower import simulate  # imports flwr and torch: only once the config is valid
+
     simulate(
         run_config,
         cpus_per_node=args.cpus_per_node,
@@ -279,11 +285,10 @@ def _simulate(args: argparse.Namespace) -> None:
         num_cpus=args.num_cpus,
         verbose=getattr(args, "verbose", False),  # geofm --verbose
     )
-    if args.program == BUILT_IN:
-        from federation.program import run_config_tree
+    if cfg is not None:
         from geofm.reconstruction import print_reconstruction_figure
 
-        print_reconstruction_figure(run_config_tree(run_config).run.output_dir)
+        print_reconstruction_figure(cfg.run.output_dir)
 
 
 def _print_commands(out: Path, args: argparse.Namespace) -> None:

@@ -29,6 +29,7 @@ from federation.runtime import DATA_ROOT, INSTITUTION, Program, Scalar, program_
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig, read_federated_config
 from geofm.tasks import TASKS
+from geofm.training import check_inputs
 
 TEACHER = "teacher"  # node config: this machine's copy of the teacher weights
 STATE_DIR = "state-dir"  # node config: where this institution keeps its client state between runs
@@ -63,6 +64,19 @@ def build_task(cfg):
     return TASKS.get(cfg.task).federated(cfg)
 
 
+def check_simulation_inputs(cfg, source: str) -> None:
+    """Check every input of a simulation, every institution's data included, before anything is built, and
+    report all problems at once, as central training does: in a simulation all of them are on this machine.
+
+    (A deployed node checks its own data; the server records a node that fails its handshake.)
+
+    Raises:
+        ConfigError: naming each missing folder or file and who reads it.
+    """
+    task = build_task(cfg)
+    check_inputs([*task.server_inputs(), *task.client_inputs(), *task.inputs()], source)
+
+
 def round_lr(cfg: FederatedConfig, rnd: int) -> float:
     """The clients' learning rate in round ``rnd`` (1-based): warm-up, then constant or cosine to ``min_lr_ratio``."""
     train, rounds = cfg.train, cfg.federation.rounds
@@ -90,6 +104,7 @@ __all__ = [
     "OWN_VALIDATION",
     "PROGRAM",
     "build_task",
+    "check_simulation_inputs",
     "local_config",
     "make_client",
     "make_server",

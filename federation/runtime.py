@@ -41,7 +41,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
-from geofm.errors import ConfigError, FederatedRunError
+from geofm.errors import ConfigError, FederatedRunError, RunInterrupted
 from geofm.registry import Registry
 
 Scalar = bool | int | float | str
@@ -302,18 +302,26 @@ def run_server(
         FederatedRunError: too few nodes connected within ``connect_timeout_s``, a round got fewer
             than ``min_clients`` replies on every attempt, or ``configure`` addressed unselected nodes.
         ConfigError: the program's plan is invalid.
+        RunInterrupted: the transport stopped the run on request (a simulation's SIGINT or SIGTERM),
+            completed here with the last round done.
     """
     plan = Plan.of(program)
     loop = _RoundLoop(program, transport, plan, poll_s, clock)
     first = program.start_round()
     if first < 1:
         raise FederatedRunError(f"{type(program).__name__}.start_round() returned {first}, expected >= 1")
-    if first > plan.num_rounds:  # a finished run, rerun: no node is needed to finish it again
-        log.info("rounds 1-%d are done; no round to run", plan.num_rounds)
-    else:
-        loop.await_nodes(plan.expected_clients, f"before round {first}")
-    for rnd in range(first, plan.num_rounds + 1):
-        loop.run_round(rnd)
+    done = first - 1
+    try:
+        if first > plan.num_rounds:  # a finished run, rerun: no node is needed to finish it again
+            log.info("rounds 1-%d are done; no round to run", plan.num_rounds)
+        else:
+            loop.await_nodes(plan.expected_clients, f"before round {first}")
+        for rnd in range(first, plan.num_rounds + 1):
+            loop.run_round(rnd)
+            done = rnd
+    except RunInterrupted as err:
+        where = f"after round {done}" if done else "before round 1"
+        raise RunInterrupted(f"{err} {where}; rerun the same command to resume") from None
     program.finish()
 
 

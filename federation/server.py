@@ -112,6 +112,8 @@ class FederatedServer:
                 stop,
             )
         self.rounds_log = MetricsLog(self.run_dir / ROUNDS_LOG, resume_step=self.done, key="round")
+        if self.done < self.num_rounds:
+            log.info("server ready; round %d starts once the %d clients are ready", self.done + 1, cfg.num_clients)
 
     # ---- plan --------------------------------------------------------------------------
     def start_round(self) -> int:

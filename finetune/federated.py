@@ -110,6 +110,12 @@ class FederatedFinetuning:
         _ = self.val_set, self.test_set
         return finetune_inputs(self.cfg)
 
+    def client_inputs(self) -> list[InputPath]:
+        """The train split, which every client takes its share of: listed now, so that a simulation without
+        it stops before it starts, naming the missing folder."""
+        _ = self.train_set
+        return []
+
     @functools.cached_property
     def train_set(self):
         return build_split(self.cfg, "train", train=True)

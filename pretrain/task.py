@@ -148,6 +148,21 @@ class MaskedImageModelling:
             if s.name in self.cfg.federation.public_sources
         ]
 
+    def client_inputs(self) -> list[InputPath]:
+        """The folders of the clients' imagery, each named with who reads it (checked before a simulation,
+        where every institution's data is on this machine)."""
+        fed = self.cfg.federation
+        return [
+            InputPath.of_source(
+                f"data.sources.{i}.root (institution {s.name})"
+                if fed.partition == "by_source"
+                else f"data.sources.{i}.root ({s.name}, shared by the clients)",
+                s,
+            )
+            for i, s in enumerate(self.cfg.data.sources)
+            if s.name not in fed.public_sources
+        ]
+
     def client_share(self, name: str, own_data: bool) -> ClientShare:
         """Client ``name``'s files per source, from the configured partitioner (its own folder with
         ``by_source``, which ``own_data`` changes nothing of: a node's data root is its source's root)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import shutil
 import subprocess
@@ -207,7 +208,7 @@ def test_a_simulation_killed_with_sigkill_leaves_no_ray_process_and_no_ray_folde
         while not hung.exists():  # round 2 is running: Ray and its actors are up
             assert main.poll() is None, "the simulation ended before its second round"
             time.sleep(0.2)
-        ray = {pid: start_time(pid) for pid in _marked_by_any(SIMULATION_MARKER)}
+        ray = {pid: start_time(pid) for pid in _marked_by_any(SIMULATION_MARKER, short_tmp)}
         assert len(ray) >= 3, "Ray's processes carry the simulation's marker"
         assert list(short_tmp.glob("geofm-ray-*")), "Ray keeps its session below the simulation's own folder"
     finally:
@@ -218,11 +219,95 @@ def test_a_simulation_killed_with_sigkill_leaves_no_ray_process_and_no_ray_folde
     shutil.rmtree(short_tmp)  # what the test itself made: the folder of the simulation's temporary files
 
 
-def _marked_by_any(marker: str) -> set[int]:
+@pytest.mark.parametrize("verbose", [[], ["--verbose"]], ids=["plain", "verbose"])
+def test_a_simulations_log_holds_no_colour_codes_and_no_actor_termination_notices(tmp_path, toy_pythonpath, verbose):
+    """Its stderr is no terminal here: Ray's and Flower's colours stay out, as do Flower's notices."""
+    out = tmp_path / "records.jsonl"
+    config = tmp_path / "toy.yaml"
+    config.write_text(yaml.safe_dump({"rounds": 2, "out": str(out), "bad_input": "b@1"}))
+    command = [
+        sys.executable,
+        "-m",
+        "geofm.cli",
+        *verbose,
+        "fed",
+        "simulate",
+        "--config",
+        str(config),
+        "--program",
+        "toy",
+    ]
+    env = {**os.environ, "PYTHONPATH": toy_pythonpath}
+    done = subprocess.run(
+        [*command, "--institutions", "a,b", "--num-cpus", "2"], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "train of b failed: data/b/scene_000.tif" in done.stderr, "a Ray worker's line reached the log"
+    assert "\x1b[" not in done.stderr + done.stdout, done.stderr[-4000:]
+    assert "Manually terminating" not in done.stderr
+
+
+def test_ray_workers_drop_flowers_notices_and_leave_out_its_colours_off_a_terminal(monkeypatch):
+    from flwr.common.logger import console_handler
+
+    from federation.flower import COLOUR_PREFIX, _setup_ray_worker
+
+    flower = logging.getLogger("flwr")
+    monkeypatch.setattr(flower, "filters", list(flower.filters))  # restored afterwards, as the handler's colours
+    monkeypatch.setattr(console_handler, "colored", True)
+    monkeypatch.setenv(COLOUR_PREFIX, "0")
+    _setup_ray_worker()
+    notice = logging.LogRecord("flwr", logging.WARNING, "", 0, "Manually terminating %s", ("ClientAppActor",), None)
+    warning = logging.LogRecord("flwr", logging.WARNING, "", 0, "something else", None, None)
+    assert not flower.filter(notice) and flower.filter(warning)
+    assert "\x1b" not in console_handler.format(warning)
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_a_stop_signal_ends_a_simulation_in_one_line_naming_its_last_round_and_leaves_no_ray_process(
+    tmp_path, toy_pythonpath, stop
+):
+    """As central pretraining does: one error line, a non-zero exit, no process of the simulation left."""
+    import signal
+    import tempfile
+    import time
+
+    from federation.flower import SIMULATION_MARKER
+    from federation.processes import start_time
+
+    short_tmp = Path(tempfile.mkdtemp(prefix="gt", dir="/tmp"))  # Ray's socket paths must stay short
+    out = tmp_path / "records.jsonl"
+    config = tmp_path / "toy.yaml"
+    config.write_text(yaml.safe_dump({"rounds": 3, "out": str(out), "hang": "b@2", "round_timeout_s": 600.0}))
+    command = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), "--program", "toy"]
+    env = {**os.environ, "PYTHONPATH": toy_pythonpath, "TMPDIR": str(short_tmp)}
+    main = subprocess.Popen(
+        [*command, "--institutions", "a,b", "--num-cpus", "2"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    hung = Path(f"{out}.hang.b")
+    while not hung.exists():  # round 1 is logged and round 2 is running: b never answers
+        assert main.poll() is None, "the simulation ended before its second round"
+        time.sleep(0.2)
+    ray = {pid: start_time(pid) for pid in _marked_by_any(SIMULATION_MARKER, short_tmp)}
+    assert len(ray) >= 3, "Ray's processes carry the simulation's marker"
+    main.send_signal(getattr(signal, stop))
+    _, stderr = main.communicate()
+    assert main.returncode == 2, stderr[-4000:]
+    expected = f"geofm: error: stopped by {stop} after round 1; rerun the same command to resume"
+    assert [line for line in stderr.splitlines() if " INFO " not in line] == [expected], stderr[-4000:]
+    assert [r["round"] for r in toy.read_records(out)] == [1]
+    while any(start_time(pid) == started for pid, started in ray.items()) or list(short_tmp.glob("geofm-ray-*")):
+        time.sleep(0.2)  # the processes the simulation SIGKILLed on its way out
+    shutil.rmtree(short_tmp)
+
+
+def _marked_by_any(marker: str, tmp: Path) -> set[int]:
+    """Processes carrying ``marker`` with any token, of the simulation whose temporary folder is ``tmp``."""
     found = set()
     for path in Path("/proc").iterdir():
         try:
-            if path.name.isdigit() and f"{marker}=".encode() in (path / "environ").read_bytes():
+            environ = (path / "environ").read_bytes() if path.name.isdigit() else b""
+            if f"{marker}=".encode() in environ and f"TMPDIR={tmp}\0".encode() in environ:
                 found.add(int(path.name))
         except OSError:
             continue

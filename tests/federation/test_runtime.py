@@ -22,7 +22,7 @@ from federation.runtime import (
     run_server,
     select_nodes,
 )
-from geofm.errors import ConfigError, FederatedRunError
+from geofm.errors import ConfigError, FederatedRunError, RunInterrupted
 
 
 class Server:
@@ -114,6 +114,27 @@ def test_a_finished_run_finishes_again_without_waiting_for_nodes():
     server.start_round = lambda: 3  # rounds 1-2 were done before a restart
     run_server(server, Transport(nodes=()), poll_s=0, clock=lambda: next(clock))
     assert server.finished and server.rounds == [], "a finished run only finishes: no round, no wait for nodes"
+
+
+class Stopped(Transport):
+    """Stopped on request (as a simulation's SIGINT) once ``rnd`` is reached: its next look for nodes raises."""
+
+    def __init__(self, rnd: int) -> None:
+        super().__init__()
+        self.rnd = rnd
+
+    def node_ids(self):
+        if self.rnd == 1 or self.rnd - 1 in self.trains:  # round rnd - 1 was trained
+            raise RunInterrupted("stopped by SIGINT")
+        return super().node_ids()
+
+
+@pytest.mark.parametrize("rnd, where", [(1, "before round 1"), (3, "after round 2")])
+def test_a_run_stopped_on_request_names_the_last_round_done(rnd, where):
+    server = Server(num_rounds=4)
+    with pytest.raises(RunInterrupted, match=f"^stopped by SIGINT {where}; rerun the same command to resume$"):
+        run_server(server, Stopped(rnd), poll_s=0)
+    assert [r[0] for r in server.rounds] == list(range(1, rnd)) and not server.finished
 
 
 def test_configure_may_address_selected_nodes_only():

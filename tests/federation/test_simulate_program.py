@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
+import pytest
 import yaml
+
+from federation.program import check_simulation_inputs
+from geofm.config.federated import FederatedConfig
+from geofm.errors import ConfigError
 
 
 def test_geofm_fed_simulate_runs_fedsense_on_flower_and_resumes(fed_tree, tmp_path, child_env):
@@ -31,3 +38,53 @@ def test_geofm_fed_simulate_runs_fedsense_on_flower_and_resumes(fed_tree, tmp_pa
     assert json.loads((run_dir / "backbone.json").read_text())["federation"]["rounds"] == 2
     states = sorted(p.name for p in (run_dir / "clients/uav_rgbn").iterdir())
     assert states == ["state_round_000001.npz", "state_round_000002.npz"], "each client keeps its state on disk"
+
+
+def test_ctrl_c_stops_geofm_fed_simulate_after_its_last_round_and_a_rerun_resumes(fed_tree, tmp_path, child_env):
+    tree = fed_tree("stopped", federation={"rounds": 20})
+    config = tmp_path / "fed.yaml"
+    config.write_text(yaml.safe_dump(tree))
+    cmd = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), "--num-cpus", "2"]
+    rounds_log = tmp_path / "stopped" / "rounds.jsonl"
+    main = subprocess.Popen(cmd, env=child_env, stderr=subprocess.PIPE, text=True)
+    while not (rounds_log.exists() and rounds_log.read_text()):
+        assert main.poll() is None, "the simulation ended before its first round"
+        time.sleep(0.2)
+    main.send_signal(signal.SIGINT)
+    _, stderr = main.communicate()
+    done = len(rounds_log.read_text().splitlines())
+    assert main.returncode == 2, stderr[-4000:]
+    expected = f"geofm: error: stopped by SIGINT after round {done}; rerun the same command to resume"
+    assert [line for line in stderr.splitlines() if " INFO " not in line] == [expected], stderr[-4000:]
+
+    resumed = subprocess.run(
+        [*cmd, "federation.stop_after_rounds=1"], check=False, env=child_env, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"after round {done}" in resumed.stderr and f"stopped after round {done + 1} of 20" in resumed.stderr
+    assert [json.loads(line)["round"] for line in rounds_log.read_text().splitlines()] == list(range(1, done + 2))
+
+
+def test_geofm_fed_simulate_refuses_a_missing_client_folder_before_it_starts(fed_tree, tmp_path, child_env):
+    """In a simulation every institution's data is on this machine: a missing folder is the config's error."""
+    tree = fed_tree("missing")
+    tree["data"]["sources"][2]["root"] = str(missing := tmp_path / "no_such_dir")
+    config = tmp_path / "fed.yaml"
+    config.write_text(yaml.safe_dump(tree))
+    command = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), "--num-cpus", "2"]
+    done = subprocess.run(command, check=False, env=child_env, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr[-4000:]
+    assert f"data.sources.2.root (institution uav_rgbn): image folder {missing} does not exist" in done.stderr
+    assert "starting Ray" not in done.stderr and not (tmp_path / "missing").exists(), "refused before anything started"
+
+
+def test_a_simulation_reports_every_missing_input_at_once_naming_who_reads_it(fed_tree, tmp_path):
+    tree = fed_tree("missing", federation={"partition": "dirichlet", "clients": 3})
+    tree["data"]["sources"][0]["root"] = str(tmp_path / "no_aerial")
+    tree["teacher"]["checkpoint"] = str(tmp_path / "no_teacher.pth")
+    with pytest.raises(ConfigError, match=r"fed\.yaml: 2 input") as caught:
+        check_simulation_inputs(FederatedConfig.from_tree(tree), "fed.yaml")
+    assert f"data.sources.0.root (aerial_rgb, shared by the clients): image folder {tmp_path / 'no_aerial'}" in str(
+        caught.value
+    )
+    assert f"teacher.checkpoint: checkpoint not found: {tmp_path / 'no_teacher.pth'}" in str(caught.value)

@@ -17,6 +17,7 @@ from federation.client import FederatedClient
 from federation.deploy import COMPLETED
 from federation.inprocess import InProcess, run_in_process
 from federation.localdeploy import LocalDeployment
+from federation.program import check_simulation_inputs
 from federation.runtime import CONFIG, DATA_ROOT, INSTITUTION, PROGRAM, config_entry, run_server
 from federation.server import FederatedServer
 from finetune.cli import register
@@ -83,6 +84,13 @@ def test_a_federated_finetuning_config_is_checked_like_a_finetuning_one(finetune
         read_federated_config({**tree, "federation": {"rounds": 2}})
     with pytest.raises(ConfigError, match="task: unknown federated config 'classifcation'"):
         read_federated_config({**tree, "task": "classifcation"})
+
+
+def test_a_simulation_checks_the_clients_train_split_before_it_starts(finetune_tree, class_folders, tmp_path):
+    tree = _federated(finetune_tree("classification", tmp_path / "fed", data={"root": str(class_folders)}))
+    tree["data"]["splits"] = {"train": "no_train", "val": "val", "test": "test"}
+    with pytest.raises(DatasetNotFoundError, match=f"the train split folder {class_folders}/no_train does not exist"):
+        check_simulation_inputs(read_federated_config(tree), "fed.yaml")
 
 
 @pytest.mark.parametrize("task", ["multilabel", "segmentation", "change", "superres"])
