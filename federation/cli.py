@@ -32,6 +32,7 @@ from federation.deploy import (
 from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, Scalar, config_entry
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
+from geofm.paths import check_writable
 
 BUILT_IN = "geofm"
 """The registered program that runs a config's task, algorithm and partition."""
@@ -204,6 +205,11 @@ def _data_roots(items: list[str]) -> dict[str, str]:
 
 def _simulate(args: argparse.Namespace) -> None:
     run_config = program_run_config(args)
+    if args.program == BUILT_IN:
+        from federation.program import run_config_tree
+
+        output_dir = run_config_tree(run_config).run.output_dir
+        check_writable(output_dir, "run.output_dir", folder=True)  # here, before the simulation engine starts
     from federation.flower import simulate  # imports flwr and torch: only once the config is valid
 
     if not run_config[INSTITUTIONS]:
@@ -216,10 +222,9 @@ def _simulate(args: argparse.Namespace) -> None:
         verbose=getattr(args, "verbose", False),  # geofm --verbose
     )
     if args.program == BUILT_IN:
-        from federation.program import run_config_tree
         from geofm.reconstruction import print_reconstruction_figure
 
-        print_reconstruction_figure(run_config_tree(run_config).run.output_dir)
+        print_reconstruction_figure(output_dir)
 
 
 def _print_commands(out: Path, args: argparse.Namespace) -> None:

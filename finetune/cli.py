@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+from geofm.paths import check_writable
+
 FINETUNE_EXAMPLES = """\
 examples:
   geofm finetune --config configs/finetune/ucmerced__swin_base__img256_win8__100ep.yaml checkpoint=exports/gfm
@@ -154,10 +156,12 @@ def _eval(args: argparse.Namespace) -> None:
     run_dir = Path(settings["checkpoint"])
     source = Path(args.config) if args.config else run_dir / CONFIG_FILE
     cfg = read_finetune_config(read_config_tree(source, overrides), str(source))
+    out = args.out or run_dir / f"eval_{settings['split']}.json"
+    check_writable(out, "--out" if args.out else "the record (--out)", folder=False)
     from finetune.evaluate import evaluate_run, write_json  # the training stack, once the config is valid
 
     record = evaluate_run(run_dir, settings["split"], cfg)
-    write_json(record, args.out or run_dir / f"eval_{settings['split']}.json")
+    write_json(record, out)
     print(json.dumps(record, indent=2, default=str))
 
 
@@ -165,6 +169,7 @@ def _report(args: argparse.Namespace) -> None:
     from finetune.report import average_relative_performance, compare, read_eval, write_report
     from geofm.errors import ConfigError
 
+    check_writable(args.out, "--out", folder=True)
     if all(path.is_dir() for path in args.evals):
         if args.baseline:
             raise ConfigError("--baseline compares eval.json records; run folders are compared with each other")
@@ -191,6 +196,7 @@ def _predict(args: argparse.Namespace) -> None:
     from geofm.config.finetune import finetune_task
     from geofm.errors import ConfigError
 
+    check_writable(args.output, "--output", folder=False)
     predictor = load_predictor(args.model, args.tile)
     if len(finetune_task(predictor.task).inputs) == 2:
         if args.before is None or args.after is None or args.input is not None:

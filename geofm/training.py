@@ -28,6 +28,7 @@ from geofm.config import OptimizerConfig, RunConfig, Section, SourceConfig, conf
 from geofm.config.base import CONFIG_FILE
 from geofm.data.products import list_products
 from geofm.errors import ConfigError, GeoFMError
+from geofm.paths import check_writable
 from geofm.runlog import Phases
 
 PROGRESS_FILE = "progress.json"
@@ -292,15 +293,17 @@ def start_run(
 ) -> RunStart:
     """What every program on the DeepSpeed engine does before building anything.
 
-    Check every input path (all problems at once), join the process group, and, when the run
-    directory holds checkpoints, check that this start would continue the same run
-    (:func:`check_resume`). ``phases`` times the input checks and the process group.
+    Check every input path (all problems at once) and that ``run.output_dir`` can be written, join
+    the process group, and, when the run directory holds checkpoints, check that this start would
+    continue the same run (:func:`check_resume`). ``phases`` times the path checks and the process group.
 
     Raises:
         ConfigError: a missing input, or a resume that would change the run.
+        OutputPathError: ``run.output_dir`` cannot be written.
     """
     phases = phases or Phases()
     check_inputs(inputs, source)
+    check_writable(run.output_dir, "run.output_dir", folder=True)
     phases.lap("inputs")
     rank, world = ds.init_distributed()
     phases.lap("distributed")

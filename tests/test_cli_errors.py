@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import yaml
@@ -168,3 +170,39 @@ def test_an_unknown_benchmark_setting(capsys):
     assert "geofm: error: unknown setting 'bitz'; this benchmark has bits" in _error(
         capsys, ["bench", "codec", "bitz=1"]
     )
+
+
+FEDERATED_DEMO = Path(__file__).parents[1] / "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml"
+
+
+def _output_commands(tmp_path, task_tree) -> dict[str, tuple[list[str], str]]:
+    """Each command that writes, with its output below ``tmp_path/afile`` (a regular file): args, the option named."""
+    blocked = tmp_path / "afile" / "out"
+    finetune = tmp_path / "finetune.yaml"
+    finetune.write_text(yaml.safe_dump(task_tree("classification")))
+    output_dir = f"run.output_dir={blocked}"
+    return {
+        "pretrain": (
+            ["pretrain", "--config", _pretrain_config(tmp_path, images=4, micro_batch_size=2), output_dir],
+            "run.output_dir",
+        ),
+        "finetune": (["finetune", "--config", str(finetune), output_dir], "run.output_dir"),
+        "fed simulate": (["fed", "simulate", "--config", str(FEDERATED_DEMO), output_dir], "run.output_dir"),
+        "predict": (["predict", "--model", "run", "--input", "a.tif", "--output", f"{blocked}.tif"], "--output"),
+        "demo-data": (["demo-data", "--out", str(blocked)], "--out"),
+        "checkpoint convert": (["checkpoint", "convert", "weights.pth", str(blocked)], "dst"),
+        "eval": (["eval", "--config", str(finetune), "--out", f"{blocked}.json", "checkpoint=run"], "--out"),
+        "report": (["report", "a.json", "--baseline", "b.json", "--out", str(blocked)], "--out"),
+    }
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["pretrain", "finetune", "fed simulate", "predict", "demo-data", "checkpoint convert", "eval", "report"],
+)
+def test_an_output_below_a_file_is_refused_before_anything_is_built(tmp_path, capsys, task_tree, command):
+    (tmp_path / "afile").write_text("")
+    args, option = _output_commands(tmp_path, task_tree)[command]
+    err = _error(capsys, args)
+    assert f"geofm: error: {option} {tmp_path / 'afile' / 'out'}" in err
+    assert f"cannot be written: {tmp_path / 'afile'} is a file, not a folder; choose another path" in err
