@@ -187,7 +187,7 @@ def program_run_config(args: argparse.Namespace) -> dict[str, Scalar]:
     if args.program == BUILT_IN:
         from geofm.config.federated import read_federated_config
 
-        names = read_federated_config(tree, str(args.config)).client_names
+        names = read_federated_config(tree, str(args.config), args.overrides).client_names
     else:
         names = getattr(args, "institutions", None) or []
     return {PROGRAM: args.program, CONFIG: config_entry(tree), INSTITUTIONS: ",".join(names)}

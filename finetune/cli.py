@@ -155,7 +155,7 @@ def _eval(args: argparse.Namespace) -> None:
         raise ConfigError(f"split={settings['split']!r}: expected train, val or test")
     run_dir = Path(settings["checkpoint"])
     source = Path(args.config) if args.config else run_dir / CONFIG_FILE
-    cfg = read_finetune_config(read_config_tree(source, overrides), str(source))
+    cfg = read_finetune_config(read_config_tree(source, overrides), str(source), overrides)
     out = args.out or run_dir / f"eval_{settings['split']}.json"
     check_writable(out, "--out" if args.out else "the record (--out)", folder=False)
     from finetune.evaluate import evaluate_run, write_json  # the training stack, once the config is valid
