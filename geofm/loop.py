@@ -196,7 +196,8 @@ class TrainLoop:
 
         Every ``config.log_every`` steps and at the last one, the loss means, learning rate and
         images per second go to ``metrics`` (rank 0) after the finiteness check; checkpoints and
-        stops follow :class:`StepBoundaries`. A stop before the schedule's end is logged (rank 0).
+        stops follow :class:`StepBoundaries`. A stop before the schedule's end is logged (rank 0); a
+        failure before any checkpoint removes the run directory this start created.
 
         Args:
             step_batches: the run's step-batches from ``step`` on (the loop takes no more than it trains).
@@ -234,7 +235,7 @@ class TrainLoop:
         )
         bar = progress_bar(schedule.total_steps, step, start.rank == 0 and config.progress, config.output_dir.name)
         self.startup = startup
-        with boundaries:
+        with start.checkpoints.removed_on_failure(), boundaries:
             try:
                 while step < stop_at:
                     self.step(step, next(step_batches))

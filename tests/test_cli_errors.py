@@ -9,7 +9,10 @@ import pytest
 import yaml
 
 from geofm.cli import main
+from geofm.config import PretrainConfig
+from geofm.data.pile import PretrainPile, shown_samples
 from geofm.data.writers import write_geotiff
+from geofm.reconstruction import SHOWN_CHIPS
 
 RGB = ["red", "green", "blue"]
 TRANSFORM = (1.0, 0.0, 500_000.0, 0.0, -1.0, 5_000_000.0)
@@ -89,6 +92,35 @@ def test_a_resume_whose_engine_checkpoint_is_gone_names_it(tmp_path, capsys):
         states.unlink()
     err = _error(capsys, ["pretrain", "--config", config])
     assert f"geofm: error: {last}: no DeepSpeed checkpoint" in err and "choose a new run.output_dir" in err
+
+
+def _truncate_unshown(config: str) -> dict:
+    """Cut short every file of the config's one source but the chips the reconstruction figure shows (read
+    before training): the first batch meets a bad file. Returns the cut files' full bytes."""
+    cfg = PretrainConfig.from_file(config)
+    pile = PretrainPile(cfg.data, cfg.model.img_size)
+    shown = {index.file for index in shown_samples(pile.source_sizes, SHOWN_CHIPS, cfg.run.seed)}
+    files = [chip.file for chip in pile.sources[0].chips]
+    cut = {path: path.read_bytes() for i, path in enumerate(files) if i not in shown}
+    for path, data in cut.items():
+        path.write_bytes(data[:300])
+    return cut
+
+
+def test_a_start_that_fails_at_its_first_batch_leaves_no_run_directory_and_a_run_with_a_checkpoint_keeps_it(
+    tmp_path, capsys
+):
+    config = _pretrain_config(tmp_path, images=8, micro_batch_size=4)
+    cut = _truncate_unshown(config)
+    assert "cannot read raster" in _error(capsys, ["pretrain", "--config", config])
+    assert not (tmp_path / "run").exists()
+
+    for path, data in cut.items():
+        path.write_bytes(data)
+    assert main(["pretrain", "--config", config, "run.stop_after_steps=1"]) == 0
+    _truncate_unshown(config)
+    assert "cannot read raster" in _error(capsys, ["pretrain", "--config", config])
+    assert (tmp_path / "run/checkpoints/last/progress.json").exists(), "the run keeps its checkpoint"
 
 
 def test_a_finetuning_train_split_smaller_than_one_global_batch_names_the_dataset(

@@ -16,7 +16,7 @@ from geofm.engine import Schedule
 from geofm.errors import LossNotFiniteError
 from geofm.loop import TrainLoop, epoch_steps, micro_step
 from geofm.tasks import StepOutput
-from geofm.training import RunStart
+from geofm.training import RunCheckpoints, RunStart
 
 
 class Engine:
@@ -174,7 +174,7 @@ def run_loop(tmp_path, *, step: int = 0, forward=value_forward, **run):
 
     reached = loop.run(
         epoch_steps(step, 3, 2, epoch_batches),
-        RunStart(0, 1, torch.device("cpu"), None, None),
+        RunStart(0, 1, torch.device("cpu"), RunCheckpoints(tmp_path, keep=2, rank=0), None),
         step=step,
         schedule=Schedule(steps_per_epoch=3, total_steps=5, warmup_steps=1),
         config=RunConfig(output_dir=tmp_path, log_every=2, checkpoint_every=3, progress=False, **run),
