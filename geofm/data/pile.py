@@ -281,10 +281,11 @@ class PretrainPile(Dataset[dict[str, Tensor | int | str]]):
 def warn_skipped(batch: dict, warned: set[str]) -> None:
     """Warn of each unreadable file a collated batch of the pile passed over, unless ``warned`` holds
     its line already (the lines warned of are added): once per file, however often it is met."""
-    for note in "\n".join(batch["skip_notes"]).splitlines():
-        if note not in warned:
-            warned.add(note)
-            logger.warning(note)
+    for notes in batch["skip_notes"]:
+        for note in notes.splitlines():
+            if note not in warned:
+                warned.add(note)
+                logger.warning(note)
 
 
 class SkippedFiles:

@@ -219,11 +219,9 @@ def test_skip_mode_substitutes_next_file_and_warns_once_per_file(
 
     skipped = SkippedFiles(pile.source_sizes)
     with caplog.at_level(logging.WARNING, logger="geofm.data"):
-        for indices in (
-            [PileIndex(0, 1, 5), PileIndex(0, 2, 6)],
-            [PileIndex(0, 2, 7)],
-        ):  # two batches, then an epoch on
-            skipped.add_batch(default_collate([pile[index] for index in indices]))
+        # the bad files met twice in one batch, then again (another epoch), then readable files only
+        for files in ([1, 2], [2, 0], [0, 3]):
+            skipped.add_batch(default_collate([pile[PileIndex(0, file, 5)] for file in files]))
     assert skipped.files == {(0, 1), (0, 2)}
     assert [r.name for r in caplog.records] == ["geofm.data", "geofm.data"], "each bad file warned of once"
     assert caplog.records[0].getMessage().startswith(f"source 'rgb': skipping {bad[0]}: ")
