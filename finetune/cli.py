@@ -166,10 +166,10 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
+    check_writable(args.out, "--out", folder=True)
     from finetune.report import average_relative_performance, compare, read_eval, write_report
     from geofm.errors import ConfigError
 
-    check_writable(args.out, "--out", folder=True)
     if all(path.is_dir() for path in args.evals):
         if args.baseline:
             raise ConfigError("--baseline compares eval.json records; run folders are compared with each other")
@@ -191,12 +191,12 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    from finetune.predict import predict_scene
+    check_writable(args.output, "--output", folder=False)
+    from finetune.predict import predict_scene  # loads torch: only once the output can be written
     from finetune.predictor import load_predictor
     from geofm.config.finetune import finetune_task
     from geofm.errors import ConfigError
 
-    check_writable(args.output, "--output", folder=False)
     predictor = load_predictor(args.model, args.tile)
     if len(finetune_task(predictor.task).inputs) == 2:
         if args.before is None or args.after is None or args.input is not None:

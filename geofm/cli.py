@@ -97,10 +97,11 @@ def _data_bigearthnet_metadata(args: argparse.Namespace) -> None:
 
 
 def _checkpoint_convert(args: argparse.Namespace) -> None:
-    from geofm.checkpoints import convert_checkpoint
     from geofm.paths import check_writable
 
     check_writable(args.dst, "dst", folder=True)
+    from geofm.checkpoints import convert_checkpoint  # loads torch: only once the export can be written
+
     weights, report, info = convert_checkpoint(
         args.src,
         args.dst,
