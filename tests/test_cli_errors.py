@@ -238,3 +238,14 @@ def test_an_output_below_a_file_is_refused_before_anything_is_built(tmp_path, ca
     err = _error(capsys, args)
     assert f"geofm: error: {option} {tmp_path / 'afile' / 'out'}" in err
     assert f"cannot be written: {tmp_path / 'afile'} is a file, not a folder; choose another path" in err
+
+
+def test_an_override_typo_is_named_by_every_command_that_reads_a_config(tmp_path, capsys, task_tree):
+    finetune = tmp_path / "finetune.yaml"
+    finetune.write_text(yaml.safe_dump(task_tree("classification")))
+    for config, args in (
+        (FEDERATED_DEMO, ["fed", "simulate", "--config", str(FEDERATED_DEMO), "federation.roundz=3"]),
+        (finetune, ["eval", "--config", str(finetune), "checkpoint=run", "train.epochz=3"]),
+    ):
+        err = _error(capsys, args)
+        assert f"geofm: error: the overrides of {config} are invalid\n  override {args[-1]}: unknown key" in err
