@@ -36,6 +36,7 @@ from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, Scalar, config_ent
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
 from geofm.federated.algorithms import ALGORITHMS
+from geofm.paths import check_writable
 
 BUILT_IN = "geofm"
 """The registered program that runs a config's task, algorithm and partition."""
@@ -250,7 +251,7 @@ def program_run_config(args: argparse.Namespace) -> dict[str, Scalar]:
     if args.program == BUILT_IN:
         from geofm.config.federated import read_federated_config
 
-        names = read_federated_config(tree, str(args.config)).client_names
+        names = read_federated_config(tree, str(args.config), args.overrides).client_names
     else:
         names = getattr(args, "institutions", None) or []
     return {PROGRAM: args.program, CONFIG: config_entry(tree), INSTITUTIONS: ",".join(names)}
@@ -276,6 +277,7 @@ def _simulate(args: argparse.Namespace) -> None:
 
         cfg = run_config_tree(run_config)
         check_simulation_inputs(cfg, str(args.config))
+        check_writable(cfg.run.output_dir, "run.output_dir", folder=True)  # before the simulation engine starts
     from federation.flower import simulate  # imports flwr and torch: only once the config is valid
 
     simulate(

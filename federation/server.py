@@ -23,6 +23,7 @@ from geofm.federated.algorithms.base import Algorithm, ServerRound, payload_arra
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
 from geofm.federated.privacy import PrivacyAccountant, check_statistics
 from geofm.federated.similarity import distill_similarity
+from geofm.paths import check_writable
 from geofm.runlog import MetricsLog, plot_metric_curve, plot_rounds
 from geofm.training import Progress, RunCheckpoints, check_inputs, check_resume
 
@@ -78,6 +79,7 @@ class FederatedServer:
         ds.keep_freed_memory()
         torch.manual_seed(cfg.run.seed)
         self.task = build_task(cfg)
+        check_writable(self.run_dir, "run.output_dir", folder=True)
         check_inputs(self.task.server_inputs(), "the run's config")
         self.model = self.task.build_model()
         self.algorithm: Algorithm = build_algorithm(

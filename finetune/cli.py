@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+from geofm.paths import check_writable
+
 FINETUNE_EXAMPLES = """\
 examples:
   geofm finetune --config configs/finetune/ucmerced__swin_base__img256_win8__100ep.yaml checkpoint=exports/gfm
@@ -154,15 +156,18 @@ def _eval(args: argparse.Namespace) -> None:
     run_dir = Path(settings["checkpoint"])
     check_finetuning_run(run_dir)
     source = Path(args.config) if args.config else run_dir / CONFIG_FILE
-    cfg = read_finetune_config(read_config_tree(source, overrides), str(source))
+    cfg = read_finetune_config(read_config_tree(source, overrides), str(source), overrides)
+    out = args.out or run_dir / f"eval_{settings['split']}.json"
+    check_writable(out, "--out" if args.out else "the record (--out)", folder=False)
     from finetune.evaluate import evaluate_run, write_json  # the training stack, once the config is valid
 
     record = evaluate_run(run_dir, settings["split"], cfg)
-    write_json(record, args.out or run_dir / f"eval_{settings['split']}.json")
+    write_json(record, out)
     print(json.dumps(record, indent=2, default=str))
 
 
 def _report(args: argparse.Namespace) -> None:
+    check_writable(args.out, "--out", folder=True)
     from finetune.report import average_relative_performance, compare, read_eval, write_report
     from geofm.errors import ConfigError
 
@@ -187,7 +192,8 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    from finetune.predict import predict_scene
+    check_writable(args.output, "--output", folder=False)
+    from finetune.predict import predict_scene  # loads torch: only once the output can be written
     from finetune.predictor import load_predictor
     from geofm.config.finetune import finetune_task
     from geofm.errors import ConfigError

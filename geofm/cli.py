@@ -28,7 +28,9 @@ def _demo_data(args: argparse.Namespace) -> None:
     from geofm.data.demo import make_demo_archive
     from geofm.data.demo_real import write_real_scenes
     from geofm.errors import DatasetNotFoundError
+    from geofm.paths import check_writable
 
+    check_writable(args.out, "--out", folder=True)
     for name, path in make_demo_archive(args.out, seed=args.seed).items():
         print(f"{name}: {path}")
     if args.synthetic_only:
@@ -96,7 +98,10 @@ def _data_bigearthnet_metadata(args: argparse.Namespace) -> None:
 
 
 def _checkpoint_convert(args: argparse.Namespace) -> None:
-    from geofm.checkpoints import convert_checkpoint
+    from geofm.paths import check_writable
+
+    check_writable(args.dst, "dst", folder=True)
+    from geofm.checkpoints import convert_checkpoint  # loads torch: only once the export can be written
 
     weights, report, info = convert_checkpoint(
         args.src,

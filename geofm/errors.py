@@ -88,6 +88,10 @@ class DataMismatchError(GeoFMError, ValueError):
     """
 
 
+class OutputPathError(GeoFMError, OSError):
+    """A path a command would write is below a file, of the wrong kind (file or folder) or not writable."""
+
+
 class CheckpointNotFoundError(GeoFMError, FileNotFoundError):
     """A weights file named in a config is missing."""
 

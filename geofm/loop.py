@@ -196,7 +196,8 @@ class TrainLoop:
 
         Every ``config.log_every`` steps and at the last one, the loss means, learning rate and
         images per second go to ``metrics`` (rank 0) after the finiteness check; checkpoints and
-        stops follow :class:`StepBoundaries`.
+        stops follow :class:`StepBoundaries`. A stop before the schedule's end is logged (rank 0); a
+        failure before any checkpoint removes the run directory this start created.
 
         Args:
             step_batches: the run's step-batches from ``step`` on (the loop takes no more than it trains).
@@ -234,7 +235,7 @@ class TrainLoop:
         )
         bar = progress_bar(schedule.total_steps, step, start.rank == 0 and config.progress, config.output_dir.name)
         self.startup = startup
-        with boundaries:
+        with start.checkpoints.removed_on_failure(), boundaries:
             try:
                 while step < stop_at:
                     self.step(step, next(step_batches))
@@ -260,6 +261,12 @@ class TrainLoop:
                         break
             finally:
                 bar.close()
+        if step == stop_at < schedule.total_steps and start.rank == 0:
+            logger.info(
+                "stopped after step %d of %d (run.stop_after_steps); rerun without it to continue",
+                step,
+                schedule.total_steps,
+            )
         return step
 
     def _first_step_done(self, report: bool, logger: logging.Logger) -> None:

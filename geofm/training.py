@@ -4,16 +4,18 @@ themselves run in :mod:`geofm.loop`).
 
 A run directory holds ``config.yaml`` (the validated config), ``checkpoints/step_*`` (DeepSpeed
 checkpoints, each with a ``progress.json`` that can be read without building anything) and
-``checkpoints/last`` pointing at the newest. It is created only once a run has started for real:
-a start that fails on its inputs leaves nothing behind.
+``checkpoints/last`` pointing at the newest. It is created only once a run has started for real,
+and removed again when the run fails before its first checkpoint: a start that fails leaves nothing
+behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from geofm.config import OptimizerConfig, RunConfig, Section, SourceConfig, conf
 from geofm.config.base import CONFIG_FILE
 from geofm.data.products import list_products
 from geofm.errors import ConfigError, GeoFMError
+from geofm.paths import check_writable
 from geofm.runlog import Phases
 
 PROGRESS_FILE = "progress.json"
@@ -129,6 +132,7 @@ class RunCheckpoints:
     def __init__(self, run_dir: Path, keep: int, rank: int, unit: str = "step") -> None:
         self.run_dir, self.directory, self.keep, self.rank = run_dir, run_dir / "checkpoints", keep, rank
         self.unit = unit
+        self.created = False  # whether start() created the run directory
 
     def tag(self, count: int) -> str:
         """The folder name of the checkpoint after ``count`` steps (rounds)."""
@@ -159,8 +163,20 @@ class RunCheckpoints:
     def start(self, cfg: Section) -> None:
         """Create the run directory and write ``config.yaml`` (rank 0), once the run is about to train."""
         if self.rank == 0:
+            self.created = not self.run_dir.exists()
             self.directory.mkdir(parents=True, exist_ok=True)
             (self.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+    @contextlib.contextmanager
+    def removed_on_failure(self) -> Iterator[None]:
+        """Around a run's training: if it fails before a checkpoint is written, the run directory
+        :meth:`start` created is removed again, so that a start that fails leaves nothing behind."""
+        try:
+            yield
+        except BaseException:
+            if self.created and self.latest() is None:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
 
     def save(self, engine, progress: Progress, client_state: dict) -> None:
         """Save a checkpoint of ``engine`` (all ranks call this) with its progress record; prune old ones."""
@@ -292,15 +308,17 @@ def start_run(
 ) -> RunStart:
     """What every program on the DeepSpeed engine does before building anything.
 
-    Check every input path (all problems at once), join the process group, and, when the run
-    directory holds checkpoints, check that this start would continue the same run
-    (:func:`check_resume`). ``phases`` times the input checks and the process group.
+    Check every input path (all problems at once) and that ``run.output_dir`` can be written, join
+    the process group, and, when the run directory holds checkpoints, check that this start would
+    continue the same run (:func:`check_resume`). ``phases`` times the path checks and the process group.
 
     Raises:
         ConfigError: a missing input, or a resume that would change the run.
+        OutputPathError: ``run.output_dir`` cannot be written.
     """
     phases = phases or Phases()
     check_inputs(inputs, source)
+    check_writable(run.output_dir, "run.output_dir", folder=True)
     phases.lap("inputs")
     rank, world = ds.init_distributed()
     phases.lap("distributed")

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from geofm import engine as ds
 from geofm.config import TeacherConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
-from geofm.data.pile import PileSampler, PretrainPile
+from geofm.data.pile import PileSampler, PretrainPile, warn_skipped
 from geofm.data.products import list_products
 from geofm.errors import ConfigError, DatasetNotFoundError
 from geofm.federated.partition import PARTITIONERS
@@ -130,6 +130,7 @@ class MaskedImageModelling:
         self.cfg = cfg
         self.teacher: FrozenTeacher | None = None
         self.device, self.dtype = ds.device(), ds.compute_dtype(cfg.train)
+        self.warned: set[str] = set()  # the unreadable files warned of (data.on_bad_file: skip), each once
 
     @classmethod
     def federated(cls, cfg: FederatedConfig) -> MaskedImageModelling:
@@ -211,7 +212,10 @@ class MaskedImageModelling:
             for _ in range(per_epoch // images):
                 if done == steps:
                     break
-                yield [next(batches) for _ in range(accum)]
+                micro_batches = [next(batches) for _ in range(accum)]
+                for batch in micro_batches:
+                    warn_skipped(batch, self.warned)
+                yield micro_batches
                 done += 1
             epoch += 1
 
@@ -237,6 +241,7 @@ class MaskedImageModelling:
         while True:
             sampler.set_epoch(rnd * EPOCH_STRIDE + epoch)
             for batch in DataLoader(pile, batch_size=p, sampler=sampler, drop_last=True):
+                warn_skipped(batch, self.warned)
                 yield batch["image"]
             epoch += 1
 

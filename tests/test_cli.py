@@ -64,7 +64,7 @@ def test_pretrain_is_registered_and_config_errors_exit_cleanly(tmp_path, capsys)
     bad.write_text("run: {output_dir: x}\nmodel: {arch: swin_tiny_patch4_window7_224, img_size: 64, windw: 4}\n")
     assert main(["pretrain", "--config", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert "bad.yaml" in err and "model.windw: unknown key" in err and "data: Field required" in err
+    assert "bad.yaml" in err and "model.windw: unknown key" in err and "data.bands: Field required" in err
 
 
 def test_deepspeed_launcher_local_rank_argument_is_accepted(tmp_path):

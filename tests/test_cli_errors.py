@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import yaml
 
 from geofm.cli import main
+from geofm.config import PretrainConfig
+from geofm.data.pile import PretrainPile, shown_samples
 from geofm.data.writers import write_geotiff
+from geofm.reconstruction import SHOWN_CHIPS
 
 RGB = ["red", "green", "blue"]
 TRANSFORM = (1.0, 0.0, 500_000.0, 0.0, -1.0, 5_000_000.0)
@@ -89,6 +94,35 @@ def test_a_resume_whose_engine_checkpoint_is_gone_names_it(tmp_path, capsys):
     assert f"geofm: error: {last}: no DeepSpeed checkpoint" in err and "choose a new run.output_dir" in err
 
 
+def _truncate_unshown(config: str) -> dict:
+    """Cut short every file of the config's one source but the chips the reconstruction figure shows (read
+    before training): the first batch meets a bad file. Returns the cut files' full bytes."""
+    cfg = PretrainConfig.from_file(config)
+    pile = PretrainPile(cfg.data, cfg.model.img_size)
+    shown = {index.file for index in shown_samples(pile.source_sizes, SHOWN_CHIPS, cfg.run.seed)}
+    files = [chip.file for chip in pile.sources[0].chips]
+    cut = {path: path.read_bytes() for i, path in enumerate(files) if i not in shown}
+    for path, data in cut.items():
+        path.write_bytes(data[:300])
+    return cut
+
+
+def test_a_start_that_fails_at_its_first_batch_leaves_no_run_directory_and_a_run_with_a_checkpoint_keeps_it(
+    tmp_path, capsys
+):
+    config = _pretrain_config(tmp_path, images=8, micro_batch_size=4)
+    cut = _truncate_unshown(config)
+    assert "cannot read raster" in _error(capsys, ["pretrain", "--config", config])
+    assert not (tmp_path / "run").exists()
+
+    for path, data in cut.items():
+        path.write_bytes(data)
+    assert main(["pretrain", "--config", config, "run.stop_after_steps=1"]) == 0
+    _truncate_unshown(config)
+    assert "cannot read raster" in _error(capsys, ["pretrain", "--config", config])
+    assert (tmp_path / "run/checkpoints/last/progress.json").exists(), "the run keeps its checkpoint"
+
+
 def test_a_finetuning_train_split_smaller_than_one_global_batch_names_the_dataset(
     tmp_path, capsys, task_tree, torchgeo_layouts
 ):
@@ -168,3 +202,50 @@ def test_an_unknown_benchmark_setting(capsys):
     assert "geofm: error: unknown setting 'bitz'; this benchmark has bits" in _error(
         capsys, ["bench", "codec", "bitz=1"]
     )
+
+
+FEDERATED_DEMO = Path(__file__).parents[1] / "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml"
+
+
+def _output_commands(tmp_path, task_tree) -> dict[str, tuple[list[str], str]]:
+    """Each command that writes, with its output below ``tmp_path/afile`` (a regular file): args, the option named."""
+    blocked = tmp_path / "afile" / "out"
+    finetune = tmp_path / "finetune.yaml"
+    finetune.write_text(yaml.safe_dump(task_tree("classification")))
+    output_dir = f"run.output_dir={blocked}"
+    return {
+        "pretrain": (
+            ["pretrain", "--config", _pretrain_config(tmp_path, images=4, micro_batch_size=2), output_dir],
+            "run.output_dir",
+        ),
+        "finetune": (["finetune", "--config", str(finetune), output_dir], "run.output_dir"),
+        "fed simulate": (["fed", "simulate", "--config", str(FEDERATED_DEMO), output_dir], "run.output_dir"),
+        "predict": (["predict", "--model", "run", "--input", "a.tif", "--output", f"{blocked}.tif"], "--output"),
+        "demo-data": (["demo-data", "--out", str(blocked)], "--out"),
+        "checkpoint convert": (["checkpoint", "convert", "weights.pth", str(blocked)], "dst"),
+        "eval": (["eval", "--config", str(finetune), "--out", f"{blocked}.json", "checkpoint=run"], "--out"),
+        "report": (["report", "a.json", "--baseline", "b.json", "--out", str(blocked)], "--out"),
+    }
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["pretrain", "finetune", "fed simulate", "predict", "demo-data", "checkpoint convert", "eval", "report"],
+)
+def test_an_output_below_a_file_is_refused_before_anything_is_built(tmp_path, capsys, task_tree, command):
+    (tmp_path / "afile").write_text("")
+    args, option = _output_commands(tmp_path, task_tree)[command]
+    err = _error(capsys, args)
+    assert f"geofm: error: {option} {tmp_path / 'afile' / 'out'}" in err
+    assert f"cannot be written: {tmp_path / 'afile'} is a file, not a folder; choose another path" in err
+
+
+def test_an_override_typo_is_named_by_every_command_that_reads_a_config(tmp_path, capsys, task_tree):
+    finetune = tmp_path / "finetune.yaml"
+    finetune.write_text(yaml.safe_dump(task_tree("classification")))
+    for config, args in (
+        (FEDERATED_DEMO, ["fed", "simulate", "--config", str(FEDERATED_DEMO), "federation.roundz=3"]),
+        (finetune, ["eval", "--config", str(finetune), "checkpoint=run", "train.epochz=3"]),
+    ):
+        err = _error(capsys, args)
+        assert f"geofm: error: the overrides of {config} are invalid\n  override {args[-1]}: unknown key" in err

@@ -50,11 +50,11 @@ def _write(tmp_path, tree):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("train.epoch=3", r"train\.epoch: unknown key \(did you mean epochs\?\)"),
-        ("data.sources.1.nodta=0", r"data\.sources\.1\.nodta: unknown key \(did you mean nodata\?\)"),
-        ("modle={arch: swin}", r"modle: unknown key \(did you mean model\?\)"),
-        ("train.zzz=1", r"train\.zzz: unknown key$"),
-        ("train.epochs=ten", r"train\.epochs: .*integer.*'ten'"),
+        ("train.epoch=3", r"override train\.epoch=3: unknown key \(did you mean epochs\?\)"),
+        ("data.sources.1.nodta=0", r"override data\.sources\.1\.nodta=0: unknown key \(did you mean nodata\?\)"),
+        ("modle={arch: swin}", r"override modle={arch: swin}: unknown key \(did you mean model\?\)"),
+        ("train.zzz=1", r"override train\.zzz=1: unknown key$"),
+        ("train.epochs=ten", r"override train\.epochs=ten: .*integer.*'ten'"),
         ("model.arch=resnet50", "unknown backbone architecture 'resnet50'"),
         ("masking.mask_patch_size=24", "not divisible by masking.mask_patch_size"),
         ("masking.mask_patch_size=2", "not divisible by the backbone's patch size"),
@@ -64,10 +64,10 @@ def _write(tmp_path, tree):
         ("data.on_bad_file=ignore", r"data\.on_bad_file"),
         ("model.img_size=72", "must be divisible by 8"),
         ("data.bands=[green, nir]", "must name red, green and blue"),
-        ("data.bands=[red, green, blue, nri]", r"data\.bands: unknown band 'nri': did you mean nir\?"),
+        ("data.bands=[red, green, blue, nri]", r"nri\]: unknown band 'nri': did you mean nir\?"),
         (
             "data.sources.1.bands=[blue, green, red, nri]",
-            r"data\.sources\.1\.bands \(satellite_4band\): unknown band 'nri'",
+            r"nri\] \(satellite_4band\): unknown band 'nri'",
         ),
         ("data.bands=[red, green, blue, swir16]", r"data\.bands \['swir16'\] are provided by no source"),
         ("data.bands=[red, green, blue, b04]", "names red more than once"),
@@ -80,6 +80,38 @@ def test_config_errors_name_the_field(demo_tree, override, message):
     with pytest.raises(ConfigError, match=message) as info:
         PretrainConfig.from_file(path, [override])
     assert str(path) in str(info.value)
+
+
+def test_an_override_is_named_where_it_set_the_wrong_value(demo_tree):
+    path, _ = demo_tree
+    with pytest.raises(ConfigError) as info:
+        PretrainConfig.from_file(path, ["train.epochz=3", "train={warmup_epochz: 1}"])
+    assert str(info.value) == (
+        f"the overrides of {path} are invalid\n"
+        "  override train.epochz=3: unknown key (did you mean epochs?)\n"
+        "  override train={warmup_epochz: 1}: train.warmup_epochz: unknown key (did you mean warmup_epochs?)"
+    )
+
+
+def test_a_missing_section_names_the_values_it_needs_and_the_file(demo_tree, tmp_path):
+    _, tree = demo_tree
+    del tree["run"]
+    with pytest.raises(ConfigError) as info:
+        PretrainConfig.from_file(_write(tmp_path, tree), ["train.epochs=-1"])
+    assert str(info.value) == (
+        f"{tmp_path / 'c.yaml'}: invalid configuration\n"
+        "  run.output_dir: Field required\n"
+        "  override train.epochs=-1: Input should be greater than 0 (got -1)"
+    )
+
+
+def test_a_field_a_section_check_names_is_said_once(demo_tree, tmp_path):
+    _, tree = demo_tree
+    tree["data"]["bands"] = ["red", "gren"]
+    with pytest.raises(ConfigError) as info:
+        PretrainConfig.from_file(_write(tmp_path, tree))
+    assert "\n  data.bands: unknown band 'gren': did you mean green?" in str(info.value)
+    assert "data: data.bands" not in str(info.value)
 
 
 def test_source_stats_must_match_bands(demo_tree, tmp_path):

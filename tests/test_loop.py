@@ -3,6 +3,7 @@ step-batches over epochs, the local steps of a federated client, and a run's log
 
 import contextlib
 import itertools
+import logging
 import math
 from collections.abc import Callable
 
@@ -15,7 +16,7 @@ from geofm.engine import Schedule
 from geofm.errors import LossNotFiniteError
 from geofm.loop import TrainLoop, epoch_steps, micro_step
 from geofm.tasks import StepOutput
-from geofm.training import RunStart
+from geofm.training import RunCheckpoints, RunStart
 
 
 class Engine:
@@ -173,7 +174,7 @@ def run_loop(tmp_path, *, step: int = 0, forward=value_forward, **run):
 
     reached = loop.run(
         epoch_steps(step, 3, 2, epoch_batches),
-        RunStart(0, 1, torch.device("cpu"), None, None),
+        RunStart(0, 1, torch.device("cpu"), RunCheckpoints(tmp_path, keep=2, rank=0), None),
         step=step,
         schedule=Schedule(steps_per_epoch=3, total_steps=5, warmup_steps=1),
         config=RunConfig(output_dir=tmp_path, log_every=2, checkpoint_every=3, progress=False, **run),
@@ -185,8 +186,10 @@ def run_loop(tmp_path, *, step: int = 0, forward=value_forward, **run):
     return reached, saved, after, metrics.records
 
 
-def test_a_run_logs_interval_means_checkpoints_and_calls_back_each_step(tmp_path):
-    reached, saved, after, records = run_loop(tmp_path)
+def test_a_run_logs_interval_means_checkpoints_and_calls_back_each_step(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="geofm"):
+        reached, saved, after, records = run_loop(tmp_path, stop_after_steps=5)
+    assert not any("stopped after" in message for message in caplog.messages), "a run that ends is not stopped"
     assert reached == 5
     assert saved == [3, 5]
     assert after == [1, 2, 3, 4, 5]
@@ -199,8 +202,10 @@ def test_a_run_logs_interval_means_checkpoints_and_calls_back_each_step(tmp_path
     assert all(r["images_per_s"] >= 0 for r in records)
 
 
-def test_a_resumed_run_continues_from_its_step_and_stops_where_asked(tmp_path):
-    reached, saved, after, records = run_loop(tmp_path, step=1, stop_after_steps=2)
+def test_a_resumed_run_continues_from_its_step_and_stops_where_asked(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="geofm"):
+        reached, saved, after, records = run_loop(tmp_path, step=1, stop_after_steps=2)
+    assert "stopped after step 3 of 5 (run.stop_after_steps); rerun without it to continue" in caplog.messages
     assert reached == 3
     assert saved == [3], "the stop step is checkpointed"
     assert after == [2, 3]

@@ -346,10 +346,10 @@ def format_inspection(result: dict[str, Any]) -> str:
         ]
     rows += [
         ("bands", ", ".join(result["bands"]) if result["bands"] else f"{result['in_chans']} unnamed"),
-        ("image size", _text(result["img_size"])),
+        ("image size", _text(result["img_size"], none="unknown")),
     ]
     if result["family"] == "swin":
-        rows.append(("window size", _text(result["window_size"])))
+        rows.append(("window size", _text(result["window_size"], none="unknown")))
     for key, value in sorted(result["provenance"].items(), key=lambda item: item[0] == "config"):
         name = key.replace("_", " ")
         if isinstance(value, dict) and value:
@@ -361,9 +361,10 @@ def format_inspection(result: dict[str, Any]) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-def _text(value: Any) -> str:
+def _text(value: Any, none: str = "none") -> str:
+    """A table cell: ``none`` for a missing value (a recorded null, or ``unknown`` where nothing says)."""
     if value is None:
-        return "unknown"
+        return none
     if isinstance(value, (dict, list)):
         return json.dumps(value)
     return str(value)

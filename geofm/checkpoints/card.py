@@ -142,8 +142,8 @@ def _data(data: Any) -> list[str]:
 def _settings(sidecar: Mapping[str, Any]) -> dict[str, Any]:
     """Training settings worth a line: from a geofm run's config, or a GFM/SimMIM config summary."""
     settings: dict[str, Any] = {}
-    if sidecar.get("steps") is not None:
-        settings["steps"] = sidecar["steps"]
+    if sidecar.get("steps") is not None:  # a federated run counts its rounds there
+        settings["rounds" if sidecar.get("federation") else "steps"] = sidecar["steps"]
     if sidecar.get("epoch") is not None:
         settings["epoch"] = sidecar["epoch"]
     config = sidecar.get("config")
@@ -153,6 +153,8 @@ def _settings(sidecar: Mapping[str, Any]) -> dict[str, Any]:
         train, masking, teacher = config.get("train") or {}, config.get("masking") or {}, config.get("teacher") or {}
         for key in (
             "epochs",
+            "local_steps",
+            "local_epochs",
             "micro_batch_size",
             "grad_accum_steps",
             "base_lr",
@@ -163,7 +165,7 @@ def _settings(sidecar: Mapping[str, Any]) -> dict[str, Any]:
             "zero_stage",
             "precision",
         ):
-            if key in train:
+            if train.get(key) is not None:
                 settings[key] = train[key]
         for key in ("mask_patch_size", "mask_ratio"):
             if key in masking:

@@ -11,6 +11,7 @@ band by band by name).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import defaultdict
@@ -24,11 +25,19 @@ from timm.models import beit, swin_transformer, vision_transformer
 from torch import Tensor, nn
 
 from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
-from geofm.checkpoints.layouts import BackboneSource, locate_backbone, relative_position_bias
+from geofm.checkpoints.layouts import (
+    EXPORT_SIDECAR,
+    BackboneSource,
+    locate_backbone,
+    read_export_sidecar,
+    relative_position_bias,
+)
 from geofm.errors import CheckpointFormatError, ConfigError
 
 PATCH_EMBED_WEIGHT = "patch_embed.proj.weight"
 REL_POS_TABLE = "relative_position_bias_table"
+BACKBONE_KWARGS_OF_FIELDS = ("num_classes", "in_chans", "img_size", "window_size")
+"""The ``timm.create_model`` kwargs a config sets through fields of their own, not ``timm_kwargs``."""
 # Entries of Swin/ViT checkpoints that a headless timm backbone never holds: buffers rebuilt at
 # construction (Microsoft's checkpoints store them) and SimMIM's mask token.
 NON_BACKBONE_NAMES = ("relative_position_index", "attn_mask", "mask_token")
@@ -175,25 +184,51 @@ def backbone_state_dict(
     converted.update(outside)
     report.adapted += _resize_notes(state, converted)
 
+    _check_shapes(converted, target, source, model, path, where)
     if band_sources is not None:
         _map_bands(converted, target, band_sources, report, where)
     else:
         _place_rgb(converted, target, rgb_positions, report, where)
-
-    mismatched = [
-        f"{k} {tuple(v.shape)} vs model {tuple(target[k].shape)}"
-        for k, v in converted.items()
-        if k in target and v.shape != target[k].shape
-    ]
-    if mismatched:
-        raise CheckpointFormatError(
-            f"{where}{len(mismatched)} {source.layout} tensors do not fit {type(model).__name__} "
-            f"(another architecture size?): {'; '.join(mismatched[:5])}" + (" ..." if len(mismatched) > 5 else "")
-        )
     report.used = [k for k in converted if k in target]
     report.missing = [k for k in target if k not in converted]
     report.unexpected = [k for k in converted if k not in target]
     return converted, report
+
+
+def _check_shapes(
+    converted: dict[str, Tensor],
+    target: dict[str, Tensor],
+    source: BackboneSource,
+    model: nn.Module,
+    path: str | Path | None,
+    where: str,
+) -> None:
+    """Refuse tensors of another shape than the model's (a patch kernel's band count is adapted afterwards).
+
+    Raises:
+        CheckpointFormatError: listing the first mismatches; for an export, with the ``timm_kwargs``
+            its sidecar builds it with.
+    """
+
+    def fitted(key: str, shape: torch.Size) -> tuple[int, ...]:
+        return (shape[0], *shape[2:]) if key == PATCH_EMBED_WEIGHT else tuple(shape)
+
+    mismatched = [
+        f"{k} {tuple(v.shape)} vs model {tuple(target[k].shape)}"
+        for k, v in converted.items()
+        if k in target and fitted(k, v.shape) != fitted(k, target[k].shape)
+    ]
+    if not mismatched:
+        return
+    recorded = ""
+    if source.layout == "geofm_export" and path is not None:
+        sidecar = read_export_sidecar(path)
+        kwargs = {k: v for k, v in sidecar["timm_kwargs"].items() if k not in BACKBONE_KWARGS_OF_FIELDS}
+        recorded = f" its {EXPORT_SIDECAR} builds {sidecar['arch']} with timm_kwargs {json.dumps(kwargs)}"
+    raise CheckpointFormatError(
+        f"{where}{len(mismatched)} {source.layout} tensors do not fit {type(model).__name__} "
+        f"(another architecture size?{recorded}): {'; '.join(mismatched[:5])}" + (" ..." if len(mismatched) > 5 else "")
+    )
 
 
 def _check_family(source: BackboneSource, family: str, model: nn.Module, where: str) -> None:

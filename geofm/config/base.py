@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import collections.abc
 import difflib
+import re
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -126,29 +128,100 @@ def _section_of(annotation: Any) -> type[BaseModel] | None:
     return next(filter(None, map(_section_of, typing.get_args(annotation))), None)
 
 
-def _keys_at(schema: type[BaseModel], loc: tuple) -> list[str]:
-    """The keys the section at ``loc`` accepts; none when the path leaves plain sections and lists."""
+def _section_at(schema: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The section at ``loc``; None when the path leaves plain sections and lists."""
     section: type[BaseModel] | None = schema
     for part in loc:
         if isinstance(part, int):  # an index into a list of sections
             continue
         field = section.model_fields.get(part) if section is not None else None
         section = _section_of(field.annotation) if field is not None else None
-    return list(section.model_fields) if section is not None else []
+    return section
 
 
-def _format_validation_error(err: ValidationError, schema: type[BaseModel]) -> str:
-    lines = []
+def _required_leaves(section: type[BaseModel], where: str) -> list[str]:
+    """The paths of the values a missing section at ``where`` needs (a section it needs: its values)."""
+    leaves = []
+    for name, field in section.model_fields.items():
+        if field.is_required():
+            nested = field.annotation
+            if isinstance(nested, type) and issubclass(nested, BaseModel):
+                leaves += _required_leaves(nested, f"{where}.{name}")
+            else:
+                leaves.append(f"{where}.{name}")
+    return leaves or [where]
+
+
+class _Problem(typing.NamedTuple):
+    """One invalid field: its dotted path, what names it beside the path (a source's name), what is wrong."""
+
+    field: str
+    aside: str
+    message: str
+
+
+def _problems(err: ValidationError, schema: type[BaseModel]) -> list[_Problem]:
+    """Each error of ``err`` as a :class:`_Problem`, its field's path said once."""
+    problems = []
     for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "config"
+        loc = e["loc"]
+        where = ".".join(str(p) for p in loc) or "config"
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            near = difflib.get_close_matches(str(e["loc"][-1]), _keys_at(schema, e["loc"][:-1]), n=2, cutoff=0.6)
+        if e["type"] == "missing":
+            parent = _section_at(schema, loc[:-1])
+            field = parent.model_fields.get(str(loc[-1])) if parent is not None and loc else None
+            missing = field.annotation if field is not None else None
+            if isinstance(missing, type) and issubclass(missing, BaseModel):
+                problems += [_Problem(leaf, "", msg) for leaf in _required_leaves(missing, where)]
+                continue
+        elif e["type"] == "extra_forbidden":
+            section = _section_at(schema, loc[:-1])
+            keys = list(section.model_fields) if section is not None else []
+            near = difflib.get_close_matches(str(loc[-1]), keys, n=2, cutoff=0.6)
             msg = f"unknown key (did you mean {' or '.join(near)}?)" if near else "unknown key"
         elif not isinstance(e.get("input"), dict):
             msg = f"{msg} (got {e.get('input')!r})"
-        lines.append(f"  {where}: {msg}")
-    return "\n".join(lines)
+        # A section's check may name the field itself ("data.bands: ..."): that path, not the section's.
+        named = re.match(rf"({re.escape(where)}\.[\w.]+)((?: \([^)]*\))?): (.*)", msg, re.DOTALL)
+        problems.append(_Problem(named[1], named[2], named[3]) if named else _Problem(where, "", msg))
+    return problems
+
+
+def _override_of(field: str, overrides: Sequence[str]) -> tuple[str, str] | None:
+    """The command-line override that set ``field`` (the last, as it wins) and its key; None when the file did."""
+    for item, (key, value) in reversed(list(zip(overrides, parse_overrides(overrides), strict=True))):
+        below = field.removeprefix(f"{key}.")
+        if field == key or (below != field and _holds(value, below.split("."))):
+            return item, key
+    return None
+
+
+def _holds(value: Any, path: list[str]) -> bool:
+    """Whether a parsed override value holds ``path`` (keys of mappings, indices of lists)."""
+    for key in path:
+        if isinstance(value, dict) and key in value:
+            value = value[key]
+        elif isinstance(value, list) and key.isdigit() and int(key) < len(value):
+            value = value[int(key)]
+        else:
+            return False
+    return True
+
+
+def _validation_error(err: ValidationError, schema: type[BaseModel], source: str, overrides: Sequence[str]) -> str:
+    """The message of a config that failed validation: each wrong field once, an override's by the override."""
+    lines, from_file = [], False
+    for field, aside, message in _problems(err, schema):
+        override = _override_of(field, overrides)
+        from_file |= override is None
+        if override is None:
+            lines.append(f"  {field}{aside}: {message}")
+        elif field == override[1]:
+            lines.append(f"  override {override[0]}{aside}: {message}")
+        else:
+            lines.append(f"  override {override[0]}: {field}{aside}: {message}")
+    head = f"{source}: invalid configuration" if from_file else f"the overrides of {source} are invalid"
+    return "\n".join([head, *lines])
 
 
 BASE_KEY = "base"
@@ -220,13 +293,14 @@ class ProgramConfig(Section):
         """Read a YAML config, apply ``key.path=value`` overrides (values parsed as YAML) and validate it.
 
         Raises:
-            ConfigError: naming the file and every invalid field.
+            ConfigError: naming the file and every invalid field (the override that set it, if one did).
         """
-        return cls.from_tree(read_config_tree(path, overrides), str(path))
+        return cls.from_tree(read_config_tree(path, overrides), str(path), overrides)
 
     @classmethod
-    def from_tree(cls, tree: dict, source: str = "<config>") -> Self:
-        """Validate an already-parsed config tree; ``source`` names it in errors.
+    def from_tree(cls, tree: dict, source: str = "<config>", overrides: Sequence[str] = ()) -> Self:
+        """Validate an already-parsed config tree; ``source`` names it in errors, and ``overrides`` (those
+        :func:`read_config_tree` applied to it) name the fields they set.
 
         Keys and values are checked first; the checks that need the backbone's architecture (timm)
         run once they pass.
@@ -235,7 +309,7 @@ class ProgramConfig(Section):
             cls.model_validate(tree, context=_FORM_ONLY)
             return cls.model_validate(tree)
         except ValidationError as exc:
-            raise ConfigError(f"{source}: invalid configuration\n{_format_validation_error(exc, cls)}") from None
+            raise ConfigError(_validation_error(exc, cls, source, overrides)) from None
 
 
 def config_to_dict(cfg: Section) -> dict:

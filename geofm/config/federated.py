@@ -11,6 +11,7 @@ quantised baselines), a plug-in's included, is a run of the same program with an
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -489,7 +490,7 @@ class FederatedConfig(ProgramConfig):
         return FederatedConfig.from_tree(tree, f"the run's config at {institution}")
 
 
-def read_federated_config(tree: dict, source: str = "<config>") -> Any:
+def read_federated_config(tree: dict, source: str = "<config>", overrides: Sequence[str] = ()) -> Any:
     """A federated config tree validated with its task's config class (:data:`geofm.tasks.FEDERATED_CONFIGS`):
     :class:`FederatedConfig` for pretraining, :class:`~geofm.config.fedfinetune.FederatedFinetuneConfig`
     for a finetuning task.
@@ -502,4 +503,4 @@ def read_federated_config(tree: dict, source: str = "<config>") -> Any:
         config_class = FEDERATED_CONFIGS.get(str(task))
     except ConfigError as err:
         raise ConfigError(f"{source}: task: {err}") from None
-    return config_class.from_tree(tree, source)
+    return config_class.from_tree(tree, source, overrides)

@@ -10,6 +10,7 @@ sample partitioner of :mod:`geofm.federated.scenarios`: ``iid`` by default) and 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -90,12 +91,13 @@ class FederatedFinetuneConfig(FinetuneConfig):
         return self.model_copy(update={"data": data})
 
 
-def read_finetune_config(tree: dict, source: str = "<config>") -> FinetuneConfig:
+def read_finetune_config(tree: dict, source: str = "<config>", overrides: Sequence[str] = ()) -> FinetuneConfig:
     """A finetuning run's config tree validated as what it is: federated when it has a ``federation``
-    section (a run of ``geofm fed simulate``), else central; ``geofm eval`` and ``geofm predict`` read both."""
+    section (a run of ``geofm fed simulate``), else central; ``geofm eval`` and ``geofm predict`` read both.
+    ``overrides`` are those applied to the tree (errors name them)."""
     if isinstance(tree, dict) and "federation" in tree:
-        return FederatedFinetuneConfig.from_tree(tree, source)
-    return FinetuneConfig.from_tree(tree, source)
+        return FederatedFinetuneConfig.from_tree(tree, source, overrides)
+    return FinetuneConfig.from_tree(tree, source, overrides)
 
 
 def check_finetuning_run(run_dir: Path) -> None:

@@ -164,7 +164,8 @@ class PretrainPile(Dataset[dict[str, Tensor | int | str]]):
     ``file`` (the sample of that source it was drawn as), ``skipped`` (samples passed over to
     produce it: unreadable files, and chips whose quality band marks too many pixels invalid) and
     ``skip_reasons`` (one letter per sample passed over, in order: :data:`UNREADABLE` or
-    :data:`MOSTLY_INVALID`). It depends on its index only.
+    :data:`MOSTLY_INVALID`) and ``skip_notes`` (a line naming each unreadable file passed over and why,
+    for :func:`warn_skipped`). It depends on its index only.
     """
 
     def __init__(
@@ -213,24 +214,25 @@ class PretrainPile(Dataset[dict[str, Tensor | int | str]]):
         epoch = f"; data.samples_per_epoch {self.cfg.samples_per_epoch}" if self.cfg.samples_per_epoch else ""
         return f"data.sources {sources}{epoch}"
 
-    def _load(self, source: int, file: int) -> tuple[Tensor, Tensor, str]:
+    def _load(self, source: int, file: int) -> tuple[Tensor, Tensor, str, str]:
         """Load a sample, or the next of the same source that is readable (with ``on_bad_file="skip"``)
-        and not mostly invalid; also say why each sample before it was passed over."""
+        and not mostly invalid; also say why each sample before it was passed over (its reason letters,
+        and a line for each unreadable file)."""
         src = self.sources[source]
-        reasons = ""
+        reasons, notes = "", []
         for skipped in range(len(src)):
             try:
                 image, valid = src.load((file + skipped) % len(src))
             except RasterReadError as exc:
                 if self.cfg.on_bad_file == "error":
                     raise
-                logger.warning("source %r: skipping %s: %s", src.name, exc.path, exc.reason)
+                notes.append(f"source {src.name!r}: skipping {exc.path}: {exc.reason}")
                 reasons += UNREADABLE
             except InvalidChipError as exc:
                 logger.debug("source %r: skipping %s", src.name, exc)  # routine: counted, not warned
                 reasons += MOSTLY_INVALID
             else:
-                return image, valid, reasons
+                return image, valid, reasons, "\n".join(notes)
         if MOSTLY_INVALID in reasons:
             raise DatasetNotFoundError(
                 f"source {src.name!r}: none of the {len(src)} samples of the products matching {src.cfg.pattern!r} "
@@ -256,7 +258,7 @@ class PretrainPile(Dataset[dict[str, Tensor | int | str]]):
             DatasetNotFoundError: with ``on_bad_file="skip"``, if no file of the source can be read.
         """
         source, file, sample_seed = index
-        image, valid, reasons = self._load(source, file)
+        image, valid, reasons, notes = self._load(source, file)
         with torch.random.fork_rng(devices=[]):
             # The CPU generator alone: torch.manual_seed would also queue seeds for every GPU
             # (recording a stack trace each time in a CUDA build), a large part of a small sample's cost.
@@ -269,15 +271,26 @@ class PretrainPile(Dataset[dict[str, Tensor | int | str]]):
             "file": file,
             "skipped": len(reasons),
             "skip_reasons": reasons,
+            "skip_notes": notes,
         }
         if self.mask_fn is not None:
             sample["mask"] = self.mask_fn(torch.Generator().manual_seed(sample_seed))
         return sample
 
 
+def warn_skipped(batch: dict, warned: set[str]) -> None:
+    """Warn of each unreadable file a collated batch of the pile passed over, unless ``warned`` holds
+    its line already (the lines warned of are added): once per file, however often it is met."""
+    for notes in batch["skip_notes"]:
+        for note in notes.splitlines():
+            if note not in warned:
+                warned.add(note)
+                logger.warning(note)
+
+
 class SkippedFiles:
     """The unreadable files and the mostly invalid chips skipped so far, each counted once however
-    often it is met.
+    often it is met, and each unreadable file warned of once (:func:`warn_skipped`).
 
     A sample of source ``s`` drawn as sample ``f`` that passed over ``k`` samples passed over
     ``f, f+1, ..., f+k-1`` (modulo the source's size), for the reasons its ``skip_reasons`` give
@@ -288,9 +301,11 @@ class SkippedFiles:
         self.source_sizes = list(source_sizes)
         self.files: set[tuple[int, int]] = set()
         self.invalid: set[tuple[int, int]] = set()
+        self.warned: set[str] = set()
 
     def add_batch(self, batch: dict) -> None:
-        """Record the samples a collated batch skipped."""
+        """Record the samples a collated batch skipped; warn of unreadable files not met before."""
+        warn_skipped(batch, self.warned)
         for source, file, reasons in zip(
             batch["source"].tolist(), batch["file"].tolist(), batch["skip_reasons"], strict=True
         ):

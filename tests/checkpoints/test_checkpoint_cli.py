@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import timm
@@ -151,6 +152,14 @@ def test_inspect_a_training_run(kit, tmp_path, capsys):
         "averaged_over": "steps 7-12 (the last epoch, 6 logged intervals)",
     }
     assert [d["name"] for d in origin["data"]] == ["aerial", "s2"] and origin["config"]["model"]["arch"] == kit.SWIN
+
+
+def test_inspect_prints_a_recorded_null_as_none_not_unknown(kit, tmp_path, capsys):
+    run_dir = kit.write_run(tmp_path, kit.make_swin(in_chans=4))
+    assert main(["checkpoint", "inspect", str(run_dir)]) == 0
+    rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in capsys.readouterr().out.splitlines())
+    assert rows["config teacher"] == "none" and rows["config run.stop_after_steps"] == "none"
+    assert "unknown" not in rows.values()
 
 
 def test_inspect_reports_an_unknown_architecture_instead_of_failing(kit, save, capsys):

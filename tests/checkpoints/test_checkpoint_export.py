@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from geofm.checkpoints import export_backbone, load_backbone_weights, read_export_sidecar
+from geofm.checkpoints.card import model_card
 from geofm.errors import CheckpointFormatError, CheckpointNotFoundError, ConfigError
 from geofm.models.backbones import create_backbone
 
@@ -134,6 +135,20 @@ def test_model_card_is_written_next_to_every_export(kit, tmp_path):
         "torchgeo_weights(",
     ):
         assert text in card, text
+
+
+def test_a_federated_export_card_counts_rounds_and_local_steps(kit):
+    sidecar = {
+        "format": "geofm-backbone/1",
+        "arch": kit.SWIN,
+        "timm_kwargs": kit.swin_kwargs(),
+        "steps": 12,  # a federated run's export records the rounds it ran here
+        "federation": {"algorithm": "fedavg", "rounds": 12},
+        "config": {"train": {"local_steps": 3, "local_epochs": None, "micro_batch_size": 8}},
+    }
+    card = model_card(sidecar)
+    assert "| rounds | 12 |\n| local_steps | 3 |\n| micro_batch_size | 8 |" in card
+    assert "| steps |" not in card and "local_epochs" not in card
 
 
 def test_run_export_records_gsd_range_metrics_and_a_card(kit, tmp_path):

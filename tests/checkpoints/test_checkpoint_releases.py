@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from finetune.models import build_finetune_model
-from geofm.checkpoints import build_backbone, load_backbone_for_bands, read_export_sidecar
+from geofm.checkpoints import build_backbone, export_backbone, load_backbone_for_bands, read_export_sidecar
 from geofm.cli import main
 from geofm.config import PretrainConfig, TeacherConfig
 from geofm.errors import CheckpointFormatError
@@ -188,6 +188,23 @@ def test_a_teacher_key_that_does_not_fit_is_an_error(kit, gfm_file, save_with_ya
     with pytest.raises(CheckpointFormatError, match="does not fit SwinTransformer") as err:
         build_teacher(TeacherConfig.model_validate(_swin_teacher(kit, broken, **overrides)), [0, 1, 2])
     assert expected in str(err.value) and str(broken) in str(err.value)
+
+
+def test_a_teacher_of_another_width_names_the_timm_kwargs_of_its_export(kit, tmp_path):
+    """A 4-band export (its kernels picked band by band for the RGB teacher) and a teacher config without
+    the export's ``timm_kwargs``: timm's default width does not fit, and the sidecar says which would."""
+    export_backbone(
+        kit.make_swin(in_chans=4), tmp_path, arch=kit.SWIN, create_kwargs=kit.swin_kwargs(4), metadata={"bands": BANDS}
+    )
+    with pytest.raises(CheckpointFormatError) as err:
+        build_teacher(TeacherConfig.model_validate(_swin_teacher(kit, tmp_path, timm_kwargs={})), [0, 1, 2])
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'backbone.safetensors'}: "), message
+    assert (
+        f"geofm_export tensors do not fit SwinTransformer (another architecture size? its backbone.json builds "
+        f"{kit.SWIN} with timm_kwargs {json.dumps(kit.SWIN_KWARGS)}): layers.0.blocks.0.attn.proj.bias (16,) vs "
+        "model (96,)"
+    ) in message
 
 
 # SimMIM's ViT loads into timm's VisionTransformer through every route.

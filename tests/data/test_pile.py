@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from geofm.config import DataConfig
-from geofm.data.pile import PileIndex, PileSampler, PretrainPile, shown_samples
+from geofm.data.pile import PileIndex, PileSampler, PretrainPile, SkippedFiles, shown_samples
 from geofm.errors import DatasetNotFoundError, RasterReadError
 
 BANDS = ["blue", "green", "red", "nir"]
@@ -153,7 +153,7 @@ def test_pile_sample(data_cfg: DataConfig) -> None:
     assert pile.weights == [2.0, 1.0]
     assert [s.name for s in pile.sources] == ["rgb", "ms"]
     sample = pile[PileIndex(0, 2, 12345)]
-    assert set(sample) == {"image", "valid", "mask", "source", "file", "skipped", "skip_reasons"}
+    assert set(sample) == {"image", "valid", "mask", "source", "file", "skipped", "skip_reasons", "skip_notes"}
     assert sample["image"].shape == sample["valid"].shape == (4, 16, 16)
     assert sample["image"].dtype == torch.float32 and sample["valid"].dtype == torch.bool
     assert sample["source"] == 0 and sample["file"] == 2 and sample["skipped"] == 0 and sample["skip_reasons"] == ""
@@ -205,19 +205,27 @@ def _corrupt(cfg: DataConfig, source: int, *files: int) -> list[Path]:
     return [paths[f] for f in files]
 
 
-def test_skip_mode_substitutes_next_file(data_cfg: DataConfig, caplog: pytest.LogCaptureFixture) -> None:
+def test_skip_mode_substitutes_next_file_and_warns_once_per_file(
+    data_cfg: DataConfig, caplog: pytest.LogCaptureFixture
+) -> None:
     bad = _corrupt(data_cfg, 0, 1, 2)
     pile = PretrainPile(data_cfg.model_copy(update={"on_bad_file": "skip"}), img_size=16)
     reference = PretrainPile(data_cfg, img_size=16)
-    with caplog.at_level(logging.WARNING, logger="geofm.data"):
-        sample = pile[PileIndex(0, 1, 5)]
+    sample = pile[PileIndex(0, 1, 5)]
     assert sample["skipped"] == 2 and sample["skip_reasons"] == "uu"
     expected = reference[PileIndex(0, 3, 5)]
     assert torch.equal(sample["image"], expected["image"])
-    assert [r.name for r in caplog.records] == ["geofm.data", "geofm.data"]
-    assert str(bad[0]) in caplog.records[0].getMessage()
-    assert str(bad[1]) in caplog.records[1].getMessage()
     assert pile[PileIndex(0, 0, 5)]["skipped"] == 0
+
+    skipped = SkippedFiles(pile.source_sizes)
+    with caplog.at_level(logging.WARNING, logger="geofm.data"):
+        # the bad files met twice in one batch, then again (another epoch), then readable files only
+        for files in ([1, 2], [2, 0], [0, 3]):
+            skipped.add_batch(default_collate([pile[PileIndex(0, file, 5)] for file in files]))
+    assert skipped.files == {(0, 1), (0, 2)}
+    assert [r.name for r in caplog.records] == ["geofm.data", "geofm.data"], "each bad file warned of once"
+    assert caplog.records[0].getMessage().startswith(f"source 'rgb': skipping {bad[0]}: ")
+    assert caplog.records[1].getMessage().startswith(f"source 'rgb': skipping {bad[1]}: ")
 
 
 def test_skip_mode_wraps_around_and_fails_when_all_bad(data_cfg: DataConfig) -> None:

@@ -1,4 +1,5 @@
 import json
+import logging
 import math
 import signal
 import subprocess
@@ -172,7 +173,9 @@ def test_a_failed_build_leaves_no_run_directory(tiny_tree, tmp_path):
     assert not Path(tree["run"]["output_dir"]).exists()
 
 
-def test_corrupt_geotiff_errors_or_is_skipped_and_counted_once(tiny_tree, archive, write_config, child_env, tmp_path):
+def test_corrupt_geotiff_errors_or_is_skipped_counted_and_warned_of_once(
+    tiny_tree, archive, write_config, child_env, tmp_path, caplog
+):
     import shutil
 
     folder = tmp_path / "aerial_with_bad_file"
@@ -199,9 +202,12 @@ def test_corrupt_geotiff_errors_or_is_skipped_and_counted_once(tiny_tree, archiv
     tree["run"]["output_dir"] = str(tmp_path / "skip")
     tree["data"]["on_bad_file"] = "skip"
     tree["train"]["epochs"] = 3  # every epoch walks all aerial files again: the bad one is met each epoch
-    run_dir = pretrain(PretrainConfig.from_tree(tree))
+    with caplog.at_level(logging.WARNING, logger="geofm.data"):
+        run_dir = pretrain(PretrainConfig.from_tree(tree))
     skipped = [r["skipped_files"] for r in _metrics(run_dir)]
     assert skipped[-1] == 1, f"the one bad file is counted once however often it is drawn: {skipped}"
+    warnings = [message for message in caplog.messages if str(bad) in message]
+    assert len(warnings) == 1 and warnings[0].startswith(f"source 'aerial_rgb': skipping {bad}: "), warnings
 
 
 def test_bf16_path_runs_on_cpu_and_exports_float32(tiny_tree):
