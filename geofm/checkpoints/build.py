@@ -19,6 +19,7 @@ import timm
 import torch
 from torch import nn
 
+from geofm.checkpoints.card import progress_name
 from geofm.checkpoints.convert import LoadReport, apply_state_dict, backbone_state_dict
 from geofm.checkpoints.export import export_backbone
 from geofm.checkpoints.facts import CheckpointFacts, read_checkpoint, source_bands
@@ -350,8 +351,9 @@ def format_inspection(result: dict[str, Any]) -> str:
     ]
     if result["family"] == "swin":
         rows.append(("window size", _text(result["window_size"], none="unknown")))
-    for key, value in sorted(result["provenance"].items(), key=lambda item: item[0] == "config"):
-        name = key.replace("_", " ")
+    origin = result["provenance"]
+    for key, value in sorted(origin.items(), key=lambda item: item[0] == "config"):
+        name = progress_name(origin) if key == "steps" else key.replace("_", " ")
         if isinstance(value, dict) and value:
             rows += [(f"{name} {sub}", _text(v)) for sub, v in flatten(value).items()]
         else:

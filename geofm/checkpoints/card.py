@@ -139,11 +139,16 @@ def _data(data: Any) -> list[str]:
     return [f"Data: {_value(data)}."]
 
 
+def progress_name(origin: Mapping[str, Any]) -> str:
+    """What the ``steps`` entry of a sidecar or provenance counts: ``rounds`` for a federated run, else ``steps``."""
+    return "rounds" if origin.get("federation") else "steps"
+
+
 def _settings(sidecar: Mapping[str, Any]) -> dict[str, Any]:
     """Training settings worth a line: from a geofm run's config, or a GFM/SimMIM config summary."""
     settings: dict[str, Any] = {}
-    if sidecar.get("steps") is not None:  # a federated run counts its rounds there
-        settings["rounds" if sidecar.get("federation") else "steps"] = sidecar["steps"]
+    if sidecar.get("steps") is not None:
+        settings[progress_name(sidecar)] = sidecar["steps"]
     if sidecar.get("epoch") is not None:
         settings["epoch"] = sidecar["epoch"]
     config = sidecar.get("config")

@@ -39,6 +39,8 @@ _SIDECAR_PROVENANCE = (
     "converted_from",
     "config",
 )
+
+
 # Config entries of GFM/SimMIM checkpoints worth showing (besides the model's own section).
 _CONFIG_SUMMARY = (
     "MODEL.TYPE",

@@ -183,3 +183,15 @@ def test_errors_exit_2_with_a_message(kit, save, tmp_path, capsys):
     assert main(["checkpoint", "inspect", str(tmp_path / "missing.pth")]) == 2
     with pytest.raises(SystemExit):
         main(["checkpoint", "convert", "a", "b", "--timm-kwargs", "[1]"])
+
+
+def test_inspect_names_a_federated_exports_step_count_rounds(kit, tmp_path, capsys):
+    from geofm.checkpoints.export import export_backbone
+
+    metadata = {"bands": ["red", "green", "blue"], "steps": 12, "federation": {"algorithm": "fedavg", "rounds": 12}}
+    out = export_backbone(
+        kit.make_swin(), tmp_path / "fed", arch=kit.SWIN, create_kwargs=kit.swin_kwargs(), metadata=metadata
+    )
+    assert main(["checkpoint", "inspect", str(out)]) == 0
+    rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in capsys.readouterr().out.splitlines())
+    assert rows["rounds"] == "12" and "steps" not in rows
