@@ -307,6 +307,13 @@ def main(argv: list[str] | None = None) -> int:
             print(exc.worker_traceback, file=sys.stderr)
         print(f"geofm: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # where a program has no stop handling of its own (imports, checks, set-up)
+        print(
+            f"geofm: error: {args.command} interrupted (Ctrl-C); rerun the same command to start again "
+            "(a training run resumes from its last checkpoint)",
+            file=sys.stderr,
+        )
+        return 130
     return 0
 
 

@@ -198,3 +198,15 @@ def test_every_module_logger_is_shown_at_info_by_the_command_line(monkeypatch):
             logger.setLevel(level)
     assert "geofm.federated" in loggers, loggers
     assert not hidden, f"modules logging under names the command line does not show: {hidden}"
+
+
+def test_ctrl_c_before_a_program_handles_it_is_one_line(monkeypatch, capsys):
+    import geofm.cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(geofm.cli, "_checkpoint_inspect", interrupted)
+    assert main(["checkpoint", "inspect", "anything"]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("geofm: error: checkpoint interrupted (Ctrl-C); rerun")
