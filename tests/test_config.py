@@ -62,7 +62,7 @@ def _write(tmp_path, tree):
         ("train.warmup_epochs=20", "warmup_epochs .* must be shorter than epochs"),
         ("train.zero_stage=3", r"train\.zero_stage"),
         ("data.on_bad_file=ignore", r"data\.on_bad_file"),
-        ("model.img_size=72", "must be divisible by 8"),
+        ("model.img_size=80", "must be divisible by 8"),
         ("data.bands=[green, nir]", "must name red, green and blue"),
         ("data.bands=[red, green, blue, nri]", r"nri\]: unknown band 'nri': did you mean nir\?"),
         (
