@@ -7,8 +7,8 @@ feeds a GPU from them. A store is a folder:
 * ``index.json``: the bands, the chip size, the source it was prepared from, whether it is
   complete, and each shard's name, number of chips, dtype and the source sample after its last;
 * per shard ``NNNNN``: ``NNNNN.pixels.npy`` (chips, bands, size, size) of raw values in the
-  source's dtype, ``NNNNN.valid.npy`` of the same shape (bool: the valid mask travels with each
-  chip, nodata and quality band applied), and ``NNNNN.chips.npy``, one record per chip: the source
+  source's dtype (0 where invalid), ``NNNNN.valid.npy`` of the same shape (bool: the valid mask
+  travels with each chip, nodata and quality band applied), and ``NNNNN.chips.npy``, one record per chip: the source
   sample it came from and its bands' ``scale`` and ``offset`` (physical = raw * scale + offset).
 
 Plain ``.npy`` files, memory-mapped, give zero-copy random access to any chip and any crop of it: a
@@ -154,7 +154,7 @@ class ChipStore:
                         path,
                         f"holds {array.dtype} {array.shape}; {self.index_path} says {want_dtype} {want_shape}",
                     )
-                arrays.append(array)
+                arrays.append(array.view(np.ndarray))  # plain views of the map: np.memmap indexes slowly
             self._open[shard.name] = tuple(arrays)
         return self._open[shard.name]
 
@@ -171,7 +171,13 @@ class ChipStore:
             RasterReadError: a file of the shard does not match the index.
         """
         self.chips_in(path)
-        pixels, valid, records = self._arrays(self._by_path[Path(path)])
+        return self.read_chip(self._by_path[Path(path)], chip, bands)
+
+    def read_chip(
+        self, shard: Shard, chip: int, bands: Sequence[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`read` of a shard given by its :class:`Shard` (one of :attr:`shards`)."""
+        pixels, valid, records = self._arrays(shard)
         picks = slice(None) if bands is None else list(bands)
         record = records[chip]
         return pixels[chip][picks], valid[chip][picks], record["scale"][picks], record["offset"][picks]
@@ -243,12 +249,12 @@ class ChipWriter:
 
         Args:
             sample: the source sample it is.
-            pixels: raw values (bands, size, size).
+            pixels: raw values (bands, size, size); invalid ones are stored as 0.
             valid: bool mask of the same shape.
             scale: per band, factor of the raw values.
             offset: per band, added after scaling.
         """
-        self._buffer.append((sample, pixels, valid, scale, offset))
+        self._buffer.append((sample, np.where(valid, pixels, 0), valid, scale, offset))
         if len(self._buffer) == self.tree["chips_per_shard"]:
             self.flush()
 
@@ -289,15 +295,6 @@ def write_synthetic_store(root: Path, count: int, bands: list[str], size: int, s
         pixels = rng.integers(0, 10001, (len(bands), size, size), dtype=np.uint16)
         writer.add(sample, pixels, pixels != 0, scale, offset)
     return writer.finish()
-
-
-def normalise_chip(
-    pixels: np.ndarray, valid: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarray, std: np.ndarray
-) -> np.ndarray:
-    """``(pixels * scale + offset - mean) / std`` as float32 (per-band arrays shaped to broadcast), 0 where not ``valid``."""
-    out = (pixels.astype(np.float32) * scale + offset - mean) / std
-    out[~valid] = 0.0
-    return out
 
 
 class ChipDataset(Dataset[dict[str, Tensor]]):
@@ -343,9 +340,9 @@ class ChipDataset(Dataset[dict[str, Tensor]]):
                 f"mean and std give {len(mean)} and {len(std)} values"
             )
         self.size, self.hflip, self.vflip, self.seed = size, hflip, vflip, seed
-        self._mean = np.asarray(mean, dtype=np.float32)[:, None, None]
-        self._std = np.asarray(std, dtype=np.float32)[:, None, None]
-        self._chips = [(path, k) for path in self.store.shard_paths() for k in range(self.store.chips_in(path))]
+        self._mean = np.asarray(mean, dtype=np.float32)
+        self._std = np.asarray(std, dtype=np.float32)
+        self._chips = [(shard, k) for shard in self.store.shards for k in range(shard.chips)]
 
     def __len__(self) -> int:
         """Chips of the store."""
@@ -357,20 +354,24 @@ class ChipDataset(Dataset[dict[str, Tensor]]):
         Returns:
             ``image`` (float32, (bands, size, size), normalised, 0 where invalid) and ``valid`` (bool, same shape).
         """
-        path, k = self._chips[index % len(self._chips)]
-        pixels, valid, scale, offset = self.store.read(path, k)
+        shard, k = self._chips[index % len(self._chips)]
+        pixels, valid, scale, offset = self.store.read_chip(shard, k)
         rng = np.random.default_rng((self.seed, index))
         top, left = rng.integers(0, self.store.size - self.size + 1, 2)
         flip_h, flip_v = rng.random(2) < 0.5
         window = (slice(None), slice(top, top + self.size), slice(left, left + self.size))
-        pixels, valid = pixels[window], valid[window]
-        if self.hflip and flip_h:
-            pixels, valid = pixels[..., ::-1], valid[..., ::-1]
-        if self.vflip and flip_v:
-            pixels, valid = pixels[:, ::-1], valid[:, ::-1]
-        valid = valid.copy()  # contiguous and writable, off the read-only map
-        image = normalise_chip(pixels, valid, scale[:, None, None], offset[:, None, None], self._mean, self._std)
-        return {"image": torch.from_numpy(image), "valid": torch.from_numpy(valid)}
+        # Contiguous copies of the crop, normalised in place (invalid pixels are stored as 0, so
+        # multiplying by the mask zeroes them), flipped in torch: numpy copies reversed strides slowly.
+        image = pixels[window].astype(np.float32)
+        valid = valid[window].copy()
+        image *= (scale / self._std)[:, None, None]
+        image += ((offset - self._mean) / self._std)[:, None, None]
+        image *= valid
+        image, valid = torch.from_numpy(image), torch.from_numpy(valid)
+        dims = [d for d, flip in ((2, self.hflip and flip_h), (1, self.vflip and flip_v)) if flip]
+        if dims:
+            image, valid = image.flip(dims), valid.flip(dims)
+        return {"image": image, "valid": valid}
 
 
 class ChipSampler(EpochShareSampler[int]):
