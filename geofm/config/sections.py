@@ -286,7 +286,7 @@ class SourceConfig(Section):
             if self.filename_regex is not None or self.band_ids is not None:
                 raise ValueError(f"{where}: filename_regex and band_ids apply to layout band_files only")
         if self.layout == "chips":
-            fixed = [k for k in ("nodata", "gsd", "chip_size", "quality") if getattr(self, k) is not None]
+            fixed = [k for k in ("nodata", "chip_size", "quality") if getattr(self, k) is not None]
             fixed += [k for k, default in (("scale", 1.0), ("offset", 0.0)) if getattr(self, k) != default]
             if fixed:
                 raise ValueError(
