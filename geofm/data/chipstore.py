@@ -114,6 +114,11 @@ class ChipStore:
                 raise DatasetNotFoundError(f"{path.resolve()}: shard file of the chip store {self.root} is missing")
         self._open: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The store without its open maps: a worker started by spawn maps the shards itself rather
+        than receiving their pixels."""
+        return {**self.__dict__, "_open": {}}
+
     def shard_paths(self) -> list[Path]:
         """Each shard's pixels file: what a source lists, and what federated partitions deal out."""
         return list(self._by_path)
@@ -287,12 +292,12 @@ class ChipWriter:
 
 def write_synthetic_store(root: Path, count: int, bands: list[str], size: int, seed: int = 0) -> Path:
     """A store of ``count`` random uint16 chips of ``size`` px (values 1..10000 of scale 1e-4), for
-    benchmarks and tests; a few pixels are 0 and invalid. Returns its folder."""
-    rng = np.random.default_rng(seed)
+    benchmarks and tests; a few pixels are 0 and invalid. A store it wrote before is finished or
+    left as it is. Returns its folder."""
     writer = ChipWriter(root, bands, size, chips_per_shard=256, source={"synthetic": {"count": count, "seed": seed}})
     scale, offset = np.full(len(bands), 1e-4, dtype=np.float32), np.zeros(len(bands), dtype=np.float32)
-    for sample in range(count):
-        pixels = rng.integers(0, 10001, (len(bands), size, size), dtype=np.uint16)
+    for sample in range(writer.next_sample, count):
+        pixels = np.random.default_rng((seed, sample)).integers(0, 10001, (len(bands), size, size), dtype=np.uint16)
         writer.add(sample, pixels, pixels != 0, scale, offset)
     return writer.finish()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from geofm.config import DataConfig, SourceConfig
 from geofm.data.chipstore import INDEX, ChipDataset, ChipSampler, ChipStore, write_synthetic_store
 from geofm.data.pile import PileSampler, PretrainPile
 from geofm.data.prepare import prepare_store
-from geofm.data.products.synthetic import write_band
+from geofm.data.products.synthetic import write_band, write_sentinel2_safe
 from geofm.data.sources import ImageSource
 from geofm.errors import DataMismatchError, DatasetNotFoundError, InvalidChipError, RasterReadError
 from geofm.federated.partition import share_dirichlet
@@ -118,6 +119,33 @@ def test_prepare_band_files_with_quality_band_leaves_out_mostly_invalid_chips(tm
     assert not valid[:, :, :4].any() and valid[:, :5, 4:].all(), "the quality band's cloud travels with the chip"
 
 
+def test_prepare_sentinel2_products_keeps_each_products_scaling_and_its_scl_mask(tmp_path):
+    """Two L2A products of baselines 03.00 (no offset) and 04.00 (offset -1000), a 20 m band read onto
+    the 10 m grid, SCL cloud in a corner of one."""
+    rng = np.random.default_rng(3)
+    for name, baseline in (("old", "03.00"), ("new", "04.00")):
+        scl = np.full((8, 8), 4, dtype=np.uint8)
+        scl[:2, :2] = 9 if name == "new" else 4
+        bands = {"B04": (rng.integers(1000, 5000, (16, 16)).astype(np.uint16), 10)}
+        bands["B05"] = (rng.integers(1000, 5000, (8, 8)).astype(np.uint16), 20)
+        write_sentinel2_safe(tmp_path / "s2", name, bands, baseline=baseline, scl=scl)
+    cfg = SourceConfig(
+        name="s2",
+        root=tmp_path / "s2",
+        layout="sentinel2_safe",
+        bands=["red", "rededge1"],
+        quality={},
+        mean=[0.1, 0.2],
+        std=[0.05, 0.1],
+    )
+    summary = prepare_store(cfg, tmp_path / "store", size=8, progress=False)
+    assert summary["chips"] == 8 and summary["left_out_mostly_invalid"] == 0
+    assert _assert_reads_as_live(cfg, tmp_path / "store", 8) == 8
+    store = ChipStore(tmp_path / "store")
+    offsets = {round(float(store.read(store.shard_paths()[0], k)[3][0]), 6) for k in range(8)}
+    assert offsets == {0.0, -0.1}, "each chip keeps its own product's offset"
+
+
 def test_a_killed_prepare_continues_after_its_last_finished_shard(tmp_path, write_tif, monkeypatch):
     cfg = _file_source(tmp_path / "tifs", write_tif)
     read = ImageSource.read
@@ -213,9 +241,15 @@ def test_chip_dataset_crops_flips_and_normalises_each_index_as_its_seed_draws(tm
     want = (pixels.astype(np.float32) * np.float32(1e-4) - np.float32([[[0.5]], [[0.4]]])) / np.float32(
         [[[0.2]], [[0.3]]]
     )
-    assert np.allclose(plain[3]["image"].numpy()[valid], want[valid])
+    assert np.allclose(plain[3]["image"].numpy()[valid], want[valid], atol=1e-5)
     assert torch.equal(plain[3]["valid"], torch.from_numpy(np.array(valid)))
     assert torch.equal(plain[3]["image"], plain[8]["image"]), "index 8 is chip 3 again (a later epoch)"
+
+    again = write_synthetic_store(tmp_path / "store", count=5, bands=["red", "nir"], size=12, seed=4)
+    assert ChipStore(again).shards == store.shards, "a finished store is left as it is"
+    spawned = pickle.loads(pickle.dumps(dataset))
+    assert torch.equal(spawned[2]["image"], item["image"])
+    assert dataset.store._open and len(pickle.dumps(dataset.store)) < 1000, "a pickled store leaves its maps behind"
 
     with pytest.raises(DataMismatchError, match=r"index.json: its chips are 12 px, smaller than 16 px"):
         ChipDataset(root, 16, mean=[0.5, 0.4], std=[0.2, 0.3])
