@@ -167,6 +167,8 @@ def test_a_killed_prepare_continues_after_its_last_finished_shard(tmp_path, writ
     with pytest.raises(DatasetNotFoundError, match=r"incomplete .* run the same geofm data prepare again"):
         ChipStore(tmp_path / "store")
 
+    (tmp_path / "store" / "00002.pixels.npy").write_bytes(b"a shard the index never listed")  # killed mid-shard
+    (tmp_path / "store" / "00002.valid.npy.tmp").write_bytes(b"half")
     seen.clear()
     summary = prepare_store(cfg, tmp_path / "store", size=8, chips_per_shard=3, progress=False)
     assert seen[0] == 6 and summary["resumed_at_sample"] == 6, "samples of finished shards are not read again"
