@@ -106,7 +106,6 @@ class ChipStore:
             )
         self.bands: list[str] = list(tree["bands"])
         self.size: int = int(tree["size"])
-        self.source: dict[str, Any] = tree.get("source", {})
         self.shards = [Shard(**s) for s in tree["shards"]]
         self._by_path = {self.root / f"{s.name}{PIXELS}": s for s in self.shards}
         for path in (self.root / f"{s.name}{suffix}" for s in self.shards for suffix in (PIXELS, VALID, CHIPS)):
@@ -123,8 +122,8 @@ class ChipStore:
         """Each shard's pixels file: what a source lists, and what federated partitions deal out."""
         return list(self._by_path)
 
-    def chips_in(self, path: Path) -> int:
-        """Number of chips of the shard whose pixels file is ``path``.
+    def shard(self, path: Path) -> Shard:
+        """The shard whose pixels file is ``path``.
 
         Raises:
             DatasetNotFoundError: ``path`` is not a shard of this store.
@@ -132,7 +131,7 @@ class ChipStore:
         shard = self._by_path.get(Path(path))
         if shard is None:
             raise DatasetNotFoundError(f"{path}: not a shard of the chip store {self.root} ({INDEX} does not list it)")
-        return shard.chips
+        return shard
 
     def _arrays(self, shard: Shard) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The shard's pixels, valid mask and records, memory-mapped (checked against the index once).
@@ -141,11 +140,11 @@ class ChipStore:
             RasterReadError: a file of the shard is not the ``.npy`` array the index describes.
         """
         if shard.name not in self._open:
-            bands, shape = len(self.bands), (shard.chips, len(self.bands), self.size, self.size)
+            shape = (shard.chips, len(self.bands), self.size, self.size)
             expected = {
                 PIXELS: (shape, np.dtype(shard.dtype)),
                 VALID: (shape, np.dtype(bool)),
-                CHIPS: ((shard.chips,), _records(bands)),
+                CHIPS: ((shard.chips,), _records(len(self.bands))),
             }
             arrays = []
             for suffix, (want_shape, want_dtype) in expected.items():
@@ -175,8 +174,7 @@ class ChipStore:
             DatasetNotFoundError: ``path`` is not a shard of this store.
             RasterReadError: a file of the shard does not match the index.
         """
-        self.chips_in(path)
-        return self.read_chip(self._by_path[Path(path)], chip, bands)
+        return self.read_chip(self.shard(path), chip, bands)
 
     def read_chip(
         self, shard: Shard, chip: int, bands: Sequence[int] | None = None
@@ -189,8 +187,7 @@ class ChipStore:
 
     def sample_of(self, path: Path, chip: int) -> int:
         """The source sample chip ``chip`` of the shard ``path`` was prepared from."""
-        self.chips_in(path)
-        return int(self._arrays(self._by_path[Path(path)])[2][chip]["sample"])
+        return int(self._arrays(self.shard(path))[2][chip]["sample"])
 
 
 class ChipWriter:

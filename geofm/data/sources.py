@@ -110,7 +110,7 @@ class ImageSource:
         self._products = ProductReader(cfg, used) if cfg.layout in LAYOUTS else None
         self._store = open_store(cfg) if cfg.layout == "chips" else None
         if self._store is not None:
-            self.chips = [Chip(f, None, k) for f in self.files for k in range(self._store.chips_in(f))]
+            self.chips = [Chip(f, None, k) for f in self.files for k in range(self._store.shard(f).chips)]
         else:
             self.chips = chips_of(self.files, cfg.chip_size, self._product_size if self._products else _file_size)
         self._keep = keep

@@ -177,7 +177,7 @@ def test_a_killed_prepare_continues_after_its_last_finished_shard(tmp_path, writ
     resumed, clean = ChipStore(tmp_path / "store"), ChipStore(tmp_path / "clean")
     assert resumed.shards == clean.shards
     for path, other in zip(resumed.shard_paths(), clean.shard_paths(), strict=True):
-        for chip in range(resumed.chips_in(path)):
+        for chip in range(resumed.shard(path).chips):
             for a, b in zip(resumed.read(path, chip), clean.read(other, chip), strict=True):
                 assert np.array_equal(a, b)
 
