@@ -79,8 +79,8 @@ class ImageSource:
     A sample is a file or a product (its ``layout``: one multi-band file, or per-band files read
     onto one grid, see :mod:`geofm.data.products`), or with ``chip_size`` a window of one larger
     than that (see :func:`chips_of`), read by window and never whole; or a chip of a chip store
-    (``layout: chips``, see :mod:`geofm.data.chipstore`), whose files are the store's shards. It is an image of shape
-    (len(model_bands), H, W) and a valid mask of the same shape. Bands the source lacks are zero
+    (``layout: chips``, see :mod:`geofm.data.chipstore`), whose files are the store's shards. It is
+    an image of shape (len(model_bands), H, W) and a valid mask of the same shape. Bands the source lacks are zero
     and invalid; nodata, non-finite pixels and those the quality band marks are zero and invalid;
     bands of the source that the model does not use are neither read nor returned.
     """
