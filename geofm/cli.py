@@ -102,7 +102,8 @@ def _data_prepare(args: argparse.Namespace) -> None:
     size = args.chip_size or source.chip_size
     if size is None:
         raise ConfigError(f"source {source.name!r} has no chip_size: give the chips' size with --chip-size")
-    print(json.dumps(prepare_store(source, args.out, size, args.chips_per_shard, progress=not args.no_progress)))
+    summary = prepare_store(source, args.out, size, args.chips_per_shard, args.workers, progress=not args.no_progress)
+    print(json.dumps(summary))
 
 
 def _data_bigearthnet_metadata(args: argparse.Namespace) -> None:
@@ -238,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--out", type=Path, required=True, help="the store's folder")
     prepare.add_argument("--chip-size", type=int, help="side of the chips in px (default: the source's chip_size)")
     prepare.add_argument("--chips-per-shard", type=int, default=256, help="chips per shard file (default 256)")
+    prepare.add_argument("--workers", type=int, default=0, help="processes reading the source beside the writer")
     prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
     prepare.set_defaults(handler=_data_prepare)
     ben = data.add_parser(

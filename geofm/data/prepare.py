@@ -5,8 +5,8 @@ a training run reads it, in the source's own bands, and stored raw with its vali
 non-finite pixels and the quality band applied) and its bands' scaling; a chip smaller than
 ``size`` (the edge of a file smaller than a chip) is padded with invalid pixels, and chips whose
 quality band marks more than ``quality.max_invalid_fraction`` invalid are left out, as the pile
-would pass over them. A killed run, started again with the same arguments, continues after the
-last finished shard.
+would pass over them. Worker processes may read the source while this one writes the chips in
+order. A killed run, started again with the same arguments, continues after the last finished shard.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from torch.utils.data import DataLoader, Dataset
 
 from geofm.config import SourceConfig
 from geofm.data.chipstore import ChipWriter
@@ -30,13 +31,33 @@ def _padded(array: np.ndarray, size: int) -> np.ndarray:
     return np.pad(array, ((0, 0), (0, size - height), (0, size - width)))
 
 
+class _Chips(Dataset):
+    """Sample ``i`` of a source as a chip to store: ``(i, (pixels, valid, scale, offset))``, or ``(i, None)``
+    for a sample its quality band marks mostly invalid."""
+
+    def __init__(self, source: ImageSource, size: int) -> None:
+        self.source, self.size = source, size
+
+    def __getitem__(self, sample: int) -> tuple[int, tuple[np.ndarray, ...] | None]:
+        try:
+            raw = self.source.read(sample)
+        except InvalidChipError:
+            return sample, None
+        return sample, (_padded(raw.data, self.size), _padded(raw.valid_mask(), self.size), raw.scale, raw.offset)
+
+
+def _as_is(item: Any) -> Any:
+    """A DataLoader's collate function that leaves numpy arrays as they are."""
+    return item
+
+
 def source_record(cfg: SourceConfig) -> dict[str, Any]:
     """What a store records of the source it was prepared from (a resumed run must say the same)."""
     return cfg.model_dump(mode="json", exclude={"mean", "std", "weight"})
 
 
 def prepare_store(
-    cfg: SourceConfig, out: Path, size: int, chips_per_shard: int = 256, progress: bool = True
+    cfg: SourceConfig, out: Path, size: int, chips_per_shard: int = 256, workers: int = 0, progress: bool = True
 ) -> dict[str, Any]:
     """Write source ``cfg`` as a chip store of ``size`` px chips at ``out``, or finish one a killed run left.
 
@@ -45,21 +66,26 @@ def prepare_store(
         out: the store's folder.
         size: side of the chips, in pixels.
         chips_per_shard: chips of each shard file.
+        workers: processes reading the source beside this one, which writes the chips in order (0: none).
         progress: show a progress bar of the source's samples on stderr.
 
     Returns:
         A summary: the store, its chips and shards, the samples read and left out, seconds and chips/s.
 
     Raises:
-        ConfigError: ``cfg`` is a chip store already, or ``size`` or ``chips_per_shard`` is not positive.
+        ConfigError: ``cfg`` is a chip store already, ``size`` or ``chips_per_shard`` is not positive, or
+            ``workers`` is negative.
         OutputPathError: ``out`` is a file.
         DataMismatchError: ``out`` holds a store prepared from another source or with other settings.
         RasterReadError: a file of the source cannot be read.
     """
     if cfg.layout == "chips":
         raise ConfigError(f"source {cfg.name!r} is a chip store already (layout chips); prepare its source instead")
-    if size <= 0 or chips_per_shard <= 0:
-        raise ConfigError(f"chip size and chips per shard must be positive, got {size} and {chips_per_shard}")
+    if size <= 0 or chips_per_shard <= 0 or workers < 0:
+        raise ConfigError(
+            f"chip size and chips per shard must be positive and workers at least 0, got {size}, {chips_per_shard} "
+            f"and {workers}"
+        )
     if out.exists() and not out.is_dir():
         raise OutputPathError(f"{out}: the chip store's folder is a file")
     cfg = cfg.model_copy(update={"chip_size": size})
@@ -68,13 +94,15 @@ def prepare_store(
     start, written, left_out, started = writer.next_sample, 0, 0, time.perf_counter()
     if not writer.complete:
         with progress_bar(len(source), start, progress, f"prepare {cfg.name}", unit="sample") as bar:
-            for sample in range(start, len(source)):
-                try:
-                    raw = source.read(sample)
-                except InvalidChipError:
+            samples = range(start, len(source))
+            chips = DataLoader(
+                _Chips(source, size), batch_size=None, sampler=samples, num_workers=workers, collate_fn=_as_is
+            )
+            for sample, chip in chips:
+                if chip is None:
                     left_out += 1
                 else:
-                    writer.add(sample, _padded(raw.data, size), _padded(raw.valid_mask(), size), raw.scale, raw.offset)
+                    writer.add(sample, *chip)
                     written += 1
                 bar.update()
         writer.finish()

@@ -94,7 +94,7 @@ def _assert_reads_as_live(live_cfg: SourceConfig, store: Path, size: int) -> int
     return len(chips)
 
 
-def test_prepare_file_layout_reads_back_as_the_live_source_with_nodata(tmp_path, write_tif):
+def test_prepare_file_layout_reads_back_as_the_live_source_with_nodata_alone_or_with_workers(tmp_path, write_tif):
     cfg = _file_source(tmp_path / "tifs", write_tif)
     summary = prepare_store(cfg, tmp_path / "store", size=8, chips_per_shard=4, progress=False)
     assert summary["chips"] == summary["samples"] == 2 * 9 + 2 == 20
@@ -102,6 +102,12 @@ def test_prepare_file_layout_reads_back_as_the_live_source_with_nodata(tmp_path,
     assert _assert_reads_as_live(cfg, tmp_path / "store", 8) == 20
     chips = ImageSource(_store_source(cfg, tmp_path / "store"), cfg.bands)
     assert not chips.load(0)[1][0, :3, :3].any(), "nodata travels with the chip as its valid mask"
+
+    prepare_store(cfg, tmp_path / "by_workers", size=8, chips_per_shard=4, workers=2, progress=False)
+    alone, by_workers = ChipStore(tmp_path / "store"), ChipStore(tmp_path / "by_workers")
+    assert alone.shards == by_workers.shards
+    for a, b in zip(alone.shard_paths(), by_workers.shard_paths(), strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(alone.read(a, 3), by_workers.read(b, 3), strict=True))
 
 
 def test_prepare_band_files_with_quality_band_leaves_out_mostly_invalid_chips(tmp_path):
