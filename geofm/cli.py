@@ -91,6 +91,21 @@ def _folder_stats(args: argparse.Namespace) -> BandStats:
     )
 
 
+def _data_prepare(args: argparse.Namespace) -> None:
+    import json
+
+    from geofm.data.prepare import prepare_store
+    from geofm.data.stats import configured_source
+    from geofm.errors import ConfigError
+
+    source = configured_source(args.config, args.source)
+    size = args.chip_size or source.chip_size
+    if size is None:
+        raise ConfigError(f"source {source.name!r} has no chip_size: give the chips' size with --chip-size")
+    summary = prepare_store(source, args.out, size, args.chips_per_shard, args.workers, progress=not args.no_progress)
+    print(json.dumps(summary))
+
+
 def _data_bigearthnet_metadata(args: argparse.Namespace) -> None:
     from geofm.data.finetune.bigearthnet import write_bigearthnet_metadata
 
@@ -208,6 +223,25 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--source", metavar="NAME", help="with --config: the name of one of its data.sources")
     stats.add_argument("--max-files", type=int, default=None, help="use an evenly spaced subset (files or samples)")
     stats.set_defaults(handler=_data_stats)
+    prepare = data.add_parser(
+        "prepare",
+        help="write a source of any layout as a chip store, which a source with layout: chips reads",
+        description="Read every sample of a config's source (any layout, quality band and nodata included), cut "
+        "into chips of --chip-size px, and write them as shards of raw pixels with their valid masks and scaling: "
+        "a chip store, which a source with layout: chips and root: OUT reads back many times faster. Run again "
+        "with the same arguments, a killed prepare continues after its last finished shard. Prints a JSON summary.",
+        epilog="example:\n  geofm data prepare --config configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml "
+        "--source satellite_4band --chip-size 64 --out data/chips/satellite_4band",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    prepare.add_argument("--config", type=Path, required=True, help="a config file whose source --source to prepare")
+    prepare.add_argument("--source", metavar="NAME", required=True, help="the name of one of its data.sources")
+    prepare.add_argument("--out", type=Path, required=True, help="the store's folder")
+    prepare.add_argument("--chip-size", type=int, help="side of the chips in px (default: the source's chip_size)")
+    prepare.add_argument("--chips-per-shard", type=int, default=256, help="chips per shard file (default 256)")
+    prepare.add_argument("--workers", type=int, default=0, help="processes reading the source beside the writer")
+    prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
+    prepare.set_defaults(handler=_data_prepare)
     ben = data.add_parser(
         "bigearthnet-metadata",
         help="each BigEarthNet v2.0 patch's country and season, as the CSV federation.metadata reads",

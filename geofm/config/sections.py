@@ -141,6 +141,7 @@ LAYOUT_PATTERNS = {
     "landsat_c2": "**/*_MTL.txt",
     "stac_item": "**/*.json",
     "band_files": "**/*",
+    "chips": "index.json",
 }
 """Each source layout's default ``pattern``: its files, or the metadata files that mark its products."""
 METADATA_LAYOUTS = ("sentinel2_safe", "landsat_c2")
@@ -195,7 +196,7 @@ class SourceConfig(Section):
     layout: Literal[tuple(LAYOUT_PATTERNS)] = Field(  # type: ignore[valid-type]
         default="file",
         description="file: one multi-band file per sample; sentinel2_safe, landsat_c2, stac_item, band_files: "
-        "per-band products read onto one grid at gsd",
+        "per-band products read onto one grid at gsd; chips: a chip store written by geofm data prepare (root: its folder)",
     )
     pattern: str = Field(
         default=None,
@@ -284,6 +285,14 @@ class SourceConfig(Section):
         else:
             if self.filename_regex is not None or self.band_ids is not None:
                 raise ValueError(f"{where}: filename_regex and band_ids apply to layout band_files only")
+        if self.layout == "chips":
+            fixed = [k for k in ("nodata", "chip_size", "quality") if getattr(self, k) is not None]
+            fixed += [k for k, default in (("scale", 1.0), ("offset", 0.0)) if getattr(self, k) != default]
+            if fixed:
+                raise ValueError(
+                    f"{where}: {', '.join(fixed)} were applied when the store was prepared (geofm data prepare); "
+                    "leave them out"
+                )
         if self.layout in METADATA_LAYOUTS and (self.scale != 1.0 or self.offset != 0.0):
             raise ValueError(f"{where}: scale and offset come from each product's metadata; leave them out")
         if self.quality is not None:

@@ -93,6 +93,7 @@ class RawPixels:
         offset: per band, added after scaling.
         nodata: per band, the value marking pixels without data (NaN: none).
         invalid: (height, width) pixels a quality band marks unusable, or None without one.
+        valid: (bands, height, width) mask of the pixels known valid (a chip store's), or None.
     """
 
     data: np.ndarray
@@ -100,17 +101,29 @@ class RawPixels:
     offset: np.ndarray
     nodata: np.ndarray
     invalid: np.ndarray | None = None
+    valid: np.ndarray | None = None
+
+    def valid_mask(self) -> np.ndarray:
+        """Bool mask of ``data``'s shape: finite pixels, not nodata, not marked by the quality band, and
+        valid by :attr:`valid` where that is given."""
+        valid = valid_pixels(self.data, self.nodata.reshape(-1, 1, 1))
+        if self.invalid is not None:
+            valid &= ~self.invalid
+        if self.valid is not None:
+            valid &= self.valid
+        return valid
 
     def normalised(self, mean: np.ndarray, std: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The pixels normalised by per-band ``mean`` and ``std`` (float32) and their valid mask, see
-        :func:`normalise_pixels`; pixels the quality band marks are invalid in every band."""
+        :func:`normalise_pixels`; pixels the quality band marks are invalid in every band, and so are
+        those :attr:`valid` does not hold."""
         column = (-1, 1, 1)
         pixels, valid = normalise_pixels(
             self.data, self.scale.reshape(column), mean, std, self.nodata.reshape(column), self.offset.reshape(column)
         )
-        if self.invalid is not None:
-            valid &= ~self.invalid
-            pixels[:, self.invalid] = 0.0
+        if self.invalid is not None or self.valid is not None:
+            valid = self.valid_mask()
+            pixels[~valid] = 0.0
         return pixels, valid
 
 

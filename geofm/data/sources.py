@@ -11,18 +11,22 @@ import torch
 from torch import Tensor
 
 from geofm.config import SourceConfig
+from geofm.data.chipstore import ChipStore
 from geofm.data.grid import Window, grid_windows
-from geofm.data.products import ProductReader, band_files, list_images, list_products
+from geofm.data.products import LAYOUTS, ProductReader, band_files, list_images, list_products
 from geofm.data.readers import RawPixels, WindowReader, raster_info, read_raster
+from geofm.errors import DataMismatchError
 
 __all__ = ["Chip", "ImageSource", "chips_of", "list_images", "list_products"]
 
 
 class Chip(NamedTuple):
-    """One sample of a source: a file or product, or a window ``(row, col, height, width)`` of a large one."""
+    """One sample of a source: a file or product, a window ``(row, col, height, width)`` of a large one,
+    or chip ``item`` of a chip store's shard."""
 
     file: Path
     window: Window | None = None
+    item: int | None = None
 
 
 def _file_size(path: Path) -> tuple[int, int]:
@@ -53,13 +57,30 @@ def chips_of(
     return chips
 
 
+def open_store(cfg: SourceConfig) -> ChipStore:
+    """The chip store of a ``chips`` source, which must hold the source's bands in its order.
+
+    Raises:
+        DatasetNotFoundError: the store is missing, incomplete or lacks a shard file.
+        DataMismatchError: the store holds other bands than the source's ``bands``.
+    """
+    store = ChipStore(cfg.root)
+    if store.bands != list(cfg.bands):
+        raise DataMismatchError(
+            f"{store.index_path}: the store holds bands {store.bands}; source {cfg.name!r} lists bands {cfg.bands} "
+            "(its bands must be the store's, in the store's order)"
+        )
+    return store
+
+
 class ImageSource:
     """The samples of one source, loaded in the model's band order and normalised.
 
     A sample is a file or a product (its ``layout``: one multi-band file, or per-band files read
     onto one grid, see :mod:`geofm.data.products`), or with ``chip_size`` a window of one larger
-    than that (see :func:`chips_of`), read by window and never whole. It is an image of shape
-    (len(model_bands), H, W) and a valid mask of the same shape. Bands the source lacks are zero
+    than that (see :func:`chips_of`), read by window and never whole; or a chip of a chip store
+    (``layout: chips``, see :mod:`geofm.data.chipstore`), whose files are the store's shards. It is
+    an image of shape (len(model_bands), H, W) and a valid mask of the same shape. Bands the source lacks are zero
     and invalid; nodata, non-finite pixels and those the quality band marks are zero and invalid;
     bands of the source that the model does not use are neither read nor returned.
     """
@@ -76,6 +97,7 @@ class ImageSource:
         Raises:
             DatasetNotFoundError: if the source's folder is missing or holds no file or product.
             RasterReadError: with ``chip_size``, if a file's header cannot be read.
+            DataMismatchError: if a chip store holds other bands than the source's.
             ValueError: if the source has none of ``model_bands``.
         """
         keep = [i for i, b in enumerate(cfg.bands) if b in model_bands]
@@ -85,8 +107,12 @@ class ImageSource:
         self.model_bands = list(model_bands)
         self.files = list_products(cfg) if files is None else list(files)
         used = [cfg.bands[i] for i in keep]
-        self._products = None if cfg.layout == "file" else ProductReader(cfg, used)
-        self.chips = chips_of(self.files, cfg.chip_size, _file_size if self._products is None else self._product_size)
+        self._products = ProductReader(cfg, used) if cfg.layout in LAYOUTS else None
+        self._store = open_store(cfg) if cfg.layout == "chips" else None
+        if self._store is not None:
+            self.chips = [Chip(f, None, k) for f in self.files for k in range(self._store.shard(f).chips)]
+        else:
+            self.chips = chips_of(self.files, cfg.chip_size, self._product_size if self._products else _file_size)
         self._keep = keep
         self._positions = torch.tensor([self.model_bands.index(cfg.bands[i]) for i in keep])
         self._mean = np.asarray(cfg.mean, dtype=np.float32)[keep, None, None]
@@ -103,6 +129,8 @@ class ImageSource:
         its first band's file), and the window it covers."""
         if self.cfg.layout == "band_files":
             label = f"scene {band_files.scene_name(self.cfg, chip.file)}"
+        elif chip.item is not None:
+            label = f"{chip.file.name} chip {chip.item}"
         else:
             label = chip.file.name
         if chip.window is None:
@@ -126,6 +154,9 @@ class ImageSource:
             InvalidChipError: if its quality band marks too many pixels invalid.
         """
         chip = self.chips[index]
+        if self._store is not None:
+            pixels, valid, scale, offset = self._store.read(chip.file, chip.item, self._keep)
+            return RawPixels(pixels, scale, offset, np.full(len(self._keep), np.nan), valid=valid)
         if self._products is not None:
             return self._products.read(chip.file, chip.window)
         if chip.window is None:

@@ -45,13 +45,17 @@ CACHED_PRODUCTS = 256
 
 
 def list_products(cfg: SourceConfig) -> list[Path]:
-    """The samples' paths of a source: its files (``file`` layout) or what identifies each product.
+    """The samples' paths of a source: its files (``file`` layout), what identifies each product, or a chip store's shards.
 
     Raises:
-        DatasetNotFoundError: the source's folder is missing or holds no product.
+        DatasetNotFoundError: the source's folder is missing or holds no product (or no complete chip store).
     """
     if cfg.layout == "file":
         return list_images(cfg.root, cfg.pattern)
+    if cfg.layout == "chips":
+        from geofm.data.chipstore import ChipStore  # imports torch: only where a store is listed
+
+        return ChipStore(cfg.root).shard_paths()
     return LAYOUTS[cfg.layout].list_products(cfg)
 
 
