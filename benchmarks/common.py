@@ -250,9 +250,7 @@ def format_table(rows: Iterable[Mapping[str, Any]]) -> str:
     rows = list(rows)
     if not rows:
         return ""
-    columns: list[str] = []
-    for row in rows:
-        columns += [c for c in row if c not in columns]
+    columns = _columns(rows)
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
     text = [all(isinstance(row.get(c), str) for row in rows) for c in columns]
@@ -263,6 +261,25 @@ def format_table(rows: Iterable[Mapping[str, Any]]) -> str:
             "  ".join(v.ljust(w) if t else v.rjust(w) for v, w, t in zip(r, widths, text, strict=True)).rstrip()
         )
     return "\n".join(lines)
+
+
+def markdown_table(rows: Iterable[Mapping[str, Any]]) -> str:
+    """Rows of dicts as a Markdown table (columns in first-seen order, cells as :func:`format_table` writes them)."""
+    rows = list(rows)
+    if not rows:
+        return ""
+    columns = _columns(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _columns(rows: list[Mapping[str, Any]]) -> list[str]:
+    """Every key of ``rows``, in first-seen order."""
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    return columns
 
 
 def _cell(value: Any) -> str:
