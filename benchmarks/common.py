@@ -9,12 +9,18 @@ per-round ratio (:func:`paired_ratio`), which cancels what the rounds share.
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
 import platform
+import queue
 import resource
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -318,3 +324,65 @@ def repo_path(path: str | Path) -> Path:
     """A path as given when it exists, else relative to the repository holding the benchmarks."""
     path = Path(path)
     return path if path.is_absolute() or path.exists() else REPO / path
+
+
+def emit(event: str, **record: Any) -> None:
+    """Print one JSON record for the parent of a child process (:func:`run_child`), at once."""
+    print(json.dumps({"event": event, **record}), flush=True)
+
+
+@dataclass
+class ChildRun:
+    """What a section's child process did: ``ok``, ``failed`` or ``timed out``, its JSON records and other output."""
+
+    status: str
+    seconds: float
+    records: list[dict[str, Any]] = field(default_factory=list)
+    output: str = ""
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("event") == name]
+
+
+def run_child(argv: list[str], budget_s: float, env: dict[str, str] | None = None) -> ChildRun:
+    """Run ``argv`` in the repository (:data:`REPO`), collecting the JSON lines it prints, for at most ``budget_s`` seconds.
+
+    Past the budget its whole process group (DataLoader workers, compile workers) is killed; the
+    records printed until then are kept.
+    """
+    started = time.perf_counter()
+    lines: queue.Queue[str | None] = queue.Queue()
+    with tempfile.TemporaryFile("w+") as errors:
+        process = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=errors, text=True, start_new_session=True
+        )
+
+        def read() -> None:
+            for line in process.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        records, text, timed_out = [], [], False
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, started + budget_s - time.perf_counter()))
+            except queue.Empty:
+                timed_out = True
+                os.killpg(process.pid, signal.SIGKILL)
+                break
+            if line is None:
+                break
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                text.append(line)
+        process.wait()
+        errors.seek(0)
+        output = "".join(text) + errors.read()
+    status = "timed out" if timed_out else ("ok" if process.returncode == 0 else "failed")
+    return ChildRun(status, time.perf_counter() - started, records, output[-4000:])

@@ -23,22 +23,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import re
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import REPO, Report, Target, markdown_table, repo_path, result_record, summary, synchronizer
+from benchmarks.common import (
+    REPO,
+    Report,
+    Target,
+    markdown_table,
+    repo_path,
+    result_record,
+    run_child,
+    summary,
+)
 from benchmarks.device_step import VARIANTS, StepShape
 from benchmarks.pretrain_step import GFM_V100_IMAGES_PER_S, MFU_TARGET, peak_tflops
 from geofm.errors import ConfigError, GeoFMError
@@ -74,59 +78,6 @@ QUICK: dict[str, Any] = {  # --dry-run: every section on the CPU, tiny model and
 }
 REQUIREMENTS = Path(__file__).with_name("device_requirements.txt")
 ENGINE_LIBRARIES = ("deepspeed", "pydantic", "rasterio", "flwr", "torchgeo")
-
-
-@dataclass
-class ChildRun:
-    """What a section's child process did: ``ok``, ``failed`` or ``timed out``, its JSON records and other output."""
-
-    status: str
-    seconds: float
-    records: list[dict[str, Any]] = field(default_factory=list)
-    output: str = ""
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        return [r for r in self.records if r.get("event") == name]
-
-
-def run_child(argv: list[str], budget_s: float, env: dict[str, str] | None = None) -> ChildRun:
-    """Run ``argv`` in the repository, collecting the JSON lines it prints, for at most ``budget_s`` seconds.
-
-    Past the budget its whole process group (DataLoader workers, compile workers) is killed; the
-    records printed until then are kept.
-    """
-    started = time.perf_counter()
-    lines: queue.Queue[str | None] = queue.Queue()
-    with tempfile.TemporaryFile("w+") as errors:
-        process = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=errors, text=True, start_new_session=True
-        )
-
-        def read() -> None:
-            for line in process.stdout:
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=read, daemon=True).start()
-        records, text, timed_out = [], [], False
-        while True:
-            try:
-                line = lines.get(timeout=max(0.0, started + budget_s - time.perf_counter()))
-            except queue.Empty:
-                timed_out = True
-                os.killpg(process.pid, signal.SIGKILL)
-                break
-            if line is None:
-                break
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                text.append(line)
-        process.wait()
-        errors.seek(0)
-        output = "".join(text) + errors.read()
-    status = "timed out" if timed_out else ("ok" if process.returncode == 0 else "failed")
-    return ChildRun(status, time.perf_counter() - started, records, output[-4000:])
 
 
 def missing_requirements(requirements: list[str]) -> list[str]:
@@ -175,48 +126,9 @@ def step_section(variant: str, settings: dict[str, Any], budget: float, peak: fl
     return result
 
 
-def serve_loader(settings: dict[str, Any]) -> None:
-    """In a child process: write a synthetic chip store and time a DataLoader over it with each worker count."""
-    from torch.utils.data import DataLoader, RandomSampler
-
-    def emit(event: str, **record: Any) -> None:
-        print(json.dumps({"event": event, **record}), flush=True)
-
-    try:
-        from geofm.data.chipstore import ChipDataset, write_synthetic_store
-    except ImportError as err:
-        emit("unavailable", reason=f"geofm.data.chipstore cannot be imported ({err})")
-        return
-    shape = StepShape.from_file(settings["config"], settings["micro_batch"])
-    bands, size, batch = len(shape.bands), shape.student["img_size"], shape.micro_batch
-    dev = torch.device(settings["device"])
-    sync = synchronizer(dev)
-    with tempfile.TemporaryDirectory() as tmp:
-        started = time.perf_counter()
-        root = write_synthetic_store(Path(tmp) / "store", settings["loader_chips"], bands, size, seed=0)
-        emit("store", seconds=time.perf_counter() - started, chips=settings["loader_chips"], bands=bands, size=size)
-        dataset = ChipDataset(root, size, mean=[0.0] * bands, std=[1.0] * bands)
-        for workers in settings["loader_workers"]:
-            sampler = RandomSampler(dataset, replacement=True, num_samples=10**9)
-            loader = DataLoader(
-                dataset, batch_size=batch, sampler=sampler, num_workers=workers, pin_memory=dev.type == "cuda"
-            )
-            batches = iter(loader)
-            for _ in range(2 * workers + 1):  # worker start-up and the batches prefetched meanwhile
-                next(batches)
-            sync()
-            started, chips = time.perf_counter(), 0
-            while time.perf_counter() - started < settings["loader_seconds"]:
-                images = next(batches)["image"].to(dev, non_blocking=True)
-                chips += images.shape[0]
-            sync()
-            emit("loader", workers=workers, chips_per_s=chips / (time.perf_counter() - started), chips=chips)
-            del batches
-
-
 def loader_section(settings: dict[str, Any], budget: float, step_rate: float | None) -> dict[str, Any]:
     """The chip-store loader's chips/s with each worker count, against ``step_rate`` images/s."""
-    child = run_child([sys.executable, "-m", "benchmarks.device_check", "--serve-loader", json.dumps(settings)], budget)
+    child = run_child([sys.executable, "-m", "benchmarks.device_loader", json.dumps(settings)], budget)
     unavailable = child.events("unavailable")
     if unavailable:
         return {"status": "not available", "reason": unavailable[0]["reason"]}
@@ -463,11 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=None, help="result folder (default $OUT, else runs/bench/device-check)"
     )
     parser.add_argument("--settings", default="{}", help="""settings to change, a JSON object: '{"micro_batch": 64}'""")
-    parser.add_argument("--serve-loader", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.serve_loader:
-        serve_loader(json.loads(args.serve_loader))
-        return 0
     from benchmarks.common import machine
 
     try:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import current_rss_mib, peak_rss_mib, repo_path, synchronizer
+from benchmarks.common import current_rss_mib, emit, peak_rss_mib, repo_path, synchronizer
 from benchmarks.pretrain_step import PlainStep, count_flops, host_syncs, random_batch
 from geofm.errors import ConfigError
 
@@ -180,9 +180,6 @@ def serve(variant: str, settings: dict[str, Any]) -> None:
     Timed steps stop early at 80% of ``settings["budget_s"]``; the records go to stdout line by line.
     """
     started = time.perf_counter()
-
-    def emit(event: str, **record: Any) -> None:
-        print(json.dumps({"event": event, **record}), flush=True)
 
     dev = torch.device(settings["device"])
     shape = StepShape.from_file(settings["config"], settings["micro_batch"])

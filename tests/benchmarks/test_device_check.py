@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.device_check import ENGINE_LIBRARIES, REQUIREMENTS, missing_requirements, run_child, settings_of
+from benchmarks.common import run_child
+from benchmarks.device_check import ENGINE_LIBRARIES, REQUIREMENTS, loader_section, missing_requirements, settings_of
 from benchmarks.device_step import StepShape, make_step
 from geofm.errors import ConfigError
 
@@ -38,6 +39,48 @@ class Absent(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, Absent())
+"""
+
+# The chip store's contract (geofm.data.chipstore), standing in for it where it is not there.
+CHIPSTORE = """
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def write_synthetic_store(root, count, bands, size, seed=0):
+    root = Path(root)
+    root.mkdir(parents=True)
+    np.save(root / "chips.npy", np.random.default_rng(seed).integers(0, 10000, (count, bands, size, size), np.uint16))
+    return root
+
+
+class ChipDataset(torch.utils.data.Dataset):
+    def __init__(self, root, size, mean, std, hflip=True, vflip=True, seed=0):
+        self.chips = np.load(Path(root) / "chips.npy", mmap_mode="r")
+
+    def __len__(self):
+        return len(self.chips)
+
+    def __getitem__(self, index):
+        image = torch.from_numpy(self.chips[index].astype(np.float32))
+        return {"image": image, "valid": torch.ones(image.shape, dtype=torch.bool)}
+"""
+STANDIN = """
+import importlib.abc
+import importlib.util
+import sys
+from pathlib import Path
+
+
+class StandIn(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "geofm.data.chipstore":
+            return importlib.util.spec_from_file_location(name, Path(__file__).with_name("chipstore_contract.py"))
+
+
+sys.meta_path.insert(0, StandIn())
 """
 
 
@@ -77,6 +120,21 @@ def test_the_dry_run_runs_every_section_without_the_engine_libraries(tmp_path):
     summary = (out / "device_check.md").read_text()
     assert summary.startswith("# geofm device check: cpu") and "| geofm_bf16_compiled | cpu | ok |" in summary
     assert summary in proc.stdout, "the Markdown summary is printed too"
+
+
+def test_the_loader_section_times_a_chip_store_with_each_worker_count(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "chipstore_contract.py").write_text(CHIPSTORE)
+    (site / "sitecustomize.py").write_text(STANDIN)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(REPO)]))
+    settings = {**settings_of(True, "{}"), "loader_workers": [0, 1]}
+    result = loader_section(settings, budget=600, step_rate=100.0)
+    assert result["status"] == "ok", result.get("output")
+    assert {k: result["store"][k] for k in ("chips", "bands", "size")} == {"chips": 16, "bands": 4, "size": 64}
+    assert [row["workers"] for row in result["workers"]] == [0, 1]
+    for row in result["workers"]:
+        assert row["chips_per_s"] > 0 and row["over_step"] == pytest.approx(row["chips_per_s"] / 100.0)
 
 
 def test_a_section_past_its_budget_is_stopped_and_keeps_what_it_printed():
