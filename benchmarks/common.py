@@ -326,6 +326,11 @@ def repo_path(path: str | Path) -> Path:
     return path if path.is_absolute() or path.exists() else REPO / path
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (``timeout``'s signal) raise SystemExit, so that :func:`run_child` kills the running child."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def emit(event: str, **record: Any) -> None:
     """Print one JSON record for the parent of a child process (:func:`run_child`), at once."""
     print(json.dumps({"event": event, **record}), flush=True)
@@ -348,7 +353,8 @@ def run_child(argv: list[str], budget_s: float, env: dict[str, str] | None = Non
     """Run ``argv`` in the repository (:data:`REPO`), collecting the JSON lines it prints, for at most ``budget_s`` seconds.
 
     Past the budget its whole process group (DataLoader workers, compile workers) is killed; the
-    records printed until then are kept.
+    records printed until then are kept. The child runs in a session of its own, so that group is
+    killed as well when this process stops on an exception (see :func:`exit_on_sigterm`).
     """
     started = time.perf_counter()
     lines: queue.Queue[str | None] = queue.Queue()
@@ -364,24 +370,27 @@ def run_child(argv: list[str], budget_s: float, env: dict[str, str] | None = Non
 
         threading.Thread(target=read, daemon=True).start()
         records, text, timed_out = [], [], False
-        while True:
-            try:
-                line = lines.get(timeout=max(0.0, started + budget_s - time.perf_counter()))
-            except queue.Empty:
-                timed_out = True
+        try:
+            while True:
+                try:
+                    line = lines.get(timeout=max(0.0, started + budget_s - time.perf_counter()))
+                except queue.Empty:
+                    timed_out = True
+                    break
+                if line is None:
+                    break
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    record = None
+                if isinstance(record, dict):
+                    records.append(record)
+                else:
+                    text.append(line)
+        finally:  # past the budget, or this process stopped (a signal): the child's group goes too
+            if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
-                break
-            if line is None:
-                break
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            if isinstance(record, dict):
-                records.append(record)
-            else:
-                text.append(line)
-        process.wait()
+            process.wait()
         errors.seek(0)
         output = "".join(text) + errors.read()
     status = "timed out" if timed_out else ("ok" if process.returncode == 0 else "failed")

@@ -37,6 +37,7 @@ from benchmarks.common import (
     REPO,
     Report,
     Target,
+    exit_on_sigterm,
     markdown_table,
     repo_path,
     result_record,
@@ -376,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--settings", default="{}", help="""settings to change, a JSON object: '{"micro_batch": 64}'""")
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # `timeout` stops the check: the running section's processes stop with it
     from benchmarks.common import machine
 
     try:

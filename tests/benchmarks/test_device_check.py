@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -141,6 +143,24 @@ def test_a_section_past_its_budget_is_stopped_and_keeps_what_it_printed():
     wait = "import json, time; print(json.dumps({'event': 'built'}), flush=True); time.sleep(600)"
     child = run_child([sys.executable, "-S", "-c", wait], budget_s=5)
     assert child.status == "timed out" and child.events("built") == [{"event": "built"}]
+
+
+def test_a_check_stopped_by_timeout_stops_the_section_it_was_running(tmp_path):
+    pid_file = tmp_path / "section.pid"
+    section = f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(600)"
+    check = (
+        "import sys; from benchmarks.common import exit_on_sigterm, run_child; exit_on_sigterm(); "
+        f"run_child([sys.executable, '-S', '-c', {section!r}], budget_s=600)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, "-c", check], cwd=REPO, env=env)
+    while not (pid_file.exists() and pid_file.read_text()):  # the section has started
+        assert process.poll() is None, "the check ended before its section started"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait() == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
 
 
 def test_a_failed_section_says_so_with_its_output():
