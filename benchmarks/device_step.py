@@ -7,11 +7,13 @@ file without validating it. Every variant starts from the same seeded random wei
 speed does not depend on what the weights learnt) and runs its forward passes under bf16 autocast:
 
 * ``plain_bf16``: :class:`benchmarks.pretrain_step.PlainStep` as its ``eager_fp32`` variant builds
-  it (explicit attention, fp32 teacher weights, torch's default AdamW), in bf16 autocast;
+  it (explicit attention, torch's default AdamW), in bf16 autocast;
 * ``geofm_bf16``: geofm's choices on a GPU: fused attention (``scaled_dot_product_attention``), the
   teacher's weights in ``teacher.precision: auto`` (bf16 where native), fused AdamW;
 * ``geofm_bf16_compiled``: the same with the student compiled, as ``train.compile`` does.
 
+The teacher computes in bf16 in every variant: geofm's teacher computes in its weights' dtype, so
+fp32 weights would keep it in fp32 under autocast too, and the comparison would not be fair.
 DeepSpeed's bf16 engine (bf16 weights with an fp32 master copy) is not installed there; autocast
 over fp32 weights runs the same matrix products in bf16.
 
@@ -37,7 +39,7 @@ from benchmarks.pretrain_step import PlainStep, count_flops, host_syncs, random_
 from geofm.errors import ConfigError
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "plain_bf16": {"fused_attention": False, "teacher_precision": "fp32", "fused_adamw": False, "compiled": False},
+    "plain_bf16": {"fused_attention": False, "teacher_precision": "bf16", "fused_adamw": False, "compiled": False},
     "geofm_bf16": {"fused_attention": True, "teacher_precision": "auto", "fused_adamw": True, "compiled": False},
     "geofm_bf16_compiled": {
         "fused_attention": True,

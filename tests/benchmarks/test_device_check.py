@@ -110,7 +110,8 @@ def test_the_dry_run_runs_every_section_without_the_engine_libraries(tmp_path):
     for variant, step in results["steps"].items():
         assert step["status"] == "ok", f"{variant}: {step.get('output')}"
         assert step["images_per_s"] > 0 and step["flops"] > 0 and step["peak_mib"] > 0
-    assert results["steps"]["geofm_bf16"]["fused_attention"] and not results["steps"]["plain_bf16"]["fused_attention"]
+    plain, geofm = results["steps"]["plain_bf16"], results["steps"]["geofm_bf16"]
+    assert geofm["fused_attention"] and not plain["fused_attention"] and plain["teacher_dtype"] == "bfloat16"
     loader = results["loader"]
     assert loader["status"] in ("ok", "not available"), loader
     if loader["status"] == "ok":
