@@ -11,7 +11,7 @@ DEMO_FEDERATED_RUN := runs/demo_fedsense_swin_micro__s2_l8_real__1bit_ef
 DEMO_CENTRAL := configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml
 DEMO_FINETUNE := configs/finetune/demo_classification__swin_micro.yaml
 
-.PHONY: setup demo demo-central test lint clean-demo
+.PHONY: setup demo demo-central test lint clean-demo device-wheels
 
 setup: $(STAMP)
 
@@ -46,6 +46,13 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# Python 3.12 manylinux wheels of what the GPU device check needs and its machine may lack, for its
+# machine without network: carried there in .device-wheels/ (see docs/performance.md, "device check").
+device-wheels:
+	$(PYTHON) -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .device-wheels -r benchmarks/device_requirements.txt
 
 clean-demo:
 	rm -rf runs/demo_*

@@ -25,6 +25,10 @@ BENCHMARKS = {
         "benchmarks.pretrain_step",
         "images/s of one GFM training step: optimised path vs plain eager fp32, teacher share, memory, MFU",
     ),
+    "device-check": (
+        "benchmarks.device_check",
+        "GPU device check: bf16 GFM step eager/fused/compiled, MFU, memory, chip-store loader, tests marked cuda",
+    ),
     "startup": ("benchmarks.startup", "seconds from `geofm pretrain` to the first optimizer step, by phase"),
     "data": ("benchmarks.data", "images/s per loader worker vs the step's consumption; large scenes read by window"),
     "codec": (

@@ -9,12 +9,18 @@ per-round ratio (:func:`paired_ratio`), which cancels what the rounds share.
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
 import platform
+import queue
 import resource
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -250,9 +256,7 @@ def format_table(rows: Iterable[Mapping[str, Any]]) -> str:
     rows = list(rows)
     if not rows:
         return ""
-    columns: list[str] = []
-    for row in rows:
-        columns += [c for c in row if c not in columns]
+    columns = _columns(rows)
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
     text = [all(isinstance(row.get(c), str) for row in rows) for c in columns]
@@ -263,6 +267,25 @@ def format_table(rows: Iterable[Mapping[str, Any]]) -> str:
             "  ".join(v.ljust(w) if t else v.rjust(w) for v, w, t in zip(r, widths, text, strict=True)).rstrip()
         )
     return "\n".join(lines)
+
+
+def markdown_table(rows: Iterable[Mapping[str, Any]]) -> str:
+    """Rows of dicts as a Markdown table (columns in first-seen order, cells as :func:`format_table` writes them)."""
+    rows = list(rows)
+    if not rows:
+        return ""
+    columns = _columns(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _columns(rows: list[Mapping[str, Any]]) -> list[str]:
+    """Every key of ``rows``, in first-seen order."""
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    return columns
 
 
 def _cell(value: Any) -> str:
@@ -301,3 +324,74 @@ def repo_path(path: str | Path) -> Path:
     """A path as given when it exists, else relative to the repository holding the benchmarks."""
     path = Path(path)
     return path if path.is_absolute() or path.exists() else REPO / path
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (``timeout``'s signal) raise SystemExit, so that :func:`run_child` kills the running child."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def emit(event: str, **record: Any) -> None:
+    """Print one JSON record for the parent of a child process (:func:`run_child`), at once."""
+    print(json.dumps({"event": event, **record}), flush=True)
+
+
+@dataclass
+class ChildRun:
+    """What a section's child process did: ``ok``, ``failed`` or ``timed out``, its JSON records and other output."""
+
+    status: str
+    seconds: float
+    records: list[dict[str, Any]] = field(default_factory=list)
+    output: str = ""
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("event") == name]
+
+
+def run_child(argv: list[str], budget_s: float, env: dict[str, str] | None = None) -> ChildRun:
+    """Run ``argv`` in the repository (:data:`REPO`), collecting the JSON lines it prints, for at most ``budget_s`` seconds.
+
+    Past the budget its whole process group (DataLoader workers, compile workers) is killed; the
+    records printed until then are kept. The child runs in a session of its own, so that group is
+    killed as well when this process stops on an exception (see :func:`exit_on_sigterm`).
+    """
+    started = time.perf_counter()
+    lines: queue.Queue[str | None] = queue.Queue()
+    with tempfile.TemporaryFile("w+") as errors:
+        process = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=errors, text=True, start_new_session=True
+        )
+
+        def read() -> None:
+            for line in process.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        records, text, timed_out = [], [], False
+        try:
+            while True:
+                try:
+                    line = lines.get(timeout=max(0.0, started + budget_s - time.perf_counter()))
+                except queue.Empty:
+                    timed_out = True
+                    break
+                if line is None:
+                    break
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    record = None
+                if isinstance(record, dict):
+                    records.append(record)
+                else:
+                    text.append(line)
+        finally:  # past the budget, or this process stopped (a signal): the child's group goes too
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        errors.seek(0)
+        output = "".join(text) + errors.read()
+    status = "timed out" if timed_out else ("ok" if process.returncode == 0 else "failed")
+    return ChildRun(status, time.perf_counter() - started, records, output[-4000:])

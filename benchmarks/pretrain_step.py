@@ -61,6 +61,7 @@ QUICK: dict[str, Any] = {
 }
 VARIANTS = ("optimised", "eager_fp32")
 GFM_V100_IMAGES_PER_S = 178.0  # GFM paper: Swin-B, 192 px, per V100 GPU
+MFU_TARGET = 0.35  # the Swin-B 192 px bf16 step's model FLOPs utilisation on a GPU
 # Dense bf16 tensor-core peaks (TFLOP/s) by device name, most specific first.
 PEAK_BF16_TFLOPS = (
     ("H100 PCIe", 756.0),
@@ -96,19 +97,40 @@ def load_config(settings: dict[str, Any], folder: Path):
 
 
 def synthetic_batch(cfg, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A CPU batch shaped like the pile's: normalised images, token masks, all pixels valid."""
+    """A CPU batch shaped like the pile's for a pretraining config (see :func:`random_batch`)."""
+    m = cfg.masking
+    return random_batch(
+        cfg.train.micro_batch_size,
+        len(cfg.data.bands),
+        cfg.model.img_size,
+        cfg.model.arch,
+        cfg.model.timm_kwargs,
+        m.mask_patch_size,
+        m.mask_ratio,
+        seed,
+    )
+
+
+def random_batch(
+    batch: int,
+    bands: int,
+    size: int,
+    arch: str,
+    timm_kwargs: dict[str, Any],
+    mask_patch_size: int,
+    mask_ratio: float,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """A CPU batch shaped like the pile's: normalised images, SimMIM token masks for ``arch``, all pixels valid."""
     from geofm.models.backbones import patch_size_of
     from geofm.models.masking import MaskGenerator
 
     generator = torch.Generator().manual_seed(seed)
-    b, c, s = cfg.train.micro_batch_size, len(cfg.data.bands), cfg.model.img_size
-    masks = MaskGenerator(
-        s, cfg.masking.mask_patch_size, patch_size_of(cfg.model.arch, cfg.model.timm_kwargs), cfg.masking.mask_ratio
-    )
+    masks = MaskGenerator(size, mask_patch_size, patch_size_of(arch, timm_kwargs), mask_ratio)
     return {
-        "image": torch.randn(b, c, s, s, generator=generator),
-        "mask": torch.stack([masks(generator) for _ in range(b)]),
-        "valid": torch.ones(b, c, s, s, dtype=torch.bool),
+        "image": torch.randn(batch, bands, size, size, generator=generator),
+        "mask": torch.stack([masks(generator) for _ in range(batch)]),
+        "valid": torch.ones(batch, bands, size, size, dtype=torch.bool),
     }
 
 
@@ -141,7 +163,47 @@ class OptimisedStep:
         self.teacher(self.batch["image"].to(self.dev, self.dtype))
 
 
-class EagerStep:
+class PlainStep:
+    """A GFM step written plainly, no engine: teacher forward, student losses, backward, clipping, optimizer step.
+
+    Args:
+        model: the student (a :class:`~geofm.models.mim.MaskedImageModel`, compiled or not).
+        teacher: the frozen teacher, or None for plain SimMIM.
+        optimizer: over the student's parameters.
+        clip: the gradient norm clipped to.
+        batch: the micro-batch, moved to ``dev`` at each step (place it there first to time compute alone).
+        dev: the device.
+        autocast: the dtype of ``torch.autocast`` around the forward passes (None: none).
+    """
+
+    def __init__(self, model, teacher, optimizer, clip: float, batch, dev: torch.device, autocast=None) -> None:
+        self.model = model
+        self.teacher = teacher
+        self.optimizer = optimizer
+        self.clip = clip
+        self.batch = batch
+        self.dev = dev
+        self.autocast = autocast
+
+    def _autocast(self):
+        return torch.autocast(self.dev.type, dtype=self.autocast, enabled=self.autocast is not None)
+
+    def __call__(self) -> None:
+        images = self.batch["image"].to(self.dev)
+        with self._autocast():
+            targets = self.teacher(images) if self.teacher is not None else None
+            self.optimizer.zero_grad(set_to_none=True)
+            losses = self.model(images, self.batch["mask"].to(self.dev), self.batch["valid"].to(self.dev), targets)
+        losses["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.optimizer.step()
+
+    def teacher_forward(self) -> None:
+        with self._autocast():
+            self.teacher(self.batch["image"].to(self.dev))
+
+
+class EagerStep(PlainStep):
     """The same step written plainly in fp32: explicit attention, an fp32 teacher, torch AdamW, no engine."""
 
     def __init__(self, cfg, state: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> None:
@@ -150,33 +212,20 @@ class EagerStep:
         from geofm.models.teacher import build_teacher
         from pretrain.central import build_student
 
-        self.dev = ds.device()
-        self.model = build_student(cfg).to(self.dev)
-        self.model.load_state_dict(state)
-        set_fused_attention(self.model, False)
-        self.teacher = None
+        dev = ds.device()
+        model = build_student(cfg).to(dev)
+        model.load_state_dict(state)
+        set_fused_attention(model, False)
+        teacher = None
         if cfg.teacher is not None:
-            self.teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices).to(self.dev)
-            set_fused_attention(self.teacher, False)
+            teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices).to(dev)
+            set_fused_attention(teacher, False)
         t = cfg.train
-        self.optimizer = torch.optim.AdamW(
-            ds.parameter_groups(self.model, t.weight_decay), lr=ds.scaled_lr(t, 1), betas=t.betas, eps=t.eps
+        optimizer = torch.optim.AdamW(
+            ds.parameter_groups(model, t.weight_decay), lr=ds.scaled_lr(t, 1), betas=t.betas, eps=t.eps
         )
-        self.clip = t.grad_clip
-        self.batch = batch
+        super().__init__(model, teacher, optimizer, t.grad_clip, batch, dev)
         self.precision = "float32"
-
-    def __call__(self) -> None:
-        images = self.batch["image"].to(self.dev)
-        targets = self.teacher(images) if self.teacher is not None else None
-        self.optimizer.zero_grad(set_to_none=True)
-        losses = self.model(images, self.batch["mask"].to(self.dev), self.batch["valid"].to(self.dev), targets)
-        losses["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        self.optimizer.step()
-
-    def teacher_forward(self) -> None:
-        self.teacher(self.batch["image"].to(self.dev))
 
 
 def build(variant: str, cfg, batch: dict[str, torch.Tensor]):
@@ -373,7 +422,7 @@ def run(settings: dict[str, Any]) -> Report:
         optimised = results["variants"]["optimised"]
         results["gfm_reported_v100_images_per_s"] = GFM_V100_IMAGES_PER_S
         notes.append(f"GFM reports about {GFM_V100_IMAGES_PER_S:g} images/s per V100 for Swin-B at 192 px")
-        targets.append(Target("Swin-B 192 px bf16 MFU", optimised.get("mfu"), ">=", 0.35))
+        targets.append(Target("Swin-B 192 px bf16 MFU", optimised.get("mfu"), ">=", MFU_TARGET))
     else:
         targets.append(Target("optimised / eager fp32 step speed (CPU)", results["speedup"], ">=", 1.3, "x"))
         notes.append("no GPU here: bf16 images/s and MFU are measured only where torch.cuda.is_available()")

@@ -39,12 +39,12 @@ from deepspeed.runtime.fp16.loss_scaler import LossScaler
 from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.logging import logger as deepspeed_logger
 from deepspeed.utils.tensor_fragment import fragment_address
-from timm.optim import param_groups_weight_decay
 from torch import nn
 
 from geofm.checkpoints.io import load_training_file
 from geofm.config import OptimizerConfig, TrainConfig
 from geofm.errors import CheckpointNotFoundError, DatasetTooSmallError
+from geofm.optim import parameter_groups
 
 log = logging.getLogger("geofm.engine")
 # Start-up noise with no bearing on a run: torch's extension loader looks for CUDA on CPU machines,
@@ -231,15 +231,6 @@ def fused_adamw() -> bool:
 def scaled_lr(train: OptimizerConfig, world_size: int) -> float:
     """Peak learning rate: ``base_lr`` scaled by global batch / ``lr_reference_batch``."""
     return train.base_lr * global_batch(train, world_size) / train.lr_reference_batch
-
-
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: no weight decay on norms, biases and the model's ``no_weight_decay()`` names.
-
-    Frozen parameters are left out, so a teacher inside ``model`` would get no optimizer state.
-    """
-    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
-    return param_groups_weight_decay(model, weight_decay=weight_decay, no_weight_decay_list=skip)
 
 
 class _SafeCheckpointEngine(TorchCheckpointEngine):

@@ -9,7 +9,6 @@ offending field, before any work starts.
 from geofm.config.base import ProgramConfig, Section, config_to_dict, parse_overrides, read_config_tree, set_dotted
 from geofm.config.pretrain import PretrainConfig
 from geofm.config.sections import (
-    RGB,
     BackboneConfig,
     DataConfig,
     MaskingConfig,
@@ -20,6 +19,7 @@ from geofm.config.sections import (
     TeacherConfig,
     TrainConfig,
 )
+from geofm.data.bands import RGB
 
 __all__ = [
     "RGB",

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, model_validator
 
 from geofm.config.base import Section, checks_architecture
-from geofm.data.bands import BAND_ID_TABLES, RGB, UnknownBandError, canonical_bands
+from geofm.data.bands import BAND_ID_TABLES, UnknownBandError, canonical_bands, rgb_indices, teacher_band_indices
 from geofm.data.quality import CONFIDENCE_LEVELS, GENERATIONS, QUALITY_CLASSES, RECORDED_CLASSES
 from geofm.models.backbones import backbone_family, patch_size_of, stage_count_of
 
@@ -376,14 +376,12 @@ class DataConfig(Section):
     @property
     def teacher_band_indices(self) -> list[int]:
         """Input bands a teacher sees: red, green, blue (or the three bands of a 3-band model)."""
-        return self.rgb_indices or [0, 1, 2]
+        return teacher_band_indices(self.bands)
 
     @property
     def rgb_indices(self) -> list[int] | None:
         """Positions of red, green, blue in :attr:`bands`, or None if any is missing."""
-        if all(b in self.bands for b in RGB):
-            return [self.bands.index(b) for b in RGB]
-        return None
+        return rgb_indices(self.bands)
 
 
 class OptimizerConfig(Section):

@@ -137,6 +137,18 @@ Sentinel-2 MSI and Landsat 8/9 OLI-TIRS (Landsat 9 numbers its bands as Landsat 
 RGB = ("red", "green", "blue")
 
 
+def rgb_indices(bands: Sequence[str]) -> list[int] | None:
+    """Positions of red, green, blue in canonical ``bands``, or None if any is missing."""
+    if all(b in bands for b in RGB):
+        return [list(bands).index(b) for b in RGB]
+    return None
+
+
+def teacher_band_indices(bands: Sequence[str]) -> list[int]:
+    """Input bands an RGB teacher sees: red, green, blue (or the first three bands when one is missing)."""
+    return rgb_indices(bands) or [0, 1, 2]
+
+
 class UnknownBandError(ValueError):
     """A band name is neither in the vocabulary nor declared as custom."""
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from timm.models.swin_transformer import SwinTransformer
 from torch import Tensor, nn
 
-from geofm.checkpoints import load_backbone_for_bands
-from geofm.config import TeacherConfig
 from geofm.data.bands import RGB
 from geofm.models.backbones import backbone_kwargs, create_backbone
 from geofm.models.mim import Tap, check_tap, default_vit_tap, embed_tokens, run_backbone, tap_channels
+
+if TYPE_CHECKING:  # the config schema (pydantic) stays out of the model code's imports
+    from geofm.config import TeacherConfig
 
 log = logging.getLogger("geofm.models")
 
@@ -139,6 +141,8 @@ def build_teacher(cfg: TeacherConfig, band_indices: list[int]) -> FrozenTeacher:
         CheckpointFormatError: when the file's layout or keys do not fit ``cfg.arch`` (a missing or
             unexpected key included).
     """
+    from geofm.checkpoints import load_backbone_for_bands
+
     kwargs = backbone_kwargs(
         in_chans=3, img_size=cfg.img_size, window_size=cfg.window_size, timm_kwargs=cfg.timm_kwargs
     )
