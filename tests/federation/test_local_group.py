@@ -88,9 +88,24 @@ def _ranks(worker: NodeWorker) -> list[int]:
     return sorted(child.pid for child in process.children() if "federation.localgroup" in child.cmdline())
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _one_institution(tree: dict) -> dict:
+    """``tree`` with one institution (uav_rgbn) beside the server's public source: one node to deploy."""
+    tree["data"]["sources"] = [s for s in tree["data"]["sources"] if s["name"] in ("uav_rgbn", "public_rgb")]
+    tree["federation"]["min_clients"] = 1
+    tree["algorithm"]["clusters"] = None
+    return tree
+
+
 def test_a_deployed_nodes_worker_trains_on_its_local_processes_and_keeps_them_across_rounds(fed_tree):
-    tree = fed_tree("deployed", **TWO)
-    tree["federation"]["local_processes"] = 1  # each node's own local-processes says 2, and scales its rate
+    tree = _one_institution(fed_tree("deployed", **TWO))
+    tree["federation"]["local_processes"] = 1  # the node's own local-processes says 2, and scales its rate
     cfg = FederatedConfig.from_tree(tree)
     supernode = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])  # stands in for it
     try:
@@ -106,10 +121,9 @@ def test_a_deployed_nodes_worker_trains_on_its_local_processes_and_keeps_them_ac
     finally:
         supernode.kill()
         supernode.wait()
-    simulated = _run(fed_tree("simulated", **TWO))
-    same_run(
-        simulated, cfg.run.output_dir, "backbone.safetensors", "clients/uav_rgbn/state_round_000002.npz", 1e-6, False
-    )
+    simulated = _run(_one_institution(fed_tree("simulated", **TWO)))
+    state = "clients/uav_rgbn/state_round_000002.npz"
+    same_run(simulated, cfg.run.output_dir, "backbone.safetensors", state, 1e-6, same_lr=False)
     ranks = [pid for group in first.values() for pid in group]
-    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in ranks):
+    while any(map(_running, ranks)):
         time.sleep(0.1)  # the workers see their SuperNode gone and exit; their ranks see their sockets close
