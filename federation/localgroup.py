@@ -105,7 +105,8 @@ class LocalGroup:
 
     def close(self, kill: bool = False) -> None:
         """End the group: close the ranks' sockets and wait for them to exit (``kill``: kill them first)."""
-        _groups.pop(self.size, None)
+        if _groups.get(self.size) is self:
+            del _groups[self.size]
         for process, connection in self.members:
             connection.close()
             if kill:

@@ -15,10 +15,12 @@ from safetensors.torch import load_file
 
 from federation.client import FederatedClient
 from federation.inprocess import InProcess
+from federation.localgroup import LocalGroup
 from federation.nodeworker import NodeWorker
 from federation.runtime import config_entry, run_server
 from federation.server import FederatedServer
 from geofm.config.federated import FederatedConfig
+from geofm.errors import ConfigError
 from tests.federation.test_program import _Killed, _KilledInRound, _rounds, _run
 
 # 8-bit uplinks with error feedback: a residual to compare, without 1-bit signs that float rounding flips.
@@ -127,3 +129,12 @@ def test_a_deployed_nodes_worker_trains_on_its_local_processes_and_keeps_them_ac
     ranks = [pid for group in first.values() for pid in group]
     while any(map(_running, ranks)):
         time.sleep(0.1)  # the workers see their SuperNode gone and exit; their ranks see their sockets close
+
+
+def test_an_error_in_a_rank_reaches_the_client_and_ends_the_group(fed_tree):
+    group = LocalGroup(2)
+    cfg = FederatedConfig.from_tree(fed_tree("error"))
+    with pytest.raises(ConfigError, match="'nobody' is not a client of this federation") as raised:
+        group.train(cfg, {"institution": "nobody"}, {}, {"round": 1, "lr": 1e-3}, {})
+    assert "of the node's training processes" in "".join(raised.value.__notes__)
+    assert all(process.poll() is not None for process, _ in group.members), "every rank was ended"
