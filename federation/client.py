@@ -19,6 +19,7 @@ from federation.program import LOCAL_PROCESSES, OWN_VALIDATION, STATE_DIR, build
 from federation.runtime import DATA_ROOT, INSTITUTION, Arrays, Scalars
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
+from geofm.errors import ConfigError
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.feedback import UplinkReport
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
@@ -42,7 +43,7 @@ class FederatedClient:
     def __init__(self, cfg: FederatedConfig, node_config: dict) -> None:
         self.name = str(node_config[INSTITUTION])
         self.run_cfg, self.node_config = cfg, dict(node_config)
-        self.local_processes = int(node_config.get(LOCAL_PROCESSES) or cfg.federation.local_processes)
+        self.local_processes = local_processes(node_config, cfg)
         self.cfg = local_config(cfg, node_config)
         self.task = build_task(self.cfg)
         check_inputs(self.task.inputs(), f"client {self.name}")
@@ -174,6 +175,19 @@ class FederatedClient:
             return {key: data[key] for key in data.files}
 
 
+def local_processes(node_config: dict, cfg: FederatedConfig) -> int:
+    """The processes a node's client trains on: its node config's ``local-processes``, else
+    ``federation.local_processes``.
+
+    Raises:
+        ConfigError: ``local-processes`` is not a positive whole number.
+    """
+    value = node_config.get(LOCAL_PROCESSES, cfg.federation.local_processes)
+    if not str(value).isdigit() or int(value) < 1:
+        raise ConfigError(f"node config {LOCAL_PROCESSES}={value!r}: expected a positive whole number of processes")
+    return int(value)
+
+
 def peak_memory_bytes(device: torch.device) -> int:
     """The most memory the local round took: allocated CUDA memory since the round began on a GPU, else
     the peak resident size of this client's process (in a simulation, a worker that ran several clients)."""
@@ -196,4 +210,4 @@ def uplink_metrics(reports: dict[str, UplinkReport]) -> dict[str, float | str]:
     return {**metrics, "feedback_reset": ", ".join(resets)}
 
 
-__all__ = ["FederatedClient", "peak_memory_bytes", "uplink_metrics"]
+__all__ = ["FederatedClient", "local_processes", "peak_memory_bytes", "uplink_metrics"]

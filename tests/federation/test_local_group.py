@@ -138,3 +138,10 @@ def test_an_error_in_a_rank_reaches_the_client_and_ends_the_group(fed_tree):
         group.train(cfg, {"institution": "nobody"}, {}, {"round": 1, "lr": 1e-3}, {})
     assert "of the node's training processes" in "".join(raised.value.__notes__)
     assert all(process.poll() is not None for process, _ in group.members), "every rank was ended"
+
+
+@pytest.mark.parametrize("value", [0, "two"])
+def test_a_nodes_local_processes_must_be_a_positive_whole_number(fed_tree, value):
+    cfg = FederatedConfig.from_tree(fed_tree("bad"))
+    with pytest.raises(ConfigError, match=f"node config local-processes={value!r}: expected a positive whole number"):
+        FederatedClient(cfg, {"institution": "uav_rgbn", "local-processes": value})
