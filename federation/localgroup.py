@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import pickle
 import socket
@@ -34,6 +35,8 @@ from federation.nodeworker import _transportable
 from federation.processes import PROCESS_GROUP_ENV
 from geofm import engine as ds
 from geofm.errors import FederatedRunError
+
+log = logging.getLogger("geofm.federated")
 
 GRACE_S = 10.0
 """How long a closing group's ranks get to exit after their sockets close, before they are killed."""
@@ -125,6 +128,7 @@ _groups: dict[int, LocalGroup] = {}
 def local_group(size: int) -> LocalGroup:
     """This process's group of ``size`` processes, started on first use and kept for the run."""
     if size not in _groups:
+        log.info("starting this node's %d training processes (kept for the run)", size)
         _groups[size] = LocalGroup(size)
     return _groups[size]
 
