@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from federation.program import OWN_VALIDATION, STATE_DIR, build_task, local_config, stable_id
+from federation.program import LOCAL_PROCESSES, OWN_VALIDATION, STATE_DIR, build_task, local_config, stable_id
 from federation.runtime import DATA_ROOT, INSTITUTION, Arrays, Scalars
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
+from geofm.errors import ConfigError
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.feedback import UplinkReport
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
@@ -41,6 +42,8 @@ class FederatedClient:
 
     def __init__(self, cfg: FederatedConfig, node_config: dict) -> None:
         self.name = str(node_config[INSTITUTION])
+        self.run_cfg, self.node_config = cfg, dict(node_config)
+        self.local_processes = local_processes(node_config, cfg)
         self.cfg = local_config(cfg, node_config)
         self.task = build_task(self.cfg)
         check_inputs(self.task.inputs(), f"client {self.name}")
@@ -53,9 +56,26 @@ class FederatedClient:
         return {"client": self.name, "num_examples": self.num_examples}
 
     def train(self, arrays: Arrays, config: Scalars, state: Arrays) -> tuple[Arrays, Scalars, Arrays]:
-        """One round: receive the payloads, train the local steps under the algorithm's hooks, upload."""
+        """One round: receive the payloads, train the local steps under the algorithm's hooks, upload.
+
+        With ``local_processes`` above 1 the node's local group (:mod:`federation.localgroup`) trains
+        the round data-parallel; this process only hands it the payloads and returns rank 0's answer.
+        """
+        if self.local_processes > 1:
+            from federation.localgroup import local_group
+
+            return local_group(self.local_processes).train(self.run_cfg, self.node_config, arrays, config, state)
+        return self.train_here(arrays, config, state)
+
+    def train_here(self, arrays: Arrays, config: Scalars, state: Arrays) -> tuple[Arrays, Scalars, Arrays] | None:
+        """:meth:`train` in this process's process group: every rank trains its share of each global batch
+        (the same model, payloads and state on each); rank 0 uploads, keeps the state and answers, the
+        other ranks answer None."""
         started = time.perf_counter()
-        cfg, rnd, lr = self.cfg, int(config["round"]), float(config["lr"])
+        rank, world_size = ds.init_distributed()
+        # The round's rate is the server's for federation.local_processes; a node with another count scales it.
+        lr = float(config["lr"]) * world_size / self.cfg.federation.local_processes
+        cfg, rnd = self.cfg, int(config["round"])
         # Each round's model is built fresh and overwritten by the global model: no initial weights to read.
         model = self.task.build_model(initial_weights=False)
         algorithm = build_algorithm(cfg.algorithm, ParameterLayout.of(model))
@@ -67,7 +87,7 @@ class FederatedClient:
         if algorithm.keeps_local_statistics and LOCAL_STATISTICS in state:
             load_running_statistics(model, state[LOCAL_STATISTICS])
         self.task.prepare(model)
-        engine = ds.initialize(model, cfg.train, 1, None, lr, param_groups=self.task.param_groups(model))
+        engine = ds.initialize(model, cfg.train, world_size, None, lr, param_groups=self.task.param_groups(model))
         local = algorithm.local_round(self.name, received, engine.module, state, lr)
         hooks = algorithm.hooks(local)
         loop = TrainLoop(
@@ -86,13 +106,18 @@ class FederatedClient:
         trained = time.perf_counter()
         means, steps = loop.local_steps(batches)
         seconds_per_step = (time.perf_counter() - trained) / max(steps, 1)
+        statistics = running_statistics(engine.module)
+        if statistics is not None and world_size > 1:  # each rank's batch norms saw its share of the batches
+            statistics = ds.mean_across_ranks(torch.from_numpy(statistics)).numpy()
+        peak_memory = int(ds.max_across_ranks(torch.tensor([peak_memory_bytes(device)], dtype=torch.float64)).item())
+        if rank:
+            return None
 
         update = algorithm.finish_local(local, algorithm.shared.flatten_module(engine.module).cpu(), steps)
         algorithm.keep_local(engine.module, state)
         generator = torch.Generator().manual_seed(stable_id(cfg.run.seed, self.name, rnd, "uplink"))
         privacy = cfg.algorithm.privacy
         noise = noise_generator(privacy.seed, "client", self.name, rnd) if privacy else None
-        statistics = running_statistics(engine.module)
         upload, reports = algorithm.upload(update, state, generator, noise)
         if statistics is not None:
             upload[RUNNING_STATISTICS] = statistics
@@ -111,17 +136,19 @@ class FederatedClient:
             **uplink_metrics(reports),
             "seconds": time.perf_counter() - started,
             "seconds_per_step": seconds_per_step,
-            "peak_memory_bytes": peak_memory_bytes(device),
+            "peak_memory_bytes": peak_memory,
+            "local_world_size": world_size,
             **{f"{OWN_VALIDATION}{key}": value for key, value in (own or {}).items()},
         }
         return upload, metrics, state
 
     def _num_steps(self) -> int:
-        """Local steps per round: ``train.local_steps``, or ``train.local_epochs`` of this client's share."""
+        """Local steps per round: ``train.local_steps``, or ``train.local_epochs`` of this client's share in
+        global batches of its ``local_processes``."""
         train = self.cfg.train
         if train.local_steps is not None:
             return train.local_steps
-        return max(1, int(train.local_epochs * self.num_examples) // (train.micro_batch_size * train.grad_accum_steps))
+        return max(1, int(train.local_epochs * self.num_examples) // ds.global_batch(train, self.local_processes))
 
     def _persist(self, rnd: int, state: Arrays) -> None:
         """Keep the state on this institution's disk too; a restarted run (new Flower context) reads it back."""
@@ -148,6 +175,19 @@ class FederatedClient:
             return {key: data[key] for key in data.files}
 
 
+def local_processes(node_config: dict, cfg: FederatedConfig) -> int:
+    """The processes a node's client trains on: its node config's ``local-processes``, else
+    ``federation.local_processes``.
+
+    Raises:
+        ConfigError: ``local-processes`` is not a positive whole number.
+    """
+    value = node_config.get(LOCAL_PROCESSES, cfg.federation.local_processes)
+    if not str(value).isdigit() or int(value) < 1:
+        raise ConfigError(f"node config {LOCAL_PROCESSES}={value!r}: expected a positive whole number of processes")
+    return int(value)
+
+
 def peak_memory_bytes(device: torch.device) -> int:
     """The most memory the local round took: allocated CUDA memory since the round began on a GPU, else
     the peak resident size of this client's process (in a simulation, a worker that ran several clients)."""
@@ -170,4 +210,4 @@ def uplink_metrics(reports: dict[str, UplinkReport]) -> dict[str, float | str]:
     return {**metrics, "feedback_reset": ", ".join(resets)}
 
 
-__all__ = ["FederatedClient", "peak_memory_bytes", "uplink_metrics"]
+__all__ = ["FederatedClient", "local_processes", "peak_memory_bytes", "uplink_metrics"]

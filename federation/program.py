@@ -33,6 +33,7 @@ from geofm.training import check_inputs
 
 TEACHER = "teacher"  # node config: this machine's copy of the teacher weights
 STATE_DIR = "state-dir"  # node config: where this institution keeps its client state between runs
+LOCAL_PROCESSES = "local-processes"  # node config: processes (GPUs) of this node a client trains on
 OWN_VALIDATION = "val/"  # reply metrics: a personalised client's own model on its own validation data
 
 
@@ -78,9 +79,10 @@ def check_simulation_inputs(cfg, source: str) -> None:
 
 
 def round_lr(cfg: FederatedConfig, rnd: int) -> float:
-    """The clients' learning rate in round ``rnd`` (1-based): warm-up, then constant or cosine to ``min_lr_ratio``."""
+    """The clients' learning rate in round ``rnd`` (1-based): warm-up, then constant or cosine to ``min_lr_ratio``,
+    from the peak scaled to a client's global batch (``federation.local_processes`` processes)."""
     train, rounds = cfg.train, cfg.federation.rounds
-    peak = ds.scaled_lr(train, 1)
+    peak = ds.scaled_lr(train, cfg.federation.local_processes)
     if rnd <= train.warmup_rounds:
         return peak * rnd / (train.warmup_rounds + 1)
     if train.lr_schedule == "constant":
@@ -101,6 +103,7 @@ def local_config(cfg, node_config: dict):
 
 
 __all__ = [
+    "LOCAL_PROCESSES",
     "OWN_VALIDATION",
     "PROGRAM",
     "build_task",

@@ -220,6 +220,7 @@ class FederatedServer:
             "server_seconds": round(self._server_seconds + time.perf_counter() - aggregating, 3),
             "client_seconds_per_step": _per_client(metrics, "seconds_per_step"),
             "client_peak_memory_bytes": _per_client(metrics, "peak_memory_bytes"),
+            "local_world_size": _per_client(metrics, "local_world_size"),  # each client's training processes
             **_own_validation(metrics),
             "rejected": {r.client: r.reason for r in aggregate.rejected},
             "bounded_examples": {c: {"claimed": a, "counted": b} for c, (a, b) in aggregate.bounded.items()},

@@ -177,19 +177,24 @@ class FederatedFinetuning:
         batch may span two passes, and a client with fewer samples than one step's batch repeats them
         (under label skew a client may hold a handful). Each step's augmentations (and the loader's
         workers) draw from torch's generator seeded by (``seed``, round, step), so a resumed run trains
-        on the same crops as an unbroken one."""
+        on the same crops as an unbroken one. Over several processes (``federation.local_processes``)
+        each takes every ``world_size``-th sample of the order, so a step's micro-batches over all
+        processes hold the samples of one process's step at the same global batch."""
         if not len(indices):
             raise DatasetTooSmallError("this client holds no training samples")
         train = self.cfg.train
-        micro, accum = train.micro_batch_size, train.grad_accum_steps
+        rank, world_size = ds.data_parallel_rank()
         passes = (np.random.default_rng([seed, rnd, p]).permutation(indices) for p in itertools.count())
-        order = [int(i) for i in itertools.islice(itertools.chain.from_iterable(passes), steps * micro * accum)]
-        loader = DataLoader(self.train_set, batch_size=micro, sampler=order, num_workers=self.cfg.data.num_workers)
+        order = itertools.islice(itertools.chain.from_iterable(passes), steps * ds.global_batch(train, world_size))
+        shard = [int(i) for i in itertools.islice(order, rank, None, world_size)]
+        loader = DataLoader(
+            self.train_set, batch_size=train.micro_batch_size, sampler=shard, num_workers=self.cfg.data.num_workers
+        )
         batches = None
         for step in range(steps):
             torch.manual_seed(int(np.random.SeedSequence([seed, rnd, step]).generate_state(1)[0]))
             batches = batches or iter(loader)
-            yield [next(batches) for _ in range(accum)]
+            yield [next(batches) for _ in range(train.grad_accum_steps)]
 
     def forward(self, model, batch: dict) -> StepOutput:
         """The task's loss of one micro-batch (label mixing included where the task mixes)."""

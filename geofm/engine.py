@@ -111,12 +111,19 @@ def init_distributed() -> tuple[int, int]:
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-            os.environ["MASTER_PORT"] = str(_free_port())
+            os.environ["MASTER_PORT"] = str(free_port())
         _choose_shared_memory_comm(int(os.environ.get("WORLD_SIZE", "1")))
         with contextlib.redirect_stdout(io.StringIO()) as printed:  # DeepSpeed prints "... built successfully"
             deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(), verbose=False)
         log.debug("DeepSpeed: %s", printed.getvalue().strip())
     return dist.get_rank(), dist.get_world_size()
+
+
+def data_parallel_rank() -> tuple[int, int]:
+    """This process's rank and the number of processes training together ((0, 1) outside a process group)."""
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def _choose_shared_memory_comm(world_size: int) -> None:
@@ -142,7 +149,8 @@ def _choose_shared_memory_comm(world_size: int) -> None:
     deepspeed.ops.__compatible_ops__ = compatible
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that is free now, for a process group's rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -195,13 +195,19 @@ class MaskedImageModelling:
         prepare_models(model, self.teacher, self.cfg, self.device)
 
     def local_batches(self, shares: list[list[Path]], steps: int, rnd: int, seed: int) -> Iterator[list[dict]]:
-        """``steps`` local steps, each a list of micro-batches, drawn from ``shares`` in an order fixed by ``seed``."""
+        """``steps`` local steps, each a list of micro-batches, drawn from ``shares`` in an order fixed by ``seed``.
+
+        Over several processes (``federation.local_processes``) each takes every ``world_size``-th sample
+        of the order: a step's micro-batches over all processes hold the images of one process's step
+        at the same global batch.
+        """
         cfg = self.cfg
         pile = share_pile(cfg, shares, self._masks())
-        micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
-        images = micro * accum
+        rank, world_size = ds.data_parallel_rank()
+        micro = cfg.train.micro_batch_size
+        images = ds.global_batch(cfg.train, world_size)
         per_epoch = max(images, pile.samples_per_epoch // images * images)
-        sampler = PileSampler(pile.source_sizes, pile.weights, per_epoch, seed=seed)
+        sampler = PileSampler(pile.source_sizes, pile.weights, per_epoch, seed=seed, rank=rank, world_size=world_size)
         done, epoch = 0, 0
         while done < steps:
             sampler.set_epoch(rnd * EPOCH_STRIDE + epoch)
@@ -212,7 +218,7 @@ class MaskedImageModelling:
             for _ in range(per_epoch // images):
                 if done == steps:
                     break
-                micro_batches = [next(batches) for _ in range(accum)]
+                micro_batches = [next(batches) for _ in range(cfg.train.grad_accum_steps)]
                 for batch in micro_batches:
                     warn_skipped(batch, self.warned)
                 yield micro_batches

@@ -376,6 +376,13 @@ class FederationConfig(Section):
         description="run at most this many rounds in one invocation, counted from where it resumes "
         "(as run.stop_after_steps counts steps); a rerun continues",
     )
+    local_processes: int = Field(
+        default=1,
+        gt=0,
+        description="processes (GPUs; gloo on a CPU) of its node each client trains its local steps on, data "
+        "parallel: a step's global batch is train.micro_batch_size x train.grad_accum_steps x local_processes, as in "
+        "central runs; a deployed node's local-processes overrides it",
+    )
     declared_examples: dict[str, int] = Field(
         default_factory=dict,
         description="institution -> the most training examples it may claim; a larger claim is weighted as this",
