@@ -4,8 +4,7 @@
 shaped like the step's input (:func:`geofm.data.chipstore.write_synthetic_store`), then times a
 DataLoader over :class:`~geofm.data.chipstore.ChipDataset` (decode, crop, flips, normalisation)
 with each of ``loader_workers`` workers for ``loader_seconds``, the batches copied to the device,
-and prints one JSON record per line (``store``, then one ``loader`` per worker count), or
-``unavailable`` where that module is missing.
+and prints one JSON record per line (``store``, then one ``loader`` per worker count).
 """
 
 from __future__ import annotations
@@ -27,20 +26,19 @@ def serve_loader(settings: dict[str, Any]) -> None:
     """Write a synthetic chip store and time a DataLoader over it with each worker count."""
     from torch.utils.data import DataLoader, RandomSampler
 
-    try:
-        from geofm.data.chipstore import ChipDataset, write_synthetic_store
-    except ImportError as err:
-        emit("unavailable", reason=f"geofm.data.chipstore cannot be imported ({err})")
-        return
+    from geofm.data.chipstore import ChipDataset, write_synthetic_store
+
     shape = StepShape.from_file(settings["config"], settings["micro_batch"])
-    bands, size, batch = len(shape.bands), shape.student["img_size"], shape.micro_batch
+    bands, size, batch = list(shape.bands), shape.student["img_size"], shape.micro_batch
     dev = torch.device(settings["device"])
     sync = synchronizer(dev)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         root = write_synthetic_store(Path(tmp) / "store", settings["loader_chips"], bands, size, seed=0)
-        emit("store", seconds=time.perf_counter() - started, chips=settings["loader_chips"], bands=bands, size=size)
-        dataset = ChipDataset(root, size, mean=[0.0] * bands, std=[1.0] * bands)
+        emit(
+            "store", seconds=time.perf_counter() - started, chips=settings["loader_chips"], bands=len(bands), size=size
+        )
+        dataset = ChipDataset(root, size, mean=[0.0] * len(bands), std=[1.0] * len(bands))
         for workers in settings["loader_workers"]:
             sampler = RandomSampler(dataset, replacement=True, num_samples=10**9)
             loader = DataLoader(
