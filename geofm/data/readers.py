@@ -174,6 +174,15 @@ def _gdal_environment() -> None:
         _GDAL.env.__enter__()
 
 
+@contextmanager
+def bounded_block_cache(mib: int) -> Iterator[None]:
+    """Hold GDAL's block cache to ``mib`` MiB inside the block (outside: 5% of the machine's memory), so
+    that reading and writing a scene of any size by window keeps no more of it than that."""
+    _gdal_environment()
+    with rasterio.Env(GDAL_CACHEMAX=mib * 2**20):
+        yield
+
+
 def _open_dataset(path: str | Path) -> DatasetReader:
     """Open a raster for reading; rasterio errors become :class:`RasterReadError`."""
     _gdal_environment()
