@@ -319,7 +319,7 @@ class RowStreamWriter:
         """The partial file opened for update, after checking that it holds this raster."""
         try:
             dst = rasterio.open(self.partial, "r+")
-        except RasterioError as exc:
+        except (RasterioError, TypeError) as exc:  # TypeError: not a raster GDAL can update
             raise OutputPathError(
                 f"{self.partial} cannot be continued ({exc}); delete it and {self.sidecar.name}, or overwrite"
             ) from exc
