@@ -42,6 +42,7 @@ date) are nodata in the output.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -207,7 +208,7 @@ def _band_spec(normaliser: BandNormaliser) -> dict[str, Any]:
     }
 
 
-def prediction_record(
+def _prediction_record(
     inputs: Sequence[Path],
     *,
     task: str,
@@ -219,9 +220,10 @@ def prediction_record(
     scale_factor: int,
 ) -> dict[str, Any]:
     """What a prediction predicts, as its output records it: the inputs (path, size, modification
-    time), the model (``model_id``), task, tiling and band specs. Equal records, equal outputs."""
+    time), the model (``model_id``), task, tiling and band specs, as JSON reads them back (paths and
+    other objects in ``model_id`` as strings). Equal records, equal outputs."""
     scenes = [{"path": str(p.resolve()), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in inputs]
-    return {
+    record = {
         "task": task,
         "inputs": scenes,
         "model": model_id,
@@ -231,6 +233,7 @@ def prediction_record(
         "bands": _band_spec(normaliser),
         "targets": _band_spec(targets),
     }
+    return json.loads(json.dumps(record, default=str))
 
 
 def _cache_mib(readers: Sequence[WindowReader]) -> int:
@@ -313,7 +316,7 @@ def predict_scene(
                 f"{inputs[0]} and {inputs[1]}: the before and after scenes differ in {difference}; "
                 "they must share CRS, transform and size"
             )
-        record = prediction_record(
+        record = _prediction_record(
             inputs,
             task=task,
             model_id=model_id,

@@ -131,11 +131,12 @@ def test_a_finished_prediction_is_kept_unless_overwritten_or_another(tmp_path):
         return conv(x)
 
     out = tmp_path / "out.tif"
-    predict_scene(counted, path, out, normaliser=_normaliser(), model_id="a", **ARGS)
+    model_a = {"run": Path("runs/a"), "weights": ("epoch", 3)}  # kept as JSON keeps it: strings and lists
+    predict_scene(counted, path, out, normaliser=_normaliser(), model_id=model_a, **ARGS)
     first = len(calls)
-    predict_scene(counted, path, out, normaliser=_normaliser(), model_id="a", **ARGS)
+    predict_scene(counted, path, out, normaliser=_normaliser(), model_id=model_a, **ARGS)
     assert len(calls) == first, "the same prediction again: the finished output is kept"
-    predict_scene(counted, path, out, normaliser=_normaliser(), model_id="a", overwrite=True, **ARGS)
+    predict_scene(counted, path, out, normaliser=_normaliser(), model_id=model_a, overwrite=True, **ARGS)
     assert len(calls) == 2 * first, "overwrite: predicted again"
     predict_scene(counted, path, out, normaliser=_normaliser(), model_id="b", **ARGS)
     assert len(calls) == 3 * first and written_record(out)["model"] == "b", "another model: replaced"
