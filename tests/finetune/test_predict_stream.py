@@ -165,3 +165,29 @@ def test_memory_holds_a_band_of_rows_whatever_the_height(tmp_path):
     scene_bytes = 3 * 3200 * 300 * 4  # the tall scene's normalised pixels
     assert tall < 1.1 * short and tall < scene_bytes / 4, f"peaks {short} and {tall} bytes"
     assert max(cache) <= 64 * 2**20, "GDAL's block cache held to a few rows of blocks (default: 5% of memory)"
+
+
+def test_an_interrupted_superres_prediction_continues_at_the_output_resolution(tmp_path):
+    data = np.random.default_rng(4).uniform(100, 900, (3, 200, 150)).astype(np.float32)
+    path = tmp_path / "lowres.tif"
+    write_geotiff(path, data, transform=TRANSFORM, crs="EPSG:32632")
+    norm = BandNormaliser(**NORM, mean=[0.5, 0.4, 0.3], std=[0.2, 0.25, 0.3])
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(torch.nn.Upsample(scale_factor=2, mode="bilinear"), torch.nn.Conv2d(3, 3, 3, padding=1))
+    args = {"task": "superres", "normaliser": norm, "tile": 32, "overlap": 8, "scale_factor": 2, "progress": False}
+    calls = []
+
+    def fails_once_a_row_of_blocks_is_written(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        if (tmp_path / "sr.tif.partial.json").exists():
+            raise KeyboardInterrupt
+        return conv(x)
+
+    with pytest.raises(KeyboardInterrupt):
+        predict_scene(fails_once_a_row_of_blocks_is_written, path, tmp_path / "sr.tif", **args)
+    assert json.loads((tmp_path / "sr.tif.partial.json").read_text())["rows_done"] == 256
+    resumed, full = [], []
+    out = predict_scene(lambda x: resumed.append(1) or conv(x), path, tmp_path / "sr.tif", **args)
+    whole = predict_scene(lambda x: full.append(1) or conv(x), path, tmp_path / "whole.tif", **args)
+    assert read_raster(out, 3).data.shape == (3, 400, 300) and len(resumed) < len(full), "continued"
+    assert np.array_equal(read_raster(out, 3).data, read_raster(whole, 3).data), "the same pixels as in one go"
