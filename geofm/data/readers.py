@@ -2,7 +2,8 @@
 
 Whole files (:func:`read_raster`), headers (:func:`raster_info`), windows of scenes of any size
 (:class:`WindowReader`), the single-band files of a product read onto one grid, resampled by window
-(:class:`BandFiles`), and footprints (:func:`read_bounds_lonlat`). With
+(:class:`BandFiles`), footprints (:func:`read_bounds_lonlat`), and GDAL's block cache held to a bound
+while a scene is streamed (:func:`bounded_block_cache`). With
 :mod:`geofm.data.writers` (GeoTIFF output), the only module of geofm that imports :mod:`rasterio`.
 """
 
