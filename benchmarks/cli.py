@@ -31,6 +31,10 @@ BENCHMARKS = {
     ),
     "startup": ("benchmarks.startup", "seconds from `geofm pretrain` to the first optimizer step, by phase"),
     "data": ("benchmarks.data", "images/s per loader worker vs the step's consumption; large scenes read by window"),
+    "predict": (
+        "benchmarks.predict",
+        "geofm predict on scenes of two sizes: peak memory (flat in the scene's size) and tiles/s",
+    ),
     "codec": (
         "benchmarks.codec",
         "upload encode (error feedback + quantise + pack) and decode vs clone; bytes on the wire",

@@ -120,6 +120,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--overlap", type=int, help="pixels shared by neighbouring tiles (default: a quarter of the tile)"
     )
     predict.add_argument("--batch-size", type=int, default=8, help="tiles per model call (default 8)")
+    predict.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="predict from the start even when OUT.tif already holds this prediction or an interrupted one "
+        "left OUT.tif.partial (default: keep the first, continue the second)",
+    )
     predict.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     predict.set_defaults(handler=_predict)
 
@@ -221,5 +227,7 @@ def _predict(args: argparse.Namespace) -> None:
         scale_factor=predictor.scale_factor,
         target_normaliser=predictor.target_normaliser,
         progress=args.progress,
+        model_id={"run": str(Path(args.model).resolve()), "selected": predictor.info.get("selected")},
+        overwrite=args.overwrite,
     )
     print(f"wrote {output}")

@@ -6,9 +6,19 @@ tile's output is weighted by a separable window, ``w(i) = sin^2(pi (i + 1/2) / t
 axis (a Hann window shifted by half a pixel, so strictly positive), and overlapping outputs are
 averaged with these weights: tile borders, where a model sees least context, count least, and a
 model whose output at a pixel depends on that pixel alone gives exactly that output everywhere
-(blending makes no seams). Tiles are batched along a row of tiles. Rows are read one strip of
-``tile`` image rows at a time (windowed reads) and written as soon as no later tile reaches them,
-so memory is bounded by a strip of tiles whatever the scene's size.
+(blending makes no seams). Tiles are batched along a row of tiles.
+
+Memory holds a band of rows, never the scene: the scene is read one strip of ``tile`` image rows
+at a time (windowed reads), the tiles' scores are blended in a band of ``tile`` rows, and rows are
+handed to the output as soon as no later tile reaches them; the output writes each completed row
+of 256 x 256 blocks and makes it durable (:class:`~geofm.data.writers.RowStreamWriter`). GDAL's
+block cache is held to a few rows of blocks and freed memory is given back after each row of
+tiles, so resident memory depends on the scene's width, not on its height. A prediction that is
+killed or fails keeps its finished rows in ``OUT.tif.partial`` (counted in
+``OUT.tif.partial.json`` with what is predicted: inputs, model, tiling, band specs); the same
+prediction run again continues after them and writes the same file. A finished output records
+the same in its metadata, and the same prediction run again leaves it as it is unless
+``overwrite``; a different one replaces it.
 
 A task's ``predicts`` (``finetune/tasks/``) says what is written: nothing (classification,
 multilabel), a class map, or an image. Outputs keep the input's CRS and transform
@@ -32,6 +42,8 @@ date) are nodata in the output.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -44,10 +56,13 @@ from torch import Tensor
 
 from geofm.config.finetune import finetune_task
 from geofm.data.finetune.normalise import BandNormaliser
-from geofm.data.readers import RasterInfo, WindowReader, same_grid, scaled_transform
-from geofm.data.writers import GeoTiffWriter
+from geofm.data.readers import RasterInfo, WindowReader, bounded_block_cache, same_grid, scaled_transform
+from geofm.data.writers import BLOCK, RowStreamWriter, resumable_rows, written_record
+from geofm.engine import release_freed_memory
 from geofm.errors import ConfigError, DataMismatchError
 from geofm.runlog import progress_bar
+
+log = logging.getLogger("geofm.finetune")
 
 ModelFn = Callable[..., Tensor]
 ArrayT = TypeVar("ArrayT", np.ndarray, Tensor)
@@ -131,6 +146,8 @@ class _Output:
         channels: int,
         info: RasterInfo,
         factor: int,
+        record: dict[str, Any],
+        resume: bool,
     ) -> None:
         self.image = image
         self.normaliser = targets
@@ -148,7 +165,7 @@ class _Output:
             self.dtype = np.dtype(np.uint8 if max(channels, 2) <= 255 else np.uint16)
             self.fill = out_nodata = int(np.iinfo(self.dtype).max)
             count = 1
-        self.writer = GeoTiffWriter(
+        self.writer = RowStreamWriter(
             path,
             width=info.width * factor,
             height=info.height * factor,
@@ -156,12 +173,14 @@ class _Output:
             dtype=self.dtype,
             crs=info.crs,
             transform=scaled_transform(info.transform, factor),
+            record=record,
             nodata=out_nodata,
             descriptions=descriptions,
+            resume=resume,
         )
 
     def write(self, scores: np.ndarray, weights: np.ndarray, valid: np.ndarray, row_off: int) -> None:
-        """Write blended rows: ``scores`` and ``weights`` summed over tiles, ``valid`` at input resolution."""
+        """Hand over blended rows: ``scores`` and ``weights`` summed over tiles, ``valid`` at input resolution."""
         blended = scores / weights[None]
         if self.image:
             pixels = self.normaliser.denormalise(blended)
@@ -174,7 +193,53 @@ class _Output:
         if self.fill is not None:
             invalid = ~valid.repeat(self.factor, axis=0).repeat(self.factor, axis=1)
             pixels[:, invalid] = self.fill
-        self.writer.write(pixels, row_off * self.factor)
+        self.writer.append(pixels, row_off * self.factor)
+
+
+def _band_spec(normaliser: BandNormaliser) -> dict[str, Any]:
+    """A band spec as a record: what it takes from a scene and how it normalises it."""
+    return {
+        "dataset_bands": normaliser.dataset_bands,
+        "bands": normaliser.bands,
+        "scale": normaliser.scale,
+        "mean": normaliser.mean.ravel().tolist(),
+        "std": normaliser.std.ravel().tolist(),
+        "nodata": normaliser.nodata,
+    }
+
+
+def _prediction_record(
+    inputs: Sequence[Path],
+    *,
+    task: str,
+    model_id: Any,
+    normaliser: BandNormaliser,
+    targets: BandNormaliser,
+    tile: int,
+    overlap: int,
+    scale_factor: int,
+) -> dict[str, Any]:
+    """What a prediction predicts, as its output records it: the inputs (path, size, modification
+    time), the model (``model_id``), task, tiling and band specs, as JSON reads them back (paths and
+    other objects in ``model_id`` as strings). Equal records, equal outputs."""
+    scenes = [{"path": str(p.resolve()), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in inputs]
+    record = {
+        "task": task,
+        "inputs": scenes,
+        "model": model_id,
+        "tile": tile,
+        "overlap": overlap,
+        "scale_factor": scale_factor,
+        "bands": _band_spec(normaliser),
+        "targets": _band_spec(targets),
+    }
+    return json.loads(json.dumps(record, default=str))
+
+
+def _cache_mib(readers: Sequence[WindowReader]) -> int:
+    """GDAL block cache for a prediction: two rows of 256-row blocks of every input, and 32 MiB more."""
+    row = sum(r.info.count * r.info.width * np.dtype(r.info.dtype).itemsize * BLOCK for r in readers)
+    return 32 + -(-2 * row // 2**20)
 
 
 def predict_scene(
@@ -190,6 +255,8 @@ def predict_scene(
     scale_factor: int = 1,
     target_normaliser: BandNormaliser | None = None,
     progress: bool = True,
+    model_id: Any = None,
+    overwrite: bool = False,
 ) -> Path:
     """Run a model over a whole scene in overlapping tiles and write its prediction as a GeoTIFF.
 
@@ -205,6 +272,10 @@ def predict_scene(
         scale_factor: superres: high / low resolution ratio.
         target_normaliser: superres: the band spec of the outputs (default: ``normaliser``).
         progress: show a progress bar over tiles.
+        model_id: what identifies the model in the output's record (JSON-serialisable, e.g. its run
+            directory and kept weights): an interrupted prediction continues, and a finished one is
+            kept, only for the same model.
+        overwrite: predict again from the start, whatever a finished or interrupted output holds.
 
     Returns:
         The output path.
@@ -212,6 +283,7 @@ def predict_scene(
     Raises:
         ConfigError: for invalid tiling arguments, an unknown task, or model outputs of the wrong shape.
         DataMismatchError: if before and after differ in CRS, transform or size.
+        OutputPathError: if an interrupted output of the same prediction cannot be continued.
         RasterReadError: if an input cannot be read or has other bands than ``normaliser.dataset_bands``.
     """
     spec = finetune_task(task)
@@ -244,15 +316,35 @@ def predict_scene(
                 f"{inputs[0]} and {inputs[1]}: the before and after scenes differ in {difference}; "
                 "they must share CRS, transform and size"
             )
+        record = _prediction_record(
+            inputs,
+            task=task,
+            model_id=model_id,
+            normaliser=normaliser,
+            targets=targets,
+            tile=tile,
+            overlap=overlap,
+            scale_factor=factor,
+        )
+        if not overwrite and written_record(output_path) == record:
+            log.info("%s already holds this prediction; overwrite (--overwrite) predicts it again", output_path)
+            return output_path
+        stack.enter_context(bounded_block_cache(_cache_mib(readers)))
         height, width = info.height, info.width
         rows, cols = tile_origins(height, tile, overlap), tile_origins(width, tile, overlap)
+        finished = 0 if overwrite else resumable_rows(output_path, record) // factor
+        first = next(r for r, top in enumerate(rows) if top + tile > finished or r == len(rows) - 1)
+        if finished:
+            log.info("%s: continuing after its first %d finished rows", output_path, finished * factor)
         size = tile * factor
         weights = blend_weights(size)
         weight_sum = np.zeros((size, width * factor), dtype=np.float32)
         scores: np.ndarray | None = None
         output: _Output | None = None
-        bar = stack.enter_context(progress_bar(len(rows) * len(cols), 0, progress, output_path.name, unit="tile"))
-        for r, top in enumerate(rows):
+        total = len(rows) * len(cols)
+        bar = stack.enter_context(progress_bar(total, first * len(cols), progress, output_path.name, unit="tile"))
+        for r in range(first, len(rows)):
+            top = rows[r]
             rows_read = min(tile, height - top)
             strips, valid = [], np.ones((rows_read, width), dtype=bool)
             for reader in readers:
@@ -267,7 +359,17 @@ def predict_scene(
                         model_fn(*batches), len(lefts), size, task, len(targets.bands) if writes_image else None
                     )
                 if output is None:
-                    output = _Output(output_path, writes_image, normaliser, targets, out.shape[1], info, factor)
+                    output = _Output(
+                        output_path,
+                        writes_image,
+                        normaliser,
+                        targets,
+                        out.shape[1],
+                        info,
+                        factor,
+                        record,
+                        not overwrite,
+                    )
                     stack.enter_context(output.writer)  # the scene's GeoTIFF appears only once it is whole
                     scores = np.zeros((out.shape[1], size, width * factor), dtype=np.float32)
                 for b, left in enumerate(lefts):
@@ -279,4 +381,5 @@ def predict_scene(
             output.write(scores[:, :done], weight_sum[:done], valid[:final], top)
             scores[:, :-done], scores[:, -done:] = scores[:, done:].copy(), 0.0
             weight_sum[:-done], weight_sum[-done:] = weight_sum[done:].copy(), 0.0
+            release_freed_memory()
     return output_path

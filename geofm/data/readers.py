@@ -2,7 +2,8 @@
 
 Whole files (:func:`read_raster`), headers (:func:`raster_info`), windows of scenes of any size
 (:class:`WindowReader`), the single-band files of a product read onto one grid, resampled by window
-(:class:`BandFiles`), and footprints (:func:`read_bounds_lonlat`). With
+(:class:`BandFiles`), footprints (:func:`read_bounds_lonlat`), and GDAL's block cache held to a bound
+while a scene is streamed (:func:`bounded_block_cache`). With
 :mod:`geofm.data.writers` (GeoTIFF output), the only module of geofm that imports :mod:`rasterio`.
 """
 
@@ -185,6 +186,15 @@ def _gdal_environment() -> None:
     if getattr(_GDAL, "env", None) is None:
         _GDAL.env = rasterio.Env()
         _GDAL.env.__enter__()
+
+
+@contextmanager
+def bounded_block_cache(mib: int) -> Iterator[None]:
+    """Hold GDAL's block cache to ``mib`` MiB inside the block (outside: 5% of the machine's memory), so
+    that reading and writing a scene of any size by window keeps no more of it than that."""
+    _gdal_environment()
+    with rasterio.Env(GDAL_CACHEMAX=mib * 2**20):
+        yield
 
 
 def _open_dataset(path: str | Path) -> DatasetReader:

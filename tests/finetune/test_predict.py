@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from finetune.predict import blend_weights, predict_scene, tile_origins
 from geofm.data.finetune import BandNormaliser
 from geofm.data.readers import WindowReader, read_raster
-from geofm.data.writers import GeoTiffWriter, write_geotiff
+from geofm.data.writers import RowStreamWriter, write_geotiff, written_record
 from geofm.errors import ConfigError, DataMismatchError
 
 TRANSFORM = (10.0, 0.0, 600_000.0, 0.0, -10.0, 4_000_000.0)
@@ -83,29 +84,34 @@ def test_per_pixel_model_gives_its_own_output_everywhere(tmp_path, scene):
     assert agree.all(), f"{(~agree).sum()} pixels differ from the per-pixel prediction (seams?)"
 
 
-def test_a_prediction_that_fails_midway_leaves_no_output(tmp_path, scene):
-    path, _ = scene
+def test_a_prediction_that_fails_midway_continues_where_it_stopped(tmp_path):
+    data = np.random.default_rng(3).integers(1, 1000, (3, 700, 260)).astype(np.uint16)
+    path = tmp_path / "tall.tif"
+    write_geotiff(path, data, transform=TRANSFORM, crs="EPSG:32632", nodata=0)
     calls = []
 
-    def fails_on_the_third_batch(x: torch.Tensor) -> torch.Tensor:
+    def fails_on_the_14th_batch(x: torch.Tensor) -> torch.Tensor:
         calls.append(1)
-        if len(calls) == 3:
+        if len(calls) == 14:
             raise RuntimeError("out of memory")
         return per_pixel(x)
 
+    args = {"task": "segmentation", "normaliser": _normaliser(), "tile": 64, "overlap": 16, "progress": False}
+    out = tmp_path / "out" / "classes.tif"
     with pytest.raises(RuntimeError, match="out of memory"):
-        predict_scene(
-            fails_on_the_third_batch,
-            path,
-            tmp_path / "out" / "classes.tif",
-            task="segmentation",
-            normaliser=_normaliser(),
-            tile=64,
-            overlap=16,
-            batch_size=3,
-            progress=False,
-        )
-    assert len(calls) == 3 and list((tmp_path / "out").iterdir()) == [], "no half-written GeoTIFF, no partial file"
+        predict_scene(fails_on_the_14th_batch, path, out, batch_size=3, **args)
+    assert not out.exists(), "no half-written GeoTIFF at the path"
+    assert json.loads((tmp_path / "out" / "classes.tif.partial.json").read_text())["rows_done"] == 256, (
+        "the first row of blocks is finished and counted beside the partial file"
+    )
+    resumed = []
+    predict_scene(lambda x: resumed.append(1) or per_pixel(x), path, out, batch_size=3, **args)
+    whole = predict_scene(per_pixel, path, tmp_path / "whole.tif", batch_size=3, **args)
+    assert np.array_equal(read_raster(out, 1).data, read_raster(whole, 1).data), "the same pixels as in one go"
+    assert written_record(out)["tile"] == 64 and written_record(out) == written_record(whole), "its record"
+    full = len(tile_origins(700, 64, 16)) * 2  # two batches of 3 (6 columns of tiles) per row of tiles
+    assert len(resumed) == full - 2 * 5, "tile rows 0-4 (rows 0-255) are not redone"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["classes.tif"], "sidecar and partial file gone"
 
 
 def test_scene_within_one_tile_equals_a_single_pass(tmp_path):
@@ -210,18 +216,18 @@ def test_change_needs_two_scenes_on_one_grid(tmp_path):
 def test_reads_windows_and_writes_rows_as_they_complete(tmp_path, scene, monkeypatch):
     path, _ = scene
     reads, writes = [], []
-    read, write = WindowReader.read, GeoTiffWriter.write
+    read, append = WindowReader.read, RowStreamWriter.append
 
     def counting_read(self, row_off, col_off, height, width):
         reads.append((row_off, height))
         return read(self, row_off, col_off, height, width)
 
-    def counting_write(self, array, row_off, col_off=0):
+    def counting_append(self, array, row_off):
         writes.append((row_off, array.shape[1]))
-        return write(self, array, row_off, col_off)
+        return append(self, array, row_off)
 
     monkeypatch.setattr(WindowReader, "read", counting_read)
-    monkeypatch.setattr(GeoTiffWriter, "write", counting_write)
+    monkeypatch.setattr(RowStreamWriter, "append", counting_append)
     predict_scene(
         per_pixel,
         path,
@@ -233,7 +239,9 @@ def test_reads_windows_and_writes_rows_as_they_complete(tmp_path, scene, monkeyp
         progress=False,
     )
     assert reads == [(0, 64), (48, 64), (96, 64), (144, 64), (192, 27)], "one strip of tile rows per row of tiles"
-    assert writes == [(0, 48), (48, 48), (96, 48), (144, 48), (192, 27)], "rows written once no later tile reaches them"
+    assert writes == [(0, 48), (48, 48), (96, 48), (144, 48), (192, 27)], (
+        "rows handed over once no later tile reaches them"
+    )
 
 
 def test_invalid_arguments_and_model_outputs(tmp_path, scene):

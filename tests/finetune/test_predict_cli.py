@@ -68,6 +68,29 @@ def test_predict_segmentation_scene(tmp_path, fake_program, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_predict_again_keeps_the_finished_output_unless_overwrite(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def model_fn(x: torch.Tensor) -> torch.Tensor:
+        calls.append(len(x))
+        return torch.cat([-x, x], dim=1)
+
+    def load_predictor(run_dir, tile):
+        return Predictor(model_fn, "segmentation", BandNormaliser(["red"], ["red"], 1.0, [0.0], [1.0]), 32)
+
+    monkeypatch.setitem(sys.modules, "finetune.predictor", types.SimpleNamespace(load_predictor=load_predictor))
+    data = np.where(np.arange(40 * 50).reshape(1, 40, 50) % 3 == 0, 5.0, -5.0).astype(np.float32)
+    write_geotiff(tmp_path / "scene.tif", data, transform=(1, 0, 0, 0, -1, 0), crs=32632)
+    argv = ["predict", "--model", str(tmp_path / "run"), "--input", str(tmp_path / "scene.tif")]
+    argv += ["--output", str(tmp_path / "out.tif"), "--no-progress"]
+    for extra in ([], [], ["--overwrite"]):
+        args = _parse([*argv, *extra])
+        args.handler(args)
+    once = len(calls) // 2
+    assert once and calls[:once] == calls[once:], "run again: kept; with --overwrite: predicted again"
+    assert np.array_equal(read_raster(tmp_path / "out.tif", 1).data[0], (data[0] > 0).astype(np.uint8))
+
+
 def test_inputs_must_fit_the_task(tmp_path, fake_program):
     fake_program("change")
     args = _parse(["predict", "--model", "run", "--input", "scene.tif", "--output", "out.tif"])
