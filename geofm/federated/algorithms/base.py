@@ -46,6 +46,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -60,7 +61,7 @@ from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
 from geofm.federated.flat import ParameterLayout
 from geofm.federated.privacy import PrivateMean, check_private, noise_generator, privatise
-from geofm.federated.robust import build_aggregator
+from geofm.federated.robust import Spilling, build_aggregator
 from geofm.federated.sharpness import SharpnessAscent, asam_scaled
 from geofm.tasks import StepOutput
 
@@ -429,6 +430,13 @@ class Algorithm(ABC):
         return _arrays(packets), reports
 
     # ---- server: uplink -------------------------------------------------------------------
+    def spill_to(self, folder: Path) -> None:
+        """Spill the decoded updates of an aggregator that needs them all at once (median, trimmed mean,
+        Krum: :class:`~geofm.federated.robust.Spilling`) under ``folder`` (the run's), rather than the
+        system's temporary folder."""
+        if isinstance(self.aggregator, Spilling):
+            self.aggregator.spill_dir = folder
+
     def global_vector(self, key: str) -> Tensor:
         """The vector ``key`` of the algorithm's global server state, zero until first set."""
         return self.state.get(key, torch.zeros(self.num_values))
