@@ -23,7 +23,7 @@ from geofm.federated.algorithms.base import Algorithm, ServerRound, payload_arra
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
 from geofm.federated.privacy import PrivacyAccountant, check_statistics
 from geofm.federated.similarity import distill_similarity
-from geofm.federated.spill import SPILL_FOLDER, clear_spill
+from geofm.federated.spill import SPILL_FOLDER, UPLOADS_FOLDER, UploadStore, clear_spill
 from geofm.paths import check_writable
 from geofm.runlog import MetricsLog, plot_metric_curve, plot_rounds
 from geofm.training import Progress, RunCheckpoints, check_inputs, check_resume
@@ -82,6 +82,7 @@ class FederatedServer:
         self.task = build_task(cfg)
         check_writable(self.run_dir, "run.output_dir", folder=True)
         clear_spill(self.run_dir)  # a killed round's spilled updates: that round is redone from the checkpoint
+        self.uploads = UploadStore(self.run_dir / SPILL_FOLDER / UPLOADS_FOLDER)  # the transport fills it
         check_inputs(self.task.server_inputs(), "the run's config")
         self.model = self.task.build_model()
         self.algorithm: Algorithm = build_algorithm(
@@ -249,6 +250,7 @@ class FederatedServer:
         if validation:  # the first metric is the task's own
             title = f"{self.run_dir.name}: global model"
             plot_metric_curve(records, "val", [next(iter(validation))], self.run_dir / "val_curve.png", title, "round")
+        self.uploads.clear()
 
     def finish(self) -> None:
         """Export the global backbone once the last round is done."""

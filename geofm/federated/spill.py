@@ -1,4 +1,10 @@
-"""A round's decoded updates on disk, for the aggregation rules that need all of them at once.
+"""A round's uploads and decoded updates on disk, so that the server's memory stays flat in its clients.
+
+The uploads themselves: as each reply arrives, the transport writes its arrays to the run's
+``spill/uploads`` folder (:class:`UploadStore`) and keeps only a :class:`StoredArrays` handle,
+which maps an array afresh each time it is taken; nothing of it stays resident once the caller
+lets it go. A float32 upload (FedAvg's) is as large as the decoded update, so keeping every
+encoded upload in memory would grow as the decoded ones do.
 
 The weighted mean (FedAvg's, and every rule built on it) streams: each accepted upload is
 decoded, added to a running sum and freed, so the server holds the encoded uploads and one
@@ -11,9 +17,10 @@ pages read are the kernel's cache, not the server's resident memory: the server 
 of at most :data:`BLOCK_BYTES` besides the result.
 
 The file lives in a temporary folder under the run's ``spill`` folder (:data:`SPILL_FOLDER`) and
-is removed as soon as the rule is done. A server killed mid-round redoes that round from its last
-checkpoint (the clients upload again), so what a killed round left there is stale: the server
-removes the ``spill`` folder when it starts (:func:`clear_spill`).
+is removed as soon as the rule is done; the stored uploads once the round is aggregated. A server
+killed mid-round redoes that round from its last checkpoint (the clients upload again), so what a
+killed round left there is stale: the server removes the ``spill`` folder when it starts
+(:func:`clear_spill`).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +41,55 @@ SPILL_FOLDER = "spill"
 """The folder of a run's spilled updates, under its output folder."""
 BLOCK_BYTES = 64 << 20
 """The most bytes of one block of columns read back at a time (all clients together)."""
+
+
+UPLOADS_FOLDER = "uploads"
+"""The folder of a round's stored uploads, under the spill folder."""
+
+
+class StoredArrays(Mapping[str, np.ndarray]):
+    """One upload's arrays as ``.npy`` files, each taken as a fresh read-only memory map (its pages leave
+    the server's memory with it); ``nbytes`` gives the sizes without reading the data."""
+
+    def __init__(self, folder: Path, names: Sequence[str]) -> None:
+        self.folder, self._names = folder, list(names)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(name)
+        return np.load(self.folder / f"{name}.npy", mmap_mode="r")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+class UploadStore:
+    """A round's uploads kept on disk as they arrive (see the module docstring).
+
+    Args:
+        folder: where each upload gets a numbered folder of ``.npy`` files (the run's
+            ``spill/uploads``).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self._count = folder, 0
+
+    def keep(self, arrays: Mapping[str, np.ndarray]) -> StoredArrays:
+        """Write an upload's arrays and return their handle; the caller drops the arrays themselves."""
+        folder = self.folder / f"{self._count:06d}"
+        self._count += 1
+        folder.mkdir(parents=True)
+        for name, array in arrays.items():
+            np.save(folder / f"{name}.npy", np.asarray(array), allow_pickle=False)
+        return StoredArrays(folder, list(arrays))
+
+    def clear(self) -> None:
+        """Remove the round's stored uploads (their handles must no longer be used)."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self._count = 0
 
 
 def clear_spill(run_dir: Path) -> None:
@@ -98,4 +154,12 @@ class SpilledUpdates:
         self._folder.cleanup()
 
 
-__all__ = ["BLOCK_BYTES", "SPILL_FOLDER", "SpilledUpdates", "clear_spill"]
+__all__ = [
+    "BLOCK_BYTES",
+    "SPILL_FOLDER",
+    "UPLOADS_FOLDER",
+    "SpilledUpdates",
+    "StoredArrays",
+    "UploadStore",
+    "clear_spill",
+]
