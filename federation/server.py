@@ -168,7 +168,7 @@ class FederatedServer:
         uploads = [
             ClientUpload(
                 self.clients[r.node_id][0],
-                payload_arrays({k: v for k, v in r.arrays.items() if k != RUNNING_STATISTICS}),
+                payload_arrays(r.arrays, skip=(RUNNING_STATISTICS,)),
                 self.clients[r.node_id][1],
                 r.metrics,
             )
