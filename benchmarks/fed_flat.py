@@ -83,8 +83,9 @@ def run_flat(settings: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
         with tempfile.TemporaryDirectory(prefix="geofm-fed-flat-") as tmp:
             store, rule = UploadStore(Path(tmp)), build_algorithm(AlgorithmConfig.model_validate(algorithm), values)
             generator = torch.Generator().manual_seed(1)
-            for i in range(ms[-1]):
-                delta = torch.randn(values, generator=generator) * 1e-3 * (1 + i % 3) + 1e-3 * (i % 3)
+            base = torch.randn(values, generator=generator) * 1e-3
+            for i in range(ms[-1]):  # three kinds of client (for K-means), each a little apart
+                delta = base * (1 + i % 3) + 1e-3 * (i % 3) + 1e-5 * i
                 arrays, _ = rule.upload(LocalUpdate({"update": delta}), {}, generator)
                 names = list(store.keep(arrays))
                 del arrays, delta
