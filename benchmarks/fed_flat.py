@@ -1,9 +1,11 @@
 """``geofm bench fed-round``'s flat-server rows: the server's peak memory and seconds per round at M clients.
 
-For each algorithm (FedAvg with float32 uploads, FedSense with 1-bit uploads and 3 groups) the
-uploads of ``max(flat_clients)`` clients are made once, from random updates of the size of the
-configured model (``flat_config``: the GFM Swin-B student by default), and written to an
-:class:`~geofm.federated.spill.UploadStore` as Flower's transport writes each reply on arrival.
+For each algorithm (FedAvg with float32 uploads, FedSense with 1-bit uploads and 3 groups) three
+kinds of upload are made from random updates of the size of the configured model
+(``flat_config``: the GFM Swin-B student by default) and written to an
+:class:`~geofm.federated.spill.UploadStore` as Flower's transport writes each reply on arrival;
+the ``max(flat_clients)`` clients upload them in turn (their files hard links to their kind's, so
+that making 40 Swin-B uploads takes seconds, not minutes on a loaded machine).
 Each M then runs in a fresh process, so that its peak resident memory is the round's alone: the
 server's global model, decoding and screening the M uploads, combining them and its update rule
 (FedSense's: K-means of the count sketches and the group models; the similarity distillation
@@ -14,6 +16,7 @@ here). The target: the peak at the largest M within 1.3x of the peak at the smal
 from __future__ import annotations
 
 import multiprocessing
+import os
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -28,6 +31,8 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "FedAvg fp32": {"name": "fedavg", "uplink": {"bits": 32}},
     "FedSense 1-bit": {"name": "fedsense", "clusters": 3, "distill_steps": 1, "uplink": {"bits": 1}},
 }
+KINDS = 3
+"""Distinct synthetic uploads; client i uploads kind ``i % KINDS``."""
 PEAK_RATIO = 1.3
 """The most the server's peak may grow from the fewest to the most clients."""
 
@@ -84,11 +89,14 @@ def run_flat(settings: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
             store, rule = UploadStore(Path(tmp)), build_algorithm(AlgorithmConfig.model_validate(algorithm), values)
             generator = torch.Generator().manual_seed(1)
             base = torch.randn(values, generator=generator) * 1e-3
-            for i in range(ms[-1]):  # three kinds of client (for K-means), each a little apart
-                delta = base * (1 + i % 3) + 1e-3 * (i % 3) + 1e-5 * i
-                arrays, _ = rule.upload(LocalUpdate({"update": delta}), {}, generator)
+            for i in range(KINDS):  # three kinds of client, for K-means
+                arrays, _ = rule.upload(LocalUpdate({"update": base * (1 + i) + 1e-3 * i}), {}, generator)
                 names = list(store.keep(arrays))
-                del arrays, delta
+                del arrays
+            for i in range(KINDS, ms[-1]):  # the other clients share their kind's files (hard links: no copy)
+                (Path(tmp) / f"{i:06d}").mkdir()
+                for file in (Path(tmp) / f"{i % KINDS:06d}").iterdir():
+                    os.link(file, Path(tmp) / f"{i:06d}" / file.name)
             upload_mib = sum(p.stat().st_size for p in Path(tmp).glob("000000/*.npy")) / 2**20
             measured = {}
             for m in ms:
