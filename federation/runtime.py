@@ -69,10 +69,11 @@ log = logging.getLogger("geofm.federated")
 
 @dataclass(frozen=True)
 class Reply:
-    """What a node sent back: its upload and its metrics."""
+    """What a node sent back: its upload and its metrics (the upload's arrays in memory, or on disk
+    where the transport stored them as they arrived: :class:`~geofm.federated.spill.StoredArrays`)."""
 
     node_id: int
-    arrays: Arrays
+    arrays: Mapping[str, np.ndarray]
     metrics: Scalars
 
 
