@@ -402,7 +402,8 @@ class _RoundLoop:
                 self.program.register(reply.node_id, reply.metrics)
                 self.registered.add(reply.node_id)
                 self.refused.pop(reply.node_id, None)
-                log.info("node %d registered: %s", reply.node_id, reply.metrics)
+                identity = ", ".join(f"{key}={value}" for key, value in reply.metrics.items())
+                log.info("node %d registered: %s", reply.node_id, identity)
             for failure in failures:
                 self.refused[failure.node_id] = failure.reason
                 log.warning("node %d did not answer the handshake: %s", failure.node_id, failure.reason)
@@ -444,7 +445,7 @@ class _RoundLoop:
                 self.timer.observe(self.clock() - sent, complete=len(replies) == len(payloads))
                 if len(replies) >= plan.min_clients:
                     self.program.aggregate(rnd, replies, failures)
-                    log.info(
+                    log.debug(  # the program logs its own round line; failures are warned of one by one
                         "round %d: %d replies, %d failures (%.1f s)",
                         rnd,
                         len(replies),
