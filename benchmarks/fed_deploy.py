@@ -4,12 +4,17 @@ The same config (the demo's FedSense by default, on a fresh synthetic archive wi
 weights) runs three ways, one after the other: in Flower's simulation engine (``geofm fed simulate``,
 whose node processes live for the run), deployed on 127.0.0.1 with TLS and SuperNode authentication
 (:class:`~federation.localdeploy.LocalDeployment`) as shipped, where each node's long-lived
-worker answers every message, and deployed with a ClientApp that builds the client program in each
+worker answers every message (the SuperNodes with ``geofm fed supernode --poll-s 0.2``), and deployed with a ClientApp that builds the client program in each
 message's own process (``client_app_without_worker``, how deployed nodes ran before the worker).
 The figure is the server's ``seconds`` per round from ``rounds.jsonl`` (configure to aggregate,
 both included); the first round, which starts the nodes' processes, is reported apart. The
 exported backbones are compared too: every mode runs with one thread per client
 (``OMP_NUM_THREADS=1``, as Ray gives each simulated node), so they should agree exactly.
+A deployed round's time above the simulated one is the deployment's fixed cost (Flower's
+messaging and each message's ClientApp process); it is reported in seconds and as a share of
+the round. ``institutions=N`` keeps a config's first N client sources (and its public ones), so
+that the paper's setting runs on the synthetic archive, whose RGB images stand in for any source
+the archive does not have.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ DEFAULTS: dict[str, Any] = {
     "rounds": 8,
     "num_cpus": 2,
     "modes": ["simulated", "deployed", "deployed_without_worker"],
+    "institutions": None,  # N: the config's first N client sources (and its public ones) on the synthetic archive
 }
 QUICK: dict[str, Any] = {
     "rounds": 2,
@@ -47,13 +53,31 @@ def _prepare(settings: dict[str, Any], folder: Path, mode: str) -> tuple[Path, d
     tree = read_config_tree(repo_path(settings["config"]), settings["overrides"])
     tree["run"] = {**tree.get("run", {}), "output_dir": str(folder / mode)}
     tree["federation"] = {**tree["federation"], "rounds": settings["rounds"], "stop_after_rounds": None}
+    if settings["institutions"] is not None:
+        _shrink(tree, settings["institutions"])
     for source in tree["data"]["sources"]:
-        source["root"] = str(folder / "archive" / source["name"])
+        if (folder / "archive" / source["name"]).is_dir():
+            source["root"] = str(folder / "archive" / source["name"])
+        else:  # another config's source (RGB, as the paper's): the synthetic archive's RGB images stand in
+            public = source["name"] in tree["federation"].get("public_sources", [])
+            source["root"] = str(folder / "archive" / ("public_rgb" if public else "aerial_rgb"))
+            source["pattern"] = "*.tif"
     if tree.get("teacher"):
         tree["teacher"]["checkpoint"] = str(folder / "teacher.pth")
     path = folder / f"{mode}.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path, tree
+
+
+def _shrink(tree: dict, institutions: int) -> None:
+    """Keep the config's first ``institutions`` client sources and its public ones, all of them required."""
+    public = tree["federation"].get("public_sources", [])
+    clients = [source for source in tree["data"]["sources"] if source["name"] not in public]
+    if not 1 <= institutions <= len(clients):
+        raise ValueError(f"institutions={institutions}: the config has {len(clients)} client sources")
+    kept = clients[:institutions] + [source for source in tree["data"]["sources"] if source["name"] in public]
+    tree["data"]["sources"] = kept
+    tree["federation"]["min_clients"] = institutions
 
 
 def _teacher(tree: dict, path: Path) -> None:
@@ -86,7 +110,7 @@ def _simulate(config: Path, num_cpus: int) -> None:
 
 def _deploy(config: Path, tree: dict, folder: Path, with_worker: bool) -> None:
     from federation.cli import BUILT_IN
-    from federation.deploy import APP_DIR, COMPLETED
+    from federation.deploy import APP_DIR, COMPLETED, NODE_POLL_S
     from federation.localdeploy import LocalDeployment
     from federation.runtime import CONFIG, PROGRAM, config_entry
     from geofm.config.federated import FederatedConfig
@@ -98,9 +122,10 @@ def _deploy(config: Path, tree: dict, folder: Path, with_worker: bool) -> None:
         text = (APP_DIR / "pyproject.toml").read_text()
         (app_dir / "pyproject.toml").write_text(text.replace(":client_app", ":client_app_without_worker"))
     names = FederatedConfig.from_tree(tree).client_names
-    roots = {name: str(folder / "archive" / name) for name in names}
+    roots = {source["name"]: source["root"] for source in tree["data"]["sources"] if source["name"] in names}
     home = folder / ("fed" if with_worker else "fed_without_worker")
-    with LocalDeployment(home, names, data_roots=roots, env={"OMP_NUM_THREADS": "1"}) as deployment:
+    env = {"OMP_NUM_THREADS": "1"}
+    with LocalDeployment(home, names, data_roots=roots, env=env, poll_s=NODE_POLL_S) as deployment:
         run_id = deployment.launch({PROGRAM: BUILT_IN, CONFIG: config_entry(tree)}, app_dir)
         run = deployment.wait(run_id)
         if run["status"] != COMPLETED:
@@ -157,15 +182,28 @@ def run(settings: dict[str, Any]) -> Report:
         "max_abs_weight_difference_vs_simulated": differences,
     }
     targets = []
+    above: dict[str, float] = {}
     if "simulated" in later:
         for mode in ("deployed", "deployed_without_worker"):
             if mode in later:
                 results[f"{mode}_over_simulated"] = later[mode] / later["simulated"]
-        if "deployed" in later:
-            ratio = results["deployed_over_simulated"]
-            targets.append(Target("deployed round / simulated round", ratio, "<=", 2.0, "x", "rounds 2 on, medians"))
+                above[mode] = later[mode] - later["simulated"]
+        # The deployment's fixed cost per round (Flower's messaging and process starts) and its share of the round.
+        results["deployed_above_simulated_s"] = above
+        results["fixed_cost_share"] = {mode: extra / later[mode] for mode, extra in above.items()}
+        if "deployed" in above:
+            targets.append(
+                Target("deployed round above simulated", above["deployed"], "<=", 2.0, "s", "rounds 2 on, medians")
+            )
     rows = [
-        {"mode": mode, "first round s": s[0], "median later round s": later.get(mode), "rounds": len(s)}
+        {
+            "mode": mode,
+            "first round s": s[0],
+            "median later round s": later.get(mode),
+            "above simulated s": above.get(mode),
+            "fixed share": results.get("fixed_cost_share", {}).get(mode),
+            "rounds": len(s),
+        }
         for mode, s in seconds.items()
     ]
     notes = [

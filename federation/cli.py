@@ -24,6 +24,7 @@ from federation.deploy import (
     ACTIVATION_RETRY_S,
     DEFAULT_CONNECTION,
     DEFAULT_PORT,
+    NODE_POLL_S,
     ONLINE_PATIENCE_S,
     DeploymentFiles,
     deployment_commands,
@@ -168,6 +169,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     node.add_argument(
         "--retry-activation-s", type=float, default=ACTIVATION_RETRY_S, help=f"default {ACTIVATION_RETRY_S:g}"
+    )
+    node.add_argument(
+        "--poll-s",
+        type=float,
+        help="longest wait between the node's asks for work and looks for its ClientApp's reply (default: "
+        f"Flower's own 3 s and 0.5 s; {NODE_POLL_S:g} takes seconds off short rounds)",
     )
     node.add_argument("arguments", nargs=argparse.REMAINDER, metavar="-- ARGS", help="flower-supernode's arguments")
     node.set_defaults(handler=_supernode)
@@ -319,7 +326,7 @@ def _commands(args: argparse.Namespace) -> None:
 
 def _supernode(args: argparse.Namespace) -> None:
     arguments = args.arguments[1:] if args.arguments[:1] == ["--"] else args.arguments
-    code = run_supernode(arguments, args.retry_activation_s)
+    code = run_supernode(arguments, args.retry_activation_s, poll_s=args.poll_s)
     if code:
         raise SystemExit(code)
 

@@ -57,9 +57,12 @@ ACTIVATION_RETRY_S = 120.0
 """How long ``geofm fed supernode`` keeps starting a SuperNode the SuperLink refuses (its heartbeat patience is 60 s)."""
 ONLINE_PATIENCE_S = 60.0
 """How long the SuperLink counts a SuperNode online after its last heartbeat (flwr: two 30 s heartbeat intervals)."""
+NODE_POLL_S = 0.2
+"""A SuperNode's longest wait between asks for work and between looks for its ClientApp's reply with
+``geofm fed supernode --poll-s`` as ``geofm bench fed-deploy`` runs it (flower-supernode 1.41: a fixed 3 s and 0.5 s)."""
 QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
-COMPLETED = "finished:completed"
 """Environment for every Flower process: no telemetry, no update check (machines may be offline)."""
+COMPLETED = "finished:completed"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -345,11 +348,13 @@ def supernode_command(
     node_config: Mapping[str, Scalar],
     *,
     retry_activation_s: float = ACTIVATION_RETRY_S,
+    poll_s: float | None = None,
 ) -> list[str]:
     """``flower-supernode`` for one institution; ``port`` is its own Runtime API (ClientApp) port.
 
     With ``retry_activation_s``, through ``geofm fed supernode`` (:func:`run_supernode`), which
-    starts it again while the SuperLink refuses its activation for that long.
+    starts it again while the SuperLink refuses its activation for that long, and with ``poll_s``
+    shortens its waits for work and replies to that.
     """
     flower = [
         "--superlink",
@@ -365,7 +370,8 @@ def supernode_command(
     ]
     if not retry_activation_s:
         return ["flower-supernode", *flower]
-    return ["geofm", "fed", "supernode", "--retry-activation-s", f"{retry_activation_s:g}", "--", *flower]
+    poll = [] if poll_s is None else ["--poll-s", f"{poll_s:g}"]
+    return ["geofm", "fed", "supernode", "--retry-activation-s", f"{retry_activation_s:g}", *poll, "--", *flower]
 
 
 ACTIVATION_REFUSED = "Failed to activate SuperNode"
@@ -373,13 +379,18 @@ SUPERNODE_MARKER = "GEOFM_SUPERNODE"
 """Environment variable marking the processes of one start of flower-supernode (see :func:`run_supernode`)."""
 
 
-def run_supernode(arguments: Sequence[str], retry_activation_s: float, pause_s: float = 5.0) -> int:
+def run_supernode(
+    arguments: Sequence[str], retry_activation_s: float, pause_s: float = 5.0, poll_s: float | None = None
+) -> int:
     """Run ``flower-supernode ARGUMENTS``, starting it again while the SuperLink refuses its activation.
 
     A SuperNode restarted within a minute of a crash is refused: the SuperLink still counts its
     previous process as online until two heartbeats (:data:`ONLINE_PATIENCE_S`) pass without one. A
     key the SuperLink does not know is refused with the same words, so it is told apart by time: a
     start refused more than that after the first refusal was refused for its key.
+
+    With ``poll_s``, flower-supernode runs with its fixed waits for work (3 s) and for its ClientApp's
+    reply (0.5 s) shortened to at most that (:func:`federation.flower.run_supernode_in_process`).
 
     Returns:
         flower-supernode's exit code (that of its last start).
@@ -389,6 +400,7 @@ def run_supernode(arguments: Sequence[str], retry_activation_s: float, pause_s: 
             with a SuperLink that has since lost its database).
     """
     deadline = time.monotonic() + retry_activation_s
+    program = ["flower-supernode"] if poll_s is None else [sys.executable, "-m", "federation.flower", f"{poll_s:g}"]
     first_refusal = None
     while True:
         # flower-supernode starts a SuperExec that outlives it when it exits on an error, retrying its
@@ -396,7 +408,7 @@ def run_supernode(arguments: Sequence[str], retry_activation_s: float, pause_s: 
         token = uuid.uuid4().hex
         started = time.monotonic()
         process = subprocess.Popen(
-            ["flower-supernode", *arguments],
+            [*program, *arguments],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

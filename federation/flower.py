@@ -565,3 +565,34 @@ def simulate(
             shutil.rmtree(ray_dir, ignore_errors=True)
             watchdog.kill()
             watchdog.wait()
+
+
+class _ShortWaits:
+    """The ``time`` module as flower-supernode's message loop sees it: every wait at most ``longest_s``."""
+
+    def __init__(self, longest_s: float) -> None:
+        self.longest_s = longest_s
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(seconds, self.longest_s))
+
+
+def run_supernode_in_process(arguments: list[str], poll_s: float) -> None:
+    """``flower-supernode ARGUMENTS`` in this process, its waits for work and for replies at most ``poll_s``.
+
+    flower-supernode 1.41 has no setting for them: its message loop sleeps 3 s after the SuperLink had
+    no message for it and 0.5 s between looks for the ClientApp's reply, which a short round pays in full.
+    """
+    from flwr.supernode import start_client_internal
+    from flwr.supernode.cli import flower_supernode
+
+    start_client_internal.time = _ShortWaits(poll_s)
+    sys.argv = ["flower-supernode", *arguments]
+    flower_supernode()
+
+
+if __name__ == "__main__":  # geofm fed supernode's child: python -m federation.flower POLL_S ARGUMENTS
+    run_supernode_in_process(sys.argv[2:], float(sys.argv[1]))

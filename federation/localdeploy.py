@@ -88,6 +88,7 @@ class LocalDeployment:
         data_roots: institutions' data folders (default: ``root/data/NAME``).
         env: extra environment for every process (e.g. PYTHONPATH for the programs to import).
         safety_timeout_s: upper bound on any single wait; only guards against hanging forever.
+        poll_s: the SuperNodes' ``geofm fed supernode --poll-s`` (default: Flower's own waits).
     """
 
     def __init__(
@@ -98,7 +99,9 @@ class LocalDeployment:
         data_roots: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         safety_timeout_s: float = 900.0,
+        poll_s: float | None = None,
     ) -> None:
+        self.poll_s = poll_s
         self.root = Path(root).resolve()
         self.institutions = list(institutions)
         self.data_roots = dict(data_roots or {})
@@ -196,7 +199,13 @@ class LocalDeployment:
         node_config = {INSTITUTION: institution, DATA_ROOT: data_root}
         key = self.files.node_key(institution)
         command = supernode_command(
-            self.files.ca_cert, key, self.address, free_port(), node_config, retry_activation_s=retry_activation_s
+            self.files.ca_cert,
+            key,
+            self.address,
+            free_port(),
+            node_config,
+            retry_activation_s=retry_activation_s,
+            poll_s=self.poll_s,
         )
         return self._spawn(institution, command)
 

@@ -65,3 +65,19 @@ def test_bench_registers_on_the_geofm_command_line() -> None:
     assert settings["bits"] == [1, 8] and settings["numel"] == module("codec").QUICK["numel"]
     with pytest.raises(ValueError, match="unknown setting 'bitz'"):
         settings_of(module("codec"), False, ["bitz=1"])
+
+
+def test_fed_deploy_runs_the_papers_setting_on_the_synthetic_archive_for_a_few_institutions(tmp_path) -> None:
+    """institutions=2: the paper's first two client sources and its public one, each reading RGB images there."""
+    from benchmarks.fed_deploy import _prepare
+
+    make_demo_archive(tmp_path / "archive", seed=0)
+    settings = {**module("fed-deploy").DEFAULTS, "institutions": 2}
+    settings["config"] = "configs/federated/fedsense_swin_tiny__10clients__100rounds__1bit_ef.yaml"
+    _, tree = _prepare(settings, tmp_path, "deployed")
+    sources = {source["name"]: source for source in tree["data"]["sources"]}
+    assert list(sources) == ["naip_us", "worldview3", "million_aid"] and tree["federation"]["min_clients"] == 2
+    assert sources["million_aid"]["root"] == str(tmp_path / "archive" / "public_rgb")
+    assert all(any(Path(s["root"]).glob(s["pattern"])) for s in sources.values()), "every source finds images"
+    with pytest.raises(ValueError, match="institutions=11: the config has 10 client sources"):
+        _prepare({**settings, "institutions": 11}, tmp_path, "deployed")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import ipaddress
 import os
 import shlex
 import subprocess
+import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -16,6 +19,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 from flwr.cli.flower_config import parse_superlink_connection
 from flwr.common.config import parse_config_args
+from flwr.supernode import cli as supernode_cli
+from flwr.supernode import start_client_internal
 
 import federation.deploy
 from federation.cli import program_run_config, register
@@ -24,8 +29,10 @@ from federation.deploy import (
     format_config_values,
     launch_run,
     run_supernode,
+    supernode_command,
     write_deployment_files,
 )
+from federation.flower import run_supernode_in_process
 from federation.processes import is_zombie
 from federation.runtime import config_entry
 from geofm.errors import ConfigError, FederatedRunError
@@ -169,6 +176,53 @@ def test_a_supernode_the_superlink_refuses_is_started_again_for_a_bounded_time(t
     starts.unlink()
     assert run_supernode([], retry_activation_s=0, pause_s=0) == 1, "no retry without a window: refused for good"
     assert starts.read_text().count("start") == 1
+
+
+def test_a_supernode_waits_for_work_and_for_replies_at_most_its_poll_interval(monkeypatch):
+    """flower-supernode's fixed waits (3 s without a message, 0.5 s between looks for a reply) are cut to poll_s."""
+    source = inspect.getsource(start_client_internal)
+    assert "time.sleep(3)" in source and "time.sleep(0.5)" in source, "the waits this shortens are Flower's"
+    slept, argv = [], []
+
+    def flower_supernode():
+        argv.append(sys.argv)
+        start_client_internal.time.sleep(3)
+        start_client_internal.time.sleep(0.1)
+
+    monkeypatch.setattr(start_client_internal, "time", time)  # put back after the test
+    monkeypatch.setattr(time, "sleep", slept.append)
+    monkeypatch.setattr(supernode_cli, "flower_supernode", flower_supernode)
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    run_supernode_in_process(["--superlink", "h:1"], poll_s=0.2)
+    assert slept == [0.2, 0.1] and argv == [["flower-supernode", "--superlink", "h:1"]]
+    assert start_client_internal.time.monotonic is time.monotonic, "the rest of time as it is"
+
+
+def test_a_supernode_started_with_poll_s_runs_flower_supernode_with_shortened_waits(tmp_path):
+    command = supernode_command(
+        tmp_path / "ca.crt", tmp_path / "node.key", "h:1", 9094, {"institution": "a"}, poll_s=0.2
+    )
+    assert command[: command.index("--")] == [
+        "geofm",
+        "fed",
+        "supernode",
+        "--retry-activation-s",
+        "120",
+        "--poll-s",
+        "0.2",
+    ]
+    args = argparse.ArgumentParser()
+    register(args.add_subparsers(dest="command"))
+    parsed = args.parse_args(command[1:])
+    assert parsed.poll_s == 0.2 and parsed.arguments[:3] == ["--", "--superlink", "h:1"]
+    assert args.parse_args(["fed", "supernode", "--", "--superlink", "h:1"]).poll_s is None, "Flower's own waits"
+
+
+def test_a_message_s_clientapp_process_does_not_import_torch():
+    """A deployed node starts a ClientApp process per message, which imports federation.flower: not torch's seconds."""
+    code = "import sys, federation.flower; print(sorted({'torch', 'ray'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def _fake_command(folder: Path, name: str, script: str) -> Path:
