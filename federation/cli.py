@@ -283,8 +283,8 @@ def _simulate(args: argparse.Namespace) -> None:
         from federation.program import check_simulation_inputs, run_config_tree
 
         cfg = run_config_tree(run_config)
-        check_simulation_inputs(cfg, str(args.config))
         check_writable(cfg.run.output_dir, "run.output_dir", folder=True)  # before the simulation engine starts
+        check_simulation_inputs(cfg, str(args.config))
     from federation.flower import simulate  # imports flwr and torch: only once the config is valid
 
     simulate(

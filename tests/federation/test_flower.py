@@ -294,7 +294,9 @@ def test_a_stop_signal_ends_a_simulation_in_one_line_naming_its_last_round_and_l
     _, stderr = main.communicate()
     assert main.returncode == 2, stderr[-4000:]
     expected = f"geofm: error: stopped by {stop} after round 1; rerun the same command to resume"
-    assert [line for line in stderr.splitlines() if " INFO " not in line] == [expected], stderr[-4000:]
+    # Ray's gRPC may print abseil's mutex tracing from a worker on a loaded machine; nothing of geofm's.
+    shown = [line for line in stderr.splitlines() if " INFO " not in line and "[mutex.cc" not in line]
+    assert shown == [expected], stderr[-4000:]
     assert [r["round"] for r in toy.read_records(out)] == [1]
     while any(start_time(pid) == started for pid, started in ray.items()) or list(short_tmp.glob("geofm-ray-*")):
         time.sleep(0.2)  # the processes the simulation SIGKILLed on its way out
