@@ -187,9 +187,9 @@ def test_a_node_the_superlink_reports_gone_fails_alone_and_a_silent_one_after_th
     assert reasons[4].startswith("no reply (waited at most 0.5 s"), reasons
 
 
-def test_a_simulation_killed_with_sigkill_leaves_no_ray_process_and_no_ray_folder(tmp_path, toy_pythonpath):
-    """The watchdog ends Ray's processes (agents outlive their raylet by minutes) and removes its session folder."""
-    import signal
+def _hung_toy_simulation(tmp_path: Path, toy_pythonpath: str, **popen) -> tuple[subprocess.Popen, Path, Path, dict]:
+    """``geofm fed simulate`` of the toy program with b hanging in round 2, once round 2 runs: the process,
+    its records file, its own temporary folder and Ray's processes (pid -> start time)."""
     import tempfile
     import time
 
@@ -202,21 +202,40 @@ def test_a_simulation_killed_with_sigkill_leaves_no_ray_process_and_no_ray_folde
     config.write_text(yaml.safe_dump({"rounds": 3, "out": str(out), "hang": "b@2", "round_timeout_s": 600.0}))
     command = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), "--program", "toy"]
     env = {**os.environ, "PYTHONPATH": toy_pythonpath, "TMPDIR": str(short_tmp)}
-    main = subprocess.Popen([*command, "--institutions", "a,b", "--num-cpus", "2"], env=env)
+    main = subprocess.Popen([*command, "--institutions", "a,b", "--num-cpus", "2"], env=env, **popen)
+    hung = Path(f"{out}.hang.b")
+    while not hung.exists():  # round 1 is logged and round 2 is running: b never answers
+        if main.poll() is not None:
+            main.communicate()
+            pytest.fail("the simulation ended before its second round")
+        time.sleep(0.2)
+    ray = {pid: start_time(pid) for pid in _marked_by_any(SIMULATION_MARKER, short_tmp)}
+    return main, out, short_tmp, ray
+
+
+def _await_gone(ray: dict, short_tmp: Path) -> None:
+    """Wait until Ray's processes and session folder are gone, then remove the simulation's temporary folder."""
+    import time
+
+    from federation.processes import start_time
+
+    while any(start_time(pid) == started for pid, started in ray.items()) or list(short_tmp.glob("geofm-ray-*")):
+        time.sleep(0.2)
+    shutil.rmtree(short_tmp)  # what the test itself made: the folder of the simulation's temporary files
+
+
+def test_a_simulation_killed_with_sigkill_leaves_no_ray_process_and_no_ray_folder(tmp_path, toy_pythonpath):
+    """The watchdog ends Ray's processes (agents outlive their raylet by minutes) and removes its session folder."""
+    import signal
+
+    main, _, short_tmp, ray = _hung_toy_simulation(tmp_path, toy_pythonpath)
     try:
-        hung = Path(f"{out}.hang.b")
-        while not hung.exists():  # round 2 is running: Ray and its actors are up
-            assert main.poll() is None, "the simulation ended before its second round"
-            time.sleep(0.2)
-        ray = {pid: start_time(pid) for pid in _marked_by_any(SIMULATION_MARKER, short_tmp)}
         assert len(ray) >= 3, "Ray's processes carry the simulation's marker"
         assert list(short_tmp.glob("geofm-ray-*")), "Ray keeps its session below the simulation's own folder"
     finally:
         main.send_signal(signal.SIGKILL)
         main.wait()
-    while any(start_time(pid) == started for pid, started in ray.items()) or list(short_tmp.glob("geofm-ray-*")):
-        time.sleep(0.2)
-    shutil.rmtree(short_tmp)  # what the test itself made: the folder of the simulation's temporary files
+    _await_gone(ray, short_tmp)
 
 
 @pytest.mark.parametrize("verbose", [[], ["--verbose"]], ids=["plain", "verbose"])
@@ -269,26 +288,8 @@ def test_a_stop_signal_ends_a_simulation_in_one_line_naming_its_last_round_and_l
 ):
     """As central pretraining does: one error line, a non-zero exit, no process of the simulation left."""
     import signal
-    import tempfile
-    import time
 
-    from federation.flower import SIMULATION_MARKER
-    from federation.processes import start_time
-
-    short_tmp = Path(tempfile.mkdtemp(prefix="gt", dir="/tmp"))  # Ray's socket paths must stay short
-    out = tmp_path / "records.jsonl"
-    config = tmp_path / "toy.yaml"
-    config.write_text(yaml.safe_dump({"rounds": 3, "out": str(out), "hang": "b@2", "round_timeout_s": 600.0}))
-    command = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), "--program", "toy"]
-    env = {**os.environ, "PYTHONPATH": toy_pythonpath, "TMPDIR": str(short_tmp)}
-    main = subprocess.Popen(
-        [*command, "--institutions", "a,b", "--num-cpus", "2"], env=env, stderr=subprocess.PIPE, text=True
-    )
-    hung = Path(f"{out}.hang.b")
-    while not hung.exists():  # round 1 is logged and round 2 is running: b never answers
-        assert main.poll() is None, "the simulation ended before its second round"
-        time.sleep(0.2)
-    ray = {pid: start_time(pid) for pid in _marked_by_any(SIMULATION_MARKER, short_tmp)}
+    main, out, short_tmp, ray = _hung_toy_simulation(tmp_path, toy_pythonpath, stderr=subprocess.PIPE, text=True)
     assert len(ray) >= 3, "Ray's processes carry the simulation's marker"
     main.send_signal(getattr(signal, stop))
     _, stderr = main.communicate()
@@ -298,9 +299,7 @@ def test_a_stop_signal_ends_a_simulation_in_one_line_naming_its_last_round_and_l
     shown = [line for line in stderr.splitlines() if " INFO " not in line and "[mutex.cc" not in line]
     assert shown == [expected], stderr[-4000:]
     assert [r["round"] for r in toy.read_records(out)] == [1]
-    while any(start_time(pid) == started for pid, started in ray.items()) or list(short_tmp.glob("geofm-ray-*")):
-        time.sleep(0.2)  # the processes the simulation SIGKILLed on its way out
-    shutil.rmtree(short_tmp)
+    _await_gone(ray, short_tmp)  # the processes the simulation SIGKILLed on its way out
 
 
 def _marked_by_any(marker: str, tmp: Path) -> set[int]:
