@@ -126,6 +126,31 @@ def _block_options(width: int, height: int) -> dict[str, object]:
     }
 
 
+def _create_tiled(
+    path: Path,
+    shape: tuple[int, int, int],
+    dtype: np.dtype,
+    crs: str | None,
+    transform: Sequence[float],
+    nodata: float | None,
+    descriptions: Sequence[str] | None,
+    named: Path,
+) -> DatasetWriter:
+    """A new tiled GeoTIFF of ``shape`` at ``path`` with a name per band (``named``: the output the
+    error names).
+
+    Raises:
+        ValueError: if ``descriptions`` does not name every band.
+    """
+    count, height, width = shape
+    if descriptions is not None and len(descriptions) != count:
+        raise ValueError(f"{named}: {len(descriptions)} band descriptions for {count} bands")
+    dst = _create(path, shape, dtype, crs, transform, nodata, **_block_options(width, height))
+    if descriptions is not None:
+        dst.descriptions = tuple(descriptions)
+    return dst
+
+
 class GeoTiffWriter:
     """A GeoTIFF written window by window, so that a scene never has to be held whole in memory.
 
@@ -164,17 +189,11 @@ class GeoTiffWriter:
         Raises:
             ValueError: if ``descriptions`` does not name every band.
         """
-        if descriptions is not None and len(descriptions) != count:
-            raise ValueError(f"{path}: {len(descriptions)} band descriptions for {count} bands")
         path = Path(path)
         self.path, self.partial = path, path.with_name(path.name + ".partial")
         self.shape = (count, height, width)
         self.dtype = np.dtype(dtype)
-        self._dst = _create(
-            self.partial, self.shape, self.dtype, crs, transform, nodata, **_block_options(width, height)
-        )
-        if descriptions is not None:
-            self._dst.descriptions = tuple(descriptions)
+        self._dst = _create_tiled(self.partial, self.shape, self.dtype, crs, transform, nodata, descriptions, path)
 
     def write(self, array: np.ndarray, row_off: int, col_off: int = 0) -> None:
         """Write a (bands, rows, columns) block with its top-left pixel at ``(row_off, col_off)``.
@@ -309,11 +328,7 @@ class RowStreamWriter:
             self._dst = self._reopen()
             return
         self.sidecar.unlink(missing_ok=True)
-        if descriptions is not None and len(descriptions) != count:
-            raise ValueError(f"{path}: {len(descriptions)} band descriptions for {count} bands")
-        self._dst = _create(self.partial, self.shape, self.dtype, crs, transform, nodata, **options)
-        if descriptions is not None:
-            self._dst.descriptions = tuple(descriptions)
+        self._dst = _create_tiled(self.partial, self.shape, self.dtype, crs, transform, nodata, descriptions, path)
 
     def _reopen(self) -> DatasetWriter:
         """The partial file opened for update, after checking that it holds this raster."""
