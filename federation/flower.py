@@ -31,6 +31,7 @@ import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict
@@ -59,7 +60,9 @@ from federation.runtime import (
 )
 from geofm import PROJECT_LOGGERS
 from geofm.errors import ConfigError, FederatedRunError, GeoFMError, RunInterrupted
-from geofm.federated.spill import UploadStore
+
+if TYPE_CHECKING:  # the store imports torch, which a ClientApp process does without until it trains
+    from geofm.federated.spill import UploadStore
 
 ARRAYS = "arrays"
 SCALARS = "scalars"
