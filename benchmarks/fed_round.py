@@ -14,6 +14,10 @@ the drift-aware perturbation, set against one local training step of the config'
 
 Traffic: bytes per round up and down for FedSense as configured, with the downlink quantised at
 1-8 bits, and for FedAvg in float32.
+
+Flat server (:mod:`benchmarks.fed_flat`): the server's peak memory and seconds per round at 10 and
+40 clients of a Swin-B, FedAvg fp32 and FedSense 1-bit, against the target of a peak at 40 within
+1.3x of the peak at 10. ``parts=[flat]`` runs these rows alone.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ DEFAULTS: dict[str, Any] = {
     "distill_batch_size": 16,  # None: the config's
     "micro_batch": 4,
     "downlink_bits": [1, 2, 4, 8],
+    "parts": ["scaling", "flat"],  # scaling: the rows above; flat: the flat-server rows (benchmarks/fed_flat.py)
+    "flat_config": "configs/pretrain/gfm_swin_base__img192_win6__100ep.yaml",
+    "flat_clients": [10, 40],
 }
 QUICK: dict[str, Any] = {
     "config": "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml",
@@ -44,6 +51,8 @@ QUICK: dict[str, Any] = {
     "rounds": 1,
     "distill_steps": 1,
     "distill_batch_size": 4,
+    "flat_config": "configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml",
+    "flat_clients": [2, 8],
 }
 
 
@@ -116,6 +125,20 @@ class Server:
 
 
 def run(settings: dict[str, Any]) -> Report:
+    """The parts of ``settings["parts"]``: the scaling rows (server, client, traffic), the flat-server rows."""
+    from benchmarks.fed_flat import run_flat
+
+    report = _scaling(settings) if "scaling" in settings["parts"] else Report({})
+    if "flat" in settings["parts"]:
+        results, rows, targets, notes = run_flat(settings)
+        report.results["flat_server"] = results
+        report.rows += rows
+        report.targets += targets
+        report.notes += notes
+    return report
+
+
+def _scaling(settings: dict[str, Any]) -> Report:
     from geofm import engine as ds
     from geofm.federated.aggregation import ClientUpload
     from geofm.federated.algorithms import build_algorithm

@@ -31,6 +31,7 @@ import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict
@@ -59,6 +60,9 @@ from federation.runtime import (
 )
 from geofm import PROJECT_LOGGERS
 from geofm.errors import ConfigError, FederatedRunError, GeoFMError, RunInterrupted
+
+if TYPE_CHECKING:  # the store imports torch, which a ClientApp process does without until it trains
+    from geofm.federated.spill import UploadStore
 
 ARRAYS = "arrays"
 SCALARS = "scalars"
@@ -121,9 +125,10 @@ class GridTransport:
     :class:`~geofm.errors.RunInterrupted`.
     """
 
-    def __init__(self, grid: Grid, stop: SimulationStop | None = None) -> None:
+    def __init__(self, grid: Grid, stop: SimulationStop | None = None, uploads: UploadStore | None = None) -> None:
         self.grid = grid
         self.stop = stop
+        self.uploads = uploads
 
     def node_ids(self) -> list[int]:
         """Nodes connected to the SuperLink now (the simulated nodes in simulation)."""
@@ -162,7 +167,10 @@ class GridTransport:
                 failures.append(Failure(node, f"{message.error.reason} ({code})"))
             else:
                 content = message.content
-                replies.append(Reply(node, from_array_record(content[ARRAYS]), dict(content[SCALARS])))
+                arrays = from_array_record(content[ARRAYS])
+                if self.uploads is not None and kind == "train":  # on disk as it arrives: the server holds none
+                    arrays = self.uploads.keep(arrays)
+                replies.append(Reply(node, arrays, dict(content[SCALARS])))
         silent = [node for node in payloads if node not in answered]
         failures += [
             Failure(node, f"no reply (waited at most {timeout_s:g} s: the node is gone or too slow)") for node in silent
@@ -220,7 +228,8 @@ def _server_main(grid: Grid, context: Context, bound: Mapping[str, Scalar], stop
     _show_round_log()
     run_config = _run_config(context, bound)
     log.info("building the server of program %r", run_config[PROGRAM])
-    run_server(make_server_program(run_config), GridTransport(grid, stop))
+    program = make_server_program(run_config)
+    run_server(program, GridTransport(grid, stop, getattr(program, "uploads", None)))
 
 
 def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar], node_worker: bool) -> Message:

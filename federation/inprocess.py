@@ -12,14 +12,17 @@ from pathlib import Path
 from typing import Literal
 
 from federation.runtime import ClientProgram, Failure, Payload, Reply, run_server
+from geofm.federated.spill import UploadStore
 
 
 class InProcess:
-    """Nodes that are client programs in this process, keyed by node id."""
+    """Nodes that are client programs in this process, keyed by node id; with ``uploads``, each ``train``
+    reply's arrays go to that store as Flower's transport puts them (see :mod:`~geofm.federated.spill`)."""
 
-    def __init__(self, clients: dict[int, ClientProgram]) -> None:
+    def __init__(self, clients: dict[int, ClientProgram], uploads: UploadStore | None = None) -> None:
         self.clients = clients
         self.states: dict[int, dict] = {}
+        self.uploads = uploads
 
     def node_ids(self) -> list[int]:
         return sorted(self.clients)
@@ -36,7 +39,7 @@ class InProcess:
                 else:
                     upload, metrics, state = self.clients[node].train(arrays, scalars, self.states.get(node, {}))
                     self.states[node] = state
-                    replies.append(Reply(node, upload, metrics))
+                    replies.append(Reply(node, self.uploads.keep(upload) if self.uploads else upload, metrics))
             except Exception as err:  # a failed node is reported to the round loop, as Flower reports it
                 failures.append(Failure(node, f"{type(err).__name__}: {err}"))
         return replies, failures
@@ -48,7 +51,8 @@ def run_in_process(cfg) -> Path:
     from federation.server import FederatedServer
 
     clients = {i + 1: FederatedClient(cfg, {"institution": name}) for i, name in enumerate(cfg.client_names)}
-    run_server(FederatedServer(cfg), InProcess(clients), poll_s=0)
+    server = FederatedServer(cfg)
+    run_server(server, InProcess(clients, server.uploads), poll_s=0)
     return cfg.run.output_dir
 
 

@@ -69,10 +69,11 @@ log = logging.getLogger("geofm.federated")
 
 @dataclass(frozen=True)
 class Reply:
-    """What a node sent back: its upload and its metrics."""
+    """What a node sent back: its upload and its metrics (the upload's arrays in memory, or on disk
+    where the transport stored them as they arrived: :class:`~geofm.federated.spill.StoredArrays`)."""
 
     node_id: int
-    arrays: Arrays
+    arrays: Mapping[str, np.ndarray]
     metrics: Scalars
 
 
@@ -92,7 +93,10 @@ class ServerProgram(Protocol):
     (per-round reply timeout, None waits until every node answered or went offline) and
     ``expected_clients`` (nodes to wait for before the first round). Optional: ``connect_timeout_s``
     (how long to wait for them, default 600), ``round_retries`` (attempts after a round that got
-    fewer than ``min_clients`` replies, default 2) and a method ``select(rnd, attempt, node_ids)``
+    fewer than ``min_clients`` replies, default 2), ``uploads`` (a
+    :class:`~geofm.federated.spill.UploadStore` the transport writes each ``train`` reply's arrays
+    to as it arrives, so that the program holds none of them in memory; the program clears it once
+    it aggregated the round) and a method ``select(rnd, attempt, node_ids)``
     choosing the round's nodes among the registered ones (default :func:`select_nodes`; a program
     that must select the same institutions after a restart, when Flower's node ids change,
     selects by the identities it registered).

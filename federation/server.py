@@ -23,6 +23,7 @@ from geofm.federated.algorithms.base import Algorithm, ServerRound, payload_arra
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
 from geofm.federated.privacy import PrivacyAccountant, check_statistics
 from geofm.federated.similarity import distill_similarity
+from geofm.federated.spill import SPILL_FOLDER, UPLOADS_FOLDER, UploadStore, clear_spill
 from geofm.paths import check_writable
 from geofm.runlog import MetricsLog, plot_metric_curve, plot_rounds
 from geofm.training import Progress, RunCheckpoints, check_inputs, check_resume
@@ -80,11 +81,14 @@ class FederatedServer:
         torch.manual_seed(cfg.run.seed)
         self.task = build_task(cfg)
         check_writable(self.run_dir, "run.output_dir", folder=True)
+        clear_spill(self.run_dir)  # a killed round's spilled updates: that round is redone from the checkpoint
+        self.uploads = UploadStore(self.run_dir / SPILL_FOLDER / UPLOADS_FOLDER)  # the transport fills it
         check_inputs(self.task.server_inputs(), "the run's config")
         self.model = self.task.build_model()
         self.algorithm: Algorithm = build_algorithm(
             cfg.algorithm, ParameterLayout.of(self.model), fed.declared_examples, cfg.num_clients, fed.rounds
         )
+        self.algorithm.spill_to(self.run_dir / SPILL_FOLDER)
         # What travels; the parameters local to the clients hold the algorithm's server_local, else their start.
         self.layout = self.algorithm.shared
         self.global_model = self.layout.flatten_module(self.model)
@@ -164,7 +168,7 @@ class FederatedServer:
         uploads = [
             ClientUpload(
                 self.clients[r.node_id][0],
-                payload_arrays({k: v for k, v in r.arrays.items() if k != RUNNING_STATISTICS}),
+                payload_arrays(r.arrays, skip=(RUNNING_STATISTICS,)),
                 self.clients[r.node_id][1],
                 r.metrics,
             )
@@ -247,6 +251,7 @@ class FederatedServer:
         if validation:  # the first metric is the task's own
             title = f"{self.run_dir.name}: global model"
             plot_metric_curve(records, "val", [next(iter(validation))], self.run_dir / "val_curve.png", title, "round")
+        self.uploads.clear()
 
     def finish(self) -> None:
         """Export the global backbone once the last round is done."""

@@ -11,6 +11,9 @@
 * :mod:`~geofm.federated.aggregation`: screening of uploads (:class:`UploadRules`) and
   data-weighted averaging (:func:`aggregate_uploads`).
 * :mod:`~geofm.federated.robust`: aggregators beyond the mean (median, trimmed mean, Krum), by name.
+* :mod:`~geofm.federated.spill`: a round's uploads stored on disk as they arrive
+  (:class:`UploadStore`) and the decoded updates of the rules that need all of them at once
+  (:class:`SpilledUpdates`), so that the server's memory stays flat in its clients.
 * :mod:`~geofm.federated.server_optimizers`: how the combined update moves the global model (FedAvgM,
   FedAdam, FedYogi), by name.
 * :mod:`~geofm.federated.clustering`: :func:`cluster_clients`, K-means of client models on a
@@ -37,6 +40,7 @@ _MODULES = {
     "aggregation": (
         "Accepted",
         "ClientUpload",
+        "Decoded",
         "Rejection",
         "RoundAggregate",
         "Upload",
@@ -53,6 +57,7 @@ _MODULES = {
     "partition": ("ClientFile", "partition_by_region", "partition_by_source", "partition_dirichlet"),
     "perturbation": ("Perturbation", "drift_norm", "perturbed", "proximal_term"),
     "similarity": ("consensus_similarity", "distill_similarity", "similarity_loss", "similarity_matrix"),
+    "spill": ("SpilledUpdates", "StoredArrays", "UploadStore", "clear_spill"),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 

@@ -20,6 +20,11 @@ the round. Rejected uploads come back with a reason, bounded counts with both nu
 caller to log. The accepted updates are combined by their weighted mean, or by the configured
 :class:`Aggregator` (:mod:`~geofm.federated.robust`).
 
+The server's memory stays flat in the number of clients: screening decodes one upload at a time
+and keeps only its norm, and the accepted uploads keep their encoded update (as it arrived),
+decoded again each time it is taken (:class:`Decoded`). The weighted mean is a running sum over
+them; the rules that need every update at once spill them to disk (:mod:`~geofm.federated.spill`).
+
 An upload may carry several named payloads (SCAFFOLD sends its model update and its control
 update): :func:`aggregate_payloads` screens each payload on its own rules, with its own history of
 norms, and a client's upload counts only if every payload passes; all payloads of the round then
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -84,17 +89,39 @@ class Rejection:
 
 @dataclass(frozen=True, eq=False)
 class Accepted:
-    """An upload that passed screening, with its decoded update (float32 CPU vector) and its L2 norm.
+    """An upload that passed screening: its encoded update, as it arrived, and its L2 norm.
 
     ``num_examples`` is the weight the round gives it: the claimed count after the bounds;
     ``metadata`` is what else the client reported with it (:class:`ClientUpload`).
     """
 
     client: str
-    update: Tensor
+    packet: Packet | Mapping[str, np.ndarray]
     num_examples: int
     norm: float
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def update(self) -> Tensor:
+        """The decoded update (a new float32 CPU vector), decoded afresh at each access: the server keeps
+        the encoded uploads, never every decoded one."""
+        return decode(_packet(self.packet))
+
+
+class Decoded(Sequence[Tensor]):
+    """Accepted uploads' updates, each decoded when it is taken and not kept: iterating over them holds
+    one decoded update at a time."""
+
+    def __init__(self, accepted: Sequence[Accepted]) -> None:
+        self._accepted = list(accepted)
+
+    def __len__(self) -> int:
+        return len(self._accepted)
+
+    def __getitem__(self, index: int | slice) -> Tensor | Decoded:
+        if isinstance(index, slice):
+            return Decoded(self._accepted[index])
+        return self._accepted[index].update
 
 
 @dataclass(frozen=True)
@@ -137,7 +164,7 @@ class RoundAggregate:
     Attributes:
         update: the accepted updates combined (by default their data-weighted mean), or None if
             none was accepted or the aggregator found too few.
-        accepted: the accepted uploads with their decoded updates, in upload order.
+        accepted: the accepted uploads (their updates decoded on access), in upload order.
         weights: each accepted upload's weight (its share of the accepted examples).
         rejected: the uploads left out, with reasons.
         bounded: client -> (claimed, counted) example counts, for the uploads whose claim was cut.
@@ -148,6 +175,11 @@ class RoundAggregate:
     weights: list[float]
     rejected: list[Rejection]
     bounded: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def updates(self) -> Decoded:
+        """The accepted updates, decoded one at a time as they are taken (see :class:`Decoded`)."""
+        return Decoded(self.accepted)
 
     def reported_mean(self, key: str) -> float | None:
         """The mean of the number ``key`` the accepted uploads report in their metadata, weighted as their
@@ -161,7 +193,11 @@ class RoundAggregate:
 
 
 class Aggregator(Protocol):
-    """Combines equally long update vectors (one per accepted client, with its weight) into one."""
+    """Combines equally long update vectors (one per accepted client, with its weight) into one.
+
+    The updates come as a :class:`Decoded` sequence: each is decoded when taken, so a rule that
+    takes them one at a time holds one at a time (see :mod:`~geofm.federated.robust`).
+    """
 
     def combine(self, updates: Sequence[Tensor], weights: Sequence[float]) -> Tensor: ...
 
@@ -170,34 +206,43 @@ class TooFewUpdates(ValueError):
     """A round has fewer accepted updates than its aggregator needs."""
 
 
-def weighted_mean(vectors: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
-    """``sum_i w_i v_i / sum_i w_i`` of equally long vectors, as a new float32 tensor.
+def weighted_mean(vectors: Iterable[Tensor], weights: Sequence[float]) -> Tensor:
+    """``sum_i w_i v_i / sum_i w_i`` of equally long vectors, as a new float32 tensor: a running sum
+    that takes the vectors once, in order, and keeps none of them.
 
     Raises:
         LayoutMismatchError: if the vectors differ in shape.
         ValueError: if there are no vectors, the counts differ, or a weight is negative or all are zero.
     """
-    if not vectors or len(vectors) != len(weights):
-        raise ValueError(
-            f"expected one weight per vector and at least one vector, got {len(vectors)} and {len(weights)}"
-        )
+    if not weights or (isinstance(vectors, Sized) and len(vectors) != len(weights)):
+        count = len(vectors) if isinstance(vectors, Sized) else "some"
+        raise ValueError(f"expected one weight per vector and at least one vector, got {count} and {len(weights)}")
     if any(w < 0 for w in weights) or sum(weights) <= 0:
         raise ValueError(f"weights must be non-negative with a positive sum, got {list(weights)}")
     total = float(sum(weights))
-    mean = torch.zeros_like(vectors[0], dtype=torch.float32)
+    mean: Tensor | None = None
     for vector, weight in zip(vectors, weights, strict=True):
-        if vector.shape != mean.shape:
+        if mean is None:
+            mean = torch.zeros_like(vector, dtype=torch.float32)
+        elif vector.shape != mean.shape:
             raise LayoutMismatchError(f"cannot average vectors of shapes {tuple(mean.shape)} and {tuple(vector.shape)}")
         mean.add_(vector, alpha=weight / total)
+    assert mean is not None  # one weight per vector, and at least one weight
     return mean
 
 
-def _check(upload: Upload, rules: UploadRules) -> tuple[Tensor | None, str | None]:
-    """Decode one upload and apply the absolute checks: (update, None) or (None, reason)."""
+def _packet(source: Packet | Mapping[str, np.ndarray]) -> Packet:
+    """A packet, or one rebuilt (and checked) from its arrays."""
+    return source if isinstance(source, Packet) else Packet.from_arrays(source)
+
+
+def _check(upload: Upload, rules: UploadRules) -> tuple[float | None, str | None]:
+    """Decode one upload and apply the absolute checks: (its update's L2 norm, None) or (None, reason).
+    The decoded update is not kept."""
     if upload.num_examples <= 0:
         return None, f"reports {upload.num_examples} training examples; expected a positive count"
     try:
-        packet = upload.packet if isinstance(upload.packet, Packet) else Packet.from_arrays(upload.packet)
+        packet = _packet(upload.packet)
     except CodecError as exc:
         return None, f"malformed packet: {exc}"
     if packet.n != rules.num_values:
@@ -208,15 +253,19 @@ def _check(upload: Upload, rules: UploadRules) -> tuple[Tensor | None, str | Non
     if not bool(torch.isfinite(update).all()):
         bad = int((~torch.isfinite(update)).sum())
         return None, f"update decodes to {bad} NaN or Inf values ({packet.bits}-bit packet)"
-    if not math.isfinite(float(torch.linalg.vector_norm(update))):
+    norm = float(torch.linalg.vector_norm(update))
+    if not math.isfinite(norm):
         return None, f"update values are too large: its L2 norm overflows float32 ({packet.bits}-bit packet)"
-    return update, None
+    return norm, None
 
 
 def screen_uploads(
     uploads: Sequence[Upload], rules: UploadRules, recent_norms: Sequence[float] = ()
 ) -> tuple[list[Accepted], list[Rejection]]:
     """Decode a round's uploads and sort them into accepted and rejected (see the module docstring).
+
+    Each upload is decoded, checked and freed before the next; the accepted keep their encoded
+    update and decode it again when it is taken.
 
     Args:
         uploads: the round's uploads.
@@ -227,16 +276,15 @@ def screen_uploads(
     The norm rule is skipped when the reference median is zero: it then says nothing about scale.
 
     Returns:
-        The accepted uploads with their decoded updates (counts not yet bounded), and the
+        The accepted uploads (counts not yet bounded), and the
         rejections, each in upload order.
     """
     passed: list[tuple[int, Accepted]] = []
     rejected: list[tuple[int, Rejection]] = []
     for index, upload in enumerate(uploads):
-        update, reason = _check(upload, rules)
-        if reason is None:
-            norm = float(torch.linalg.vector_norm(update))
-            passed.append((index, Accepted(upload.client, update, upload.num_examples, norm)))
+        norm, reason = _check(upload, rules)
+        if norm is not None:
+            passed.append((index, Accepted(upload.client, upload.packet, upload.num_examples, norm)))
         else:
             rejected.append((index, Rejection(upload.client, reason)))
     reference = _reference_norm(passed, rules, recent_norms)
@@ -341,7 +389,7 @@ def aggregate_payloads(
             replace(passed[name][a.client], num_examples=a.num_examples, metadata=uploads[index[a.client]].metadata)
             for a in counted
         ]
-        updates = [a.update for a in accepted]
+        updates = Decoded(accepted)
         try:
             update = weighted_mean(updates, weights) if aggregator is None else aggregator.combine(updates, weights)
         except TooFewUpdates as exc:

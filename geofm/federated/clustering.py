@@ -33,6 +33,9 @@ _CHUNK = 1 << 20
 def count_sketch(vectors: Sequence[Tensor], sketch_dim: int = 4096, seed: int = 0) -> Tensor:
     """Count sketches of equally long vectors (see the module docstring).
 
+    Each vector is sketched on its own, with the same hash and signs, so the vectors may be decoded
+    one at a time as they are taken (:class:`~geofm.federated.aggregation.Decoded`).
+
     Args:
         vectors: 1-D float tensors of one length, on one device.
         sketch_dim: number of buckets of the sketch.
@@ -46,24 +49,35 @@ def count_sketch(vectors: Sequence[Tensor], sketch_dim: int = 4096, seed: int = 
     """
     if sketch_dim < 1:
         raise ConfigError(f"sketch_dim must be positive, got {sketch_dim}")
-    shapes = {tuple(v.shape) for v in vectors}
-    if len(shapes) != 1 or len(next(iter(shapes))) != 1:
-        raise LayoutMismatchError(f"expected 1-D vectors of one length to sketch, got shapes {sorted(shapes)}")
-    n, device = vectors[0].numel(), vectors[0].device
+    sketches: list[Tensor] = []
+    first: tuple[int, ...] | None = None
+    for vector in vectors:  # each taken once: a lazily decoded sequence holds one at a time
+        first = first or (vector.numel(),)
+        if tuple(vector.shape) != first:
+            raise LayoutMismatchError(
+                f"expected 1-D vectors of one length to sketch, got shapes {first} and {tuple(vector.shape)}"
+            )
+        sketches.append(_sketch(vector, sketch_dim, seed))
+    if not sketches:
+        raise LayoutMismatchError("expected 1-D vectors of one length to sketch, got none")
+    return torch.stack(sketches)
+
+
+def _sketch(vector: Tensor, sketch_dim: int, seed: int) -> Tensor:
+    """One vector's count sketch."""
+    n, device = vector.numel(), vector.device
     generator = torch.Generator().manual_seed(seed)
     # Bucket b < sketch_dim adds with sign +1, bucket sketch_dim + b with sign -1. Each chunk is
     # summed in float32 (a bucket gets about chunk / sketch_dim values from it) and the chunks'
     # sums in float64: a tenth of the time of summing in float64 throughout, just as exact.
-    signed = torch.zeros(len(vectors), 2 * sketch_dim, dtype=torch.float64, device=device)
-    part = torch.empty(len(vectors), 2 * sketch_dim, dtype=torch.float32, device=device)
+    signed = torch.zeros(2 * sketch_dim, dtype=torch.float64, device=device)
+    part = torch.empty(2 * sketch_dim, dtype=torch.float32, device=device)
     for start in range(0, n, _CHUNK):
         stop = min(start + _CHUNK, n)
         index = torch.randint(0, 2 * sketch_dim, (stop - start,), generator=generator).to(device)
-        part.zero_()
-        for row, vector in zip(part, vectors, strict=True):
-            row.index_add_(0, index, vector[start:stop].to(torch.float32))
+        part.zero_().index_add_(0, index, vector[start:stop].to(torch.float32))
         signed += part
-    return (signed[:, :sketch_dim] - signed[:, sketch_dim:]).cpu()
+    return (signed[:sketch_dim] - signed[sketch_dim:]).cpu()
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,8 +108,11 @@ def cluster_clients(
 ) -> Clustering:
     """Group clients by K-means (scikit-learn, seeded) on count sketches of their vectors.
 
-    With ``num_groups`` at least the number of clients there is no clustering: each client is
-    its own group. K-means may find fewer groups than asked when clients coincide; empty groups
+    The vectors are taken one at a time: once for the sketches and once more for the group means,
+    which are running sums, so a lazily decoded sequence (:class:`~geofm.federated.aggregation.Decoded`)
+    keeps the memory at the ``num_groups`` group models whatever the number of clients. With
+    ``num_groups`` at least the number of clients there is no clustering: each client is
+    its own group (and its vector a group model). K-means may find fewer groups than asked when clients coincide; empty groups
     are dropped.
 
     Args:
@@ -130,6 +147,6 @@ def cluster_clients(
     return Clustering(
         assignment=assignment,
         members=members,
-        models=[weighted_mean([vectors[c] for c in group], [num_examples[c] for c in group]) for group in members],
+        models=[weighted_mean((vectors[c] for c in group), [num_examples[c] for c in group]) for group in members],
         weights=[sum(num_examples[c] for c in group) / total for group in members],
     )

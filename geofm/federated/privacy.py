@@ -110,7 +110,7 @@ class PrivateMean:
         p = self.privacy
         if p.mode == "local":
             return weighted_mean(updates, [1.0] * len(updates))
-        mean = weighted_mean([clip_update(u, p.clip) for u in updates], [1.0] * len(updates))
+        mean = weighted_mean((clip_update(u, p.clip) for u in updates), [1.0] * len(updates))
         if not p.noise_multiplier:
             return mean
         return mean + gaussian_noise(mean, p.noise_multiplier * p.clip / len(updates), self.generator)

@@ -54,6 +54,8 @@ def test_quick_run_writes_its_json_result(name: str, archive: Path, tmp_path: Pa
     assert record["libraries"]["torch"] and record["machine"]["usable_cpus"] >= 1
     assert all({"name", "value", "goal", "met"} <= set(t) for t in record["targets"])
     assert "wrote" in proc.stdout, "the table for people was not printed"
+    if name == "fed-round":  # the flat-server rows: both algorithms at both client counts
+        assert {"FedAvg fp32", "FedSense 1-bit"} <= set(record["results"]["flat_server"])
 
 
 def test_bench_registers_on_the_geofm_command_line() -> None:

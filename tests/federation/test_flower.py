@@ -313,3 +313,22 @@ def _marked_by_any(marker: str, tmp: Path) -> set[int]:
         except OSError:
             continue
     return found
+
+
+def test_train_replies_go_to_the_upload_store_as_they_arrive(monkeypatch, tmp_path):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from geofm.federated.spill import StoredArrays, UploadStore
+
+    for key, value in {"_run_id": 7, "_task_id": 1, "_node_id": 1}.items():
+        monkeypatch.setattr(TaskIdentity, key, value)
+    store = UploadStore(tmp_path / "uploads")
+    transport = GridTransport(_GridWithADeadNode(), uploads=store)
+    payloads = {node: ({"w": np.zeros(2, np.float32)}, {"round": 1}) for node in (2, 3)}
+    (reply,), _ = transport.exchange("train", 1, payloads, 0.5)
+    assert isinstance(reply.arrays, StoredArrays) and np.array_equal(reply.arrays["w"], np.ones(2, np.float32))
+    assert reply.arrays["w"].nbytes == 8 and list((tmp_path / "uploads").rglob("w.npy"))
+    (query,), _ = transport.exchange("query", 1, payloads, 0.5)
+    assert isinstance(query.arrays, dict), "only train replies are stored"
+    store.clear()
+    assert not (tmp_path / "uploads").exists()

@@ -32,11 +32,12 @@ from geofm.tasks import TASKS
 from pretrain.task import client_shares
 
 
-def _run(tree: dict, clients: dict[int, FederatedClient] | None = None) -> Path:
+def _run(tree: dict, clients: dict[int, FederatedClient] | None = None, stored: bool = False) -> Path:
     cfg = FederatedConfig.from_tree(tree)
     if clients is None:
         clients = {i + 1: FederatedClient(cfg, {"institution": name}) for i, name in enumerate(cfg.client_names)}
-    run_server(FederatedServer(cfg), InProcess(clients), poll_s=0)
+    server = FederatedServer(cfg)
+    run_server(server, InProcess(clients, server.uploads if stored else None), poll_s=0)
     return cfg.run.output_dir
 
 
@@ -316,6 +317,20 @@ def test_a_run_with_a_server_optimiser_or_a_robust_aggregator_finishes_and_logs(
     mean = _run(fed_tree("mean", federation={"rounds": 2}))
     wa, wb = load_file(mean / "backbone.safetensors"), load_file(run_dir / "backbone.safetensors")
     assert not all(torch.equal(wa[k], wb[k]) for k in wa), "the rule changes the global model"
+
+
+def test_uploads_stored_on_disk_as_they_arrive_give_the_same_run_and_are_removed(fed_tree):
+    """The server's flat path: replies kept in the run's spill folder, decoded one at a time, spilled for the median."""
+    algorithm = {"aggregator": {"name": "median"}}
+    (Path(fed_tree("stale")["run"]["output_dir"]) / "spill" / "uploads" / "000000").mkdir(parents=True)
+    stored = _run(fed_tree("stale", algorithm=algorithm, federation={"rounds": 1}), stored=True)
+    held = _run(fed_tree("held", algorithm=algorithm, federation={"rounds": 1}))
+    wa, wb = load_file(stored / "backbone.safetensors"), load_file(held / "backbone.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "storing the uploads changed the global model"
+    assert [r["uplink_bytes"] for r in _rounds(stored)] == [r["uplink_bytes"] for r in _rounds(held)]
+    assert not (stored / "spill").exists() or not any((stored / "spill").rglob("*.npy")), (
+        "stored uploads outlived the run"
+    )
 
 
 def test_a_resumed_run_restores_the_server_optimiser_and_an_older_checkpoint_starts_it_afresh(fed_tree):

@@ -43,9 +43,10 @@ from __future__ import annotations
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -60,7 +61,7 @@ from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
 from geofm.federated.flat import ParameterLayout
 from geofm.federated.privacy import PrivateMean, check_private, noise_generator, privatise
-from geofm.federated.robust import build_aggregator
+from geofm.federated.robust import Spilling, build_aggregator
 from geofm.federated.sharpness import SharpnessAscent, asam_scaled
 from geofm.tasks import StepOutput
 
@@ -429,6 +430,13 @@ class Algorithm(ABC):
         return _arrays(packets), reports
 
     # ---- server: uplink -------------------------------------------------------------------
+    def spill_to(self, folder: Path) -> None:
+        """Spill the decoded updates of an aggregator that needs them all at once (median, trimmed mean,
+        Krum: :class:`~geofm.federated.robust.Spilling`) under ``folder`` (the run's), rather than the
+        system's temporary folder."""
+        if isinstance(self.aggregator, Spilling):
+            self.aggregator.spill_dir = folder
+
     def global_vector(self, key: str) -> Tensor:
         """The vector ``key`` of the algorithm's global server state, zero until first set."""
         return self.state.get(key, torch.zeros(self.num_values))
@@ -505,13 +513,34 @@ def _arrays(packets: Mapping[str, Packet]) -> Arrays:
     return {f"{p}.{key}": value for p, packet in packets.items() for key, value in packet.to_arrays().items()}
 
 
-def payload_arrays(arrays: Mapping[str, np.ndarray]) -> dict[str, Arrays]:
-    """The flat arrays that travelled, as payload name -> that payload's packet arrays."""
-    payloads: dict[str, Arrays] = {}
-    for key, value in arrays.items():
-        payload, _, part = key.rpartition(".")
-        payloads.setdefault(payload, {})[part] = value
-    return payloads
+class _Payload(Mapping[str, np.ndarray]):
+    """One payload's packet arrays, each taken from the flat arrays that travelled when it is read (a
+    stored upload's are read from disk then, and not kept: :mod:`~geofm.federated.spill`)."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], payload: str, parts: list[str]) -> None:
+        self._arrays, self._payload, self._parts = arrays, payload, parts
+
+    def __getitem__(self, part: str) -> np.ndarray:
+        if part not in self._parts:
+            raise KeyError(part)
+        return self._arrays[f"{self._payload}.{part}"]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+
+def payload_arrays(arrays: Mapping[str, np.ndarray], skip: Sequence[str] = ()) -> dict[str, Mapping[str, np.ndarray]]:
+    """The flat arrays that travelled, as payload name -> that payload's packet arrays (read from
+    ``arrays`` when taken), leaving out the keys in ``skip``."""
+    parts: dict[str, list[str]] = {}
+    for key in arrays:
+        if key not in skip:
+            payload, _, part = key.rpartition(".")
+            parts.setdefault(payload, []).append(part)
+    return {payload: _Payload(arrays, payload, names) for payload, names in parts.items()}
 
 
 __all__ = [

@@ -112,7 +112,7 @@ class FedDC(Algorithm):
     ) -> ServerRound:
         if self.num_clients is None:
             raise ConfigError("FedDC's server update needs the federation's number of clients")
-        accepted = {p: [a.update for a in payloads[p].accepted] for p in self.uplink}
+        accepted = {p: payloads[p].updates for p in self.uplink}
         size = len(accepted["update"])
         mean_update = weighted_mean(accepted["update"], [1.0] * size)
         share = size / self.num_clients

@@ -48,7 +48,7 @@ from torch import Tensor
 from geofm.config.base import Section
 from geofm.config.federated import AlgorithmConfig, SamConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import RoundAggregate
+from geofm.federated.aggregation import RoundAggregate, weighted_mean
 from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
 from geofm.federated.algorithms.fedavg import FedAvg
 
@@ -106,9 +106,9 @@ class FedGloSS(FedAvg):
         if self.num_clients is None:
             raise ConfigError("FedGloSS's server update needs the federation's number of clients")
         beta, aggregate = self.options.beta, payloads["update"]
-        sigma = self.global_vector("sigma") - torch.stack([a.update for a in aggregate.accepted]).sum(0) / (
-            beta * self.num_clients
-        )
+        accepted = len(aggregate.accepted)  # their sum as a running mean: one decoded update at a time
+        total = accepted * weighted_mean(aggregate.updates, [1.0] * accepted)
+        sigma = self.global_vector("sigma") - total / (beta * self.num_clients)
         descent = super().server_update(model, payloads, refine)
         return ServerRound(
             descent.model - beta * sigma,

@@ -24,6 +24,11 @@ class FedSense(FedProx):
     groups' data-weighted consensus on public images (``distill_steps``). With ``algorithm.sam`` the
     drift perturbation applies first and SAM's ascent is taken from the perturbed point: the gradient is
     ``grad L(theta + eps + e)``, ``e`` from ``grad L(theta + eps)``, applied at ``theta``.
+
+    The server streams: the mean, the count sketches K-means clusters (4096 values per client) and
+    the group means each take one decoded update at a time, so it holds the ``clusters`` group
+    models and no client's decoded update beyond the one in hand (with ``clusters`` unset every
+    client is a group, and the group models grow with the clients).
     """
 
     name = "fedsense"
@@ -52,10 +57,11 @@ class FedSense(FedProx):
             return update
         # K-means sees distances only, and Theta is common to every client model Theta + delta_i:
         # the updates give the same groups, and a group's model is Theta plus its mean update.
-        accepted = payloads["update"].accepted
-        groups = cluster_clients(
-            [a.update for a in accepted], [a.num_examples for a in accepted], self.cfg.clusters or len(accepted)
-        )
+        # The updates are decoded as K-means and the group means take them, one at a time (the server
+        # holds the encoded uploads and the group models, whatever the number of clients).
+        aggregate = payloads["update"]
+        counts = [a.num_examples for a in aggregate.accepted]
+        groups = cluster_clients(aggregate.updates, counts, self.cfg.clusters or len(counts))
         refined, loss = refine(update.model, [model + mean for mean in groups.models], groups.weights)
         return ServerRound(refined, {"loss_similarity": loss, "groups": float(len(groups.models))})
 

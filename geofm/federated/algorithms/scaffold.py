@@ -77,7 +77,7 @@ class Scaffold(Algorithm):
     ) -> ServerRound:
         if self.num_clients is None:
             raise ConfigError("SCAFFOLD's server update needs the federation's number of clients")
-        accepted = {p: [a.update for a in payloads[p].accepted] for p in self.uplink}
+        accepted = {p: payloads[p].updates for p in self.uplink}
         size = len(accepted["delta_y"])
         delta_y = weighted_mean(accepted["delta_y"], [1.0] * size)
         delta_c = weighted_mean(accepted["delta_c"], [1.0] * size)

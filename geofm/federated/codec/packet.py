@@ -116,6 +116,7 @@ class Packet:
         expected = {"header": np.int64, "payload": np.uint8, "scales": np.float32}
         if set(arrays) != set(expected):
             raise CodecError(f"packet arrays are {sorted(arrays)}; expected {sorted(expected)}")
+        arrays = {key: arrays[key] for key in expected}  # each taken once (stored uploads read it afresh)
         for key, dtype in expected.items():
             array = arrays[key]
             if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != 1:
