@@ -48,6 +48,10 @@ BENCHMARKS = {
         "benchmarks.pretrain_benefit",
         "test mIoU of a real labelled task: SimMIM-pretrained backbone vs random initialisation, over seeds",
     ),
+    "fed-benefit": (
+        "benchmarks.fed_benefit",
+        "test mIoU of a real labelled task after federated, central and single-institution pretraining, over seeds",
+    ),
     "flatness": (
         "benchmarks.flatness",
         "federated algorithms on label-skewed and by-sensor clients: global model's metric, flatness, DP epsilon",

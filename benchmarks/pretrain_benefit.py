@@ -69,6 +69,7 @@ QUICK: dict[str, Any] = {
     "seeds": [0],
 }
 INPUT_BANDS = {"blue": "B02", "green": "B03", "red": "B04", "nir": "B08"}
+L8_BANDS = ("B2", "B3", "B4", "B5")  # Landsat 8 blue, green, red, nir
 CLASS_NAMES = ["water", "moist_land", "dry_land"]
 S2_SCALE = 1.0e-4
 L8_SCALE, L8_OFFSET = 2.0e-5, -0.1
@@ -169,10 +170,10 @@ def prepare_chips(s2_root: Path, out: Path, chip: int, fractions: list[float], e
     }
 
 
-def _l8_stats(l8_root: Path) -> tuple[list[float], list[float]]:
+def l8_stats(l8_root: Path) -> tuple[list[float], list[float]]:
     """Mean and std of Landsat 8 reflectance (``DN * scale + offset``) of blue, green, red, nir, over valid pixels."""
     means, stds = [], []
-    for band in ("B2", "B3", "B4", "B5"):
+    for band in L8_BANDS:
         dn, _ = _read_band(l8_root / f"l8_{band}.tif")
         values = dn[dn > 0] * L8_SCALE + L8_OFFSET
         means.append(float(values.mean()))
@@ -180,7 +181,7 @@ def _l8_stats(l8_root: Path) -> tuple[list[float], list[float]]:
     return means, stds
 
 
-def _backbone(settings: dict[str, Any], img_size: int) -> dict[str, Any]:
+def backbone_tree(settings: dict[str, Any], img_size: int) -> dict[str, Any]:
     """The micro Swin of both programs: ``embed_dim`` channels per attention head at every stage."""
     return {
         "arch": "swin_tiny_patch4_window7_224",
@@ -194,48 +195,60 @@ def _backbone(settings: dict[str, Any], img_size: int) -> dict[str, Any]:
     }
 
 
-def pretrain_config(settings: dict[str, Any], chips: dict[str, Any], l8_root: Path, out: Path):
-    """The central SimMIM config: the Sentinel-2 crop without its test region and the Landsat 8 crop."""
-    from geofm.config import PretrainConfig
+BAND_FILES = r"(?P<scene>.+)_(?P<band>B\w+)\.tif"
 
+
+def s2_source(name: str, root: Path, chips: dict[str, Any], chip: int) -> dict[str, Any]:
+    """A source of Sentinel-2 band files written by :func:`prepare_chips` (or cut from them), with the
+    train region's statistics."""
+    return {
+        "name": name,
+        "root": str(root),
+        "layout": "band_files",
+        "bands": list(INPUT_BANDS),
+        "chip_size": chip,
+        "filename_regex": BAND_FILES,
+        "band_ids": "sentinel2",
+        "scale": S2_SCALE,
+        "nodata": 0,
+        "mean": chips["mean"],
+        "std": chips["std"],
+    }
+
+
+def l8_source(l8_root: Path, chip: int, weight: float = 1.0) -> dict[str, Any]:
+    """The Landsat 8 crop as a source, its pre-collection BQA the quality band."""
+    mean, std = l8_stats(l8_root)
+    return {
+        "name": "l8",
+        "root": str(l8_root),
+        "layout": "band_files",
+        "bands": list(INPUT_BANDS),
+        "chip_size": chip,
+        "filename_regex": BAND_FILES,
+        "band_ids": "landsat8",
+        "scale": L8_SCALE,
+        "offset": L8_OFFSET,
+        "nodata": 0,
+        "mean": mean,
+        "std": std,
+        "quality": {"band": "BQA", "generation": "landsat_pre_collection"},
+        "weight": weight,
+    }
+
+
+def pretrain_tree(settings: dict[str, Any], sources: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """A central SimMIM config tree over ``sources``: ``pretrain_epochs`` of ``pretrain_samples`` chips."""
     chip = settings["chip_size"]
-    l8_mean, l8_std = _l8_stats(l8_root)
-    common = {"layout": "band_files", "bands": list(INPUT_BANDS), "chip_size": chip}
-    tree = {
+    return {
         "run": {"output_dir": str(out), "seed": 0, "log_every": 20, "checkpoint_every": 100000, "progress": False},
-        "model": _backbone(settings, chip),
+        "model": backbone_tree(settings, chip),
         "masking": {"mask_patch_size": settings["mask_patch_size"], "mask_ratio": settings["mask_ratio"]},
         "data": {
             "bands": list(INPUT_BANDS),
             "num_workers": 0,
             "samples_per_epoch": settings["pretrain_samples"],
-            "sources": [
-                {
-                    **common,
-                    "name": "s2",
-                    "root": str(chips["pretrain_s2"]),
-                    "filename_regex": r"(?P<scene>.+)_(?P<band>B\w+)\.tif",
-                    "band_ids": "sentinel2",
-                    "scale": S2_SCALE,
-                    "nodata": 0,
-                    "mean": chips["mean"],
-                    "std": chips["std"],
-                },
-                {
-                    **common,
-                    "name": "l8",
-                    "root": str(l8_root),
-                    "filename_regex": r"(?P<scene>.+)_(?P<band>B\w+)\.tif",
-                    "band_ids": "landsat8",
-                    "scale": L8_SCALE,
-                    "offset": L8_OFFSET,
-                    "nodata": 0,
-                    "mean": l8_mean,
-                    "std": l8_std,
-                    "quality": {"band": "BQA", "generation": "landsat_pre_collection"},
-                    "weight": settings["l8_weight"],
-                },
-            ],
+            "sources": sources,
         },
         "train": {
             "epochs": settings["pretrain_epochs"],
@@ -246,7 +259,15 @@ def pretrain_config(settings: dict[str, Any], chips: dict[str, Any], l8_root: Pa
             "weight_decay": 0.05,
         },
     }
-    return PretrainConfig.from_tree(tree, "geofm bench pretrain-benefit (pretraining)")
+
+
+def pretrain_config(settings: dict[str, Any], chips: dict[str, Any], l8_root: Path, out: Path):
+    """The central SimMIM config: the Sentinel-2 crop without its test region and the Landsat 8 crop."""
+    from geofm.config import PretrainConfig
+
+    chip = settings["chip_size"]
+    sources = [s2_source("s2", chips["pretrain_s2"], chips, chip), l8_source(l8_root, chip, settings["l8_weight"])]
+    return PretrainConfig.from_tree(pretrain_tree(settings, sources, out), "geofm bench pretrain-benefit (pretraining)")
 
 
 def finetune_config(
@@ -259,7 +280,7 @@ def finetune_config(
         "task": "segmentation",
         "checkpoint": None if checkpoint is None else str(checkpoint),
         "run": {"output_dir": str(out), "seed": seed, "log_every": 50, "checkpoint_every": 100000, "progress": False},
-        "model": {**_backbone(settings, settings["chip_size"]), "frozen": settings["frozen"]},
+        "model": {**backbone_tree(settings, settings["chip_size"]), "frozen": settings["frozen"]},
         "head": {"decoder_channels": settings["decoder_channels"]},
         "data": {
             "root": str(root),
@@ -292,7 +313,7 @@ def finetune_config(
     return FinetuneConfig.from_tree(tree, "geofm bench pretrain-benefit (finetuning)")
 
 
-def _seeds(values: list[float]) -> str:
+def per_seed_text(values: list[float]) -> str:
     return " ".join(f"{v:.3f}" for v in values)
 
 
@@ -305,7 +326,7 @@ def markdown_table(rows: list[dict[str, Any]], notes: list[str]) -> str:
     return "\n".join([*lines, "", *notes]) + "\n"
 
 
-def _spread(values: list[float]) -> dict[str, float]:
+def mean_std(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
@@ -337,7 +358,7 @@ def run(settings: dict[str, Any]) -> Report:
                 record = json.loads((finetune(cfg) / "eval.json").read_text())
                 finetune_s += time.perf_counter() - started
                 scores[arm].append(record["metrics"]["miou"])
-    pre, rnd = _spread(scores["pretrained"]), _spread(scores["random"])
+    pre, rnd = mean_std(scores["pretrained"]), mean_std(scores["random"])
     gain = pre["mean"] - rnd["mean"]
     spread = max(pre["std"], rnd["std"])
     results = {
@@ -354,10 +375,12 @@ def run(settings: dict[str, Any]) -> Report:
         "seconds": {"prepare": prepare_s, "pretrain": pretrain_s, "finetune": finetune_s},
     }
     rows = [
-        {"backbone": arm, "test mIoU": s["mean"], "std": s["std"], "per seed": _seeds(scores[key])}
+        {"backbone": arm, "test mIoU": s["mean"], "std": s["std"], "per seed": per_seed_text(scores[key])}
         for arm, key, s in (("SimMIM pretrained", "pretrained", pre), ("random init", "random", rnd))
     ]
-    rows.append({"backbone": "gain", "test mIoU": gain, "std": None, "per seed": _seeds(results["paired_gains"])})
+    rows.append(
+        {"backbone": "gain", "test mIoU": gain, "std": None, "per seed": per_seed_text(results["paired_gains"])}
+    )
     verdict = "exceeds" if gain > spread else "does not exceed"
     notes = [
         f"the gain {gain:+.3f} {verdict} the spread {spread:.3f} (the larger std of the two arms)",
