@@ -129,8 +129,8 @@ class FinetuneDataConfig(Section):
 
     With ``torchgeo`` set, ``root`` and ``kwargs`` go to the class's constructor and ``splits``
     gives the value of its ``split`` argument for each of train/val/test. Without it, ``root``
-    holds one folder per split (named by ``splits``) in the task's folder layout (see
-    :mod:`geofm.data.finetune`; ``folders`` renames its parts). ``dataset_bands`` names the bands
+    holds one folder per split (named by ``splits``) in the task's folder layout (``geofm list
+    folder-layouts``; ``folders`` renames its parts). ``dataset_bands`` names the bands
     in the order the dataset delivers them; ``bands`` are the model's inputs, taken by name from
     them (names from the band vocabulary of :mod:`geofm.data.bands`, or ``custom_bands``). For
     super-resolution these fields describe the low-resolution side, and ``hr``
@@ -148,7 +148,7 @@ class FinetuneDataConfig(Section):
     folders: dict[str, str] = Field(
         default_factory=dict,
         description="folders: names of the parts of a split folder, over the task's defaults, e.g. "
-        "{before: t1, after: t2, mask: mask} for DSIFN-style change data (geofm.data.finetune.FOLDER_LAYOUTS)",
+        "{before: t1, after: t2, mask: mask} for DSIFN-style change data (the parts: geofm list folder-layouts)",
     )
     suffixes: list[str] = Field(
         default_factory=lambda: [".tif", ".tiff", ".png", ".jpg", ".jpeg"],

@@ -1,4 +1,5 @@
-"""Product layouts: how the samples of a pretraining source lie on disk, a registry users extend.
+"""How data lies on disk: the product layouts of pretraining sources and the folder layouts of
+finetuning datasets, two registries users extend.
 
 A source's ``layout`` names an entry of :data:`PRODUCT_LAYOUTS` (``geofm list product-layouts``).
 An entry is a :class:`ProductLayout`: the default ``pattern`` of its files, whether each product's
@@ -10,6 +11,10 @@ through the ``geofm.product_layouts`` entry-point group, naming an instance::
     [project.entry-points."geofm.product_layouts"]
     my_mission = "my_pkg.layout:MY_MISSION"
 
+A finetuning task family's split folder (a dataset without ``data.torchgeo``) has the parts of
+its entry of :data:`FOLDER_LAYOUTS` (``geofm list folder-layouts``, group ``geofm.folder_layouts``):
+a :class:`FolderLayout` naming each part's default folder or file, which ``data.folders`` renames.
+
 This module imports no raster library: a config is checked without one, and the built-in layouts'
 modules are imported when their products are first listed or opened.
 """
@@ -18,8 +23,9 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from geofm.data.quality import GENERATIONS
@@ -230,4 +236,54 @@ PRODUCT_LAYOUTS.register("stac_item", StacItemLayout())
 PRODUCT_LAYOUTS.register("band_files", BandFilesLayout())
 
 
-__all__ = ["PRODUCT_LAYOUTS", "ProductLayout", "where"]
+class FolderLayout:
+    """The parts of a task family's split folder.
+
+    Attributes:
+        parts: each part's default name below the split folder (a folder, or a file such as
+            ``labels.csv``), by the part's name; ``data.folders`` renames them.
+    """
+
+    parts: Mapping[str, str] = MappingProxyType({})
+
+
+class ClassFolders(FolderLayout):
+    """One sub-folder of images per class (UC Merced, AID layout)."""
+
+
+class MultilabelFolders(FolderLayout):
+    """`images/` and `labels.csv`: header `image,<class>,...`, a row per image (its file name, then 0 or 1 per class)."""
+
+    parts = MappingProxyType({"images": "images", "labels": "labels.csv"})
+
+
+class SegmentationFolders(FolderLayout):
+    """`images/` and `masks/`, a mask per image with the same file stem."""
+
+    parts = MappingProxyType({"images": "images", "masks": "masks"})
+
+
+class ChangeFolders(FolderLayout):
+    """`A/` (before), `B/` (after), `label/` (LEVIR-CD layout), same file stems; DSIFN-style data: `folders: {before:
+    t1, after: t2, mask: mask}`."""
+
+    parts = MappingProxyType({"before": "A", "after": "B", "mask": "label"})
+
+
+class SuperresFolders(FolderLayout):
+    """`lr/` (low resolution) and `hr/` (high resolution), same file stems."""
+
+    parts = MappingProxyType({"lr": "lr", "hr": "hr"})
+
+
+FOLDER_LAYOUTS: Registry[FolderLayout] = Registry("folder layout", "geofm.folder_layouts")
+"""The parts of a finetuning split folder (a dataset without ``data.torchgeo``), by task family: :class:`FolderLayout`
+instances."""
+FOLDER_LAYOUTS.register("classification", ClassFolders())
+FOLDER_LAYOUTS.register("multilabel", MultilabelFolders())
+FOLDER_LAYOUTS.register("segmentation", SegmentationFolders())
+FOLDER_LAYOUTS.register("change", ChangeFolders())
+FOLDER_LAYOUTS.register("superres", SuperresFolders())
+
+
+__all__ = ["FOLDER_LAYOUTS", "PRODUCT_LAYOUTS", "FolderLayout", "ProductLayout", "where"]
