@@ -162,6 +162,7 @@ REGISTRIES: Registry[Registry] = Registry("registry", "geofm.registries")
 ``geofm.registries`` entry-point group."""
 REGISTRIES.register("algorithms", "geofm.federated.algorithms:ALGORITHMS")
 REGISTRIES.register("aggregators", "geofm.federated.robust:AGGREGATORS")
+REGISTRIES.register("checkpoint-layouts", "geofm.checkpoints.layouts:CHECKPOINT_LAYOUTS")
 REGISTRIES.register("federated-configs", "geofm.tasks:FEDERATED_CONFIGS")
 REGISTRIES.register("folder-layouts", "geofm.data.layouts:FOLDER_LAYOUTS")
 REGISTRIES.register("heads", "finetune.heads:HEADS")

@@ -39,7 +39,7 @@ _MODULES = {
     "facts": ["read_checkpoint"],
     "infer": ["ArchSpec", "infer_architecture"],
     "io": ["load_checkpoint_file", "resolve_checkpoint_path"],
-    "layouts": ["LAYOUTS", "detect_layout", "locate_backbone", "read_export_sidecar"],
+    "layouts": ["CHECKPOINT_LAYOUTS", "detect_layout", "locate_backbone", "read_export_sidecar"],
     "pretraining": ["PretrainingReport"],
     "weights_enum": ["GeoFMWeights", "torchgeo_weights"],
 }
@@ -55,7 +55,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "LAYOUTS",
+    "CHECKPOINT_LAYOUTS",
     "ArchSpec",
     "GeoFMWeights",
     "LoadReport",
