@@ -293,17 +293,11 @@ class FinetuneModelConfig(BackboneConfig):
 
 
 class HeadConfig(Section):
-    """The task head on the backbone's features, a name of the head registry (``finetune.heads.HEADS``).
-
-    By default the task's own: ``linear`` (timm's classifier on pooled features) for classification
-    and multilabel; ``upernet`` (segmentation_models_pytorch's UperNet on features at strides 4, 8,
-    16, 32; Swin gives them by stage, a ViT's block outputs go through a simple feature pyramid) for
-    segmentation, ``siamese_upernet`` (the same on both dates' feature difference) for change;
-    ``pixel_shuffle`` (a SimMIM-style decoder to the input resolution, then a PixelShuffle upsampler
-    by ``data.scale_factor``) for superres.
+    """The task head on the backbone's features: a registered head (``geofm list heads`` says what each
+    is), by default the task's own, and the settings of the built-in heads.
     """
 
-    name: str | None = Field(default=None, description="a registered head (default: the task's own)")
+    name: str | None = Field(default=None, description="a registered head (geofm list heads; default: the task's own)")
 
     decoder_channels: int = Field(default=256, gt=0, description="segmentation, change: UperNet width")
     feature_blocks: list[int] | None = Field(

@@ -140,13 +140,13 @@ class QualityConfig(Section):
 
     band: str | None = Field(
         default=None,
-        description="the quality band: its band id (band_files: BQA, QA_PIXEL, SCL) or asset key (stac_item: "
-        "qa_pixel, SCL); sentinel2_safe and landsat_c2 products name their own",
+        description="the quality band, as its layout names bands: a band id (BQA, QA_PIXEL, SCL) or a STAC asset "
+        "key (qa_pixel, SCL); layouts whose product metadata names it take none",
     )
     generation: Literal[GENERATIONS] | None = Field(  # type: ignore[valid-type]
         default=None,
-        description="the quality band's bit layout; required for band_files (and STAC items that do not state it), "
-        "read from the metadata of sentinel2_safe and landsat_c2 products",
+        description="the quality band's bit layout; required where the product does not state it (single band "
+        "files, STAC items without it), read from the metadata of layouts whose products give it",
     )
     invalid: list[Literal[QUALITY_CLASSES]] | None = Field(  # type: ignore[valid-type]
         default=None,
