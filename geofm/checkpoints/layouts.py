@@ -115,8 +115,9 @@ class GeofmExportCheckpoint(CheckpointLayout):
 
 
 CHECKPOINT_LAYOUTS: Registry[CheckpointLayout] = Registry("checkpoint layout", "geofm.checkpoint_layouts")
-"""What a checkpoint file holds and where its backbone sits (told from its keys): :class:`CheckpointLayout`
-instances."""
+"""What a checkpoint file holds and where its backbone sits, told from its keys.
+
+Entries are :class:`CheckpointLayout` instances."""
 CHECKPOINT_LAYOUTS.register("timm", TimmCheckpoint())
 CHECKPOINT_LAYOUTS.register("microsoft_swin", MicrosoftSwinCheckpoint())
 CHECKPOINT_LAYOUTS.register("gfm", GfmCheckpoint())

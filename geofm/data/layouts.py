@@ -227,7 +227,9 @@ class BandFilesLayout(_ModuleLayout):
 
 
 PRODUCT_LAYOUTS: Registry[ProductLayout] = Registry("product layout", "geofm.product_layouts")
-"""How a pretraining source's samples lie on disk (``data.sources[].layout``): :class:`ProductLayout` instances."""
+"""How a pretraining source's samples lie on disk (``data.sources[].layout``).
+
+Entries are :class:`ProductLayout` instances."""
 PRODUCT_LAYOUTS.register("file", FileLayout())
 PRODUCT_LAYOUTS.register("chips", ChipsLayout())
 PRODUCT_LAYOUTS.register("sentinel2_safe", Sentinel2SafeLayout())
@@ -277,8 +279,9 @@ class SuperresFolders(FolderLayout):
 
 
 FOLDER_LAYOUTS: Registry[FolderLayout] = Registry("folder layout", "geofm.folder_layouts")
-"""The parts of a finetuning split folder (a dataset without ``data.torchgeo``), by task family: :class:`FolderLayout`
-instances."""
+"""The parts of a finetuning split folder (a dataset without ``data.torchgeo``), by task family.
+
+Entries are :class:`FolderLayout` instances."""
 FOLDER_LAYOUTS.register("classification", ClassFolders())
 FOLDER_LAYOUTS.register("multilabel", MultilabelFolders())
 FOLDER_LAYOUTS.register("segmentation", SegmentationFolders())
