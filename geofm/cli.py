@@ -256,13 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
     ben.set_defaults(handler=_data_bigearthnet_metadata)
 
     checkpoint = commands.add_parser(
-        "checkpoint", help="convert and inspect checkpoints (GFM, SimMIM, Swin, timm, geofm)"
+        "checkpoint", help="convert and inspect checkpoints of any registered layout (geofm list checkpoint-layouts)"
     )
     checkpoint_commands = checkpoint.add_subparsers(dest="checkpoint_command", required=True)
     convert = checkpoint_commands.add_parser(
         "convert",
         help="any known checkpoint -> export (backbone.safetensors + backbone.json + MODEL_CARD.md)",
-        description="Read a checkpoint in any known layout (its format and architecture are inferred) and write "
+        description="Read a checkpoint in any registered layout (geofm list checkpoint-layouts; its format and architecture are inferred) and write "
         "a timm-layout export that plain timm and torchgeo load. The options override what was inferred.",
     )
     convert.add_argument("src", type=Path, help="weights file, export folder or training run directory")
@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = checkpoint_commands.add_parser(
         "inspect",
         help="format, architecture, parameters, bands and provenance of a checkpoint",
-        description="Describe a checkpoint in any known layout without building the model: its file format and "
+        description="Describe a checkpoint in any registered layout (geofm list checkpoint-layouts) without building the model: its file format and "
         "layout, the architecture inferred from its weights, parameter count, bands, sizes and provenance.",
         epilog="examples:\n  geofm checkpoint inspect runs/gfm_demo\n  geofm checkpoint inspect exports/gfm --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,

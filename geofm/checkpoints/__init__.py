@@ -1,7 +1,7 @@
 """Checkpoint loading, layout conversion, architecture inference and backbone export.
 
-Load weights in any known layout (timm, Microsoft Swin, GFM, SimMIM Swin/ViT, geofm training or
-export) into a timm backbone, without saying which layout or architecture it is, and publish a
+Load weights in any registered layout (``geofm list checkpoint-layouts``: timm and Microsoft Swin
+state dicts, GFM and SimMIM checkpoints, geofm training files and exports) into a timm backbone, without saying which layout or architecture it is, and publish a
 backbone that plain timm and torchgeo load::
 
     model, report, info = build_backbone("gfm.pth", bands=["red", "green", "blue", "nir"])
@@ -39,7 +39,7 @@ _MODULES = {
     "facts": ["read_checkpoint"],
     "infer": ["ArchSpec", "infer_architecture"],
     "io": ["load_checkpoint_file", "resolve_checkpoint_path"],
-    "layouts": ["LAYOUTS", "detect_layout", "locate_backbone", "read_export_sidecar"],
+    "layouts": ["CHECKPOINT_LAYOUTS", "detect_layout", "locate_backbone", "read_export_sidecar"],
     "pretraining": ["PretrainingReport"],
     "weights_enum": ["GeoFMWeights", "torchgeo_weights"],
 }
@@ -55,7 +55,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "LAYOUTS",
+    "CHECKPOINT_LAYOUTS",
     "ArchSpec",
     "GeoFMWeights",
     "LoadReport",

@@ -24,7 +24,7 @@ from geofm.checkpoints.convert import LoadReport, apply_state_dict, backbone_sta
 from geofm.checkpoints.export import export_backbone
 from geofm.checkpoints.facts import CheckpointFacts, read_checkpoint, source_bands
 from geofm.checkpoints.infer import ArchSpec, infer_architecture
-from geofm.checkpoints.layouts import LAYOUTS
+from geofm.checkpoints.layouts import CHECKPOINT_LAYOUTS
 from geofm.checkpoints.pretraining import PretrainingReport, pretraining_state
 from geofm.checkpoints.provenance import flatten, provenance
 from geofm.errors import ConfigError, GeoFMError
@@ -278,7 +278,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         "path": str(facts.path),
         "file_format": "safetensors" if facts.path.suffix == ".safetensors" else "torch",
         "layout": facts.layout,
-        "layout_description": LAYOUTS[facts.layout],
+        "layout_description": CHECKPOINT_LAYOUTS.summary(facts.layout),
         "family": facts.family,
         "backbone_prefix": facts.source.prefix,
         "microsoft_names": facts.source.microsoft_names,

@@ -49,7 +49,7 @@ class LoadReport:
     """What happened to each tensor when a checkpoint was turned into backbone weights.
 
     Attributes:
-        layout: the detected layout (see :data:`~geofm.checkpoints.layouts.LAYOUTS`).
+        layout: the detected layout (see :data:`~geofm.checkpoints.layouts.CHECKPOINT_LAYOUTS`).
         used: model keys that receive weights from the checkpoint.
         dropped: checkpoint keys left out on purpose (other modules, classifier, buffers, mask token).
         missing: model keys the checkpoint does not provide.

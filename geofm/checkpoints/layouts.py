@@ -1,22 +1,12 @@
 """Which checkpoint layout a loaded file is in, told from its keys alone.
 
-=================  ========================================================================
-layout             what the file holds
-=================  ========================================================================
-``timm``           a timm Swin/ViT/BEiT state dict (bare, or under ``state_dict``/``model``),
-                   possibly with a classifier ``head``
-``microsoft_swin`` a Swin state dict in Microsoft's names (``layers.N.downsample`` ends stage N),
-                   bare or under ``model``, as in the official ImageNet releases
-``gfm``            a GFM pretraining checkpoint: ``model`` holds ``encoder.*`` (the student Swin,
-                   Microsoft names, with ``mask_token``), ``teacher.*`` (the frozen teacher Swin),
-                   ``decoder.*`` and ``projector.*``
-``simmim``         a SimMIM checkpoint, Swin or ViT: pretraining (``model`` holds ``encoder.*`` with
-                   ``mask_token``, + ``decoder.*``) or finetuning (``model`` holds a Microsoft Swin,
-                   or SimMIM's BEiT-style ViT, next to the training state)
-``geofm_train``    this project's DeepSpeed model-states file: ``module`` holds the training
-                   module (``encoder.*`` a timm backbone, ``decoder.*``, ``projector.*``, ``mask_token``)
-``geofm_export``   an exported ``backbone.safetensors`` (timm names) with its ``backbone.json``
-=================  ========================================================================
+The layouts are the entries of :data:`CHECKPOINT_LAYOUTS` (``geofm list checkpoint-layouts``);
+each entry's docstring says what its files hold. :func:`locate_backbone` tells the built-in
+layouts apart by one decision tree over the keys, in a fixed order (a geofm training file's
+``module``, then GFM and SimMIM pretraining files by their ``encoder.*`` next to ``teacher.*`` or
+``decoder.*``, then a bare backbone by its names and the training state beside it); a plug-in's
+layout (entry-point group ``geofm.checkpoint_layouts``) is tried after them, by its
+:meth:`CheckpointLayout.detect`.
 
 Backbone families: ``swin`` (timm's ``SwinTransformer``), ``vit`` (timm's ``VisionTransformer``)
 and ``beit`` (timm's ``Beit``: a ViT with relative position bias, per block or one table shared by
@@ -38,16 +28,7 @@ from typing import Any
 
 from geofm.errors import CheckpointFormatError, CheckpointNotFoundError
 from geofm.models.backbones import backbone_config_fields
-
-LAYOUTS: dict[str, str] = {
-    "timm": "timm Swin/ViT/BEiT state dict, bare or under 'state_dict'/'model'",
-    "microsoft_swin": "Swin in Microsoft's names (layers.0.downsample.*), bare or under 'model'",
-    "gfm": "GFM pretraining: 'model' with encoder.*, teacher.*, decoder.*, projector.*",
-    "simmim": "SimMIM (Swin or ViT): 'model' with encoder.* + decoder.* (pretraining), or a Microsoft Swin "
-    "or BEiT-style ViT plus training state (finetuning)",
-    "geofm_train": "geofm DeepSpeed model states: 'module' with encoder.* (timm), decoder.*, mask_token",
-    "geofm_export": "geofm export: backbone.safetensors (timm names) next to backbone.json",
-}
+from geofm.registry import Registry
 
 EXPORT_FORMAT = "geofm-backbone/1"
 EXPORT_SIDECAR = "backbone.json"  # next to backbone.safetensors
@@ -70,7 +51,7 @@ class BackboneSource:
     """Where the backbone sits inside a loaded checkpoint.
 
     Attributes:
-        layout: one of :data:`LAYOUTS`.
+        layout: a name of :data:`CHECKPOINT_LAYOUTS`.
         weights: the mapping holding the backbone keys (maybe next to other modules' keys).
         prefix: prefix of the backbone keys in ``weights`` (``"encoder."`` or ``""``).
         family: ``"swin"``, ``"vit"`` or ``"beit"``.
@@ -90,6 +71,59 @@ class BackboneSource:
 
     def other_keys(self) -> list[str]:
         return [k for k in self.weights if not k.startswith(self.prefix)]
+
+
+class CheckpointLayout:
+    """A layout of checkpoint files: what they hold, and for a plug-in's layout how to find the backbone in one."""
+
+    def detect(
+        self, raw: Mapping[str, Any], *, path: str | Path | None = None, teacher: bool = False
+    ) -> BackboneSource | None:
+        """Where the backbone sits in ``raw`` if it is in this layout, else None (as :func:`locate_backbone`).
+
+        The built-in layouts return None: :func:`locate_backbone` tells them apart before it asks the others.
+        """
+        return None
+
+
+class TimmCheckpoint(CheckpointLayout):
+    """A timm Swin/ViT/BEiT state dict, bare or under `state_dict`/`model`, possibly with a classifier `head`."""
+
+
+class MicrosoftSwinCheckpoint(CheckpointLayout):
+    """A Swin state dict in Microsoft's names (`layers.N.downsample` ends stage N), bare or under `model`, as in the
+    official ImageNet releases."""
+
+
+class GfmCheckpoint(CheckpointLayout):
+    """A GFM pretraining checkpoint: `model` holds `encoder.*` (the student Swin in Microsoft's names, with
+    `mask_token`), `teacher.*` (the frozen teacher Swin), `decoder.*` and `projector.*`."""
+
+
+class SimmimCheckpoint(CheckpointLayout):
+    """A SimMIM checkpoint, Swin or ViT: pretraining (`model` holds `encoder.*` with `mask_token`, and `decoder.*`)
+    or finetuning (`model` holds a Microsoft Swin or SimMIM's BEiT-style ViT, next to the training state)."""
+
+
+class GeofmTrainCheckpoint(CheckpointLayout):
+    """A geofm DeepSpeed model-states file: `module` holds the training module (`encoder.*` a timm backbone,
+    `decoder.*`, `projector.*`, `mask_token`)."""
+
+
+class GeofmExportCheckpoint(CheckpointLayout):
+    """A geofm export: `backbone.safetensors` (timm names) next to its `backbone.json`."""
+
+
+CHECKPOINT_LAYOUTS: Registry[CheckpointLayout] = Registry("checkpoint layout", "geofm.checkpoint_layouts")
+"""What a checkpoint file holds and where its backbone sits, told from its keys.
+
+Entries are :class:`CheckpointLayout` instances."""
+CHECKPOINT_LAYOUTS.register("timm", TimmCheckpoint())
+CHECKPOINT_LAYOUTS.register("microsoft_swin", MicrosoftSwinCheckpoint())
+CHECKPOINT_LAYOUTS.register("gfm", GfmCheckpoint())
+CHECKPOINT_LAYOUTS.register("simmim", SimmimCheckpoint())
+CHECKPOINT_LAYOUTS.register("geofm_train", GeofmTrainCheckpoint())
+CHECKPOINT_LAYOUTS.register("geofm_export", GeofmExportCheckpoint())
 
 
 def export_sidecar_path(weights_path: str | Path) -> Path:
@@ -144,7 +178,7 @@ def export_architecture(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
 
 
 def detect_layout(raw: Mapping[str, Any], *, path: str | Path | None = None) -> str:
-    """Name the layout of a loaded checkpoint (see :data:`LAYOUTS`).
+    """Name the layout of a loaded checkpoint (see :data:`CHECKPOINT_LAYOUTS`).
 
     Args:
         raw: the mapping returned by :func:`~geofm.checkpoints.io.load_checkpoint_file`.
@@ -166,7 +200,7 @@ def locate_backbone(raw: Mapping[str, Any], *, path: str | Path | None = None, t
             student; files of the other layouts hold one backbone, which is returned either way.
 
     Raises:
-        CheckpointFormatError: if the keys match no known layout, or a GFM file's ``teacher.*`` is
+        CheckpointFormatError: if the keys match no registered layout, or a GFM file's ``teacher.*`` is
             not a backbone.
     """
     module = raw.get("module")
@@ -195,9 +229,13 @@ def locate_backbone(raw: Mapping[str, Any], *, path: str | Path | None = None, t
                 layout = "geofm_export" if container is None and _is_export(path) else "timm"
             return replace(source, layout=layout)
 
+    for name in CHECKPOINT_LAYOUTS:
+        found = CHECKPOINT_LAYOUTS.get(name).detect(raw, path=path, teacher=teacher)
+        if found is not None:
+            return found
     raise CheckpointFormatError(
         f"{path or 'checkpoint'}: unknown checkpoint layout (top-level keys: {_preview(raw)}). Known layouts:\n"
-        + "\n".join(f"  {name}: {text}" for name, text in LAYOUTS.items())
+        + "\n".join(f"  {name}: {CHECKPOINT_LAYOUTS.summary(name)}" for name in CHECKPOINT_LAYOUTS)
     )
 
 

@@ -242,13 +242,12 @@ class AlgorithmConfig(Section):
     Lipschitz matching of the backbone's final stage with its MLPs pruned (``options``: ``mu``, ``width``,
     ``power_iterations``). ``sam`` makes any algorithm's local steps sharpness-aware; ``privacy`` clips and noises
     the clients' model updates (algorithms whose only upload is ``update`` and whose server averages it).
-    Any registered algorithm (see
-    :mod:`geofm.federated.algorithms`) takes its own settings from ``options``. Every payload can be
+    Any registered algorithm (``geofm list algorithms``) takes its own settings from ``options``. Every payload can be
     quantised: ``uplink`` and ``downlink`` apply to each payload of their direction, ``uplink_payloads``
     and ``downlink_payloads`` change fields for one named payload.
     """
 
-    name: str = "fedsense"
+    name: str = Field(default="fedsense", description="a registered algorithm (geofm list algorithms)")
     perturbation_radius: float = Field(default=0.0, ge=0.0, description="fedsense: lambda of eps = lambda d / ||d||")
     proximal_beta: float = Field(default=0.0, ge=0.0, description="fedprox, fedsense: weight of the proximal term")
     clusters: int | None = Field(
@@ -436,7 +435,7 @@ class FederatedConfig(ProgramConfig):
     train: LocalTrainConfig
     federation: FederationConfig
     algorithm: AlgorithmConfig = AlgorithmConfig()
-    task: str = Field(default="mim", description="the registered task every client trains")
+    task: str = Field(default="mim", description="the registered task every client trains (geofm list tasks)")
 
     @field_validator("task")
     @classmethod

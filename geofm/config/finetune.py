@@ -129,8 +129,8 @@ class FinetuneDataConfig(Section):
 
     With ``torchgeo`` set, ``root`` and ``kwargs`` go to the class's constructor and ``splits``
     gives the value of its ``split`` argument for each of train/val/test. Without it, ``root``
-    holds one folder per split (named by ``splits``) in the task's folder layout (see
-    :mod:`geofm.data.finetune`; ``folders`` renames its parts). ``dataset_bands`` names the bands
+    holds one folder per split (named by ``splits``) in the task's folder layout (``geofm list
+    folder-layouts``; ``folders`` renames its parts). ``dataset_bands`` names the bands
     in the order the dataset delivers them; ``bands`` are the model's inputs, taken by name from
     them (names from the band vocabulary of :mod:`geofm.data.bands`, or ``custom_bands``). For
     super-resolution these fields describe the low-resolution side, and ``hr``
@@ -148,7 +148,7 @@ class FinetuneDataConfig(Section):
     folders: dict[str, str] = Field(
         default_factory=dict,
         description="folders: names of the parts of a split folder, over the task's defaults, e.g. "
-        "{before: t1, after: t2, mask: mask} for DSIFN-style change data (geofm.data.finetune.FOLDER_LAYOUTS)",
+        "{before: t1, after: t2, mask: mask} for DSIFN-style change data (the parts: geofm list folder-layouts)",
     )
     suffixes: list[str] = Field(
         default_factory=lambda: [".tif", ".tiff", ".png", ".jpg", ".jpeg"],
@@ -293,17 +293,11 @@ class FinetuneModelConfig(BackboneConfig):
 
 
 class HeadConfig(Section):
-    """The task head on the backbone's features, a name of the head registry (``finetune.heads.HEADS``).
-
-    By default the task's own: ``linear`` (timm's classifier on pooled features) for classification
-    and multilabel; ``upernet`` (segmentation_models_pytorch's UperNet on features at strides 4, 8,
-    16, 32; Swin gives them by stage, a ViT's block outputs go through a simple feature pyramid) for
-    segmentation, ``siamese_upernet`` (the same on both dates' feature difference) for change;
-    ``pixel_shuffle`` (a SimMIM-style decoder to the input resolution, then a PixelShuffle upsampler
-    by ``data.scale_factor``) for superres.
+    """The task head on the backbone's features: a registered head (``geofm list heads`` says what each
+    is), by default the task's own, and the settings of the built-in heads.
     """
 
-    name: str | None = Field(default=None, description="a registered head (default: the task's own)")
+    name: str | None = Field(default=None, description="a registered head (geofm list heads; default: the task's own)")
 
     decoder_channels: int = Field(default=256, gt=0, description="segmentation, change: UperNet width")
     feature_blocks: list[int] | None = Field(

@@ -6,14 +6,14 @@ normalisation), ``train`` (optimisation on the DeepSpeed engine) and ``run`` (ou
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.config.base import Section, checks_architecture
 from geofm.data.bands import BAND_ID_TABLES, UnknownBandError, canonical_bands, rgb_indices, teacher_band_indices
+from geofm.data.layouts import PRODUCT_LAYOUTS
 from geofm.data.quality import CONFIDENCE_LEVELS, GENERATIONS, QUALITY_CLASSES, RECORDED_CLASSES
 from geofm.models.backbones import backbone_family, patch_size_of, stage_count_of
 
@@ -135,31 +135,18 @@ def canonical_band_lists(section: dict, keys: tuple[str, ...], custom: list[str]
     return section
 
 
-LAYOUT_PATTERNS = {
-    "file": "**/*.tif",
-    "sentinel2_safe": "**/MTD_MSIL*.xml",
-    "landsat_c2": "**/*_MTL.txt",
-    "stac_item": "**/*.json",
-    "band_files": "**/*",
-    "chips": "index.json",
-}
-"""Each source layout's default ``pattern``: its files, or the metadata files that mark its products."""
-METADATA_LAYOUTS = ("sentinel2_safe", "landsat_c2")
-"""Layouts whose products' own metadata gives the scaling and the quality generation."""
-
-
 class QualityConfig(Section):
     """Which pixels a product's quality band makes invalid, and when a chip has too many of them."""
 
     band: str | None = Field(
         default=None,
-        description="the quality band: its band id (band_files: BQA, QA_PIXEL, SCL) or asset key (stac_item: "
-        "qa_pixel, SCL); sentinel2_safe and landsat_c2 products name their own",
+        description="the quality band, as its layout names bands: a band id (BQA, QA_PIXEL, SCL) or a STAC asset "
+        "key (qa_pixel, SCL); layouts whose product metadata names it take none",
     )
     generation: Literal[GENERATIONS] | None = Field(  # type: ignore[valid-type]
         default=None,
-        description="the quality band's bit layout; required for band_files (and STAC items that do not state it), "
-        "read from the metadata of sentinel2_safe and landsat_c2 products",
+        description="the quality band's bit layout; required where the product does not state it (single band "
+        "files, STAC items without it), read from the metadata of layouts whose products give it",
     )
     invalid: list[Literal[QUALITY_CLASSES]] | None = Field(  # type: ignore[valid-type]
         default=None,
@@ -193,16 +180,15 @@ class SourceConfig(Section):
 
     name: str
     root: Path
-    layout: Literal[tuple(LAYOUT_PATTERNS)] = Field(  # type: ignore[valid-type]
+    layout: str = Field(
         default="file",
-        description="file: one multi-band file per sample; sentinel2_safe, landsat_c2, stac_item, band_files: "
-        "per-band products read onto one grid at gsd; chips: a chip store written by geofm data prepare (root: its folder)",
+        description="how the samples lie on disk, a registered product layout (geofm list product-layouts); default "
+        "file: one multi-band file per sample",
     )
     pattern: str = Field(
         default=None,
         validate_default=False,
-        description="glob below root: the files (file, band_files) or the products' metadata files "
-        f"(default {', '.join(f'{k}: {v}' for k, v in LAYOUT_PATTERNS.items())})",
+        description="glob below root: the files or the products' metadata files (default: the layout's own)",
     )
     bands: list[str] = Field(
         min_length=1,
@@ -244,15 +230,17 @@ class SourceConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _layout_defaults(cls, data: Any) -> Any:
-        """The layout's own pattern when none is given; band_files' band ids are band names unless told."""
+        """The layout's own values (its pattern...) of the fields left unset."""
         if not isinstance(data, dict):
             return data
         layout = data.get("layout", "file")
-        if data.get("pattern") is None:
-            data = {**data, "pattern": LAYOUT_PATTERNS.get(layout, LAYOUT_PATTERNS["file"])}
-        if layout == "band_files" and data.get("band_ids") is None:
-            data = {**data, "band_ids": "vocabulary"}
-        return data
+        defaults = PRODUCT_LAYOUTS.get(layout if layout in PRODUCT_LAYOUTS else "file").defaults()
+        return {**data, **{k: v for k, v in defaults.items() if data.get(k) is None}}
+
+    @field_validator("layout")
+    @classmethod
+    def _registered_layout(cls, layout: str) -> str:
+        return PRODUCT_LAYOUTS.check(layout)
 
     @model_validator(mode="after")
     def _check_stats(self) -> SourceConfig:
@@ -269,52 +257,8 @@ class SourceConfig(Section):
 
     @model_validator(mode="after")
     def _check_layout(self) -> SourceConfig:
-        where = f"source {self.name!r} (layout {self.layout})"
-        if self.layout == "band_files":
-            if self.filename_regex is None:
-                raise ValueError(f"{where}: filename_regex is required, with groups scene and band")
-            try:
-                groups = re.compile(self.filename_regex).groupindex
-            except re.error as err:
-                raise ValueError(
-                    f"{where}: filename_regex {self.filename_regex!r} is not a regular expression: {err}"
-                ) from None
-            missing = [g for g in ("scene", "band") if g not in groups]
-            if missing:
-                raise ValueError(f"{where}: filename_regex {self.filename_regex!r} has no group {' or '.join(missing)}")
-        else:
-            if self.filename_regex is not None or self.band_ids is not None:
-                raise ValueError(f"{where}: filename_regex and band_ids apply to layout band_files only")
-        if self.layout == "chips":
-            fixed = [k for k in ("nodata", "chip_size", "quality") if getattr(self, k) is not None]
-            fixed += [k for k, default in (("scale", 1.0), ("offset", 0.0)) if getattr(self, k) != default]
-            if fixed:
-                raise ValueError(
-                    f"{where}: {', '.join(fixed)} were applied when the store was prepared (geofm data prepare); "
-                    "leave them out"
-                )
-        if self.layout in METADATA_LAYOUTS and (self.scale != 1.0 or self.offset != 0.0):
-            raise ValueError(f"{where}: scale and offset come from each product's metadata; leave them out")
-        if self.quality is not None:
-            self._check_quality(where, self.quality)
+        PRODUCT_LAYOUTS.get(self.layout).check(self)
         return self
-
-    def _check_quality(self, where: str, quality: QualityConfig) -> None:
-        if self.layout == "file":
-            raise ValueError(f"{where}: quality applies to per-band product layouts")
-        if self.layout in METADATA_LAYOUTS and (quality.band is not None or quality.generation is not None):
-            raise ValueError(
-                f"{where}: quality.band and quality.generation come from each product's metadata; leave them out"
-            )
-        if self.layout in ("band_files", "stac_item") and quality.band is None:
-            raise ValueError(
-                f"{where}: quality.band must name the quality band's {'asset' if self.layout == 'stac_item' else 'band id'}"
-            )
-        if self.layout == "band_files" and quality.generation is None:
-            raise ValueError(
-                f"{where}: quality.generation must name the quality band's layout ({', '.join(GENERATIONS)}); "
-                "single files carry no metadata that tells it"
-            )
 
 
 class DataConfig(Section):

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from geofm.config import SourceConfig
 from geofm.data.chipstore import ChipWriter
+from geofm.data.layouts import PRODUCT_LAYOUTS
 from geofm.data.sources import ImageSource
 from geofm.errors import ConfigError, InvalidChipError, OutputPathError
 from geofm.runlog import progress_bar
@@ -79,8 +80,10 @@ def prepare_store(
         DataMismatchError: ``out`` holds a store prepared from another source or with other settings.
         RasterReadError: a file of the source cannot be read.
     """
-    if cfg.layout == "chips":
-        raise ConfigError(f"source {cfg.name!r} is a chip store already (layout chips); prepare its source instead")
+    if PRODUCT_LAYOUTS.get(cfg.layout).reads == "chips":
+        raise ConfigError(
+            f"source {cfg.name!r} is a chip store already (layout {cfg.layout}); prepare its source instead"
+        )
     if size <= 0 or chips_per_shard <= 0 or workers < 0:
         raise ConfigError(
             f"chip size and chips per shard must be positive and workers at least 0, got {size}, {chips_per_shard} "

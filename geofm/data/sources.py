@@ -13,7 +13,8 @@ from torch import Tensor
 from geofm.config import SourceConfig
 from geofm.data.chipstore import ChipStore
 from geofm.data.grid import Window, grid_windows
-from geofm.data.products import LAYOUTS, ProductReader, band_files, list_images, list_products
+from geofm.data.layouts import PRODUCT_LAYOUTS
+from geofm.data.products import ProductReader, list_images, list_products
 from geofm.data.readers import RawPixels, WindowReader, raster_info, read_raster
 from geofm.errors import DataMismatchError
 
@@ -107,8 +108,9 @@ class ImageSource:
         self.model_bands = list(model_bands)
         self.files = list_products(cfg) if files is None else list(files)
         used = [cfg.bands[i] for i in keep]
-        self._products = ProductReader(cfg, used) if cfg.layout in LAYOUTS else None
-        self._store = open_store(cfg) if cfg.layout == "chips" else None
+        self._layout = PRODUCT_LAYOUTS.get(cfg.layout)
+        self._products = ProductReader(cfg, used) if self._layout.reads == "products" else None
+        self._store = open_store(cfg) if self._layout.reads == "chips" else None
         if self._store is not None:
             self.chips = [Chip(f, None, k) for f in self.files for k in range(self._store.shard(f).chips)]
         else:
@@ -127,12 +129,10 @@ class ImageSource:
     def chip_label(self, chip: Chip) -> str:
         """A person's name for ``chip``: its file, or its product (a per-band scene by its scene id, not by
         its first band's file), and the window it covers."""
-        if self.cfg.layout == "band_files":
-            label = f"scene {band_files.scene_name(self.cfg, chip.file)}"
-        elif chip.item is not None:
+        if chip.item is not None:
             label = f"{chip.file.name} chip {chip.item}"
         else:
-            label = chip.file.name
+            label = self._layout.label(self.cfg, chip.file)
         if chip.window is None:
             return label
         row, col, height, width = chip.window

@@ -8,7 +8,13 @@ import pytest
 import timm
 import torch
 
-from geofm.checkpoints import LAYOUTS, build_backbone, convert_checkpoint, export_backbone, read_export_sidecar
+from geofm.checkpoints import (
+    CHECKPOINT_LAYOUTS,
+    build_backbone,
+    convert_checkpoint,
+    export_backbone,
+    read_export_sidecar,
+)
 from geofm.errors import CheckpointFormatError, ConfigError
 
 
@@ -245,7 +251,7 @@ def test_export_bands_follow_their_names(kit, tmp_path):
 def test_clear_errors(kit, save, tmp_path):
     with pytest.raises(CheckpointFormatError) as err:
         build_backbone(save({"model": {"conv1.weight": torch.ones(1)}}, "resnet.pth"))
-    assert "unknown checkpoint layout" in str(err.value) and all(name in str(err.value) for name in LAYOUTS)
+    assert "unknown checkpoint layout" in str(err.value) and all(name in str(err.value) for name in CHECKPOINT_LAYOUTS)
 
     swin = save(kit.make_swin().state_dict(), "swin.pth")
     with pytest.raises(CheckpointFormatError, match=r"vit.*checkpoint holds a swin"):

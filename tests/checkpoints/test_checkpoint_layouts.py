@@ -6,7 +6,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from geofm.checkpoints import LAYOUTS, detect_layout, load_checkpoint_file, locate_backbone
+from geofm.checkpoints import (
+    CHECKPOINT_LAYOUTS,
+    backbone_state_dict,
+    detect_layout,
+    load_checkpoint_file,
+    locate_backbone,
+)
+from geofm.checkpoints.layouts import BackboneSource, CheckpointLayout
 from geofm.errors import CheckpointFormatError
 
 
@@ -127,4 +134,29 @@ def test_unknown_layout_lists_the_known_ones(raw):
     with pytest.raises(CheckpointFormatError) as err:
         detect_layout(raw, path="/data/odd.pth")
     assert "/data/odd.pth" in str(err.value)
-    assert all(name in str(err.value) for name in LAYOUTS)
+    assert all(name in str(err.value) for name in CHECKPOINT_LAYOUTS)
+
+
+class _EmaStudent(CheckpointLayout):
+    """A trainer's EMA weights: `ema` holds the student backbone as `student.*` (a plug-in's layout)."""
+
+    def detect(self, raw, *, path=None, teacher=False):
+        ema = raw.get("ema")
+        if not isinstance(ema, dict) or "student.patch_embed.proj.weight" not in ema:
+            return None
+        return BackboneSource("ema_student", ema, "student.", "swin", microsoft_names=False)
+
+
+def test_a_registered_layout_is_tried_after_the_built_in_ones_and_loads(kit, layouts):
+    swin = kit.make_swin()
+    CHECKPOINT_LAYOUTS.register("ema_student", _EmaStudent())
+    try:
+        raw = {"ema": kit.prefixed("student.", swin.state_dict()), "step": 7}
+        assert detect_layout(raw) == "ema_student"
+        state, report = backbone_state_dict(raw, kit.make_swin(seed=1))
+        assert report.layout == "ema_student" and torch.equal(
+            state["patch_embed.proj.weight"], swin.patch_embed.proj.weight
+        )
+        assert all(detect_layout(layouts[case]) == EXPECTED[case][0] for case in EXPECTED), "built-ins first"
+    finally:
+        CHECKPOINT_LAYOUTS._entries.pop("ema_student")

@@ -12,8 +12,10 @@ import torch
 from torch.utils.data import default_collate
 
 from geofm.config import DataConfig, SourceConfig
+from geofm.data.layouts import PRODUCT_LAYOUTS, ProductLayout
 from geofm.data.pile import PileIndex, PretrainPile, SkippedFiles
 from geofm.data.products import list_products
+from geofm.data.products.base import BandFile, Product, folders_of, list_images
 from geofm.data.products.synthetic import write_band, write_landsat_scene, write_sentinel2_safe, write_stac_item
 from geofm.data.sources import ImageSource
 from geofm.errors import DatasetNotFoundError, InvalidChipError, RasterReadError
@@ -296,6 +298,49 @@ def test_federated_partitions_hand_out_whole_products(tmp_path):
 def test_source_config_refuses_what_its_layout_cannot_use(tmp_path, fields, message):
     with pytest.raises(ValueError, match=message):
         _source(tmp_path, fields.pop("layout"), ["red"], **fields)
+
+
+class _TileFolders(ProductLayout):
+    """Folders of one ``<band>.tif`` per band, values in thousandths (a plug-in's layout)."""
+
+    pattern = "**/red.tif"
+    metadata = True
+
+    def list_products(self, cfg):
+        return folders_of(list_images(cfg.root, cfg.pattern))
+
+    def open_product(self, cfg, path, bands):
+        return Product(
+            path, {b: BandFile(path / f"{b}.tif", scale=0.001) for b in bands if (path / f"{b}.tif").exists()}
+        )
+
+
+@pytest.fixture
+def tile_folders():
+    PRODUCT_LAYOUTS.register("tile_folders", _TileFolders())
+    yield
+    PRODUCT_LAYOUTS._entries.pop("tile_folders")
+
+
+def test_a_registered_layout_is_checked_listed_and_read_without_editing_geofm(tmp_path, tile_folders):
+    for tile, value in (("a", 100), ("b", 300)):
+        for band in ("red", "nir"):
+            write_band(tmp_path / tile / f"{band}.tif", np.full((8, 8), value, np.uint16), 10.0)
+    cfg = _source(tmp_path, "tile_folders", ["red", "nir"])
+    assert cfg.pattern == "**/red.tif", "the layout's own pattern"
+    assert list_products(cfg) == [tmp_path / "a", tmp_path / "b"]
+    source = ImageSource(cfg, ["nir", "red"])
+    image, valid = source.load(1)
+    assert image.shape == (2, 8, 8) and torch.allclose(image, torch.tensor(0.3)) and valid.all()
+    assert source.chip_label(source.chips[0]) == "a"
+    with pytest.raises(ValueError, match="scale and offset come from each product's metadata"):
+        _source(tmp_path, "tile_folders", ["red"], scale=0.5)
+
+
+def test_an_unknown_layout_names_the_nearest_registered_ones(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown product layout 'sentinel2'; did you mean 'sentinel2_safe'") as err:
+        _source(tmp_path, "sentinel2", ["red"])
+    assert "registered: band_files, chips, file, landsat_c2" in str(err.value)
 
 
 def _cloudy_scene(folder: Path, cloud_columns: int) -> SourceConfig:

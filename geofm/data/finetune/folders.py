@@ -1,17 +1,8 @@
 """What the folder datasets share: the layout of a split folder, and listing and pairing its files.
 
-A split folder ``root/<splits[split]>/`` holds, per task (part names are defaults that
-``data.folders`` overrides):
-
-==================  ========================================================================
-``classification``  one sub-folder of images per class (UC Merced, AID layout)
-``multilabel``      ``images/`` and ``labels.csv``: header ``image,<class>,...``, a row per image
-                    (its file name, then 0 or 1 per class)
-``segmentation``    ``images/`` and ``masks/``, a mask per image with the same file stem
-``change``          ``A/`` (before), ``B/`` (after), ``label/`` (LEVIR-CD layout), same file stems;
-                    DSIFN-style data: ``folders: {before: t1, after: t2, mask: mask}``
-``superres``        ``lr/`` and ``hr/``, same file stems
-==================  ========================================================================
+A split folder ``root/<splits[split]>/`` holds the parts of its task family's folder layout
+(:data:`geofm.data.layouts.FOLDER_LAYOUTS`, ``geofm list folder-layouts``), under default names that
+``data.folders`` overrides.
 """
 
 from __future__ import annotations
@@ -25,16 +16,9 @@ from geofm.config.finetune import FinetuneDataConfig, Split
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.finetune.source import SceneSource
 from geofm.data.grid import Window
+from geofm.data.layouts import FOLDER_LAYOUTS
 from geofm.data.readers import RasterInfo, WindowReader, raster_info
 from geofm.errors import ConfigError, DataMismatchError, DatasetNotFoundError
-
-FOLDER_LAYOUTS: dict[str, dict[str, str]] = {
-    "classification": {},
-    "multilabel": {"images": "images", "labels": "labels.csv"},
-    "segmentation": {"images": "images", "masks": "masks"},
-    "change": {"before": "A", "after": "B", "mask": "label"},
-    "superres": {"lr": "lr", "hr": "hr"},
-}
 
 _SHOWN = 5
 
@@ -48,9 +32,10 @@ def folder_layout(cfg: FinetuneDataConfig, task: str) -> dict[str, str]:
     """The part names of a split folder of ``task``: the defaults with ``data.folders`` over them.
 
     Raises:
-        ConfigError: if ``data.folders`` names a part the task's layout does not have.
+        ConfigError: if ``task`` has no registered folder layout, or ``data.folders`` names a part its
+            layout does not have.
     """
-    defaults = FOLDER_LAYOUTS[task]
+    defaults = FOLDER_LAYOUTS.get(task).parts
     unknown = sorted(set(cfg.folders) - set(defaults))
     if unknown:
         parts = ", ".join(defaults) or "none (one sub-folder per class)"
@@ -133,7 +118,7 @@ class FolderSource(SceneSource):
 
         Args:
             cfg: the downstream data section.
-            task: the task family, a key of :data:`FOLDER_LAYOUTS`.
+            task: the task family, a name of :data:`~geofm.data.layouts.FOLDER_LAYOUTS`.
             split: which split.
 
         Raises:

@@ -1,13 +1,11 @@
 """Per-band satellite products as pretraining samples.
 
-A source's ``layout`` says how its products lie on disk; each layout module lists a source's
-products and describes one (:class:`~geofm.data.products.base.Product`: its band files with their
-scaling, and its quality band):
-
-* ``sentinel2_safe`` (:mod:`.sentinel2`): Sentinel-2 L1C and L2A SAFE folders;
-* ``landsat_c2`` (:mod:`.landsat`): Landsat 8/9 Collection 1 and 2 scene folders with their MTL;
-* ``stac_item`` (:mod:`.stac`): STAC items with one local COG per band;
-* ``band_files`` (:mod:`.band_files`): single-band files grouped by a regular expression.
+A source's ``layout`` names a registered product layout (:data:`geofm.data.layouts.PRODUCT_LAYOUTS`,
+``geofm list product-layouts``), which lists a source's products and describes one
+(:class:`~geofm.data.products.base.Product`: its band files with their scaling, and its quality
+band). The built-in layouts' modules: :mod:`.sentinel2` (Sentinel-2 SAFE folders), :mod:`.landsat`
+(Landsat 8/9 scene folders with their MTL), :mod:`.stac` (STAC items with one local COG per band)
+and :mod:`.band_files` (single-band files grouped by a regular expression).
 
 :class:`ProductReader` reads a product, or a window of it, onto one grid at the source's GSD;
 :mod:`.synthetic` writes products in these layouts from given pixels (for tests and benchmarks).
@@ -18,27 +16,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
 from geofm.config import SourceConfig
 from geofm.data.grid import GridError, PixelGrid, common_grid
-from geofm.data.products import band_files, landsat, sentinel2, stac
+from geofm.data.layouts import PRODUCT_LAYOUTS
 from geofm.data.products.base import BandFile, Product, QualityFiles, list_images
 from geofm.data.quality import RECORDED_CLASSES, invalid_pixels
 from geofm.data.readers import BandFiles, RawPixels
 from geofm.errors import InvalidChipError, RasterReadError
 
-__all__ = ["LAYOUTS", "BandFile", "Product", "ProductReader", "QualityFiles", "list_images", "list_products"]
-
-LAYOUTS: dict[str, ModuleType] = {
-    "sentinel2_safe": sentinel2,
-    "landsat_c2": landsat,
-    "stac_item": stac,
-    "band_files": band_files,
-}
-
+__all__ = ["BandFile", "Product", "ProductReader", "QualityFiles", "list_images", "list_products"]
 
 CACHED_PRODUCTS = 256
 """Products whose parsed metadata a reader keeps (a worker meets a scene's chips many times)."""
@@ -50,13 +39,7 @@ def list_products(cfg: SourceConfig) -> list[Path]:
     Raises:
         DatasetNotFoundError: the source's folder is missing or holds no product (or no complete chip store).
     """
-    if cfg.layout == "file":
-        return list_images(cfg.root, cfg.pattern)
-    if cfg.layout == "chips":
-        from geofm.data.chipstore import ChipStore  # imports torch: only where a store is listed
-
-        return ChipStore(cfg.root).shard_paths()
-    return LAYOUTS[cfg.layout].list_products(cfg)
+    return PRODUCT_LAYOUTS.get(cfg.layout).list_products(cfg)
 
 
 class ProductReader:
@@ -69,7 +52,9 @@ class ProductReader:
 
     def __init__(self, cfg: SourceConfig, bands: Sequence[str]) -> None:
         self.cfg, self.bands = cfg, list(bands)
-        self._open: Callable[[SourceConfig, Path, Collection[str]], Product] = LAYOUTS[cfg.layout].open_product
+        self._open: Callable[[SourceConfig, Path, Collection[str]], Product] = PRODUCT_LAYOUTS.get(
+            cfg.layout
+        ).open_product
         self._cache: OrderedDict[Path, Product] = OrderedDict()
 
     def product(self, path: Path) -> Product:

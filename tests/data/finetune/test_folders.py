@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 from geofm.data.finetune import build_finetune_dataset
+from geofm.data.finetune.folders import folder_layout
 from geofm.data.grid import grid_origins
-from geofm.errors import RasterReadError
+from geofm.data.layouts import FOLDER_LAYOUTS, FolderLayout
+from geofm.errors import ConfigError, RasterReadError
 
 
 def _check_format(sample: dict, expected: dict) -> None:
@@ -198,3 +202,24 @@ def test_dataloader_workers_collate_samples_and_keep_error_types(tmp_path, tif, 
     assert batch["image"].shape == (3, 1, 16, 16) and batch["mask"].shape == (3, 16, 16)
     with pytest.raises(DataMismatchError, match=r"3\.tif: mask values 9"):
         next(batches)
+
+
+class _ScoredFolders(FolderLayout):
+    """`img/` and `scores.csv` (a plug-in task family's split folder)."""
+
+    parts = MappingProxyType({"images": "img", "scores": "scores.csv"})
+
+
+def test_a_registered_folder_layout_gives_its_parts_which_data_folders_renames(tmp_path, data_cfg):
+    FOLDER_LAYOUTS.register("scored", _ScoredFolders())
+    try:
+        assert folder_layout(data_cfg(tmp_path), "scored") == {"images": "img", "scores": "scores.csv"}
+        assert folder_layout(data_cfg(tmp_path, folders={"images": "tiles"}), "scored")["images"] == "tiles"
+        with pytest.raises(
+            ConfigError, match=r"\['masks'\] are not parts of a scored split folder; its parts are images"
+        ):
+            folder_layout(data_cfg(tmp_path, folders={"masks": "m"}), "scored")
+    finally:
+        FOLDER_LAYOUTS._entries.pop("scored")
+    with pytest.raises(ConfigError, match="unknown folder layout 'scored'"):
+        folder_layout(data_cfg(tmp_path), "scored")
