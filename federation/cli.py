@@ -46,6 +46,8 @@ EXAMPLES = {
     "simulate": [
         "geofm fed simulate --config configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml",
         "geofm fed simulate --config configs/federated/fedavg_swin_tiny__10clients__100rounds.yaml federation.rounds=5",
+        "geofm fed simulate --config configs/feddiff/demo_feddiff_classification__swin_micro__3clients.yaml "
+        "--program feddiff",
     ],
     "certs": [
         "geofm fed certs --deployment ~/geofm-deployment --institutions naip,sentinel2,aerial_fr "
