@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import numpy as np
 import yaml
@@ -16,23 +15,7 @@ from federation.inprocess import InProcess
 from federation.runtime import INSTITUTIONS, run_server
 from geofm.config.feddiff import FedDiffConfig
 
-CLASSES = ["field", "forest", "water"]  # tests/finetune/conftest.py's class folders
-
-
-def _tree(finetune_tree, class_folders: Path, output_dir: Path) -> dict:
-    tree = finetune_tree("classification", output_dir, data={"root": str(class_folders), "class_names": CLASSES})
-    tree["train"] = {**tree["train"], "epochs": 1, "warmup_epochs": 0}
-    tree["federation"] = {"rounds": 1, "clients": 2, "partition": "dirichlet", "dirichlet_alpha": 0.5}
-    tree["diffusion"] = {
-        "unet": {"channels": [4, 8], "norm_groups": 2},
-        "timesteps": 20,
-        "epochs": 1,
-        "batch_size": 8,
-        "sampling_steps": 2,
-        "sample_batch": 8,
-        "fmf_gamma": 20.0,
-    }
-    return tree
+CLASSES = ["field", "forest", "water"]  # the class folders of tests/finetune/conftest.py
 
 
 def _run(cfg: FedDiffConfig, clients: bool = True) -> None:
@@ -41,10 +24,10 @@ def _run(cfg: FedDiffConfig, clients: bool = True) -> None:
 
 
 def test_one_round_uploads_once_samples_filters_and_trains_the_classifier_resumably(
-    finetune_tree, class_folders, tmp_path, one_torch_thread
+    feddiff_tree, tmp_path, one_torch_thread
 ):
     run_dir = tmp_path / "feddiff"
-    cfg = FedDiffConfig.from_tree(_tree(finetune_tree, class_folders, run_dir))
+    cfg = FedDiffConfig.from_tree(feddiff_tree(run_dir))
     _run(cfg)
 
     (record,) = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
@@ -85,8 +68,8 @@ def test_one_round_uploads_once_samples_filters_and_trains_the_classifier_resuma
     assert {f: (run_dir / "samples" / f).read_bytes() for f in last["files"]} == before
 
 
-def test_geofm_fed_simulate_takes_feddiffs_institutions_from_its_config(finetune_tree, class_folders, tmp_path):
+def test_geofm_fed_simulate_takes_feddiffs_institutions_from_its_config(feddiff_tree, tmp_path):
     config = tmp_path / "feddiff.json"  # JSON is YAML
-    config.write_text(json.dumps(_tree(finetune_tree, class_folders, tmp_path / "run")))
+    config.write_text(json.dumps(feddiff_tree(tmp_path / "run")))
     args = argparse.Namespace(config=config, overrides=["federation.clients=3"], program="feddiff", institutions=None)
     assert program_run_config(args)[INSTITUTIONS] == "client00,client01,client02"
