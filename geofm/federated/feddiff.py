@@ -85,32 +85,37 @@ def train_client(cfg: FedDiffConfig, images: LabelledImages, name: str) -> tuple
             loss.backward()
             optimizer.step()
             steps, losses = steps + 1, [*losses, loss.item()]
-    counts = np.bincount([int(images[i][1]) for i in range(len(images))], minlength=cfg.data.num_classes)
     upload = {WEIGHTS + k: v for k, v in model_arrays(getattr(model, "_module", model)).items()}
-    upload[COUNTS] = counts.astype(np.int64)
+    upload[COUNTS], mean, fmf_noise = client_statistics(cfg, images, name)
+    if mean is not None:
+        upload[FMF_MEAN] = mean
     metrics = {"num_examples": len(images), "steps": steps, "loss": float(np.mean(losses)) if losses else float("nan")}
-    fmf_noise = None
-    if d.fmf_gamma > 0:
-        upload[FMF_MEAN], fmf_noise = fourier_mean(cfg, images, name)
     if engine is not None:
         metrics.update(dpsgd.composed_epsilons(engine, privacy, fmf_noise))
     return upload, metrics
 
 
-def fourier_mean(cfg: FedDiffConfig, images: LabelledImages, name: str) -> tuple[np.ndarray, float | None]:
-    """The client's mean Fourier magnitude (a bounded private mean under ``diffusion.privacy``) and the
-    noise multiplier spent on it (None without privacy)."""
-    privacy = cfg.diffusion.privacy
+def client_statistics(
+    cfg: FedDiffConfig, images: LabelledImages, name: str
+) -> tuple[np.ndarray, np.ndarray | None, float | None]:
+    """In one pass over the client's images: its per-class counts (int64), and with ``fmf_gamma`` above 0 its
+    mean Fourier magnitude (a bounded private mean under ``diffusion.privacy``, with the noise multiplier
+    spent on it; None without privacy)."""
+    privacy, classes = cfg.diffusion.privacy, cfg.data.num_classes
     shape = tuple(images[0][0].shape)
     bound = None if privacy is None else fmf.magnitude_bound(privacy.fmf_bound, shape)
-    total = torch.zeros(shape)
-    for batch, _ in DataLoader(images, batch_size=cfg.diffusion.batch_size):
-        total += fmf.magnitude_sum(batch, bound)
+    counts, total = np.zeros(classes, dtype=np.int64), torch.zeros(shape)
+    for batch, labels in DataLoader(images, batch_size=cfg.diffusion.batch_size):
+        counts += np.bincount(labels.numpy(), minlength=classes)
+        if cfg.diffusion.fmf_gamma > 0:
+            total += fmf.magnitude_sum(batch, bound)
+    if not cfg.diffusion.fmf_gamma:
+        return counts, None, None
     if privacy is None:
-        return (total / len(images)).numpy(), None
+        return counts, (total / len(images)).numpy(), None
     z = dpsgd.fmf_noise_multiplier(privacy)
     mean = fmf.private_mean(total, len(images), bound, z, noise_generator(privacy.seed, "fmf", name))
-    return mean.numpy().astype(np.float32), z
+    return counts, mean.numpy().astype(np.float32), z
 
 
 @dataclass(frozen=True)
@@ -170,7 +175,7 @@ def generate(cfg: FedDiffConfig, uploads: list[Upload], folder: Path, device: to
     ]
     std, mean = (torch.tensor(v).view(-1, 1, 1) for v in (data.std, data.mean))
     bar = progress_bar(len(jobs), len(done), cfg.run.progress, "sampling", unit="batch")
-    model, model_of = None, None
+    model, model_of, scheduler = None, None, build_scheduler(d)
     for upload, k, start, count in jobs:
         if (upload.name, k, start) in done:
             continue
@@ -179,7 +184,7 @@ def generate(cfg: FedDiffConfig, uploads: list[Upload], folder: Path, device: to
             model, model_of = load_arrays(unet, upload.weights()).to(device).eval(), upload.name
         generator = torch.Generator(device).manual_seed(seed_of(cfg.run.seed, upload.name, k, start))
         labels = torch.full((count,), k, dtype=torch.long)
-        images = sample(model, build_scheduler(d), labels, d.sampling_steps, generator).cpu()
+        images = sample(model, scheduler, labels, d.sampling_steps, generator).cpu()
         files = []
         for i, pixels in enumerate(((images * std + mean) / data.scale).numpy().astype(np.float32)):
             path = folder / data.class_names[k] / f"{upload.name}_{start + i:05d}.tif"
@@ -229,8 +234,8 @@ __all__ = [
     "WEIGHTS",
     "LabelledImages",
     "Upload",
+    "client_statistics",
     "filter_samples",
-    "fourier_mean",
     "generate",
     "planned",
     "seed_of",

@@ -144,6 +144,8 @@ def test_a_client_uploads_weights_counts_and_its_mean_magnitude(tmp_path):
     assert {k.removeprefix(WEIGHTS) for k in upload if k.startswith(WEIGHTS)} == set(_unet().state_dict())
     assert metrics["num_examples"] == 10 and metrics["steps"] == 4 and math.isfinite(metrics["loss"])
     assert "epsilon" not in metrics
+    without, _ = train_client(_config(tmp_path, fmf_gamma=0.0, epochs=1), images, "client00")
+    assert FMF_MEAN not in without and without[COUNTS].tolist() == [4, 3, 3], "no filtering: no mean is sent"
 
 
 def test_dp_sgd_reports_the_accountants_own_epsilons_composed_with_the_fourier_mean(tmp_path):
