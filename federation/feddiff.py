@@ -31,6 +31,7 @@ from federation.runtime import DATA_ROOT, INSTITUTION, Failure, Program, Reply, 
 from geofm import engine as ds
 from geofm.config.base import CONFIG_FILE, config_to_dict
 from geofm.config.feddiff import FedDiffConfig
+from geofm.errors import ConfigError
 from geofm.federated.feddiff import LabelledImages, Upload, filter_samples, generate, train_client
 from geofm.runlog import MetricsLog
 from geofm.tasks import TASKS
@@ -87,6 +88,25 @@ class FedDiffServer:
             fed.round_retries,
         )
         self.upload_dir = self.run_dir / UPLOADS
+        self._check_resume()
+
+    def _check_resume(self) -> None:
+        """Refuse to continue a run whose uploads or samples came from other settings.
+
+        Raises:
+            ConfigError: naming the changed section.
+        """
+        path = self.run_dir / CONFIG_FILE
+        if not path.exists():
+            return
+        saved, current = yaml.safe_load(path.read_text()), config_to_dict(self.cfg)
+        saved["seed"], current["seed"] = saved["run"]["seed"], current["run"]["seed"]
+        for key in ("data", "model", "federation", "diffusion", "seed"):
+            if saved.get(key) != current[key]:
+                raise ConfigError(
+                    f"{self.run_dir} holds the uploads of a FedDiff run with other {key} settings; rerun with the "
+                    "same settings to continue it, or choose a new run.output_dir"
+                )
 
     def start_round(self) -> int:
         return 2 if (self.upload_dir / CLIENTS_FILE).exists() else 1

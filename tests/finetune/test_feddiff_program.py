@@ -6,6 +6,7 @@ import argparse
 import json
 
 import numpy as np
+import pytest
 import yaml
 from safetensors.numpy import load_file
 
@@ -14,6 +15,7 @@ from federation.feddiff import FedDiffClient, FedDiffServer
 from federation.inprocess import InProcess
 from federation.runtime import INSTITUTIONS, run_server
 from geofm.config.feddiff import FedDiffConfig
+from geofm.errors import ConfigError
 
 CLASSES = ["field", "forest", "water"]  # the class folders of tests/finetune/conftest.py
 
@@ -27,7 +29,8 @@ def test_one_round_uploads_once_samples_filters_and_trains_the_classifier_resuma
     feddiff_tree, tmp_path, one_torch_thread
 ):
     run_dir = tmp_path / "feddiff"
-    cfg = FedDiffConfig.from_tree(feddiff_tree(run_dir))
+    tree = feddiff_tree(run_dir)
+    cfg = FedDiffConfig.from_tree(tree)
     _run(cfg)
 
     (record,) = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
@@ -66,6 +69,9 @@ def test_one_round_uploads_once_samples_filters_and_trains_the_classifier_resuma
         (run_dir / "samples" / f).unlink()
     _run(cfg, clients=False)  # the uploads are kept: no round, no client needed
     assert {f: (run_dir / "samples" / f).read_bytes() for f in last["files"]} == before
+    changed = FedDiffConfig.from_tree({**tree, "diffusion": {**tree["diffusion"], "sampling_steps": 3}})
+    with pytest.raises(ConfigError, match="other diffusion settings"):
+        FedDiffServer(changed)
 
 
 def test_geofm_fed_simulate_takes_feddiffs_institutions_from_its_config(feddiff_tree, tmp_path):
