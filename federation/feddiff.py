@@ -67,7 +67,8 @@ class FedDiffClient:
         return {"client": self.name, "num_examples": len(self.indices)}
 
     def train(self, arrays: dict, config: Scalars, state: dict) -> tuple[dict, Scalars, dict]:
-        upload, metrics = train_client(self.cfg, LabelledImages(self.data.train_set, self.indices), self.name)
+        images = LabelledImages(self.data.train_set, self.indices)
+        upload, metrics = train_client(self.cfg, images, self.name, ds.device())
         log.info("%s: trained its diffusion model, %d steps, loss %.4f", self.name, metrics["steps"], metrics["loss"])
         return upload, {"client": self.name, **metrics}, {}
 
@@ -174,6 +175,7 @@ def make_client(run_config: dict[str, Scalar], node_config: dict[str, Scalar]) -
 
 
 PROGRAM = Program(make_server, make_client, client_names)
-"""FedDiff, registered as ``"feddiff"`` in :data:`federation.runtime.PROGRAMS`."""
+"""FedDiff (WACV 2025): one round of class-conditional diffusion models, then a classifier trained on their
+samples; registered as ``"feddiff"`` in :data:`federation.runtime.PROGRAMS`."""
 
 __all__ = ["PROGRAM", "FedDiffClient", "FedDiffServer", "client_names", "make_client", "make_server", "read_config"]

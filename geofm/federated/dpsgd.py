@@ -66,7 +66,8 @@ def make_private(
     generator: torch.Generator,
 ) -> tuple[Any, torch.nn.Module, torch.optim.Optimizer, DataLoader]:
     """DP-SGD for ``epochs`` passes of ``loader``: Opacus's privacy engine (RDP accountant) and the model,
-    optimiser and Poisson-sampling loader it wraps, noise and sampling drawn from ``generator``."""
+    optimiser and Poisson-sampling loader it wraps; the noise is drawn from ``generator`` (on the model's
+    device), the batches from torch's global generator."""
     from opacus import PrivacyEngine
 
     check_private_model(model)

@@ -55,8 +55,11 @@ def seed_of(*parts: object) -> int:
     return int(np.random.SeedSequence([zlib.crc32(repr(p).encode()) for p in parts]).generate_state(1)[0] >> 1)
 
 
-def train_client(cfg: FedDiffConfig, images: LabelledImages, name: str) -> tuple[dict[str, np.ndarray], dict]:
-    """Train client ``name``'s diffusion model on ``images`` (every dataset band) and compute its upload.
+def train_client(
+    cfg: FedDiffConfig, images: LabelledImages, name: str, device: torch.device | None = None
+) -> tuple[dict[str, np.ndarray], dict]:
+    """Train client ``name``'s diffusion model on ``images`` (every dataset band) on ``device`` (default the
+    CPU) and compute its upload.
 
     Returns:
         The upload (:data:`WEIGHTS` keys, :data:`COUNTS`, :data:`FMF_MEAN` when ``fmf_gamma`` > 0) and
@@ -66,14 +69,19 @@ def train_client(cfg: FedDiffConfig, images: LabelledImages, name: str) -> tuple
     d, privacy = cfg.diffusion, cfg.diffusion.privacy
     image, _ = images[0]
     torch.manual_seed(seed_of(cfg.run.seed, name, "init"))
-    model = build_unet(d, image.shape[0], cfg.data.num_classes, image.shape[-1])
+    device = device or torch.device("cpu")
+    model = build_unet(d, image.shape[0], cfg.data.num_classes, image.shape[-1]).to(device)
     scheduler = build_scheduler(d)
     optimizer = torch.optim.AdamW(model.parameters(), lr=d.lr)
-    generator = torch.Generator().manual_seed(seed_of(cfg.run.seed, name, "train"))
-    loader = DataLoader(images, batch_size=min(d.batch_size, len(images)), shuffle=True, generator=generator)
+    order = torch.Generator().manual_seed(seed_of(cfg.run.seed, name, "order"))
+    generator = torch.Generator(device).manual_seed(seed_of(cfg.run.seed, name, "train"))
+    loader = DataLoader(images, batch_size=min(d.batch_size, len(images)), shuffle=True, generator=order)
     engine = None
     if privacy is not None:
-        noise = noise_generator(privacy.seed, "dpsgd", name)
+        # Opacus draws the Poisson batches from torch's global generator and the noise from ours, on the device:
+        # both from OS entropy unless privacy.seed is set (a run seed known to others would expose the batches)
+        torch.manual_seed(noise_generator(privacy.seed, "batches", name).initial_seed())
+        noise = torch.Generator(device).manual_seed(noise_generator(privacy.seed, "dpsgd", name).initial_seed())
         engine, model, optimizer, loader = dpsgd.make_private(model, optimizer, loader, privacy, d.epochs, noise)
     model.train()
     steps, losses = 0, []
@@ -81,7 +89,7 @@ def train_client(cfg: FedDiffConfig, images: LabelledImages, name: str) -> tuple
         losses = []
         for batch, labels in loader:
             optimizer.zero_grad()
-            loss = diffusion_loss(model, scheduler, batch, labels, generator)
+            loss = diffusion_loss(model, scheduler, batch.to(device), labels.to(device), generator)
             loss.backward()
             optimizer.step()
             steps, losses = steps + 1, [*losses, loss.item()]
