@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,9 +49,10 @@ class LabelledImages(Dataset):
         return item["image"], torch.as_tensor(item["label"])
 
 
-def seed_of(*parts: object) -> int:
-    """A seed from names and numbers, the same in every process (``hash`` of a str is not)."""
-    return int(np.random.SeedSequence([zlib.crc32(repr(p).encode()) for p in parts]).generate_state(1)[0] >> 1)
+def _generator(device: torch.device | str, seed: int | None, *parts: object) -> torch.Generator:
+    """A generator on ``device`` seeded from ``seed`` and ``parts`` as :func:`~geofm.federated.privacy.noise_generator`
+    seeds one: the same in every process, from OS entropy when ``seed`` is None."""
+    return torch.Generator(device).manual_seed(noise_generator(seed, *parts).initial_seed())
 
 
 def train_client(
@@ -68,20 +68,20 @@ def train_client(
     """
     d, privacy = cfg.diffusion, cfg.diffusion.privacy
     image, _ = images[0]
-    torch.manual_seed(seed_of(cfg.run.seed, name, "init"))
+    torch.manual_seed(noise_generator(cfg.run.seed, name, "init").initial_seed())
     device = device or torch.device("cpu")
     model = build_unet(d, image.shape[0], cfg.data.num_classes, image.shape[-1]).to(device)
     scheduler = build_scheduler(d)
     optimizer = torch.optim.AdamW(model.parameters(), lr=d.lr)
-    order = torch.Generator().manual_seed(seed_of(cfg.run.seed, name, "order"))
-    generator = torch.Generator(device).manual_seed(seed_of(cfg.run.seed, name, "train"))
+    order = _generator("cpu", cfg.run.seed, name, "order")
+    generator = _generator(device, cfg.run.seed, name, "train")
     loader = DataLoader(images, batch_size=min(d.batch_size, len(images)), shuffle=True, generator=order)
     engine = None
     if privacy is not None:
         # Opacus draws the Poisson batches from torch's global generator and the noise from ours, on the device:
         # both from OS entropy unless privacy.seed is set (a run seed known to others would expose the batches)
         torch.manual_seed(noise_generator(privacy.seed, "batches", name).initial_seed())
-        noise = torch.Generator(device).manual_seed(noise_generator(privacy.seed, "dpsgd", name).initial_seed())
+        noise = _generator(device, privacy.seed, "dpsgd", name)
         engine, model, optimizer, loader = dpsgd.make_private(model, optimizer, loader, privacy, d.epochs, noise)
     model.train()
     steps, losses = 0, []
@@ -190,7 +190,7 @@ def generate(cfg: FedDiffConfig, uploads: list[Upload], folder: Path, device: to
         if model_of != upload.name:
             unet = build_unet(d, len(data.dataset_bands), data.num_classes, cfg.model.img_size)
             model, model_of = load_arrays(unet, upload.weights()).to(device).eval(), upload.name
-        generator = torch.Generator(device).manual_seed(seed_of(cfg.run.seed, upload.name, k, start))
+        generator = _generator(device, cfg.run.seed, upload.name, k, start)
         labels = torch.full((count,), k, dtype=torch.long)
         images = sample(model, scheduler, labels, d.sampling_steps, generator).cpu()
         files = []
@@ -246,6 +246,5 @@ __all__ = [
     "filter_samples",
     "generate",
     "planned",
-    "seed_of",
     "train_client",
 ]
