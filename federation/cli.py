@@ -263,9 +263,8 @@ def program_run_config(args: argparse.Namespace) -> dict[str, Scalar]:
         names = read_federated_config(tree, str(args.config), args.overrides).client_names
     else:
         names = getattr(args, "institutions", None) or []
-        client_names = PROGRAMS.get(args.program).client_names
-        if not names and client_names is not None:
-            names = client_names(tree)
+        if not names and args.program in PROGRAMS and PROGRAMS.get(args.program).client_names is not None:
+            names = PROGRAMS.get(args.program).client_names(tree)
     return {PROGRAM: args.program, CONFIG: config_entry(tree), INSTITUTIONS: ",".join(names)}
 
 
