@@ -5,7 +5,7 @@ A FedDiff config is a classification finetuning config (:class:`~geofm.config.fi
 classifier the server trains on the synthetic set) with two more sections: ``federation`` (the
 clients: a sample partitioner dealing the train split, as in federated finetuning; one round) and
 ``diffusion`` (:class:`DiffusionConfig`: each client's U-Net and its training, the server's sampling,
-Fourier magnitude filtering and differential privacy). See :mod:`finetune.feddiff`.
+Fourier magnitude filtering and differential privacy). See :mod:`federation.feddiff`.
 """
 
 from __future__ import annotations
