@@ -33,7 +33,7 @@ from federation.deploy import (
     run_supernode,
     write_deployment_files,
 )
-from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, Scalar, config_entry
+from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, PROGRAMS, Scalar, config_entry
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
 from geofm.federated.algorithms import ALGORITHMS
@@ -46,6 +46,8 @@ EXAMPLES = {
     "simulate": [
         "geofm fed simulate --config configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml",
         "geofm fed simulate --config configs/federated/fedavg_swin_tiny__10clients__100rounds.yaml federation.rounds=5",
+        "geofm fed simulate --config configs/feddiff/demo_feddiff_classification__swin_micro__3clients.yaml "
+        "--program feddiff",
     ],
     "certs": [
         "geofm fed certs --deployment ~/geofm-deployment --institutions naip,sentinel2,aerial_fr "
@@ -110,7 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--institutions",
         type=_names,
         metavar="A,B,...",
-        help="another program's institutions (default: the config's clients)",
+        help="another program's institutions (default: the config's clients, where the program names them)",
     )
     simulate.add_argument("--cpus-per-node", type=float, default=1.0, help="cores per running ClientApp (default 1)")
     simulate.add_argument(
@@ -261,6 +263,8 @@ def program_run_config(args: argparse.Namespace) -> dict[str, Scalar]:
         names = read_federated_config(tree, str(args.config), args.overrides).client_names
     else:
         names = getattr(args, "institutions", None) or []
+        if not names and args.program in PROGRAMS and PROGRAMS.get(args.program).client_names is not None:
+            names = PROGRAMS.get(args.program).client_names(tree)
     return {PROGRAM: args.program, CONFIG: config_entry(tree), INSTITUTIONS: ",".join(names)}
 
 

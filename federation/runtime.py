@@ -189,15 +189,19 @@ class Plan:
 
 
 class Program(NamedTuple):
-    """A federated program: how to build its server and a node's client from the run config."""
+    """A federated program: how to build its server and a node's client from the run config, and
+    optionally the institutions a simulation of its config tree runs (``geofm fed simulate`` without
+    ``--institutions``)."""
 
     make_server: Callable[[dict[str, Scalar]], ServerProgram]
     make_client: Callable[[dict[str, Scalar], dict[str, Scalar]], ClientProgram]
+    client_names: Callable[[dict[str, Any]], list[str]] | None = None
 
 
 PROGRAMS: Registry[Program] = Registry("federated program", "geofm.federated_programs")
 """Federated programs a run config names (``geofm fed simulate --program``)."""
 PROGRAMS.register("geofm", "federation.program:PROGRAM")
+PROGRAMS.register("feddiff", "federation.feddiff:PROGRAM")
 
 RETIRED_KEYS = ("server-factory", "client-factory")
 """Run-config keys of earlier versions, which named any importable factory."""

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from finetune.heads import HEADS
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
     from torch import Tensor, nn
     from torchmetrics import Metric
@@ -75,6 +77,13 @@ class FinetuneTask(ABC):
         from finetune.federated import FederatedFinetuning
 
         return FederatedFinetuning(cls(cfg))
+
+    @classmethod
+    def central(cls, cfg: FinetuneConfig) -> Path:
+        """Finetune on one machine as ``geofm finetune`` does (:func:`finetune.run.finetune`); returns the run directory."""
+        from finetune.run import finetune
+
+        return finetune(cfg)
 
     # --- declarations read while a config is validated (no torch) ---
 

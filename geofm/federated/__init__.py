@@ -24,6 +24,10 @@
   region or by Dirichlet proportions.
 * :mod:`~geofm.federated.flatness`: :func:`~geofm.federated.flatness.flatness`, a model's mean loss increase
   under random perturbations of a fixed norm.
+* :mod:`~geofm.federated.feddiff`: FedDiff's one-shot halves: a client's class-conditional diffusion model
+  and statistics (:func:`train_client`), the server's resumable sampling (:func:`generate`) and Fourier
+  magnitude filtering (:mod:`~geofm.federated.fmf`), with DP-SGD and its composed budget
+  (:mod:`~geofm.federated.dpsgd`).
 * :mod:`~geofm.federated.algorithms`: the algorithm interface and the registered algorithms
   (``geofm list algorithms``).
 

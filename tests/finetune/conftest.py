@@ -29,6 +29,29 @@ def class_folders(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture
+def feddiff_tree(finetune_tree, class_folders):
+    """``make(output_dir)``: a FedDiff config tree on :func:`class_folders`: 2 label-skewed clients, a U-Net of
+    4 and 8 channels, 20 timesteps, 2 sampling steps, FMF dropping 20 %, the classifier trained 1 epoch."""
+
+    def make(output_dir: Path) -> dict:
+        tree = finetune_tree("classification", output_dir, data={"root": str(class_folders), "class_names": CLASSES})
+        tree["train"] = {**tree["train"], "epochs": 1, "warmup_epochs": 0}
+        tree["federation"] = {"rounds": 1, "clients": 2, "partition": "dirichlet", "dirichlet_alpha": 0.5}
+        tree["diffusion"] = {
+            "unet": {"channels": [4, 8], "norm_groups": 2},
+            "timesteps": 20,
+            "epochs": 1,
+            "batch_size": 8,
+            "sampling_steps": 2,
+            "sample_batch": 8,
+            "fmf_gamma": 20.0,
+        }
+        return tree
+
+    return make
+
+
 class RandomTaskData(Dataset):
     """``n`` random samples in a task's sample format (see geofm.config.finetune), fixed by ``seed``; an
     index is a position or, as the training loader gives it, a :class:`SampleIndex`."""
