@@ -8,6 +8,7 @@ import pytest
 
 from federation.sweep import read_sweep
 from geofm.config.base import read_config_tree
+from geofm.config.feddiff import FedDiffConfig
 from geofm.config.federated import read_federated_config
 from geofm.config.finetune import FinetuneConfig
 from geofm.config.pretrain import PretrainConfig
@@ -19,6 +20,7 @@ SCHEMAS = {
     "pretrain": PretrainConfig.from_file,
     "federated": lambda path: read_federated_config(read_config_tree(path), str(path)),  # the task's config class
     "finetune": FinetuneConfig.from_file,
+    "feddiff": FedDiffConfig.from_file,
 }
 SWEEPS = "sweeps"  # sweep files: every cell's config resolves against the federated schema
 SHIPPED = sorted(path for path in CONFIGS.glob("*/*.yaml") if path.parent.name != SWEEPS)
