@@ -3,6 +3,7 @@ for SCAFFOLD (the control variates of option II under SGD and under AdamW)."""
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import pytest
@@ -113,16 +114,18 @@ class _Point(nn.Module):
         self.y = nn.Parameter(torch.zeros(size))
 
 
-def _quadratic_federation(name: str, optimizer, lr: float, scale: float, rounds: int = 30, steps: int = 10):
+def _quadratic_federation(
+    name: str, optimizer, lr: float, scale: float, rounds: int = 30, steps: int = 10, trace: list | None = None, **cfg
+):
     """Two clients with far-apart minima and opposite curvatures, f_i(y) = scale/2 sum_j h_ij (y_j - b_ij)^2:
     ``rounds`` of ``steps`` local steps; returns the global model's distance to the federation's optimum and
-    the clients' largest control variate's norm (None for FedAvg)."""
+    the clients' largest control variate's norm (None for FedAvg); ``trace`` gets the distance of each round."""
     size = 8
     generator = torch.Generator().manual_seed(0)
     minima = {"a": torch.randn(size, generator=generator) * 3 + 2, "b": torch.randn(size, generator=generator) * 3 - 2}
     curvature = {"a": torch.linspace(0.5, 2, size), "b": torch.linspace(2, 0.5, size)}
     optimum = sum(curvature[k] * minima[k] for k in minima) / sum(curvature.values())
-    cfg = AlgorithmConfig(name=name)
+    cfg = AlgorithmConfig(name=name, **cfg)
     layout = ParameterLayout.of(_Point(size))
     server, client = build_algorithm(cfg, layout, num_clients=2), build_algorithm(cfg, layout)
     x, states = torch.zeros(size), {"a": {}, "b": {}}
@@ -130,19 +133,21 @@ def _quadratic_federation(name: str, optimizer, lr: float, scale: float, rounds:
         sent = server.send(x, rnd, list(states), torch.Generator())
         uploads = []
         for name_, state in states.items():
-            received, states[name_] = client.receive(name_, *sent[name_], state)
+            arrays, how = sent[name_]
+            received, states[name_] = client.receive(name_, arrays, {"round": rnd, **how}, state)
             model = _Point(size)
             client.shared.assign(model, received["model"])
             local = client.local_round(name_, received, model, states[name_], lr)
             hooks = client.local_hooks(local)
             step = optimizer(model.parameters(), lr)
             for _ in range(steps):
-                output = StepOutput({"loss": scale / 2 * (curvature[name_] * (model.y - minima[name_]) ** 2).sum()})
-                loss = output.losses["loss"]
-                if hooks.regulariser is not None:
-                    loss = loss + hooks.regulariser(None, output)
                 step.zero_grad()
-                loss.backward()
+                with hooks.around_gradient():
+                    output = StepOutput({"loss": scale / 2 * (curvature[name_] * (model.y - minima[name_]) ** 2).sum()})
+                    loss = output.losses["loss"]
+                    if hooks.regulariser is not None:
+                        loss = loss + hooks.regulariser(None, output)
+                    loss.backward()
                 step.step()
             update = client.finish_local(local, client.shared.flatten_module(model), steps)
             upload, _ = client.upload(update, states[name_], torch.Generator())
@@ -151,6 +156,8 @@ def _quadratic_federation(name: str, optimizer, lr: float, scale: float, rounds:
         outcome = server.server_update(x, payloads, None)
         server.commit(outcome, payloads)
         x = outcome.model
+        if trace is not None:
+            trace.append((x - optimum).norm().item())
     controls = [torch.as_tensor(s["control"]).norm().item() for s in states.values() if "control" in s]
     return (x - optimum).norm().item(), max(controls, default=None)
 
@@ -187,3 +194,23 @@ def test_with_adamw_scaffolds_control_variates_ignore_the_gradients_scale_and_th
     assert unit < 0.1  # at a unit scale AdamW's normalised steps happen to match the gradients' size
     assert control > 100 * gradient
     assert small > fedavg_small > 1.0
+
+
+def test_fedgloss_dual_adds_every_past_update_to_the_server_step_and_overshoots_in_the_first_rounds():
+    # Why FedGloSS stays above chance on the demo's 8 rounds, with SGD as with AdamW: its server step
+    # w - D - beta sigma adds beta sigma = -(1/N) sum of every accepted update so far, a momentum of
+    # coefficient 1 whose size does not depend on beta, while the clients' pull back, (w_k - w~) / beta,
+    # is 1/beta = 0.1 of their drift. With both SAM radii all but off, the global model overshoots and
+    # swings in the first rounds where FedAvg's approaches the optimum every round; a stronger pull
+    # (beta 1) damps the swing, and the dual then removes the drift FedAvg keeps.
+    off = {"sam": {"rho": 1e-6}}
+    fedavg, paper, strong = [], [], []
+    _quadratic_federation("fedavg", _sgd, 0.1, 1.0, rounds=30, steps=4, trace=fedavg)
+    _quadratic_federation("fedgloss", _sgd, 0.1, 1.0, rounds=30, steps=4, trace=paper, options={"rho": 1e-6}, **off)
+    _quadratic_federation(
+        "fedgloss", _sgd, 0.1, 1.0, rounds=30, steps=4, trace=strong, options={"rho": 1e-6, "beta": 1.0}, **off
+    )
+    assert all(later < earlier for earlier, later in itertools.pairwise(fedavg[:8]))
+    assert max(paper[1:4]) > 1.5 * paper[0]  # overshoot: farther from the optimum after the second round
+    assert paper[7] > fedavg[7]  # the demo's 8 rounds end worse than FedAvg
+    assert strong[-1] < 1e-2 < fedavg[-1]
