@@ -196,21 +196,29 @@ def test_with_adamw_scaffolds_control_variates_ignore_the_gradients_scale_and_th
     assert small > fedavg_small > 1.0
 
 
-def test_fedgloss_dual_adds_every_past_update_to_the_server_step_and_overshoots_in_the_first_rounds():
-    # Why FedGloSS stays above chance on the demo's 8 rounds, with SGD as with AdamW: its server step
-    # w - D - beta sigma adds beta sigma = -(1/N) sum of every accepted update so far, a momentum of
-    # coefficient 1 whose size does not depend on beta, while the clients' pull back, (w_k - w~) / beta,
-    # is 1/beta = 0.1 of their drift. With both SAM radii all but off, the global model overshoots and
-    # swings in the first rounds where FedAvg's approaches the optimum every round; a stronger pull
-    # (beta 1) damps the swing, and the dual then removes the drift FedAvg keeps.
-    off = {"sam": {"rho": 1e-6}}
-    fedavg, paper, strong = [], [], []
+@pytest.mark.parametrize(
+    ("name", "paper", "strong"),
+    [
+        # FedGloSS with both SAM radii all but off: beta sigma; the clients' pull is 1/beta
+        ("fedgloss", {"options": {"rho": 1e-6}, "sam": {"rho": 1e-6}}, {"options": {"rho": 1e-6, "beta": 1.0}}),
+        # FedDC: hbar, the mean of the clients' summed drifts; the clients' pull is alpha
+        ("feddc", {}, {"options": {"alpha": 1.0}}),
+    ],
+)
+def test_a_server_that_adds_every_past_update_overshoots_in_the_first_rounds(name, paper, strong):
+    # Why FedGloSS, and FedDC on IID clients, fall below FedAvg on the demo's 8 rounds: FedGloSS's server
+    # steps w - D - beta sigma with beta sigma = -(1/N) the sum of every accepted update so far, and FedDC's
+    # adds hbar, the same sum: a server momentum of coefficient 1 whose size does not depend on beta or
+    # alpha, while the clients' pull back is 1/beta = 0.1 (FedGloSS) or alpha = 0.01 (FedDC) of their drift.
+    # With the papers' settings the global model overshoots and swings in the first rounds where FedAvg's
+    # approaches the optimum every round; a stronger pull damps the swing, and the correction then removes
+    # the drift FedAvg keeps.
+    strong = {**paper, **strong}
+    fedavg, papers, damped = [], [], []
     _quadratic_federation("fedavg", _sgd, 0.1, 1.0, rounds=30, steps=4, trace=fedavg)
-    _quadratic_federation("fedgloss", _sgd, 0.1, 1.0, rounds=30, steps=4, trace=paper, options={"rho": 1e-6}, **off)
-    _quadratic_federation(
-        "fedgloss", _sgd, 0.1, 1.0, rounds=30, steps=4, trace=strong, options={"rho": 1e-6, "beta": 1.0}, **off
-    )
+    _quadratic_federation(name, _sgd, 0.1, 1.0, rounds=30, steps=4, trace=papers, **paper)
+    _quadratic_federation(name, _sgd, 0.1, 1.0, rounds=30, steps=4, trace=damped, **strong)
     assert all(later < earlier for earlier, later in itertools.pairwise(fedavg[:8]))
-    assert max(paper[1:4]) > 1.5 * paper[0]  # overshoot: farther from the optimum after the second round
-    assert paper[7] > fedavg[7]  # the demo's 8 rounds end worse than FedAvg
-    assert strong[-1] < 1e-2 < fedavg[-1]
+    assert max(papers[1:4]) > 1.5 * papers[0]  # overshoot: farther from the optimum after the second round
+    assert papers[7] > fedavg[7]  # the demo's 8 rounds end worse than FedAvg
+    assert damped[-1] < 1e-2 < fedavg[-1]
