@@ -20,6 +20,7 @@ from federation.runtime import DATA_ROOT, INSTITUTION, Arrays, Scalars
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
+from geofm.federated import local_optimizer
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.feedback import UplinkReport
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
@@ -87,8 +88,11 @@ class FederatedClient:
         if algorithm.keeps_local_statistics and LOCAL_STATISTICS in state:
             load_running_statistics(model, state[LOCAL_STATISTICS])
         self.task.prepare(model)
-        engine = ds.initialize(model, cfg.train, world_size, None, lr, param_groups=self.task.param_groups(model))
+        optimizer = local_optimizer.resolve(cfg.train, cfg.algorithm.name)
+        groups = local_optimizer.with_weight_decay(self.task.param_groups(model), optimizer.weight_decay)
+        engine = ds.initialize(model, cfg.train, world_size, None, lr, param_groups=groups, optimizer=optimizer)
         local = algorithm.local_round(self.name, received, engine.module, state, lr)
+        local.momentum = optimizer.momentum if optimizer.name == "sgd" else 0.0
         hooks = algorithm.hooks(local)
         loop = TrainLoop(
             engine,

@@ -17,6 +17,7 @@ from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
 from geofm.config import config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.errors import GeoFMError
+from geofm.federated import local_optimizer
 from geofm.federated.aggregation import ClientUpload, RoundAggregate
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.base import Algorithm, ServerRound, payload_arrays
@@ -42,6 +43,7 @@ FEDERATED_INVARIANTS = (
 FEDERATED_SCHEDULE = (
     "federation.rounds",
     "train.base_lr",
+    "train.optimizer",
     "train.lr_reference_batch",
     "train.lr_schedule",
     "train.warmup_rounds",
@@ -89,6 +91,9 @@ class FederatedServer:
             cfg.algorithm, ParameterLayout.of(self.model), fed.declared_examples, cfg.num_clients, fed.rounds
         )
         self.algorithm.spill_to(self.run_dir / SPILL_FOLDER)
+        local_optimizer.warn_override(cfg.train, cfg.algorithm.name)
+        self.local_optimizer = local_optimizer.record(local_optimizer.resolve(cfg.train, cfg.algorithm.name))
+        log.info("clients' local optimiser: %s", self.local_optimizer)
         # What travels; the parameters local to the clients hold the algorithm's server_local, else their start.
         self.layout = self.algorithm.shared
         self.global_model = self.layout.flatten_module(self.model)
@@ -217,6 +222,7 @@ class FederatedServer:
             **(self.accountant.report() if self.accountant is not None else {}),
             **({"val": validation} if validation is not None else {}),
             "lr": round_lr(self.cfg, rnd),
+            "local_optimizer": self.local_optimizer,
             "uplink_bytes": sum(sum(a.nbytes for a in r.arrays.values()) for r in replies),
             "downlink_bytes": self._round_downlink,
             "seconds": round(time.perf_counter() - self._round_started, 3),

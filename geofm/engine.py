@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import deepspeed
 import deepspeed.ops
@@ -45,6 +45,9 @@ from geofm.checkpoints.io import load_training_file
 from geofm.config import OptimizerConfig, TrainConfig
 from geofm.errors import CheckpointNotFoundError, DatasetTooSmallError
 from geofm.optim import parameter_groups
+
+if TYPE_CHECKING:
+    from geofm.config.federated import LocalOptimizerConfig
 
 log = logging.getLogger("geofm.engine")
 # Start-up noise with no bearing on a run: torch's extension loader looks for CUDA on CPU machines,
@@ -185,13 +188,39 @@ def zero_stage(train: OptimizerConfig, world_size: int) -> int:
 
 
 def deepspeed_config(
-    train: OptimizerConfig, world_size: int, schedule: Schedule | None, lr: float | None = None
+    train: OptimizerConfig,
+    world_size: int,
+    schedule: Schedule | None,
+    lr: float | None = None,
+    optimizer: LocalOptimizerConfig | None = None,
 ) -> dict[str, Any]:
     """The DeepSpeed config of a run: AdamW, warmup + cosine, clipping, accumulation, ZeRO, bf16.
 
     The learning rate scales linearly with the global batch: ``base_lr * batch / lr_reference_batch``.
     Without a ``schedule`` (a federated client's round) the learning rate is the constant ``lr``.
+    ``optimizer`` (a federated client's, every field set) replaces AdamW by torch's SGD (``sgd``) or
+    sets AdamW's weight decay; its ``base_lr`` is already in ``lr``.
     """
+    peak = scaled_lr(train, world_size) if lr is None else lr
+    if optimizer is not None and optimizer.name == "sgd":
+        chosen = {
+            "type": "SGD",  # DeepSpeed builds torch.optim.SGD
+            "params": {"lr": peak, "momentum": optimizer.momentum, "weight_decay": optimizer.weight_decay},
+        }
+    else:
+        decay = train.weight_decay if optimizer is None else optimizer.weight_decay
+        chosen = {
+            "type": "AdamW",
+            "params": {
+                "lr": peak,
+                "betas": list(train.betas),
+                "eps": train.eps,
+                "weight_decay": decay,
+                "torch_adam": True,
+                "adam_w_mode": True,
+                "fused": fused_adamw(),
+            },
+        }
     config: dict[str, Any] = {
         "train_batch_size": global_batch(train, world_size),
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
@@ -202,18 +231,7 @@ def deepspeed_config(
         # Floating buffers follow the parameters into bf16: DeepSpeed keeps them in fp32 otherwise,
         # and Swin's fp32 attention mask would promote bf16 attention scores to fp32.
         **({"data_types": {"buffer_dtype": "bf16"}} if use_bf16(train) else {}),
-        "optimizer": {
-            "type": "AdamW",
-            "params": {
-                "lr": scaled_lr(train, world_size) if lr is None else lr,
-                "betas": list(train.betas),
-                "eps": train.eps,
-                "weight_decay": train.weight_decay,
-                "torch_adam": True,
-                "adam_w_mode": True,
-                "fused": fused_adamw(),
-            },
-        },
+        "optimizer": chosen,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
@@ -325,6 +343,7 @@ def initialize(
     schedule: Schedule | None,
     lr: float | None = None,
     param_groups: list[dict] | None = None,
+    optimizer: LocalOptimizerConfig | None = None,
 ):
     """Wrap ``model`` in a DeepSpeed engine (optimizer and scheduler come from the config).
 
@@ -340,17 +359,19 @@ def initialize(
         lr: the peak learning rate, default the config's scaled to the global batch.
         param_groups: the program's own AdamW groups (``params``, ``weight_decay``, optional
             ``lr_scale``); default :func:`parameter_groups`, all at the peak learning rate.
+        optimizer: a federated client's local optimiser (see :func:`deepspeed_config`); default AdamW.
     """
     init_distributed()
     if get_accelerator().device_name() == "cpu":
         keep_freed_memory()
     if train.zero_stage != zero_stage(train, world_size) and dist.get_rank() == 0:
         log.info("one process: ZeRO stage 0 (train.zero_stage=%d applies across processes)", train.zero_stage)
-    groups = parameter_groups(model, train.weight_decay) if param_groups is None else param_groups
+    decay = train.weight_decay if optimizer is None else optimizer.weight_decay
+    groups = parameter_groups(model, decay) if param_groups is None else param_groups
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=scaled_groups(groups, scaled_lr(train, world_size) if lr is None else lr),
-        config=deepspeed_config(train, world_size, schedule, lr),
+        config=deepspeed_config(train, world_size, schedule, lr, optimizer),
     )
     if type(engine.checkpoint_engine) is not TorchCheckpointEngine:
         raise RuntimeError(f"unexpected DeepSpeed checkpoint engine {type(engine.checkpoint_engine).__name__}")

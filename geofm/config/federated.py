@@ -42,12 +42,60 @@ ALGORITHM_FIELDS = {
 }
 
 
+class LocalOptimizerConfig(Section):
+    """A client's local optimiser: ``adamw`` (with ``train``'s betas and eps) or ``sgd`` (torch's, optional
+    heavy-ball momentum). Fields left out take the algorithm's declared values where the config names
+    the algorithm's own optimiser, else ``train``'s (``base_lr``, ``weight_decay``).
+
+    An algorithm whose analysis assumes a local optimiser declares it (SCAFFOLD, FedDC, FedNova and
+    FedGloSS: SGD); with ``train.optimizer`` null the run uses it, set it overrides the declaration
+    with a warning naming both.
+    """
+
+    name: Literal["adamw", "sgd"]
+    base_lr: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="per train.lr_reference_batch images, like train.base_lr; null: the algorithm's declared rate "
+        "for its own optimiser, else train.base_lr (adamw); SGD's rate is orders of magnitude above AdamW's",
+    )
+    momentum: float = Field(default=0.0, ge=0.0, lt=1.0, description="sgd: heavy-ball momentum (0: plain SGD)")
+    weight_decay: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="sgd: L2 added to the gradient, adamw: decoupled; null: the algorithm's for its own optimiser, "
+        "else train.weight_decay",
+    )
+
+    @model_validator(mode="after")
+    def _check_momentum(self) -> LocalOptimizerConfig:
+        if self.name == "adamw" and self.momentum:
+            raise ValueError("momentum is SGD's; AdamW's first-moment decay is train.betas[0]")
+        return self
+
+    def describe(self) -> str:
+        """One line naming the optimiser and its settings (``sgd lr 0.05 momentum 0 weight_decay 0``)."""
+        momentum = f" momentum {self.momentum:g}" if self.name == "sgd" else ""
+        lr = "train.base_lr" if self.base_lr is None else f"{self.base_lr:g}"
+        decay = "train.weight_decay" if self.weight_decay is None else f"{self.weight_decay:g}"
+        return f"{self.name} base_lr {lr}{momentum} weight_decay {decay}"
+
+
 class LocalTrainConfig(OptimizerConfig):
-    """A client's local optimisation each round; the learning rate follows a schedule over rounds."""
+    """A client's local optimisation each round; the learning rate follows a schedule over rounds.
+
+    ``base_lr``, ``betas``, ``eps`` and ``weight_decay`` are AdamW's; ``optimizer`` picks another local
+    optimiser (null: the algorithm's declared one, AdamW for algorithms that declare none).
+    """
 
     local_epochs: float | None = Field(default=1.0, gt=0.0, description="passes over the client's images per round")
     local_steps: int | None = Field(
         default=None, gt=0, description="a fixed number of optimizer steps per round instead"
+    )
+    optimizer: LocalOptimizerConfig | None = Field(
+        default=None,
+        description="the local optimiser; null: the one the algorithm's paper assumes (sgd for scaffold, feddc, "
+        "fednova, fedgloss), else AdamW with this section's base_lr, betas, eps and weight_decay",
     )
     lr_schedule: Literal["constant", "cosine"] = Field(default="constant", description="over rounds, after the warm-up")
     warmup_rounds: int = Field(default=0, ge=0)

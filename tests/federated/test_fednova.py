@@ -51,7 +51,7 @@ def test_two_clients_with_different_step_counts_give_the_papers_numbers():
     uploads = []
     for name, target, steps, examples in (("one", [1.0, 2.0], 1, 30), ("two", [-2.0, 0.0], 4, 10)):
         up, metadata = _client_round(client, name, *sent[name], torch.tensor(target), steps, lr=0.5)
-        assert metadata == {"local_steps": steps}
+        assert metadata == {"local_steps": steps, "a_norm": steps}  # plain SGD: ||a_i||_1 = tau_i
         uploads.append(ClientUpload(name, payload_arrays(up), examples, metadata))
 
     # Client 1: y = 0 - 0.5 (0 - b) = (0.5, 1). Client 2: y_k = y_k-1 - 0.5 (y_k-1 - b) halves the way

@@ -27,6 +27,8 @@ from geofm.config.federated import read_federated_config
 from geofm.errors import ConfigError, DatasetNotFoundError
 from geofm.federated.algorithms import ALGORITHMS
 from geofm.federated.algorithms.fedavg import FedAvg
+from geofm.federated.algorithms.scaffold import SGD_BASE_LR
+from geofm.federated.local_optimizer import LocalOptimizerWarning
 
 CONFIGS = Path(__file__).parents[2] / "configs" / "federated"
 
@@ -268,3 +270,29 @@ def test_a_client_holding_fewer_samples_than_a_batch_trains_on_them_repeated(cla
     tree["train"]["micro_batch_size"] = 16  # more than either client's 12 samples
     rounds = _rounds(_run(tree))
     assert all(r["clients"] == ["client00", "client01"] and not r["failed"] for r in rounds)
+
+
+def test_the_rounds_record_the_local_optimiser_the_algorithm_declares_or_the_config_overrides(
+    finetune_tree, class_folders, tmp_path
+):
+    tree = _federated(finetune_tree("classification", tmp_path / "sgd", data={"root": str(class_folders)}))
+    tree["algorithm"] = {"name": "scaffold"}
+    train = read_federated_config(tree).train
+    rounds = _rounds(_run(tree))
+    peak = SGD_BASE_LR * train.micro_batch_size * train.grad_accum_steps / train.lr_reference_batch
+    assert all(
+        r["local_optimizer"] == {"name": "sgd", "base_lr": SGD_BASE_LR, "momentum": 0.0, "weight_decay": 0.0}
+        for r in rounds
+    )
+    assert [r["lr"] for r in rounds] == pytest.approx([peak, peak])
+
+    tree = {**tree, "train": {**tree["train"], "optimizer": {"name": "adamw"}}}
+    tree["run"] = {**tree["run"], "output_dir": str(tmp_path / "adamw")}
+    with pytest.warns(LocalOptimizerWarning, match="algorithm scaffold: its analysis assumes local sgd"):
+        rounds = _rounds(_run(tree))
+    assert rounds[-1]["local_optimizer"] == {
+        "name": "adamw",
+        "base_lr": train.base_lr,
+        "weight_decay": train.weight_decay,
+    }
+    assert rounds[-1]["lr"] == pytest.approx(peak / SGD_BASE_LR * train.base_lr)

@@ -54,7 +54,14 @@ import torch
 from pydantic import BaseModel
 from torch import Tensor, nn
 
-from geofm.config.federated import AlgorithmConfig, CodecConfig, SamConfig, UplinkConfig, validated
+from geofm.config.federated import (
+    AlgorithmConfig,
+    CodecConfig,
+    LocalOptimizerConfig,
+    SamConfig,
+    UplinkConfig,
+    validated,
+)
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload, RoundAggregate, UploadRules, aggregate_payloads
 from geofm.federated.codec import Codec, Packet, decode
@@ -95,6 +102,7 @@ class LocalRound:
         anchor: the round's global model split like ``params``, on their devices.
         state: the client's state, read and written by the algorithm.
         lr: the round's learning rate of the local optimiser.
+        momentum: the local optimiser's SGD momentum (0: plain SGD, or AdamW).
         module: the module the client trains (its engine's), for hooks on its blocks.
         losses: a regulariser's values of each micro-batch so far (detached), for the round's log.
     """
@@ -107,6 +115,7 @@ class LocalRound:
     lr: float
     module: nn.Module | None = None
     losses: list[Tensor] = field(default_factory=list)
+    momentum: float = 0.0
 
 
 @dataclass
@@ -171,6 +180,12 @@ class Algorithm(ABC):
     """How the algorithm combines uploads itself, where it takes no ``aggregator`` or ``server_optimizer``."""
     personalised: ClassVar[bool] = False
     keeps_local_statistics: ClassVar[bool] = False
+    local_optimizer: ClassVar[LocalOptimizerConfig | None] = None
+    """The local optimiser the algorithm's analysis assumes (its paper's), which clients use while
+    ``train.optimizer`` is null; None: no assumption, AdamW with ``train``'s settings. See
+    :mod:`geofm.federated.local_optimizer`."""
+    local_optimizer_source: ClassVar[str] = ""
+    """Where :attr:`local_optimizer` comes from (the paper), named in the warning of an override."""
     default_sam: ClassVar[SamConfig | None] = None
     """The local SAM step the algorithm takes when ``algorithm.sam`` is null, and the defaults of the
     fields that section leaves out (FedSAM: the paper's radius); None: plain steps."""

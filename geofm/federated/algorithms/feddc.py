@@ -41,8 +41,11 @@ Deviations from the official code, named:
 * ``K`` and ``eta`` are the client's own optimizer steps and the round's learning rate, as geofm's
   SCAFFOLD (option II) takes them; the official code uses one nominal step count for every client
   (epochs over the mean share) and the undecayed base rate.
-* The local optimiser is geofm's AdamW with the run's clipping, not plain SGD with weight decay;
-  ``(x - theta_i) / (K eta)`` is then the average update direction per unit of learning rate.
+* The local optimiser is the official code's plain SGD with weight decay (1e-3), declared as
+  :attr:`FedDC.local_optimizer`, with the run's clipping; its learning rate is geofm's SGD default
+  (:data:`~geofm.federated.algorithms.scaffold.SGD_BASE_LR`), not the code's 0.1. Under AdamW
+  (``train.optimizer``, with a warning) ``(x - theta_i) / (K eta)`` is the mean normalised step, as
+  for SCAFFOLD.
 * The server's ``hbar`` is built from the updates it decoded rather than from the clients' ``h_i``:
   the same without quantisation; under a quantised uplink, error feedback carries what a round's
   packet dropped into the client's later uploads.
@@ -57,10 +60,11 @@ from pydantic import Field
 from torch import Tensor
 
 from geofm.config.base import Section
+from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
 from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
-from geofm.federated.algorithms.scaffold import option_ii_control
+from geofm.federated.algorithms.scaffold import SGD_BASE_LR, option_ii_control
 
 
 class FedDCOptions(Section):
@@ -77,6 +81,8 @@ class FedDC(Algorithm):
     downlink = ("model", "control")
     own_server_rule = "combines the corrected models by the official code's plain means"
     Options = FedDCOptions
+    local_optimizer = LocalOptimizerConfig(name="sgd", base_lr=SGD_BASE_LR, momentum=0.0, weight_decay=1e-3)
+    local_optimizer_source = "Gao et al., CVPR 2022, and its official code: SGD with weight decay"
 
     def downlink_values(self, model: Tensor) -> dict[str, Tensor]:
         return {"model": model, "control": self.global_vector("control")}

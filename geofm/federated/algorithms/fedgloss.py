@@ -31,8 +31,10 @@ their values (round ``warmup_rounds + 1``); the local ``rho_l`` is ``sam.rho``.
 Deviations: (1) the global dual update divides by ``beta N`` as Algorithm 1 (line 22) does; the
 official code also divides by the number of participants. (2) The official code's server warm-up
 adds its step to the clients' final radius (so the server's radius never ramps); the ramp here is the
-one its client schedule and the paper describe. (3) The local optimiser is the run's (AdamW),
-not SGD: the ADMM correction passes through it as the loss's gradient does.
+one its client schedule and the paper describe. (3) The local optimiser is the paper's SGD (declared
+as :attr:`FedGloSS.local_optimizer`, no momentum, no weight decay) at geofm's SGD rate
+(:data:`~geofm.federated.algorithms.scaffold.SGD_BASE_LR`), not the code's CIFAR rate; the ADMM
+correction passes through it as the loss's gradient does.
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ from pydantic import Field
 from torch import Tensor
 
 from geofm.config.base import Section
-from geofm.config.federated import AlgorithmConfig, SamConfig
+from geofm.config.federated import AlgorithmConfig, LocalOptimizerConfig, SamConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
 from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
 from geofm.federated.algorithms.fedavg import FedAvg
+from geofm.federated.algorithms.scaffold import SGD_BASE_LR
 
 
 class FedGloSSOptions(Section):
@@ -83,6 +86,8 @@ class FedGloSS(FedAvg):
     name = "fedgloss"
     Options = FedGloSSOptions
     default_sam: ClassVar[SamConfig] = SamConfig(rho=0.15)
+    local_optimizer = LocalOptimizerConfig(name="sgd", base_lr=SGD_BASE_LR, momentum=0.0, weight_decay=0.0)
+    local_optimizer_source = "Caldarola et al., CVPR 2025: SGD with SAM in the clients' inner loop"
 
     @classmethod
     def check_config(cls, cfg: AlgorithmConfig) -> None:

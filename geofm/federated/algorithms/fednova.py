@@ -20,12 +20,13 @@ Each client uploads ``update = y_i - x`` and reports its number of local optimiz
 ``local_steps`` in its metadata; the server reads it from the upload's metrics and refuses a round
 where an accepted client reported none or a count that is not positive, naming the client.
 
-Deviation, named: the paper's ``a_i`` follows the local optimiser (plain SGD: ``a_i = (1, ..., 1)``
-and ``||a_i||_1 = tau_i``; momentum ``rho``: ``||a_i||_1 = [tau_i - rho (1 - rho^tau_i) / (1 - rho)]
-/ (1 - rho)``). geofm's local optimiser is AdamW, whose per-coordinate scaling by the running second
-moment makes the update no fixed linear combination of the gradients, so it has no closed ``a_i``;
-FedNova here takes the SGD form ``||a_i||_1 = tau_i`` for it, which normalises the leading cause of
-the inconsistency, the differing step counts.
+The paper's ``a_i`` follows the local optimiser (plain SGD: ``a_i = (1, ..., 1)`` and
+``||a_i||_1 = tau_i``; momentum ``rho``: ``||a_i||_1 = [tau_i - rho (1 - rho^tau_i) / (1 - rho)]
+/ (1 - rho)``). FedNova declares the paper's plain SGD (:attr:`FedNova.local_optimizer`); a client
+under SGD with momentum (``train.optimizer``) reports the momentum form as ``a_norm``. Under AdamW
+(with a warning), whose per-coordinate scaling by the running second moment makes the update no
+fixed linear combination of the gradients, there is no closed ``a_i``: the client reports the SGD
+form ``tau_i``, which normalises the leading cause of the inconsistency, the differing step counts.
 """
 
 from __future__ import annotations
@@ -35,15 +36,25 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
+from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import FederatedRunError
 from geofm.federated.aggregation import Accepted, RoundAggregate
 from geofm.federated.algorithms.base import Algorithm, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.algorithms.scaffold import SGD_BASE_LR
 
 STEPS_KEY = "local_steps"
+NORM_KEY = "a_norm"
+
+
+def aggregation_norm(steps: int, momentum: float) -> float:
+    """``||a_i||_1`` of ``steps`` local SGD steps with heavy-ball ``momentum`` (``steps`` without momentum)."""
+    if not momentum:
+        return float(steps)
+    return (steps - momentum * (1 - momentum**steps) / (1 - momentum)) / (1 - momentum)
 
 
 class FedNova(Algorithm):
-    """FedNova with ``||a_i||_1 = tau_i``: up ``update`` (``y_i - x``) and ``local_steps``, down ``model``."""
+    """FedNova: up ``update`` (``y_i - x``), ``local_steps`` and ``a_norm`` (``||a_i||_1``), down ``model``."""
 
     name = "fednova"
     uplink = ("update",)
@@ -51,14 +62,19 @@ class FedNova(Algorithm):
     own_server_rule = (
         "normalises each client's update by its own step count before the data-weighted mean and steps by tau_eff"
     )
+    local_optimizer = LocalOptimizerConfig(name="sgd", base_lr=SGD_BASE_LR, momentum=0.0, weight_decay=0.0)
+    local_optimizer_source = "Wang et al., NeurIPS 2020: local SGD, a_i from its momentum"
 
     def finish_local(self, local: LocalRound, trained: Tensor, steps: int) -> LocalUpdate:
-        return LocalUpdate({"update": trained - local.received["model"]}, {STEPS_KEY: steps})
+        return LocalUpdate(
+            {"update": trained - local.received["model"]},
+            {STEPS_KEY: steps, NORM_KEY: aggregation_norm(steps, local.momentum)},
+        )
 
     def server_update(
         self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
     ) -> ServerRound:
-        """``x + tau_eff * sum_i p_i (y_i - x) / tau_i`` over the accepted clients.
+        """``x + tau_eff * sum_i p_i (y_i - x) / ||a_i||_1`` over the accepted clients.
 
         Raises:
             FederatedRunError: an accepted client reported no local step count, or one that is not positive.
@@ -74,12 +90,12 @@ class FedNova(Algorithm):
 
 
 def local_steps(upload: Accepted) -> float:
-    """The local step count ``tau_i`` an accepted client reported.
+    """``||a_i||_1`` of an accepted client: its reported ``a_norm``, else its local step count ``tau_i``.
 
     Raises:
         FederatedRunError: it reported none, or a count that is not a positive number.
     """
-    reported = upload.metadata.get(STEPS_KEY)
+    reported = upload.metadata.get(NORM_KEY, upload.metadata.get(STEPS_KEY))
     try:
         tau = float(reported)  # type: ignore[arg-type]
     except (TypeError, ValueError):
