@@ -39,7 +39,7 @@ lock:
 	$(LOCK_VENV)/bin/python -m pip install ".[test,demo]"
 	$(LOCK_VENV)/bin/python -m pip check
 	sed -n '/^#/p;/^#/!q' $(LOCK) > $(LOCK).new
-	$(LOCK_VENV)/bin/python -m pip freeze --exclude geofm >> $(LOCK).new
+	$(LOCK_VENV)/bin/python -m pip freeze --all --exclude geofm --exclude pip >> $(LOCK).new
 	mv $(LOCK).new $(LOCK)
 	rm -rf $(LOCK_VENV)
 
