@@ -64,6 +64,12 @@ demo-central: setup
 test: setup
 	DS_ACCELERATOR=cpu $(BIN)/python -m pytest -q -n auto --maxprocesses=4
 
+# The suite less the tests marked slow (those starting torchrun, Ray, Flower deployments, CLI
+# subprocesses or kill/resume runs, and any over about 1.5 s): every module's fast unit tests, for
+# feedback while developing. `make test` stays the whole suite, and CI runs it.
+test-fast: setup
+	DS_ACCELERATOR=cpu $(BIN)/python -m pytest -q -m "not slow" -n auto --maxprocesses=4
+
 # ruff's lint rules and formatter, as configured in pyproject.toml.
 lint: setup
 	$(BIN)/ruff check .

@@ -28,6 +28,8 @@ from geofm.errors import ConfigError, DatasetNotFoundError
 from geofm.federated.algorithms import ALGORITHMS
 from geofm.federated.algorithms.fedavg import FedAvg
 
+pytestmark = pytest.mark.slow
+
 CONFIGS = Path(__file__).parents[2] / "configs" / "federated"
 
 
