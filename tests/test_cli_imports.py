@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).parents[1]
 HEAVY = ("torch", "timm", "deepspeed", "flwr", "rasterio", "torchgeo")
 PROBE = f"""

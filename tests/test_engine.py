@@ -98,6 +98,7 @@ def test_one_process_engine_uses_fused_adamw_and_skips_the_gradient_all_reduce(t
     assert engine.enable_backward_allreduce is False, "one process still flattens and all-reduces every gradient"
 
 
+@pytest.mark.slow
 def test_compiled_engine_computes_the_same_losses_and_saves_plain_keys(tiny_swin, monkeypatch, tmp_path):
     import torch
 

@@ -15,6 +15,7 @@ class _Failing(Dataset):
             raise RasterReadError("/archive/scene_7.tif", "cannot read raster\nsecond line") from cause
 
 
+@pytest.mark.slow
 def test_an_error_raised_in_a_loader_worker_keeps_its_type_and_only_its_own_message():
     with pytest.raises(RasterReadError) as info:
         next(iter(DataLoader(_Failing(), num_workers=1)))

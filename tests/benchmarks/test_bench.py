@@ -18,6 +18,8 @@ import pytest
 from benchmarks.cli import BENCHMARKS, module, register, settings_of
 from geofm.data.demo import make_demo_archive
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).parents[2]
 KEYS = {"benchmark", "command", "created", "seconds", "machine", "libraries", "settings", "results", "targets", "notes"}
 

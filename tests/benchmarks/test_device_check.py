@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -44,6 +43,7 @@ sys.meta_path.insert(0, Absent())
 """
 
 
+@pytest.mark.slow
 def test_the_dry_run_runs_every_section_without_the_engine_libraries(tmp_path):
     site, out = tmp_path / "site", tmp_path / "out"
     site.mkdir()
@@ -82,6 +82,7 @@ def test_the_dry_run_runs_every_section_without_the_engine_libraries(tmp_path):
     assert summary in proc.stdout, "the Markdown summary is printed too"
 
 
+@pytest.mark.slow
 def test_the_loader_section_times_a_chip_store_with_each_worker_count():
     settings = {**settings_of(True, "{}"), "loader_workers": [0, 1]}
     result = loader_section(settings, budget=600, step_rate=100.0)
@@ -92,12 +93,14 @@ def test_the_loader_section_times_a_chip_store_with_each_worker_count():
         assert row["chips_per_s"] > 0 and row["over_step"] == pytest.approx(row["chips_per_s"] / 100.0)
 
 
+@pytest.mark.slow
 def test_a_section_past_its_budget_is_stopped_and_keeps_what_it_printed():
     wait = "import json, time; print(json.dumps({'event': 'built'}), flush=True); time.sleep(600)"
     child = run_child([sys.executable, "-S", "-c", wait], budget_s=5)
     assert child.status == "timed out" and child.events("built") == [{"event": "built"}]
 
 
+@pytest.mark.slow
 def test_a_check_stopped_by_timeout_stops_the_section_it_was_running(tmp_path):
     pid_file = tmp_path / "section.pid"
     section = f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(600)"
@@ -116,6 +119,7 @@ def test_a_check_stopped_by_timeout_stops_the_section_it_was_running(tmp_path):
         os.kill(int(pid_file.read_text()), 0)
 
 
+@pytest.mark.slow
 def test_a_failed_section_says_so_with_its_output():
     child = run_child([sys.executable, "-S", "-c", "raise SystemExit('no kernel image')"], budget_s=60)
     assert child.status == "failed" and "no kernel image" in child.output
@@ -165,8 +169,8 @@ def test_settings_take_a_json_object_of_known_keys():
         settings_of(False, "steps=5")
 
 
-def test_only_missing_requirements_are_installed_and_pytest_is_pinned_as_the_test_extra_pins_it():
+def test_only_missing_requirements_are_installed_and_pytest_is_pinned_as_the_lock_pins_it():
     assert missing_requirements(["pytest==0.1", "geofm-surely-absent==1.0"]) == ["geofm-surely-absent==1.0"]
-    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    locked = set((REPO / "requirements.lock").read_text().splitlines())
     pins = set(re.findall(r"^(pytest\S*==\S+)$", REQUIREMENTS.read_text(), re.MULTILINE))
-    assert pins and pins <= set(extra)
+    assert pins and pins <= locked

@@ -25,6 +25,8 @@ from geofm.config.federated import read_federated_config
 from geofm.data.readers import raster_info, read_raster
 from geofm.data.writers import write_geotiff
 
+pytestmark = pytest.mark.slow
+
 
 def test_cut_columns_keeps_the_pixels_where_they_lie(tmp_path: Path) -> None:
     pixels = np.arange(4 * 10, dtype=np.uint16).reshape(1, 4, 10)

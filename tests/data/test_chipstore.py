@@ -321,6 +321,7 @@ def test_cli_prepare_prints_a_summary_and_errors_in_one_line(tmp_path, write_tif
     assert err.strip() == "geofm: error: source 'tifs' has no chip_size: give the chips' size with --chip-size"
 
 
+@pytest.mark.slow
 def test_the_chip_store_module_imports_no_raster_or_config_stack():
     probe = "import sys, geofm.data.chipstore; print(sorted(m for m in ('rasterio', 'pydantic', 'geofm.config') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)

@@ -13,11 +13,14 @@ feedback)::
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import Tensor
 
 from geofm.federated.codec import Codec, decode
 from geofm.federated.feedback import ErrorFeedback, FeedbackState
+
+pytestmark = pytest.mark.slow
 
 CLIENTS, FEATURES, OUTPUTS, SAMPLES = 4, 48, 16, 256
 

@@ -37,6 +37,8 @@ from federation.processes import is_zombie
 from federation.runtime import config_entry
 from geofm.errors import ConfigError, FederatedRunError
 
+pytestmark = pytest.mark.slow
+
 
 def test_files_hold_a_ca_signed_superlink_certificate_p384_openssh_keys_and_the_cli_connection(tmp_path):
     files = write_deployment_files(tmp_path / "fed", ["esa", "ign"], "fl.example.org", port=9443)

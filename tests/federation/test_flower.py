@@ -28,6 +28,8 @@ from federation.flower import (
 from federation.runtime import INSTITUTION, PROGRAMS, RUN_CONFIG_DEFAULTS
 from geofm.errors import ConfigError, FederatedRunError
 
+pytestmark = pytest.mark.slow
+
 
 def test_array_records_keep_dtype_shape_and_bits_exactly():
     arrays = {

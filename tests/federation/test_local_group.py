@@ -23,6 +23,8 @@ from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
 from tests.federation.test_program import _Killed, _KilledInRound, _rounds, _run
 
+pytestmark = pytest.mark.slow
+
 # 8-bit uplinks with error feedback: a residual to compare, without 1-bit signs that float rounding flips.
 EIGHT_BIT = {"uplink": {"bits": 8, "bucket_size": 512, "error_feedback": True, "stochastic": False}}
 TWO = {"federation": {"rounds": 2, "local_processes": 2}, "train": {"micro_batch_size": 2}}

@@ -17,6 +17,8 @@ from federation.flower import simulate
 from federation.localdeploy import LocalDeployment
 from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, config_entry
 
+pytestmark = pytest.mark.slow
+
 
 def _alive(pids: set[int]) -> set[int]:
     return {pid for pid in pids if os.path.exists(f"/proc/{pid}")}

@@ -14,6 +14,8 @@ import pytest
 
 from federation.nodeworker import NodeWorker
 
+pytestmark = pytest.mark.slow
+
 
 def test_a_node_worker_keeps_the_client_program_between_messages_and_ends_with_its_supernode(
     toy_run_config, toy_pythonpath, monkeypatch

@@ -3,10 +3,13 @@ the server exports the clients' data-weighted mean model, and a stopped run resu
 
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from tests.federation.test_program import _rounds, _run
+
+pytestmark = pytest.mark.slow
 
 PFEDLA = {
     "name": "pfedla",

@@ -31,6 +31,8 @@ from geofm.reconstruction import SHOWN_CHIPS, figure_size
 from geofm.tasks import TASKS
 from pretrain.task import client_shares
 
+pytestmark = pytest.mark.slow
+
 
 def _run(tree: dict, clients: dict[int, FederatedClient] | None = None, stored: bool = False) -> Path:
     cfg = FederatedConfig.from_tree(tree)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from federation.client import FederatedClient
 from federation.inprocess import InProcess
 from federation.runtime import run_server
@@ -14,6 +16,8 @@ from geofm.config.federated import FederatedConfig
 from geofm.data.chipstore import ChipStore
 from geofm.data.prepare import prepare_store
 from pretrain.task import client_shares
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_client_trains_on_a_chip_store_of_its_archive(fed_tree, tmp_path):

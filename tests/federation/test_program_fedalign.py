@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from tests.federation.test_program import _rounds, _run
+
+pytestmark = pytest.mark.slow
 
 FEDALIGN = {"name": "fedalign", "perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
 

@@ -12,6 +12,8 @@ from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
 from tests.federation.test_program import _rounds, _run
 
+pytestmark = pytest.mark.slow
+
 FEDBN = {
     "name": "fedbn",
     "perturbation_radius": 0.0,

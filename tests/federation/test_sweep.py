@@ -11,6 +11,8 @@ import yaml
 from federation.sweep import read_sweep, run_sweep
 from geofm.errors import ConfigError, GeoFMError
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def sweep_file(fed_tree, tmp_path):

@@ -19,6 +19,7 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
+@pytest.mark.slow
 def test_eval_reevaluates_the_kept_weights_on_a_split(parser, classification_run, capsys):
     args = parser.parse_args(["eval", f"checkpoint={classification_run}", "split=val"])
     args.handler(args)
@@ -40,6 +41,7 @@ def test_eval_needs_the_run(parser, classification_run):
         args.handler(args)
 
 
+@pytest.mark.slow
 def test_finetune_command_runs_a_config_file_with_overrides(parser, task_tree, class_folders, tmp_path, capsys):
     config = tmp_path / "cls.yaml"
     config.write_text(yaml.safe_dump(task_tree("classification", "from_cli", data={"root": str(class_folders)})))

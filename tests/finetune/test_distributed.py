@@ -13,6 +13,8 @@ import yaml
 
 from finetune.evaluate import evaluate_run
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).parents[2]
 SCRIPT = """
 import sys

@@ -30,6 +30,8 @@ from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR
 from geofm.federated.local_optimizer import LocalOptimizerWarning
 
+pytestmark = pytest.mark.slow
+
 CONFIGS = Path(__file__).parents[2] / "configs" / "federated"
 
 

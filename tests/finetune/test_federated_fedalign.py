@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from tests.finetune.test_federated import _federated, _resumes_like_unbroken, _rounds, _run
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_fedalign_classifier_stopped_after_round_1_resumes_to_the_same_result(class_folders, finetune_tree, tmp_path):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 import federation.client
@@ -15,6 +16,8 @@ from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
 from geofm.config.federated import read_federated_config
 from geofm.federated.flat import ParameterLayout
 from tests.finetune.test_federated import _federated, _resumes_like_unbroken, _rounds, _run
+
+pytestmark = pytest.mark.slow
 
 
 def _fedbn(tree: dict, layers: str = "all", **federation) -> dict:

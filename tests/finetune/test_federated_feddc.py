@@ -10,6 +10,8 @@ import pytest
 
 from tests.finetune.test_federated import _federated, _resumes_like_unbroken
 
+pytestmark = pytest.mark.slow
+
 FEDDC = {"name": "feddc", "options": {"alpha": 0.01}, "uplink": {"bits": 1, "bucket_size": 512, "error_feedback": True}}
 
 

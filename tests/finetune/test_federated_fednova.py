@@ -10,6 +10,8 @@ import pytest
 
 from tests.finetune.test_federated import _federated, _rounds, _run
 
+pytestmark = pytest.mark.slow
+
 ONE_BIT = {"bits": 1, "bucket_size": 512, "error_feedback": True}
 
 

@@ -3,8 +3,12 @@ one process at the same global batch."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.federation.test_local_group import same_run
 from tests.finetune.test_federated import _federated, _run
+
+pytestmark = pytest.mark.slow
 
 
 def test_scaffold_finetuning_on_two_processes_per_client_equals_one_process(class_folders, finetune_tree, tmp_path):

@@ -11,6 +11,8 @@ from safetensors.torch import load_file
 
 from tests.finetune.test_federated import _federated, _resumes_like_unbroken, _rounds, _run
 
+pytestmark = pytest.mark.slow
+
 MOON_1BIT = {"name": "moon", "uplink": {"bits": 1, "error_feedback": True}}
 
 

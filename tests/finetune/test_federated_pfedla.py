@@ -12,6 +12,8 @@ from geofm.config.federated import read_federated_config
 from geofm.errors import ConfigError
 from tests.finetune.test_federated import _federated, _rounds, _run
 
+pytestmark = pytest.mark.slow
+
 
 def _tree(finetune_tree, class_folders, output_dir, **federation) -> dict:
     base = finetune_tree("classification", output_dir, data={"root": str(class_folders)})

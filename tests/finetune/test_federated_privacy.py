@@ -9,6 +9,8 @@ from geofm.config.federated import read_federated_config
 from geofm.errors import ConfigError
 from tests.finetune.test_federated import _federated, _resumes_like_unbroken, _rounds, _run
 
+pytestmark = pytest.mark.slow
+
 ONE_BIT = {"bits": 1, "error_feedback": True}
 
 

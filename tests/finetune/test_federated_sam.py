@@ -6,8 +6,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from tests.finetune.test_federated import _federated, _resumes_like_unbroken, _rounds, _run
+
+pytestmark = pytest.mark.slow
 
 
 def test_sam_family_algorithms_finetune_a_classifier(class_folders, finetune_tree, tmp_path):

@@ -12,6 +12,8 @@ from finetune.federated import FederatedFinetuning
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
 from tests.finetune.test_federated import _federated, _resumes_like_unbroken, _rounds, _run
 
+pytestmark = pytest.mark.slow
+
 # SWA from round 1, a cycle per round (every model averaged) at half FedAvg's step; WiMA over the last 2 rounds.
 SWA = {"name": "swa", "options": {"start": 1, "cycle": 1, "lr_max": 1.0, "lr_min": 0.5}}
 WIMA = {"name": "wima", "options": {"window": 2, "blocks": 1}}

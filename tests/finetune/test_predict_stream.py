@@ -22,6 +22,8 @@ from geofm.data.finetune import BandNormaliser
 from geofm.data.readers import read_raster
 from geofm.data.writers import write_geotiff, written_record
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 TRANSFORM = (10.0, 0.0, 600_000.0, 0.0, -10.0, 4_000_000.0)
 NORM = {"dataset_bands": ["blue", "green", "red"], "bands": ["red", "green", "blue"], "scale": 0.001}

@@ -10,6 +10,7 @@ from finetune.run import finetune
 from geofm.errors import CheckpointNotFoundError, ConfigError
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("task", "shape"), [("segmentation", (3, 3, 32, 32)), ("change", (3, 2, 32, 32)), ("superres", (3, 4, 64, 64))]
 )
@@ -37,6 +38,7 @@ def test_a_run_without_kept_weights_is_reported(tmp_path, task_config, random_da
         load_predictor(run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["swin", "vit"])
 def test_a_model_predicts_tiles_of_another_multiple_of_its_stride(family, task_config, random_datasets):
     cfg = task_config("segmentation", family=family, model={"img_size": 64}, train={"epochs": 1, "warmup_epochs": 0.5})
@@ -50,6 +52,7 @@ def test_a_model_predicts_tiles_of_another_multiple_of_its_stride(family, task_c
     assert tuple(load_predictor(run_dir, tile=32).model_fn(tiles[..., :32, :32]).shape) == (2, 3, 32, 32)
 
 
+@pytest.mark.slow
 def test_a_tile_the_model_cannot_take_is_refused_with_the_sizes_it_can(task_config, random_datasets):
     run_dir = finetune(task_config("superres", model={"img_size": 64}, train={"epochs": 1, "warmup_epochs": 0.5}))
     with pytest.raises(

@@ -49,6 +49,7 @@ def test_classification_run_writes_its_outputs_and_evaluates_the_best_weights(cl
     assert evaluation["checkpoint"] is None and evaluation["seconds"] > 0
 
 
+@pytest.mark.slow
 def test_a_stopped_run_resumes_to_the_same_result(class_folders, task_tree, classification_run):
     tree = task_tree("classification", "resumed", data={"root": str(class_folders)}, run={"stop_after_steps": 5})
     run_dir = finetune(FinetuneConfig.from_tree(tree))
@@ -71,6 +72,7 @@ def test_a_stopped_run_resumes_to_the_same_result(class_folders, task_tree, clas
     )
 
 
+@pytest.mark.slow
 def test_linear_probe_from_an_rgb_export_keeps_its_weights_and_reports_the_fresh_band(
     class_folders, task_tree, rgb_export, caplog
 ):
@@ -113,6 +115,7 @@ def test_a_checkpoint_without_any_task_band_is_an_error(task_config, rgb_export)
         build_finetune_model(cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("task", "family"),
     [
@@ -134,6 +137,7 @@ def test_every_task_family_trains_and_writes_its_metrics(task, family, task_conf
     assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses), "4 finite training steps"
 
 
+@pytest.mark.slow
 def test_a_resume_undoes_a_selection_made_after_its_checkpoint(class_folders, task_tree, classification_run):
     root = {"root": str(class_folders)}
     run_dir = finetune(
@@ -153,6 +157,7 @@ def test_a_resume_undoes_a_selection_made_after_its_checkpoint(class_folders, ta
     assert selected["value"] == pytest.approx(straight["value"])
 
 
+@pytest.mark.slow
 def test_a_config_without_model_takes_the_architecture_from_the_exports_backbone_json(
     class_folders, task_tree, rgb_export, caplog
 ):

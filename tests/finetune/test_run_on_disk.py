@@ -20,7 +20,7 @@ from geofm.config.finetune import FinetuneConfig, metric_names
 from geofm.data.demo import make_demo_archive
 from geofm.models.backbones import backbone_kwargs, create_backbone
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 CONFIGS = Path(__file__).parents[2] / "configs" / "finetune"
 FAMILIES = ("classification", "multilabel", "segmentation", "change", "superres")

@@ -41,6 +41,7 @@ def _tree(finetune_tree, root, output, **run):
     return finetune_tree("segmentation", output, data=data, run={"log_every": 1, "progress": False, **run})
 
 
+@pytest.mark.slow
 def test_a_scene_split_into_regions_trains_on_its_chips_and_resumes_exactly(scene_root, finetune_tree, tmp_path):
     straight = finetune(FinetuneConfig.from_tree(_tree(finetune_tree, scene_root, tmp_path / "straight")))
     records = _records(straight)

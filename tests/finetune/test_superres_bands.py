@@ -41,6 +41,7 @@ def _write_pairs(root: Path, case: dict) -> None:
             write_geotiff(root / split / "hr" / f"{i}.tif", high, transform=HIGH_TRANSFORM, crs=32632)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_finetune_evaluate_and_predict_into_the_high_resolution_bands(name, finetune_tree, tmp_path, capsys):
     case = CASES[name]

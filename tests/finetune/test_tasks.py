@@ -81,6 +81,7 @@ def _ordinal_tree(finetune_tree, class_folders, tmp_path, **sections):
     return {**tree, "task": "ordinal"}
 
 
+@pytest.mark.slow
 def test_a_task_defined_outside_geofm_finetunes_end_to_end(plugins, finetune_tree, class_folders, tmp_path):
     cfg = FinetuneConfig.from_tree(_ordinal_tree(finetune_tree, class_folders, tmp_path))
     assert cfg.head_name == "scalar" and cfg.primary_metric == "mae"

@@ -25,6 +25,7 @@ def test_unmasked_forward_matches_timm(tiny_swin, tiny_vit):
         assert torch.allclose(ours, timm_out, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_swin_tap_after_stage3_with_merging_has_stride_32(tiny_swin):
     encoder = tiny_swin(3)
     x = torch.randn(1, 3, 64, 64)
@@ -34,6 +35,7 @@ def test_swin_tap_after_stage3_with_merging_has_stride_32(tiny_swin):
     assert tapped.shape == (1, 4, 4, 64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["swin", "vit"])
 def test_mim_model_losses_and_masked_tokens_change_output(family, tiny_swin, tiny_vit):
     encoder = tiny_swin(4) if family == "swin" else tiny_vit(4)
@@ -67,6 +69,7 @@ def test_decoder_reconstructs_every_band_at_input_resolution(tiny_swin):
     assert model.decoder(features).shape == images.shape
 
 
+@pytest.mark.slow
 def test_feature_pyramid_for_dense_heads(tiny_swin, tiny_vit):
     swin = feature_pyramid(tiny_swin(4), torch.randn(1, 4, 64, 64))
     assert [f.shape[-1] for f in swin] == [16, 8, 4, 2]

@@ -1,3 +1,4 @@
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -5,6 +6,7 @@ from geofm.models.mim import Tap, embed_tokens, run_backbone
 from geofm.models.teacher import FrozenTeacher, native_bf16, teacher_dtype
 
 
+@pytest.mark.slow
 def test_teacher_is_frozen_and_matches_the_full_backbone_at_its_tap(tiny_swin):
     backbone = tiny_swin(3).eval()
     images = torch.randn(2, 4, 64, 64)  # 4 bands; the teacher sees [red, green, blue] = [2, 1, 0]
@@ -30,6 +32,7 @@ def test_vit_teacher_cut_after_block(tiny_vit):
     assert teacher(torch.randn(1, 3, 64, 64)).shape == (1, 4, 4, 32)
 
 
+@pytest.mark.slow
 def test_teacher_input_is_resized_as_gfm_does(tiny_swin):
     """GFM feeds the teacher F.interpolate(x, 224, mode="bilinear", align_corners=True)."""
     backbone = tiny_swin(3, img_size=96, window_size=6).eval()

@@ -17,6 +17,8 @@ from geofm.errors import CheckpointFormatError, ConfigError
 from geofm.reconstruction import SHOWN_CHIPS, figure_size
 from pretrain.central import pretrain
 
+pytestmark = pytest.mark.slow
+
 
 def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -11,6 +11,8 @@ from geofm.config import PretrainConfig
 from geofm.errors import ConfigError
 from pretrain.central import pretrain
 
+pytestmark = pytest.mark.slow
+
 NOISE = ("No CUDA runtime", "built successfully", "before it has started", "FutureWarning", "cannot find -l")
 
 

@@ -10,6 +10,8 @@ from geofm.config import PretrainConfig
 from geofm.errors import CheckpointFormatError, ConfigError
 from pretrain.central import pretrain
 
+pytestmark = pytest.mark.slow
+
 
 def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

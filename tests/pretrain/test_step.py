@@ -14,6 +14,7 @@ DeepSpeed engine: fused AdamW, no one-process gradient all-reduce, the teacher a
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from geofm import engine as ds
@@ -79,6 +80,7 @@ def _setup(tiny_tree, precision: str) -> tuple[PretrainConfig, dict, list[dict]]
     return cfg, build_student(cfg).state_dict(), _batches(4)
 
 
+@pytest.mark.slow
 def test_optimised_step_trains_like_the_eager_fp32_step(tiny_tree):
     cfg, state, batches = _setup(tiny_tree, "fp32")
     optimised, eager = _optimised_losses(cfg, state, batches), _eager_losses(cfg, state, batches)
@@ -90,6 +92,7 @@ def test_optimised_step_trains_like_the_eager_fp32_step(tiny_tree):
     assert optimised[-1]["loss"] != optimised[0]["loss"], "the steps did not train"
 
 
+@pytest.mark.slow
 def test_bf16_teacher_moves_the_distillation_loss_only_slightly(tiny_tree):
     cfg, state, batches = _setup(tiny_tree, "bf16")
     optimised, eager = _optimised_losses(cfg, state, batches[:1]), _eager_losses(cfg, state, batches[:1])

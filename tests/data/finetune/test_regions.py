@@ -38,6 +38,7 @@ def _pixels(sample: dict) -> torch.Tensor:
     return position[real]
 
 
+@pytest.mark.slow
 def test_a_region_split_deals_every_pixel_to_one_split_reproducibly(tmp_path, scene, data_cfg):
     scene(height=250)  # the last row of blocks is 58 px high
     cfg = data_cfg(tmp_path, num_classes=3, split=SPLIT)
@@ -81,6 +82,7 @@ def test_stripes_cut_each_scene_in_order():
         split_regions([(8, 10)], columns, "val")
 
 
+@pytest.mark.slow
 def test_a_split_left_empty_is_an_error_that_says_what_to_change(tmp_path, scene, data_cfg):
     scene()
     cfg = data_cfg(tmp_path, num_classes=3, split={**SPLIT, "block": 256})
