@@ -148,6 +148,7 @@ def test_a_client_uploads_weights_counts_and_its_mean_magnitude(tmp_path):
     assert FMF_MEAN not in without and without[COUNTS].tolist() == [4, 3, 3], "no filtering: no mean is sent"
 
 
+@pytest.mark.slow
 def test_dp_sgd_reports_the_accountants_own_epsilons_composed_with_the_fourier_mean(tmp_path):
     privacy = {"epsilon": 10.0, "delta": 1e-3, "fmf_epsilon": 2.0, "seed": 0}
     cfg = _config(tmp_path, privacy=privacy, fmf_gamma=5.0)

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from federation.deploy import COMPLETED
 from federation.localdeploy import LocalDeployment
 from federation.runtime import CONFIG, PROGRAM, config_entry
 from geofm.config.feddiff import FedDiffConfig
+
+pytestmark = pytest.mark.slow  # a loopback deployment with TLS: over a minute
 
 
 def test_a_deployed_feddiff_round_trains_each_institution_on_its_own_data_root(feddiff_tree, class_folders, tmp_path):

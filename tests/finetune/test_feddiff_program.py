@@ -17,6 +17,8 @@ from federation.runtime import INSTITUTIONS, run_server
 from geofm.config.feddiff import FedDiffConfig
 from geofm.errors import ConfigError
 
+pytestmark = pytest.mark.slow  # whole FedDiff rounds in process
+
 CLASSES = ["field", "forest", "water"]  # the class folders of tests/finetune/conftest.py
 
 
