@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -364,6 +365,10 @@ class FederatedServer:
             zero_stage=0,
             extend=False,
         )
+        rounds_log = self.run_dir / ROUNDS_LOG
+        lines = rounds_log.read_text().splitlines() if rounds_log.exists() else []
+        last_round = json.loads(lines[-1]) if lines else None
+        local_optimizer.check_resumed(last_round, self.local_optimizer, self.cfg.algorithm.name, str(rounds_log))
         saved = load_training_file(self.checkpoints.latest() / DEEPSPEED_MODEL_STATES, "cpu", {})
         self.model.load_state_dict(saved["module"])
         self.global_model = self.layout.flatten_module(self.model)

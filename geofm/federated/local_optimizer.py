@@ -96,6 +96,27 @@ def record(spec: LocalOptimizerConfig) -> dict[str, Any]:
     return fields
 
 
+def check_resumed(last_round: dict[str, Any] | None, current: dict[str, Any], algorithm: str, where: str) -> None:
+    """Refuse to resume a run under another local optimiser than its rounds trained with.
+
+    ``last_round`` is the run's last ``rounds.jsonl`` record (None: no round yet); a record without
+    ``local_optimizer`` was written before algorithms declared theirs, when every client used AdamW.
+
+    Raises:
+        ConfigError: the optimiser's name differs, naming the setting that continues the run as it began.
+    """
+    if last_round is None:
+        return
+    before = last_round.get("local_optimizer", {"name": ADAMW.name})
+    if before.get("name") == current["name"]:
+        return
+    raise ConfigError(
+        f"{where}: this run's clients trained with local {before.get('name')}, and algorithm {algorithm} now "
+        f"trains them with {current['name']}; set train.optimizer: {{name: {before.get('name')}}} to continue the "
+        "run as it began, or start a new run (another run.output_dir)"
+    )
+
+
 def with_weight_decay(groups: list[dict] | None, weight_decay: float) -> list[dict] | None:
     """Parameter groups whose decayed groups take ``weight_decay`` (groups without decay keep none); None
     (the engine's default groups, which take the optimiser's weight decay) stays None."""

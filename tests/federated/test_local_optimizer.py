@@ -222,3 +222,15 @@ def test_a_server_that_adds_every_past_update_overshoots_in_the_first_rounds(nam
     assert max(papers[1:4]) > 1.5 * papers[0]  # overshoot: farther from the optimum after the second round
     assert papers[7] > fedavg[7]  # the demo's 8 rounds end worse than FedAvg
     assert damped[-1] < 1e-2 < fedavg[-1]
+
+
+def test_a_run_begun_under_adamw_resumes_only_if_the_config_keeps_adamw() -> None:
+    sgd = {"name": "sgd", "base_lr": 0.05, "momentum": 0.0, "weight_decay": 0.0}
+    local_optimizer.check_resumed(None, sgd, "scaffold", "rounds.jsonl")  # no round yet: nothing to keep
+    local_optimizer.check_resumed({"round": 3, "local_optimizer": sgd}, sgd, "scaffold", "rounds.jsonl")
+    # a record from before the declarations: its clients trained with AdamW
+    with pytest.raises(ConfigError, match=r"trained with local adamw.*train.optimizer: \{name: adamw\}"):
+        local_optimizer.check_resumed({"round": 3, "loss": 0.5}, sgd, "scaffold", "run/rounds.jsonl")
+    local_optimizer.check_resumed(
+        {"round": 3, "loss": 0.5}, {"name": "adamw", "base_lr": 5e-4}, "scaffold", "rounds.jsonl"
+    )
