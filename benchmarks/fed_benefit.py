@@ -142,12 +142,13 @@ def institutions(chips: dict[str, Any], l8_root: Path, work: Path, regions: int,
 
     chip = settings["chip_size"]
     folder = Path(chips["pretrain_s2"])
-    width = raster_info(next(folder.glob("*.tif"))).width
+    first_band = raster_info(next(folder.glob("*.tif")))
+    width = first_band.width
     public = max(chip, round(width * settings["public_fraction"]))
     bounds = np.linspace(public, width, regions + 1).round().astype(int)
     if min(np.diff(bounds)) < chip:
         raise ValueError(f"{width - public} px of Sentinel-2 columns cannot give {regions} regions of {chip} px chips")
-    rows = raster_info(next(folder.glob("*.tif"))).height // chip
+    rows = first_band.height // chip
     names = ["s2"] if regions == 1 else [f"s2_region{i}" for i in range(regions)]
     sources = []
     for name, start, stop in zip(names, bounds[:-1], bounds[1:], strict=True):

@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from geofm.config.base import Section
+from geofm.config.federated import NOISE_SEED
 from geofm.config.fedfinetune import FinetuneFederationConfig
 from geofm.config.finetune import FinetuneConfig
 
@@ -61,12 +62,7 @@ class DiffusionPrivacyConfig(Section):
         description="a normalised image's Fourier magnitude is clipped to this RMS per pixel and band (L2 norm "
         "fmf_bound * sqrt(bands * height * width))",
     )
-    seed: int | None = Field(
-        default=None,
-        ge=0,
-        description="null: noise from OS entropy, the only private choice; an integer makes the noise reproducible "
-        "and gives no privacy against anyone who knows it",
-    )
+    seed: int | None = NOISE_SEED
 
 
 class DiffusionConfig(Section):

@@ -240,6 +240,15 @@ class SamConfig(Section):
     )
 
 
+NOISE_SEED = Field(
+    default=None,
+    ge=0,
+    description="null: noise from OS entropy, the only private choice; an integer makes the noise "
+    "reproducible (experiments, tests) and gives no privacy against anyone who knows it",
+)
+"""The seed field of every differential-privacy section."""
+
+
 class PrivacyConfig(Section):
     """Client-level differential privacy of the model updates (see :mod:`geofm.federated.privacy`).
 
@@ -254,12 +263,7 @@ class PrivacyConfig(Section):
         ge=0.0, description="z: the noise std in units of clip (0: clipping only, no guarantee)"
     )
     delta: float = Field(default=1e-5, gt=0.0, lt=1.0, description="the delta the logged epsilon is for")
-    seed: int | None = Field(
-        default=None,
-        ge=0,
-        description="null: noise from OS entropy, the only private choice; an integer makes the noise "
-        "reproducible (experiments, tests) and gives no privacy against anyone who knows it",
-    )
+    seed: int | None = NOISE_SEED
 
 
 class AlgorithmConfig(Section):
