@@ -48,6 +48,7 @@ EXAMPLES = {
         "geofm fed simulate --config configs/federated/fedavg_swin_tiny__10clients__100rounds.yaml federation.rounds=5",
         "geofm fed simulate --config configs/feddiff/demo_feddiff_classification__swin_micro__3clients.yaml "
         "--program feddiff",
+        "geofm fed simulate --config configs/oscar/demo_oscar_classification__swin_micro__3clients.yaml --program oscar",
     ],
     "certs": [
         "geofm fed certs --deployment ~/geofm-deployment --institutions naip,sentinel2,aerial_fr "

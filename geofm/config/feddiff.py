@@ -5,41 +5,19 @@ A FedDiff config is a classification finetuning config (:class:`~geofm.config.fi
 classifier the server trains on the synthetic set) with two more sections: ``federation`` (the
 clients: a sample partitioner dealing the train split, as in federated finetuning; one round) and
 ``diffusion`` (:class:`DiffusionConfig`: each client's U-Net and its training, the server's sampling,
-Fourier magnitude filtering and differential privacy). See :mod:`federation.feddiff`.
+Fourier magnitude filtering and differential privacy). What it shares with OSCAR is
+:mod:`geofm.config.oneshot`. See :mod:`federation.feddiff`.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal
+from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from geofm.config.base import Section
 from geofm.config.federated import NOISE_SEED
-from geofm.config.fedfinetune import FinetuneFederationConfig
-from geofm.config.finetune import FinetuneConfig
-
-
-class UNetConfig(Section):
-    """The clients' class-conditional U-Net (``diffusers.UNet2DModel``): residual blocks, no attention by default."""
-
-    channels: list[int] = Field(default=[32, 64, 64], min_length=1, description="channels of each resolution level")
-    layers_per_block: int = Field(default=1, gt=0, description="residual blocks per level")
-    norm_groups: int = Field(
-        default=8, gt=0, description="groups of the GroupNorm layers (divides every channel count)"
-    )
-    attention: bool = Field(
-        default=False, description="self-attention at the lowest resolution (diffusers' AttnDownBlock2D/AttnUpBlock2D)"
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> UNetConfig:
-        if any(c % self.norm_groups for c in self.channels):
-            raise ValueError(
-                f"diffusion.unet.norm_groups {self.norm_groups} must divide every channel count {self.channels}"
-            )
-        return self
+from geofm.config.oneshot import DDPMConfig, OneShotConfig, UNetConfig
 
 
 class DiffusionPrivacyConfig(Section):
@@ -65,20 +43,12 @@ class DiffusionPrivacyConfig(Section):
     seed: int | None = NOISE_SEED
 
 
-class DiffusionConfig(Section):
+class DiffusionConfig(DDPMConfig):
     """The clients' diffusion models, their training, and the server's sampling and filtering."""
 
-    unet: UNetConfig = UNetConfig()
-    timesteps: int = Field(default=1000, gt=1, description="T of the DDPM forward process (linear betas)")
     epochs: int = Field(default=50, gt=0, description="passes over a client's samples")
     batch_size: int = Field(default=32, gt=0, description="a client's batch (under privacy: the expected batch)")
     lr: float = Field(default=2e-4, gt=0.0, description="AdamW learning rate of the clients")
-    sampling_steps: int = Field(default=1000, gt=0, description="DDPM steps per sample (the paper: 1000)")
-    sample_batch: int = Field(default=64, gt=0, description="samples the server generates per forward pass")
-    samples: Literal["as_data"] | int = Field(
-        default="as_data",
-        description="per client and class: as many as the client holds (the paper), or this many of each class it holds",
-    )
     fmf_gamma: float = Field(
         default=5.0,
         ge=0.0,
@@ -88,72 +58,13 @@ class DiffusionConfig(Section):
     )
     privacy: DiffusionPrivacyConfig | None = Field(default=None, description="null: no differential privacy")
 
-    @model_validator(mode="after")
-    def _check(self) -> DiffusionConfig:
-        if self.sampling_steps > self.timesteps:
-            raise ValueError(
-                f"diffusion.sampling_steps {self.sampling_steps} exceeds diffusion.timesteps {self.timesteps}"
-            )
-        if isinstance(self.samples, int) and self.samples < 1:
-            raise ValueError(f"diffusion.samples must be 'as_data' or a positive count, got {self.samples}")
-        return self
 
+class FedDiffConfig(OneShotConfig):
+    """FedDiff (see the module docstring and :class:`~geofm.config.oneshot.OneShotConfig`)."""
 
-class FedDiffConfig(FinetuneConfig):
-    """FedDiff (see the module docstring)."""
+    method: ClassVar[str] = "FedDiff"
 
-    federation: FinetuneFederationConfig
     diffusion: DiffusionConfig = DiffusionConfig()
-
-    @model_validator(mode="after")
-    def _check_feddiff(self) -> FedDiffConfig:
-        fed = self.federation
-        if self.task != "classification":
-            raise ValueError(f"task: FedDiff samples class-conditional images for classification, got {self.task!r}")
-        if self.data.class_names is None:
-            raise ValueError(
-                "data.class_names: the synthetic split is written with one folder per class name, and may lack classes"
-            )
-        if fed.rounds != 1:
-            raise ValueError(f"federation.rounds: FedDiff is one-shot (each client uploads once), got {fed.rounds}")
-        if fed.clients is None:
-            raise ValueError(f"federation.partition {fed.partition} needs federation.clients")
-        if fed.fraction != 1.0:
-            raise ValueError("federation.fraction: every client uploads its model in the one round (expected 1)")
-        if (fed.partition == "by_field" or fed.where) and fed.metadata is None:
-            raise ValueError("federation.partition by_field and federation.where need federation.metadata (a CSV file)")
-        if fed.public_sources:
-            raise ValueError("federation.public_sources: FedDiff has no public pretraining source")
-        if fed.min_clients > fed.clients:
-            raise ValueError(f"federation.min_clients {fed.min_clients} exceeds federation.clients {fed.clients}")
-        return self
-
-    @property
-    def client_names(self) -> list[str]:
-        """``client00``, ``client01``, ... (``federation.clients`` of them)."""
-        from geofm.federated.scenarios import client_names
-
-        return client_names(self.federation.clients)
-
-    def for_node(self, institution: str, data_root: str | None, teacher: str | None) -> FedDiffConfig:
-        """The config as one institution's machine sees it: ``data_root`` replaces ``data.root`` (the node
-        trains on all of its own train split; ``teacher`` does not apply)."""
-        if not data_root:
-            return self
-        return self.model_copy(update={"data": self.data.model_copy(update={"root": Path(data_root)})})
-
-    def all_bands(self) -> FedDiffConfig:
-        """The config whose samples hold every dataset band: what the diffusion models learn and generate,
-        so that a synthetic image is a file of the dataset's own bands."""
-        return self.model_copy(update={"data": self.data.model_copy(update={"bands": list(self.data.dataset_bands)})})
-
-    def classifier(self, synthetic: Path) -> FinetuneConfig:
-        """The finetuning config of the global classifier: trained on the ``synthetic`` split folder,
-        validated and tested on the real splits, writing to ``run.output_dir/classifier``."""
-        data = self.data.model_copy(update={"splits": {**self.data.splits, "train": str(synthetic.resolve())}})
-        run = self.run.model_copy(update={"output_dir": self.run.output_dir / "classifier"})
-        fields = {name: getattr(self, name) for name in FinetuneConfig.model_fields}
-        return FinetuneConfig.model_validate({**fields, "data": data, "run": run})
 
 
 __all__ = ["DiffusionConfig", "DiffusionPrivacyConfig", "FedDiffConfig", "UNetConfig"]

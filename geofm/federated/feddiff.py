@@ -6,7 +6,7 @@ on its labelled images, optionally with DP-SGD (:mod:`geofm.federated.dpsgd`), a
 its per-class counts and, for Fourier magnitude filtering, its mean Fourier magnitude
 (:mod:`geofm.federated.fmf`). The server samples each client's model per class, writes the samples
 as GeoTIFFs of the dataset's bands in raw units into a classification folder (one sub-folder per
-class name), resumably, then keeps per client all but its ``fmf_gamma`` percent farthest from its mean.
+class name), resumably (:mod:`geofm.federated.synthetic`), then keeps per client all but its ``fmf_gamma`` percent farthest from its mean.
 The program around both is :mod:`federation.feddiff`.
 """
 
@@ -23,11 +23,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from geofm.config.feddiff import FedDiffConfig
-from geofm.data.writers import write_geotiff
 from geofm.federated import dpsgd, fmf
 from geofm.federated.privacy import noise_generator
+from geofm.federated.synthetic import SampleJob, sample_jobs, seeded_generator, write_samples
 from geofm.models.diffusion import build_scheduler, build_unet, diffusion_loss, load_arrays, model_arrays, sample
-from geofm.runlog import progress_bar
 
 WEIGHTS = "unet."  # upload keys: the U-Net's state dict under this prefix
 COUNTS = "class_counts"  # upload: int64 (num_classes,) images per class
@@ -49,12 +48,6 @@ class LabelledImages(Dataset):
         return item["image"], torch.as_tensor(item["label"])
 
 
-def _generator(device: torch.device | str, seed: int | None, *parts: object) -> torch.Generator:
-    """A generator on ``device`` seeded from ``seed`` and ``parts`` as :func:`~geofm.federated.privacy.noise_generator`
-    seeds one: the same in every process, from OS entropy when ``seed`` is None."""
-    return torch.Generator(device).manual_seed(noise_generator(seed, *parts).initial_seed())
-
-
 def train_client(
     cfg: FedDiffConfig, images: LabelledImages, name: str, device: torch.device | None = None
 ) -> tuple[dict[str, np.ndarray], dict]:
@@ -73,15 +66,15 @@ def train_client(
     model = build_unet(d, image.shape[0], cfg.data.num_classes, image.shape[-1]).to(device)
     scheduler = build_scheduler(d)
     optimizer = torch.optim.AdamW(model.parameters(), lr=d.lr)
-    order = _generator("cpu", cfg.run.seed, name, "order")
-    generator = _generator(device, cfg.run.seed, name, "train")
+    order = seeded_generator("cpu", cfg.run.seed, name, "order")
+    generator = seeded_generator(device, cfg.run.seed, name, "train")
     loader = DataLoader(images, batch_size=min(d.batch_size, len(images)), shuffle=True, generator=order)
     engine = None
     if privacy is not None:
         # Opacus draws the Poisson batches from torch's global generator and the noise from ours, on the device:
         # both from OS entropy unless privacy.seed is set (a run seed known to others would expose the batches)
         torch.manual_seed(noise_generator(privacy.seed, "batches", name).initial_seed())
-        noise = _generator(device, privacy.seed, "dpsgd", name)
+        noise = seeded_generator(device, privacy.seed, "dpsgd", name)
         engine, model, optimizer, loader = dpsgd.make_private(model, optimizer, loader, privacy, d.epochs, noise)
     model.train()
     steps, losses = 0, []
@@ -140,74 +133,28 @@ class Upload:
         return {k.removeprefix(WEIGHTS): v for k, v in self.arrays.items() if k.startswith(WEIGHTS)}
 
 
-def planned(cfg: FedDiffConfig, upload: Upload) -> dict[int, int]:
-    """How many samples of each class the server draws from a client's model: its count (``samples:
-    as_data``) or ``samples`` for each class it holds."""
-    counts = upload.counts()
-    per_class = {
-        k: int(n) if cfg.diffusion.samples == "as_data" else cfg.diffusion.samples for k, n in enumerate(counts)
-    }
-    return {k: n for k, n in per_class.items() if counts[k]}
-
-
-def _records(path: Path) -> list[dict]:
-    """The batches ``samples.jsonl`` records as done (a last line cut short by a kill is left out)."""
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return records
-
-
 def generate(cfg: FedDiffConfig, uploads: list[Upload], folder: Path, device: torch.device) -> list[dict]:
-    """Draw every client's samples into ``folder/<class>/<client>_<i>.tif``; returns one record per batch.
-
-    Batches of ``sample_batch`` samples of one client and class, each from a generator seeded by
-    (``run.seed``, client, class, first index). A batch is done once its record (its files and each
-    sample's FMF score, null without a client mean) is in ``folder/samples.jsonl``, after its files:
-    a rerun skips the done batches, so an interrupted run continues where it stopped and ends with the
-    samples of an unbroken one.
-    """
+    """Draw every client's samples into ``folder`` (:func:`~geofm.federated.synthetic.write_samples`), each
+    batch from a generator seeded by (``run.seed``, client, class, first index) and scored by FMF against
+    the client's mean (null without one); returns one record per batch."""
     d, data = cfg.diffusion, cfg.data
-    log_path = folder / "samples.jsonl"
-    done = {(r["client"], r["label"], r["start"]): r for r in _records(log_path)}
-    jobs = [
-        (upload, k, start, min(d.sample_batch, n - start))
-        for upload in uploads
-        for k, n in planned(cfg, upload).items()
-        for start in range(0, n, d.sample_batch)
-    ]
-    std, mean = (torch.tensor(v).view(-1, 1, 1) for v in (data.std, data.mean))
-    bar = progress_bar(len(jobs), len(done), cfg.run.progress, "sampling", unit="batch")
-    model, model_of, scheduler = None, None, build_scheduler(d)
-    for upload, k, start, count in jobs:
-        if (upload.name, k, start) in done:
-            continue
-        if model_of != upload.name:
+    by_name = {upload.name: upload for upload in uploads}
+    scheduler, loaded = build_scheduler(d), {}
+
+    def draw(job: SampleJob) -> tuple[torch.Tensor, list[float] | None]:
+        upload = by_name[job.client]
+        if job.client not in loaded:  # one client's model at a time: the jobs come client by client
             unet = build_unet(d, len(data.dataset_bands), data.num_classes, cfg.model.img_size)
-            model, model_of = load_arrays(unet, upload.weights()).to(device).eval(), upload.name
-        generator = _generator(device, cfg.run.seed, upload.name, k, start)
-        labels = torch.full((count,), k, dtype=torch.long)
-        images = sample(model, scheduler, labels, d.sampling_steps, generator).cpu()
-        files = []
-        for i, pixels in enumerate(((images * std + mean) / data.scale).numpy().astype(np.float32)):
-            path = folder / data.class_names[k] / f"{upload.name}_{start + i:05d}.tif"
-            write_geotiff(path, pixels, transform=(1.0, 0.0, 0.0, 0.0, -1.0, float(pixels.shape[1])), crs=None)
-            files.append(path.relative_to(folder).as_posix())
-        scores = None
-        if FMF_MEAN in upload.arrays:
-            scores = fmf.fmf_scores(images, torch.from_numpy(np.asarray(upload.arrays[FMF_MEAN]))).tolist()
-        record = {"client": upload.name, "label": k, "start": start, "files": files, "scores": scores}
-        with log_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        done[(upload.name, k, start)] = record
-        bar.update()
-    bar.close()
-    return [done[(u.name, k, start)] for u, k, start, _ in jobs]
+            loaded.clear()
+            loaded[job.client] = load_arrays(unet, upload.weights()).to(device).eval()
+        generator = seeded_generator(device, cfg.run.seed, job.client, job.label, job.start)
+        labels = torch.full((job.count,), job.label, dtype=torch.long)
+        images = sample(loaded[job.client], scheduler, labels, d.sampling_steps, generator).cpu()
+        if FMF_MEAN not in upload.arrays:
+            return images, None
+        return images, fmf.fmf_scores(images, torch.from_numpy(np.asarray(upload.arrays[FMF_MEAN]))).tolist()
+
+    return write_samples(cfg, sample_jobs(cfg, {u.name: u.counts() for u in uploads}), draw, folder)
 
 
 def filter_samples(cfg: FedDiffConfig, records: list[dict], samples: Path, synthetic: Path) -> dict:
@@ -245,6 +192,5 @@ __all__ = [
     "client_statistics",
     "filter_samples",
     "generate",
-    "planned",
     "train_client",
 ]

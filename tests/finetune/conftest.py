@@ -52,6 +52,21 @@ def feddiff_tree(finetune_tree, class_folders):
     return make
 
 
+@pytest.fixture
+def oscar_tree(feddiff_tree, class_folders):
+    """``make(output_dir)``: an OSCAR config tree on :func:`class_folders` with :func:`feddiff_tree`'s clients,
+    U-Net, sampling and classifier; the server's public imagery is the val split (its class names ignored),
+    the encoder the config's own random backbone."""
+
+    def make(output_dir: Path) -> dict:
+        tree = feddiff_tree(output_dir)
+        del tree["diffusion"]["fmf_gamma"]
+        tree["oscar"] = {"public": str(class_folders / "val"), "p_uncond": 0.1, "guidance_scale": 2.0}
+        return tree
+
+    return make
+
+
 class RandomTaskData(Dataset):
     """``n`` random samples in a task's sample format (see geofm.config.finetune), fixed by ``seed``; an
     index is a position or, as the training loader gives it, a :class:`SampleIndex`."""

@@ -1,0 +1,166 @@
+"""What the one-shot federated programs share: the clients' data, the round of uploads, the classifier.
+
+FedDiff (:mod:`federation.feddiff`) and OSCAR (:mod:`federation.oscar`) run one round in which every
+client uploads once. A client takes its share of the train split under ``federation.partition``, or
+a deployed node its whole train split (:class:`OneShotClient`). The server (:class:`OneShotServer`)
+keeps the uploads (``uploads/<client>.safetensors``, ``uploads/clients.json``, written last: the round
+is done), logs the round to ``rounds.jsonl`` (each client's examples and uplink bytes, and what the
+program adds), refuses to continue a run whose settings changed, and after its own work finetunes the
+configured backbone and head on the synthetic split (``classifier/``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import yaml
+from safetensors.numpy import load_file, save_file
+
+from federation.runtime import DATA_ROOT, INSTITUTION, Failure, Program, Reply, Scalar, Scalars, program_config
+from geofm.config.base import CONFIG_FILE, config_to_dict
+from geofm.config.oneshot import OneShotConfig
+from geofm.errors import ConfigError
+from geofm.federated.feddiff import Upload
+from geofm.runlog import MetricsLog
+from geofm.tasks import TASKS
+
+log = logging.getLogger("geofm.federated")
+
+UPLOADS = "uploads"
+CLIENTS_FILE = "clients.json"  # in UPLOADS: every client's metrics, written last: the round is done
+ROUNDS_LOG = "rounds.jsonl"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
+
+
+class OneShotClient:
+    """A node's client: the config it sees and its share of the train split (in every dataset band where
+    ``every_band``: what a diffusion model learns)."""
+
+    every_band = True
+
+    def __init__(self, cfg: OneShotConfig, node_config: dict[str, Scalar]) -> None:
+        self.name = str(node_config[INSTITUTION])
+        data_root = node_config.get(DATA_ROOT)
+        self.cfg = cfg.for_node(self.name, str(data_root) if data_root else None, None)
+        if self.every_band:
+            self.cfg = self.cfg.all_bands()
+        self.data = TASKS.get(self.cfg.task).federated(self.cfg)
+        self.indices = self.data.client_share(self.name, bool(data_root)).data
+
+    def identity(self) -> Scalars:
+        return {"client": self.name, "num_examples": len(self.indices)}
+
+
+class OneShotServer:
+    """One round of uploads kept on disk; a subclass names the sections its uploads depend on
+    (``resume_sections``), adds its metrics to the round's record (:meth:`round_record`) and does its
+    work after the round (``finish``)."""
+
+    num_rounds = 1
+    fraction = 1.0
+    resume_sections: tuple[str, ...] = ("data", "model", "federation", "diffusion")
+
+    def __init__(self, cfg: OneShotConfig) -> None:
+        fed = cfg.federation
+        self.cfg, self.run_dir = cfg, cfg.run.output_dir
+        self.min_clients, self.expected_clients = fed.min_clients, fed.clients
+        self.round_timeout_s, self.connect_timeout_s, self.round_retries = (
+            fed.round_timeout_s,
+            fed.connect_timeout_s,
+            fed.round_retries,
+        )
+        self.upload_dir = self.run_dir / UPLOADS
+        self._check_resume()
+
+    def _check_resume(self) -> None:
+        """Refuse to continue a run whose uploads or samples came from other settings.
+
+        Raises:
+            ConfigError: naming the changed section.
+        """
+        path = self.run_dir / CONFIG_FILE
+        if not path.exists():
+            return
+        saved, current = yaml.safe_load(path.read_text()), config_to_dict(self.cfg)
+        saved["seed"], current["seed"] = saved["run"]["seed"], current["run"]["seed"]
+        for key in (*self.resume_sections, "seed"):
+            if saved.get(key) != current[key]:
+                raise ConfigError(
+                    f"{self.run_dir} holds the uploads of a {self.cfg.method} run with other {key} settings; rerun "
+                    "with the same settings to continue it, or choose a new run.output_dir"
+                )
+
+    def start_round(self) -> int:
+        return 2 if (self.upload_dir / CLIENTS_FILE).exists() else 1
+
+    def register(self, node_id: int, identity: Scalars) -> None:
+        """Nothing to learn: a reply names its client."""
+
+    def configure(self, rnd: int, node_ids: list[int]) -> dict[int, tuple[dict, Scalars]]:
+        return {node: ({}, {"round": rnd}) for node in node_ids}
+
+    def round_record(self, clients: dict[str, dict]) -> dict:
+        """What the program adds to the round's record from its clients' metrics (by name)."""
+        return {}
+
+    def aggregate(self, rnd: int, replies: list[Reply], failures: list[Failure]) -> None:
+        """Keep each upload on disk and log the round; ``clients.json``, written last, marks it done."""
+        self.upload_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(self.cfg), sort_keys=False))
+        clients = {}
+        for reply in sorted(replies, key=lambda r: str(r.metrics["client"])):
+            name = str(reply.metrics["client"])
+            arrays = {key: np.ascontiguousarray(value) for key, value in reply.arrays.items()}
+            save_file(arrays, self.upload_dir / f"{name}.safetensors")
+            clients[name] = {**reply.metrics, "uplink_bytes": sum(a.nbytes for a in arrays.values())}
+            privacy = f", epsilon {reply.metrics['epsilon']:.2f}" if "epsilon" in reply.metrics else ""
+            size = _size(clients[name]["uplink_bytes"])
+            log.info("round %d: %s uploaded %s (%d images%s)", rnd, name, size, reply.metrics["num_examples"], privacy)
+        record = {
+            "round": rnd,
+            "clients": sorted(clients),
+            "failures": [f.reason for f in failures],
+            "uplink_bytes": {name: c["uplink_bytes"] for name, c in clients.items()},
+            "num_examples": {name: c["num_examples"] for name, c in clients.items()},
+            **self.round_record(clients),
+        }
+        MetricsLog(self.run_dir / ROUNDS_LOG, resume_step=rnd - 1, key="round").write(record)
+        (self.upload_dir / CLIENTS_FILE).write_text(json.dumps(clients, indent=1))
+
+    def kept_uploads(self) -> list[Upload]:
+        """The kept uploads, by client name."""
+        clients = json.loads((self.upload_dir / CLIENTS_FILE).read_text())
+        return [Upload(name, load_file(self.upload_dir / f"{name}.safetensors")) for name in clients]
+
+    def train_classifier(self, synthetic: Path) -> None:
+        """Finetune the configured backbone and head on the ``synthetic`` split (``classifier/``)."""
+        run_dir = TASKS.get(self.cfg.task).central(self.cfg.classifier(synthetic))
+        log.info("classifier trained on the synthetic set: %s", Path(run_dir) / "eval.json")
+
+
+def one_shot_program(
+    config: type[OneShotConfig],
+    server: Callable[[OneShotConfig], OneShotServer],
+    client: Callable[[OneShotConfig, dict[str, Scalar]], OneShotClient],
+) -> Program:
+    """The program of a one-shot config class: its server, a node's client and the simulated institutions
+    (``federation.clients`` of them) of a config tree."""
+
+    def read(run_config: dict[str, Scalar]) -> OneShotConfig:
+        return config.from_tree(program_config(run_config), "the run's config")
+
+    return Program(
+        lambda run_config: server(read(run_config)),
+        lambda run_config, node_config: client(read(run_config), node_config),
+        lambda tree: config.from_tree(tree).client_names,
+    )
+
+
+__all__ = ["CLIENTS_FILE", "ROUNDS_LOG", "UPLOADS", "OneShotClient", "OneShotServer", "one_shot_program"]

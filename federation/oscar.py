@@ -1,0 +1,76 @@
+"""OSCAR as a federated program (registered as ``oscar``): one round of class embeddings, then a classifier.
+
+One-shot federated classification with a classifier-free diffusion model, after OSCAR (Zaland et
+al., 2025); the method's pieces are :mod:`geofm.federated.oscar`, the config
+:class:`~geofm.config.oscar.OscarConfig`, what it shares with FedDiff :mod:`federation.oneshot`.
+
+1. Each client (its share of the train split under ``federation.partition``, or a deployed node's
+   whole train split; evaluation views, no augmentation) trains nothing: it encodes its images with
+   the shared encoder and uploads, once, the mean embedding of each class it holds and its per-class
+   counts (``rounds.jsonl``: its examples and uplink bytes).
+2. After the round the server takes its diffusion model (``oscar.diffusion_checkpoint``, or the one
+   this run trained, ``server_model.safetensors``, or trains one now on ``oscar.public``), draws per
+   client and class as many samples as the client holds, guided by the uploaded mean embedding
+   (``synthetic/``, resumable), and finetunes the configured backbone and head on them, validated and
+   tested on the real splits (``classifier/``: ``eval.json``, ``best/``).
+
+A rerun of a run whose uploads are kept runs no round and trains no server model again: it
+continues the sampling and the finetuning.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from federation.oneshot import OneShotClient, OneShotServer, one_shot_program
+from federation.runtime import Scalars
+from finetune.splits import build_split
+from geofm import engine as ds
+from geofm.config.oscar import OscarConfig
+from geofm.federated.feddiff import LabelledImages
+from geofm.federated.oscar import build_encoder, class_embeddings, generate, server_model
+
+log = logging.getLogger("geofm.federated")
+
+
+class OscarClient(OneShotClient):
+    """A node's client program: the mean embedding of each class of its share of the train split, once."""
+
+    cfg: OscarConfig
+    every_band = False  # the encoder reads data.bands
+
+    def train(self, arrays: dict, config: Scalars, state: dict) -> tuple[dict, Scalars, dict]:
+        views = build_split(self.cfg, "train", train=False)  # the same samples as the train set, unaugmented
+        device = ds.device()
+        encoder = build_encoder(self.cfg, device)
+        images = LabelledImages(views, self.indices)
+        upload = class_embeddings(encoder, images, self.cfg.data.num_classes, self.cfg.train.micro_batch_size, device)
+        log.info("%s: embedded %d images, %d classes", self.name, len(images), len(upload["class_embeddings"]))
+        return upload, {"client": self.name, "num_examples": len(images)}, {}
+
+
+class OscarServer(OneShotServer):
+    """The server program: one round of class embeddings, then its guided samples and the classifier (``finish``)."""
+
+    cfg: OscarConfig
+    resume_sections = (*OneShotServer.resume_sections, "oscar")
+
+    def __init__(self, cfg: OscarConfig) -> None:
+        super().__init__(cfg)
+        cfg.check_server_inputs()
+
+    def finish(self) -> None:
+        """Take the server model, sample every client's classes, and finetune the classifier on the samples."""
+        device = ds.device()
+        model = server_model(self.cfg, build_encoder(self.cfg, device), self.run_dir, device)
+        synthetic = self.run_dir / "synthetic"
+        records = generate(self.cfg, self.kept_uploads(), model, synthetic)
+        log.info("OSCAR: %d synthetic samples in %s", sum(len(r["files"]) for r in records), synthetic)
+        self.train_classifier(synthetic)
+
+
+PROGRAM = one_shot_program(OscarConfig, OscarServer, OscarClient)
+"""OSCAR: one round of per-class mean embeddings, then a classifier trained on the server's guided samples;
+registered as ``"oscar"`` in :data:`federation.runtime.PROGRAMS`."""
+
+__all__ = ["PROGRAM", "OscarClient", "OscarServer"]

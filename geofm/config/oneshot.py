@@ -1,0 +1,130 @@
+"""What the one-shot federated classification programs share: the clients, the DDPM settings, the classifier.
+
+A one-shot config (:class:`OneShotConfig`) is a classification finetuning config
+(:class:`~geofm.config.finetune.FinetuneConfig`: ``task``, ``checkpoint``, ``model``, ``head``,
+``data``, ``finetune``, ``train``: the global classifier the server trains on the synthetic set) with a
+``federation`` section (the clients: a sample partitioner dealing the train split, as in federated
+finetuning; one round). Its programs, FedDiff (:mod:`geofm.config.feddiff`) and OSCAR
+(:mod:`geofm.config.oscar`), add their diffusion settings to :class:`DDPMConfig`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from geofm.config.base import Section
+from geofm.config.fedfinetune import FinetuneFederationConfig
+from geofm.config.finetune import FinetuneConfig
+
+
+class UNetConfig(Section):
+    """A diffusion model's U-Net (``diffusers.UNet2DModel``): residual blocks, no attention by default."""
+
+    channels: list[int] = Field(default=[32, 64, 64], min_length=1, description="channels of each resolution level")
+    layers_per_block: int = Field(default=1, gt=0, description="residual blocks per level")
+    norm_groups: int = Field(
+        default=8, gt=0, description="groups of the GroupNorm layers (divides every channel count)"
+    )
+    attention: bool = Field(
+        default=False, description="self-attention at the lowest resolution (diffusers' AttnDownBlock2D/AttnUpBlock2D)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> UNetConfig:
+        if any(c % self.norm_groups for c in self.channels):
+            raise ValueError(
+                f"diffusion.unet.norm_groups {self.norm_groups} must divide every channel count {self.channels}"
+            )
+        return self
+
+
+class DDPMConfig(Section):
+    """A DDPM's U-Net, its training and the server's sampling."""
+
+    unet: UNetConfig = UNetConfig()
+    timesteps: int = Field(default=1000, gt=1, description="T of the DDPM forward process (linear betas)")
+    epochs: int = Field(default=50, gt=0, description="passes over the training images")
+    batch_size: int = Field(default=32, gt=0, description="the training batch")
+    lr: float = Field(default=2e-4, gt=0.0, description="AdamW learning rate")
+    sampling_steps: int = Field(default=1000, gt=0, description="DDPM steps per sample (the papers: 1000)")
+    sample_batch: int = Field(default=64, gt=0, description="samples the server generates per forward pass")
+    samples: Literal["as_data"] | int = Field(
+        default="as_data",
+        description="per client and class: as many as the client holds (the paper), or this many of each class it holds",
+    )
+
+    @model_validator(mode="after")
+    def _check_sampling(self) -> DDPMConfig:
+        if self.sampling_steps > self.timesteps:
+            raise ValueError(
+                f"diffusion.sampling_steps {self.sampling_steps} exceeds diffusion.timesteps {self.timesteps}"
+            )
+        if isinstance(self.samples, int) and self.samples < 1:
+            raise ValueError(f"diffusion.samples must be 'as_data' or a positive count, got {self.samples}")
+        return self
+
+
+class OneShotConfig(FinetuneConfig):
+    """One round of uploads, then a classifier trained on synthetic images (see the module docstring)."""
+
+    method: ClassVar[str] = "a one-shot program"
+    """The program's name in error messages."""
+
+    federation: FinetuneFederationConfig
+    diffusion: DDPMConfig = DDPMConfig()
+
+    @model_validator(mode="after")
+    def _check_one_shot(self) -> OneShotConfig:
+        fed, method = self.federation, self.method
+        if self.task != "classification":
+            raise ValueError(f"task: {method} samples class-conditional images for classification, got {self.task!r}")
+        if self.data.class_names is None:
+            raise ValueError(
+                "data.class_names: the synthetic split is written with one folder per class name, and may lack classes"
+            )
+        if fed.rounds != 1:
+            raise ValueError(f"federation.rounds: {method} is one-shot (each client uploads once), got {fed.rounds}")
+        if fed.clients is None:
+            raise ValueError(f"federation.partition {fed.partition} needs federation.clients")
+        if fed.fraction != 1.0:
+            raise ValueError("federation.fraction: every client uploads in the one round (expected 1)")
+        if (fed.partition == "by_field" or fed.where) and fed.metadata is None:
+            raise ValueError("federation.partition by_field and federation.where need federation.metadata (a CSV file)")
+        if fed.public_sources:
+            raise ValueError(f"federation.public_sources: {method} has no public pretraining source")
+        if fed.min_clients > fed.clients:
+            raise ValueError(f"federation.min_clients {fed.min_clients} exceeds federation.clients {fed.clients}")
+        return self
+
+    @property
+    def client_names(self) -> list[str]:
+        """``client00``, ``client01``, ... (``federation.clients`` of them)."""
+        from geofm.federated.scenarios import client_names
+
+        return client_names(self.federation.clients)
+
+    def for_node(self, institution: str, data_root: str | None, teacher: str | None) -> OneShotConfig:
+        """The config as one institution's machine sees it: ``data_root`` replaces ``data.root`` (the node
+        uses all of its own train split; ``teacher`` does not apply)."""
+        if not data_root:
+            return self
+        return self.model_copy(update={"data": self.data.model_copy(update={"root": Path(data_root)})})
+
+    def all_bands(self) -> OneShotConfig:
+        """The config whose samples hold every dataset band: what the diffusion models learn and generate,
+        so that a synthetic image is a file of the dataset's own bands."""
+        return self.model_copy(update={"data": self.data.model_copy(update={"bands": list(self.data.dataset_bands)})})
+
+    def classifier(self, synthetic: Path) -> FinetuneConfig:
+        """The finetuning config of the global classifier: trained on the ``synthetic`` split folder,
+        validated and tested on the real splits, writing to ``run.output_dir/classifier``."""
+        data = self.data.model_copy(update={"splits": {**self.data.splits, "train": str(synthetic.resolve())}})
+        run = self.run.model_copy(update={"output_dir": self.run.output_dir / "classifier"})
+        fields = {name: getattr(self, name) for name in FinetuneConfig.model_fields}
+        return FinetuneConfig.model_validate({**fields, "data": data, "run": run})
+
+
+__all__ = ["DDPMConfig", "OneShotConfig", "UNetConfig"]
