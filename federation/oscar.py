@@ -24,9 +24,9 @@ import logging
 
 from federation.oneshot import OneShotClient, OneShotServer, one_shot_program
 from federation.runtime import Scalars
-from finetune.splits import build_split
 from geofm import engine as ds
 from geofm.config.oscar import OscarConfig
+from geofm.data.finetune import build_finetune_dataset
 from geofm.federated.feddiff import LabelledImages
 from geofm.federated.oscar import build_encoder, class_embeddings, generate, server_model
 
@@ -40,11 +40,13 @@ class OscarClient(OneShotClient):
     every_band = False  # the encoder reads data.bands
 
     def train(self, arrays: dict, config: Scalars, state: dict) -> tuple[dict, Scalars, dict]:
-        views = build_split(self.cfg, "train", train=False)  # the same samples as the train set, unaugmented
+        cfg = self.cfg  # the train split's samples in its evaluation views: unaugmented
+        views = build_finetune_dataset(cfg.data, cfg.task, "train", cfg.model.img_size, train=False)
         device = ds.device()
-        encoder = build_encoder(self.cfg, device)
         images = LabelledImages(views, self.indices)
-        upload = class_embeddings(encoder, images, self.cfg.data.num_classes, self.cfg.train.micro_batch_size, device)
+        upload = class_embeddings(
+            build_encoder(cfg, device), images, cfg.data.num_classes, cfg.train.micro_batch_size, device
+        )
         log.info("%s: embedded %d images, %d classes", self.name, len(images), len(upload["class_embeddings"]))
         return upload, {"client": self.name, "num_examples": len(images)}, {}
 

@@ -1,4 +1,5 @@
-"""FedDiff on a real deployment on this machine: SuperLink and SuperNodes with TLS and node authentication.
+"""The one-shot programs (FedDiff, OSCAR) on a real deployment on this machine: SuperLink and SuperNodes with
+TLS and node authentication.
 
 Deployment start-up dominates (about 100 s on two loaded cores).
 """
@@ -13,18 +14,25 @@ from federation.deploy import COMPLETED
 from federation.localdeploy import LocalDeployment
 from federation.runtime import CONFIG, PROGRAM, config_entry
 from geofm.config.feddiff import FedDiffConfig
+from geofm.config.oscar import OscarConfig
 
 pytestmark = pytest.mark.slow  # a loopback deployment with TLS: over a minute
 
+PROGRAMS = {"feddiff": ("feddiff_tree", FedDiffConfig), "oscar": ("oscar_tree", OscarConfig)}
 
-def test_a_deployed_feddiff_round_trains_each_institution_on_its_own_data_root(feddiff_tree, class_folders, tmp_path):
-    """SuperLink and SuperNodes on this machine (TLS, node authentication): each node trains on the whole
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_a_deployed_one_shot_round_takes_each_institution_on_its_own_data_root(
+    program, request, class_folders, tmp_path
+):
+    """SuperLink and SuperNodes on this machine (TLS, node authentication): each node uploads from the whole
     train split of its data-root, and the server ends with the classifier on the real test split."""
-    tree = feddiff_tree(tmp_path / "deployed")
-    names = FedDiffConfig.from_tree(tree).client_names
+    fixture, config = PROGRAMS[program]
+    tree = request.getfixturevalue(fixture)(tmp_path / "deployed")
+    names = config.from_tree(tree).client_names
     roots = dict.fromkeys(names, str(class_folders))
     with LocalDeployment(tmp_path / "fed", names, data_roots=roots, env={"OMP_NUM_THREADS": "1"}) as deployment:
-        run_id = deployment.launch({PROGRAM: "feddiff", CONFIG: config_entry(tree)})
+        run_id = deployment.launch({PROGRAM: program, CONFIG: config_entry(tree)})
         run = deployment.wait(run_id)
         log = deployment.logs(run_id)
     assert run["status"] == COMPLETED, f"run {run_id} ended {run['status']}:\n{log}"
