@@ -28,6 +28,10 @@
   and statistics (:func:`train_client`), the server's resumable sampling (:func:`generate`) and Fourier
   magnitude filtering (:mod:`~geofm.federated.fmf`), with DP-SGD and its composed budget
   (:mod:`~geofm.federated.dpsgd`).
+* :mod:`~geofm.federated.oscar`: OSCAR's one-shot halves: a client's per-class mean encoder embeddings
+  (:func:`~geofm.federated.oscar.class_embeddings`), the server's diffusion model guided by them
+  (:func:`~geofm.federated.oscar.server_model`, :func:`~geofm.federated.oscar.generate`).
+* :mod:`~geofm.federated.synthetic`: the one-shot programs' resumable synthetic classification split.
 * :mod:`~geofm.federated.algorithms`: the algorithm interface and the registered algorithms
   (``geofm list algorithms``).
 
