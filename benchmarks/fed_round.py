@@ -22,6 +22,7 @@ Flat server (:mod:`benchmarks.fed_flat`): the server's peak memory and seconds p
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import tempfile
 import time
@@ -77,41 +78,51 @@ def _config(settings: dict[str, Any], folder: Path):
 
 
 class Server:
-    """The server's per-round work for M clients, timed piece by piece (as FederatedServer.aggregate runs it)."""
+    """The server's per-round work for M clients, timed piece by piece (as FederatedServer.aggregate runs it).
+
+    The algorithm is attached to a context whose public images are one random batch, repeated: its
+    similarity distillation (FedSense with ``distill_steps``) runs as the server's does, timed apart.
+    """
 
     def __init__(self, cfg, algorithm, model, layout, uploads) -> None:
         from geofm import engine as ds
-        from geofm.federated.similarity import distill_similarity
+        from geofm.federated.algorithms.context import PublicImages, ServerContext
         from pretrain.task import pooled_features
 
         ds.keep_freed_memory()  # as FederatedServer does
 
-        self.cfg, self.algorithm, self.model, self.layout, self.uploads = cfg, algorithm, model, layout, uploads
+        self.algorithm, self.uploads = algorithm, uploads
         self.global_model = layout.flatten_module(model)
-        self.optimizer = torch.optim.AdamW(model.encoder.parameters(), lr=cfg.algorithm.distill_lr)
-        p, size = cfg.algorithm.distill_batch_size, cfg.model.img_size
-        self.public = torch.randn(p, len(cfg.data.bands), size, size, generator=torch.Generator().manual_seed(3))
-        self._distill = distill_similarity
-        self._features = pooled_features
+        size = cfg.model.img_size
+        public = torch.randn(
+            cfg.algorithm.distill_batch_size,
+            len(cfg.data.bands),
+            size,
+            size,
+            generator=torch.Generator().manual_seed(3),
+        )
+        images = PublicImages(
+            lambda rnd, batch_size: itertools.repeat(public), pooled_features, lambda m: m.encoder.parameters()
+        )
+        algorithm.attach(ServerContext(model, layout, images))
+        self.distill_s = 0.0
+        distillation = getattr(algorithm, "distillation", None)
+        if distillation is not None:
 
-    def refine(self, model, groups, weights):
-        started = time.perf_counter()
-        self.layout.assign(self.model, model)
-        self.model.eval()
-        params = [self.layout.unflatten(g) for g in groups]
-        steps = self.cfg.algorithm.distill_steps
-        loss = self._distill(self.model, params, weights, [self.public] * steps, self._features, self.optimizer, steps)
-        refined = self.layout.flatten_module(self.model)
-        self.distill_s += time.perf_counter() - started
-        return refined, loss
+            def timed(*args):
+                started = time.perf_counter()
+                outcome = distillation(*args)
+                self.distill_s += time.perf_counter() - started
+                return outcome
+
+            algorithm.distillation = timed
 
     def __call__(self, m: int) -> dict[str, float]:
         self.distill_s = 0.0
         started = time.perf_counter()
         payloads = self.algorithm.aggregate(self.uploads[:m])
         screened = time.perf_counter()
-        refine = self.refine if self.cfg.algorithm.distill_steps else None
-        self.algorithm.server_update(self.global_model, payloads, refine)
+        self.algorithm.server_update(self.global_model, payloads)
         updated = time.perf_counter()
         self.algorithm.send(self.global_model, 1, [u.client for u in self.uploads[:m]], torch.Generator())
         done = time.perf_counter()

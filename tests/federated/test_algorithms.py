@@ -96,12 +96,14 @@ def test_fedsense_refines_the_average_with_its_groups():
     payloads = algorithm.aggregate(uploads)
     seen = {}
 
-    def refine(model, groups, weights):
-        seen.update(groups=groups, weights=weights)
+    def distillation(rnd, model, groups, weights):
+        seen.update(rnd=rnd, groups=groups, weights=weights)
         return model * 0, 0.25
 
-    result = algorithm.server_update(torch.ones(4), payloads, refine)
-    assert len(seen["groups"]) == 2 and sorted(seen["weights"]) == pytest.approx([1 / 3, 2 / 3])
+    algorithm.distillation = distillation
+    algorithm.begin_round(3)
+    result = algorithm.server_update(torch.ones(4), payloads)
+    assert seen["rnd"] == 3 and len(seen["groups"]) == 2 and sorted(seen["weights"]) == pytest.approx([1 / 3, 2 / 3])
     assert torch.equal(result.model, torch.zeros(4)) and result.metrics == {"loss_similarity": 0.25, "groups": 2.0}
-    plain = build_algorithm(_config(name="fedavg"), 4).server_update(torch.ones(4), payloads, refine)
+    plain = build_algorithm(_config(name="fedavg"), 4).server_update(torch.ones(4), payloads)
     assert torch.allclose(plain.model, torch.ones(4) + torch.stack(updates).mean(0))

@@ -70,7 +70,7 @@ def test_two_clients_give_the_papers_numbers():
 
     # Server: x = 0 + 0.5 * mean(delta_y) = 0.5 * (-0.1875, 1.5); c = c + 2/4 * mean(delta_c) = c + 0.5 * (-0.3125, -0.5).
     payloads = server.aggregate(uploads)
-    outcome = server.server_update(torch.zeros(2), payloads, None)
+    outcome = server.server_update(torch.zeros(2), payloads)
     assert outcome.model.tolist() == [-0.09375, 0.75]
     assert outcome.state["control"].tolist() == [0.34375, -1.25]
     server.commit(outcome, payloads)
@@ -85,7 +85,7 @@ def test_the_server_weighs_clients_equally_whatever_their_examples():
         ClientUpload("a", {"delta_y": encode(torch.tensor([1.0])), "delta_c": encode(torch.tensor([2.0]))}, 1),
         ClientUpload("b", {"delta_y": encode(torch.tensor([3.0])), "delta_c": encode(torch.tensor([4.0]))}, 9),
     ]
-    outcome = server.server_update(torch.zeros(1), server.aggregate(uploads), None)
+    outcome = server.server_update(torch.zeros(1), server.aggregate(uploads))
     assert outcome.model.tolist() == [2.0] and outcome.state["control"].tolist() == [3.0]
 
 

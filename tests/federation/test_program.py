@@ -281,8 +281,8 @@ def test_a_round_whose_new_model_is_not_finite_is_discarded_and_the_previous_mod
     update_rule = type(server.algorithm).server_update
     kept = []
 
-    def overflow_in_round_2(self, model, aggregate, refine):
-        outcome = update_rule(self, model, aggregate, refine)
+    def overflow_in_round_2(self, model, aggregate):
+        outcome = update_rule(self, model, aggregate)
         if len(kept) == 1:
             outcome.model[:5] = float("inf")
         kept.append(model.clone())
@@ -362,8 +362,8 @@ def test_a_discarded_round_leaves_the_server_optimiser_state_as_it_was(fed_tree,
     server = FederatedServer(cfg)
     update_rule, buffers = type(server.algorithm).server_update, []
 
-    def overflow_in_round_2(self, model, aggregate, refine):
-        outcome = update_rule(self, model, aggregate, refine)
+    def overflow_in_round_2(self, model, aggregate):
+        outcome = update_rule(self, model, aggregate)
         buffers.append(self.server_optimizer.state_dict()["state"][0]["momentum_buffer"].clone())
         if len(buffers) == 2:
             outcome.model[:5] = float("inf")

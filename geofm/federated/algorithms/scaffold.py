@@ -40,7 +40,7 @@ from torch import Tensor
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
-from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, ServerRound
 
 SGD_BASE_LR = 0.05
 """The SGD learning rate per ``train.lr_reference_batch`` images that SCAFFOLD, FedDC, FedNova and FedGloSS
@@ -85,9 +85,7 @@ class Scaffold(Algorithm):
         local.state["control"] = c_new.numpy()
         return LocalUpdate({"delta_y": trained - x, "delta_c": c_new - c_i})
 
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
+    def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
         if self.num_clients is None:
             raise ConfigError("SCAFFOLD's server update needs the federation's number of clients")
         accepted = {p: payloads[p].updates for p in self.uplink}
