@@ -64,9 +64,9 @@ def _config(settings: dict[str, Any], folder: Path):
 
     overrides = [*settings["overrides"], f"train.micro_batch_size={settings['micro_batch']}"]
     if settings["distill_steps"] is not None:
-        overrides.append(f"algorithm.distill_steps={settings['distill_steps']}")
+        overrides.append(f"algorithm.options.distill_steps={settings['distill_steps']}")
     if settings["distill_batch_size"] is not None:
-        overrides.append(f"algorithm.distill_batch_size={settings['distill_batch_size']}")
+        overrides.append(f"algorithm.options.distill_batch_size={settings['distill_batch_size']}")
     cfg = FederatedConfig.from_file(repo_path(settings["config"]), overrides)
     if cfg.teacher is not None:
         t = cfg.teacher
@@ -95,7 +95,7 @@ class Server:
         self.global_model = layout.flatten_module(model)
         size = cfg.model.img_size
         public = torch.randn(
-            cfg.algorithm.distill_batch_size,
+            algorithm.options.distill_batch_size,
             len(cfg.data.bands),
             size,
             size,
@@ -265,11 +265,12 @@ def _scaling(settings: dict[str, Any]) -> Report:
     step = summary(client["local_step"])["median"]
     client_summary = {k: summary(v) for k, v in client.items()}
     micro_steps = cfg.train.grad_accum_steps
+    options = algorithm.options  # FedSense's (the benchmark's configs are FedSense runs)
     results = {
         "model_values": n,
-        "clusters": cfg.algorithm.clusters,
-        "distill_steps": cfg.algorithm.distill_steps,
-        "distill_batch_size": cfg.algorithm.distill_batch_size,
+        "clusters": options.clusters,
+        "distill_steps": options.distill_steps,
+        "distill_batch_size": options.distill_batch_size,
         "server_s_by_clients": medians,
         "server_fit": lines,
         "server_fit_without_distillation": without_distill,
@@ -295,8 +296,8 @@ def _scaling(settings: dict[str, Any]) -> Report:
         targets.append(Target(f"FedAvg fp32 / FedSense round bytes, downlink at {bits} bit", ratio, ">=", 10.0, "x"))
     notes = [
         f"model of {n:,} values; server slope {without_distill['slope'] * 1e3:.1f} ms per client without the similarity "
-        f"distillation ({medians[ms[-1]]['similarity_distillation']:.2f} s at {cfg.algorithm.distill_steps} steps of "
-        f"{cfg.algorithm.distill_batch_size} images, {cfg.algorithm.clusters or 'one per client'} groups)",
+        f"distillation ({medians[ms[-1]]['similarity_distillation']:.2f} s at {options.distill_steps} steps of "
+        f"{options.distill_batch_size} images, {options.clusters or 'one per client'} groups)",
         f"client per round: receive {client_summary['receive']['median']:.3f} s, upload {client_summary['upload']['median']:.3f} s, "
         f"model + engine set-up {client_summary['setup']['median']:.3f} s; per micro-step: perturbation "
         f"{client_summary['perturbation']['median'] * 1e3:.1f} ms against a {step:.3f} s local step ({micro_steps} micro-step(s) per step)",

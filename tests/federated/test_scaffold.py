@@ -46,7 +46,7 @@ def _client_round(algorithm, name, arrays, config, state, target, steps, lr):
 def test_two_clients_give_the_papers_numbers():
     # x = 0, c = (0.5, -1); client 1: b = (1, 2), c_1 = (0.5, 0); client 2: b = (-1, 0), c_2 = 0 (new).
     # K = 2 steps of SGD at eta_l = 0.5 on g(y) - c_i + c; 2 of N = 4 clients; eta_g = 0.5.
-    cfg = AlgorithmConfig(name="scaffold", server_lr=0.5)
+    cfg = AlgorithmConfig(name="scaffold", options={"server_lr": 0.5})
     layout = ParameterLayout.of(Point())
     server = build_algorithm(cfg, layout, num_clients=4)
     server.state["control"] = torch.tensor([0.5, -1.0])

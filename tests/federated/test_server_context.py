@@ -32,7 +32,9 @@ def _features(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
 
 
 def _fedsense(model: nn.Module, public: PublicImages | None, steps: int = 2):
-    cfg = AlgorithmConfig.model_validate({"name": "fedsense", "clusters": 2, "distill_steps": steps, "distill_lr": 0.1})
+    cfg = AlgorithmConfig.model_validate(
+        {"name": "fedsense", "options": {"clusters": 2, "distill_steps": steps, "distill_lr": 0.1}}
+    )
     layout = ParameterLayout.of(model)
     algorithm = build_algorithm(cfg, layout)
     algorithm.attach(ServerContext(model, layout, public))
@@ -57,7 +59,7 @@ def test_fedsense_distils_the_average_towards_its_groups_on_the_public_images_th
     uploads = [ClientUpload(f"c{i}", {"update": Codec(bits=32).encode(u)}, 10 + i) for i, u in enumerate(updates)]
     algorithm.begin_round(4)
     result = algorithm.server_update(start.clone(), algorithm.aggregate(uploads))
-    assert asked == [(4, 16)], "the round's batches, at algorithm.distill_batch_size"
+    assert asked == [(4, 16)], "the round's batches, at options.distill_batch_size"
     assert result.metrics["groups"] == 2.0 and result.metrics["loss_similarity"] > 0
 
     # By hand: the data-weighted mean, then two distillation steps of the encoder towards the K-means groups.
@@ -98,7 +100,9 @@ def test_the_distillation_optimiser_carries_across_a_checkpoint_and_legacy_ones_
 
 
 def test_fedsense_refuses_to_distil_without_public_images():
-    with pytest.raises(ConfigError, match=r"algorithm.distill_steps: .*public images.*federation.public_sources"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm.options.distill_steps: .*public images.*federation.public_sources"
+    ):
         _fedsense(_Tiny(), None)
     algorithm, _ = _fedsense(_Tiny(), None, steps=0)  # nothing to distil: no public images needed
     assert algorithm.distillation is None

@@ -107,7 +107,7 @@ def _old_sketches(vectors: list[torch.Tensor], seed: int = 0, sketch_dim: int = 
 @pytest.mark.parametrize("bits", [32, 1])
 def test_fedsense_streams_its_round_and_equals_the_in_memory_one(live_decodes, bits) -> None:
     cfg = AlgorithmConfig.model_validate(
-        {"name": "fedsense", "clusters": 3, "distill_steps": 1, "uplink": {"bits": bits}}
+        {"name": "fedsense", "options": {"clusters": 3, "distill_steps": 1}, "uplink": {"bits": bits}}
     )
     algorithm = build_algorithm(cfg, N)
     clients = 9

@@ -267,6 +267,12 @@ class Algorithm(ABC):
         cls.options_of(cfg)
 
     @classmethod
+    def check_public_images(cls, cfg: AlgorithmConfig, available: bool) -> None:
+        """Check that the server holds the public images ``cfg`` needs (``available``: whether the run's
+        config gives it some; default: the algorithm needs none); ValueError naming the field otherwise."""
+        return
+
+    @classmethod
     def sharpness(cls, cfg: AlgorithmConfig) -> SamConfig | None:
         """The local SAM step: ``cfg.sam``'s fields over :attr:`default_sam`'s, then SAM (``adaptive``
         false, ``eta`` 0.01) for those both leave null; None: plain steps."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from geofm.config.federated import AlgorithmConfig
@@ -20,6 +21,23 @@ from geofm.federated.similarity import distill_similarity
 DISTILL_OPTIMIZER = "distill_optimizer"  # the distillation optimiser's state in the algorithm's state_dict
 
 
+class FedSenseOptions(BaseModel):
+    """FedSense's settings (``algorithm.options``): each of its components, switchable for its ablations."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    perturbation_radius: float = Field(
+        default=0.0, ge=0.0, description="server-to-client guidance: lambda of eps = lambda d / ||d||; 0: off"
+    )
+    proximal_beta: float = Field(default=0.0, ge=0.0, description="weight of FedProx's proximal term; 0: none")
+    clusters: int | None = Field(default=None, gt=0, description="K groups of client models; null: one per client")
+    distill_steps: int = Field(
+        default=0, ge=0, description="server similarity-distillation steps per round (client-to-server guidance)"
+    )
+    distill_lr: float = Field(default=1e-5, gt=0.0, description="AdamW learning rate of the distillation")
+    distill_batch_size: int = Field(default=16, gt=1, description="public images p per distillation step")
+
+
 class SimilarityDistillation:
     """FedSense's server step: the new global model trained towards its groups' consensus of how the
     server's public images relate (:func:`~geofm.federated.similarity.distill_similarity`), with an
@@ -28,7 +46,7 @@ class SimilarityDistillation:
     def __init__(self, context: ServerContext, steps: int, lr: float, batch_size: int) -> None:
         if context.public is None:
             raise ConfigError(
-                "algorithm.distill_steps: FedSense distils on the server's public images, and this run's task "
+                "algorithm.options.distill_steps: FedSense distils on the server's public images, and this run's task "
                 "offers none (federation.public_sources)"
             )
         self.context, self.public, self.steps, self.batch_size = context, context.public, steps, batch_size
@@ -66,36 +84,46 @@ class FedSense(FedProx):
     """
 
     name = "fedsense"
+    Options = FedSenseOptions
     distillation: SimilarityDistillation | None = None  # the server's, once attached with distill_steps
 
     @classmethod
     def check_config(cls, cfg: AlgorithmConfig) -> None:
         super().check_config(cfg)
-        if cfg.privacy is not None and cfg.privacy.mode == "central" and cfg.distill_steps:
+        if cfg.privacy is not None and cfg.privacy.mode == "central" and cls.options_of(cfg).distill_steps:
             raise ValueError(
-                "distill_steps: central privacy noises only the round's mean update, and the similarity "
+                "options.distill_steps: central privacy noises only the round's mean update, and the similarity "
                 "distillation groups the clients' own updates; set distill_steps to 0 or use local privacy"
+            )
+
+    @classmethod
+    def check_public_images(cls, cfg: AlgorithmConfig, available: bool) -> None:
+        if cls.options_of(cfg).distill_steps and not available:
+            raise ValueError(
+                "options.distill_steps: FedSense's similarity distillation trains on the server's public images, "
+                "and this run has none (federation.public_sources of a pretraining run; federated finetuning has "
+                "none: set distill_steps to 0)"
             )
 
     def attach(self, context: ServerContext) -> None:
         """Build the similarity distillation (``distill_steps`` above 0) on the server's context."""
         super().attach(context)
-        cfg = self.cfg
-        if cfg.distill_steps:
+        options = self.options
+        if options.distill_steps:
             self.distillation = SimilarityDistillation(
-                context, cfg.distill_steps, cfg.distill_lr, cfg.distill_batch_size
+                context, options.distill_steps, options.distill_lr, options.distill_batch_size
             )
 
     def local_hooks(self, local: LocalRound) -> LocalHooks:
         hooks = super().local_hooks(local)
-        radius = self.cfg.perturbation_radius
+        radius = self.options.perturbation_radius
         if radius:
             hooks.around_gradient = Perturbation(local.params, local.anchor, radius)
         return hooks
 
     def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
         update = super().server_update(model, payloads)
-        if not self.cfg.distill_steps:
+        if not self.options.distill_steps:
             return update
         if self.distillation is None:
             raise RuntimeError("FedSense's distillation runs on the server's context: attach it before the rounds")
@@ -105,7 +133,7 @@ class FedSense(FedProx):
         # holds the encoded uploads and the group models, whatever the number of clients).
         aggregate = payloads["update"]
         counts = [a.num_examples for a in aggregate.accepted]
-        groups = cluster_clients(aggregate.updates, counts, self.cfg.clusters or len(counts))
+        groups = cluster_clients(aggregate.updates, counts, self.options.clusters or len(counts))
         refined, loss = self.distillation(
             self.round, update.model, [model + mean for mean in groups.models], groups.weights
         )
@@ -124,4 +152,4 @@ class FedSense(FedProx):
             self.distillation.optimizer.load_state_dict(saved[DISTILL_OPTIMIZER])
 
 
-__all__ = ["DISTILL_OPTIMIZER", "FedSense", "SimilarityDistillation"]
+__all__ = ["DISTILL_OPTIMIZER", "FedSense", "FedSenseOptions", "SimilarityDistillation"]
