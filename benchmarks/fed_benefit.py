@@ -53,18 +53,23 @@ FEDERATED_ARMS: dict[str, dict[str, Any]] = {
     "fedavg": {"name": "fedavg", "uplink": {"bits": 32}},
     "fedavg_1bit": {"name": "fedavg", "uplink": {"bits": 1, "bucket_size": 512, "error_feedback": False}},
     "fedsense": {},
-    "fedsense_no_scg": {"perturbation_radius": 0.0},
-    "fedsense_no_csg": {"clusters": None, "distill_steps": 0, "uplink": {"bits": 32, "error_feedback": False}},
-    "fedsense_no_distill": {"distill_steps": 0},
+    "fedsense_no_scg": {"options": {"perturbation_radius": 0.0}},
+    "fedsense_no_csg": {
+        "options": {"clusters": None, "distill_steps": 0},
+        "uplink": {"bits": 32, "error_feedback": False},
+    },
+    "fedsense_no_distill": {"options": {"distill_steps": 0}},
 }
 """Each federated arm's ``algorithm`` section, over :data:`FEDSENSE` (FedAvg arms replace it)."""
 FEDSENSE: dict[str, Any] = {
     "name": "fedsense",
-    "perturbation_radius": 0.05,
-    "clusters": 2,
-    "distill_steps": 2,
-    "distill_lr": 1.0e-4,
-    "distill_batch_size": 8,
+    "options": {
+        "perturbation_radius": 0.05,
+        "clusters": 2,
+        "distill_steps": 2,
+        "distill_lr": 1.0e-4,
+        "distill_batch_size": 8,
+    },
     "uplink": {"bits": 1, "bucket_size": 512, "error_feedback": True},
 }
 """The demo's FedSense (configs/federated/demo_fedsense_swin_micro__s2_l8_real__1bit_ef.yaml)."""
@@ -179,7 +184,9 @@ def federated_tree(
     tree = central_tree(settings, [*sources, public], budget, out)
     del tree["data"]["samples_per_epoch"]
     overrides = FEDERATED_ARMS[arm]
-    algorithm = overrides if overrides.get("name") == "fedavg" else {**FEDSENSE, **overrides}
+    algorithm = overrides
+    if overrides.get("name") != "fedavg":
+        algorithm = {**FEDSENSE, **overrides, "options": {**FEDSENSE["options"], **overrides.get("options", {})}}
     tree["train"] = {
         "micro_batch_size": settings["pretrain_batch"],
         "base_lr": settings["pretrain_lr"],

@@ -22,6 +22,7 @@ Flat server (:mod:`benchmarks.fed_flat`): the server's peak memory and seconds p
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import tempfile
 import time
@@ -63,9 +64,9 @@ def _config(settings: dict[str, Any], folder: Path):
 
     overrides = [*settings["overrides"], f"train.micro_batch_size={settings['micro_batch']}"]
     if settings["distill_steps"] is not None:
-        overrides.append(f"algorithm.distill_steps={settings['distill_steps']}")
+        overrides.append(f"algorithm.options.distill_steps={settings['distill_steps']}")
     if settings["distill_batch_size"] is not None:
-        overrides.append(f"algorithm.distill_batch_size={settings['distill_batch_size']}")
+        overrides.append(f"algorithm.options.distill_batch_size={settings['distill_batch_size']}")
     cfg = FederatedConfig.from_file(repo_path(settings["config"]), overrides)
     if cfg.teacher is not None:
         t = cfg.teacher
@@ -77,41 +78,51 @@ def _config(settings: dict[str, Any], folder: Path):
 
 
 class Server:
-    """The server's per-round work for M clients, timed piece by piece (as FederatedServer.aggregate runs it)."""
+    """The server's per-round work for M clients, timed piece by piece (as FederatedServer.aggregate runs it).
+
+    The algorithm is attached to a context whose public images are one random batch, repeated: its
+    similarity distillation (FedSense with ``distill_steps``) runs as the server's does, timed apart.
+    """
 
     def __init__(self, cfg, algorithm, model, layout, uploads) -> None:
         from geofm import engine as ds
-        from geofm.federated.similarity import distill_similarity
+        from geofm.federated.algorithms.context import PublicImages, ServerContext
         from pretrain.task import pooled_features
 
         ds.keep_freed_memory()  # as FederatedServer does
 
-        self.cfg, self.algorithm, self.model, self.layout, self.uploads = cfg, algorithm, model, layout, uploads
+        self.algorithm, self.uploads = algorithm, uploads
         self.global_model = layout.flatten_module(model)
-        self.optimizer = torch.optim.AdamW(model.encoder.parameters(), lr=cfg.algorithm.distill_lr)
-        p, size = cfg.algorithm.distill_batch_size, cfg.model.img_size
-        self.public = torch.randn(p, len(cfg.data.bands), size, size, generator=torch.Generator().manual_seed(3))
-        self._distill = distill_similarity
-        self._features = pooled_features
+        size = cfg.model.img_size
+        public = torch.randn(
+            algorithm.options.distill_batch_size,
+            len(cfg.data.bands),
+            size,
+            size,
+            generator=torch.Generator().manual_seed(3),
+        )
+        images = PublicImages(
+            lambda rnd, batch_size: itertools.repeat(public), pooled_features, lambda m: m.encoder.parameters()
+        )
+        algorithm.attach(ServerContext(model, layout, images))
+        self.distill_s = 0.0
+        distillation = getattr(algorithm, "distillation", None)
+        if distillation is not None:
 
-    def refine(self, model, groups, weights):
-        started = time.perf_counter()
-        self.layout.assign(self.model, model)
-        self.model.eval()
-        params = [self.layout.unflatten(g) for g in groups]
-        steps = self.cfg.algorithm.distill_steps
-        loss = self._distill(self.model, params, weights, [self.public] * steps, self._features, self.optimizer, steps)
-        refined = self.layout.flatten_module(self.model)
-        self.distill_s += time.perf_counter() - started
-        return refined, loss
+            def timed(*args):
+                started = time.perf_counter()
+                outcome = distillation(*args)
+                self.distill_s += time.perf_counter() - started
+                return outcome
+
+            algorithm.distillation = timed
 
     def __call__(self, m: int) -> dict[str, float]:
         self.distill_s = 0.0
         started = time.perf_counter()
         payloads = self.algorithm.aggregate(self.uploads[:m])
         screened = time.perf_counter()
-        refine = self.refine if self.cfg.algorithm.distill_steps else None
-        self.algorithm.server_update(self.global_model, payloads, refine)
+        self.algorithm.server_update(self.global_model, payloads)
         updated = time.perf_counter()
         self.algorithm.send(self.global_model, 1, [u.client for u in self.uploads[:m]], torch.Generator())
         done = time.perf_counter()
@@ -254,11 +265,12 @@ def _scaling(settings: dict[str, Any]) -> Report:
     step = summary(client["local_step"])["median"]
     client_summary = {k: summary(v) for k, v in client.items()}
     micro_steps = cfg.train.grad_accum_steps
+    options = algorithm.options  # FedSense's (the benchmark's configs are FedSense runs)
     results = {
         "model_values": n,
-        "clusters": cfg.algorithm.clusters,
-        "distill_steps": cfg.algorithm.distill_steps,
-        "distill_batch_size": cfg.algorithm.distill_batch_size,
+        "clusters": options.clusters,
+        "distill_steps": options.distill_steps,
+        "distill_batch_size": options.distill_batch_size,
         "server_s_by_clients": medians,
         "server_fit": lines,
         "server_fit_without_distillation": without_distill,
@@ -284,8 +296,8 @@ def _scaling(settings: dict[str, Any]) -> Report:
         targets.append(Target(f"FedAvg fp32 / FedSense round bytes, downlink at {bits} bit", ratio, ">=", 10.0, "x"))
     notes = [
         f"model of {n:,} values; server slope {without_distill['slope'] * 1e3:.1f} ms per client without the similarity "
-        f"distillation ({medians[ms[-1]]['similarity_distillation']:.2f} s at {cfg.algorithm.distill_steps} steps of "
-        f"{cfg.algorithm.distill_batch_size} images, {cfg.algorithm.clusters or 'one per client'} groups)",
+        f"distillation ({medians[ms[-1]]['similarity_distillation']:.2f} s at {options.distill_steps} steps of "
+        f"{options.distill_batch_size} images, {options.clusters or 'one per client'} groups)",
         f"client per round: receive {client_summary['receive']['median']:.3f} s, upload {client_summary['upload']['median']:.3f} s, "
         f"model + engine set-up {client_summary['setup']['median']:.3f} s; per micro-step: perturbation "
         f"{client_summary['perturbation']['median'] * 1e3:.1f} ms against a {step:.3f} s local step ({micro_steps} micro-step(s) per step)",

@@ -61,7 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "privacy": {"mode": "central", "clip": 1.0, "delta": 1.0e-5},
 }
 QUICK: dict[str, Any] = {
-    "methods": ["fedavg", {"name": "fedprox", "proximal_beta": 0.01}],
+    "methods": ["fedavg", {"name": "fedprox", "options": {"proximal_beta": 0.01}}],
     "rounds": 1,
     "local_steps": 1,
     "sensor_rounds": 1,

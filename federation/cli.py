@@ -75,7 +75,7 @@ a sweep file (README: "Comparing algorithms and scenarios"):
   output_dir: runs/sweep          # OUTPUT
   algorithms:                     # label: its algorithm settings (name defaults to the label)
     fedavg: {}
-    fedprox: {proximal_beta: 0.01}
+    fedprox: {options: {proximal_beta: 0.01}}
   scenarios:                      # label: its federation settings, over the base's
     sources: {partition: by_source}
   uplinks:                        # optional; label: its algorithm.uplink settings

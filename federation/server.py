@@ -22,9 +22,10 @@ from geofm.federated import local_optimizer
 from geofm.federated.aggregation import ClientUpload, RoundAggregate
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.base import Algorithm, ServerRound, payload_arrays
+from geofm.federated.algorithms.context import ServerContext
+from geofm.federated.algorithms.fedsense import DISTILL_OPTIMIZER
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
 from geofm.federated.privacy import PrivacyAccountant, check_statistics
-from geofm.federated.similarity import distill_similarity
 from geofm.federated.spill import SPILL_FOLDER, UPLOADS_FOLDER, UploadStore, clear_spill
 from geofm.paths import check_writable
 from geofm.runlog import MetricsLog, plot_metric_curve, plot_rounds
@@ -107,9 +108,7 @@ class FederatedServer:
         # freshly built model's, the same on every invocation of the run.
         self.start_statistics = self.statistics
         self.algorithm.start_local(self.algorithm.local.flatten_module(self.model))
-        self.distill_optimizer = torch.optim.AdamW(
-            self.task.distilled_parameters(self.model), lr=cfg.algorithm.distill_lr
-        )
+        self.algorithm.attach(ServerContext(self.model, self.layout, self.task.public_images()))
         self.done = self._resume()
         self.checkpoints.start(cfg)
         stop = fed.stop_after_rounds
@@ -189,7 +188,7 @@ class FederatedServer:
         server_metrics: dict[str, float] = {}
         discarded = None
         if aggregate.update is not None:
-            outcome = self.algorithm.server_update(self.global_model, payloads, self._distil(rnd))
+            outcome = self.algorithm.server_update(self.global_model, payloads)
             discarded = non_finite_model(outcome, payloads)
             if discarded is None:
                 self.global_model, server_metrics = outcome.model, outcome.metrics
@@ -306,30 +305,6 @@ class FederatedServer:
         self.statistics = sum(weights[c] / total * usable[c].astype(np.float64) for c in usable).astype(np.float32)
         load_running_statistics(self.model, self.statistics)
 
-    # ---- server guidance -------------------------------------------------------------------
-    def _distil(self, rnd: int):
-        """FedSense's refinement: similarity distillation of the new global model on the public source."""
-        cfg = self.cfg
-        if not cfg.algorithm.distill_steps:
-            return None
-
-        def refine(model: torch.Tensor, groups: list[torch.Tensor], weights: list[float]) -> tuple[torch.Tensor, float]:
-            self.layout.assign(self.model, model)
-            self.model.eval()
-            params = [self.layout.unflatten(g) for g in groups]
-            loss = distill_similarity(
-                self.model,
-                params,
-                weights,
-                self.task.public_batches(rnd),
-                self.task.pooled_features,
-                self.distill_optimizer,
-                cfg.algorithm.distill_steps,
-            )
-            return self.layout.flatten_module(self.model), loss
-
-        return refine
-
     # ---- checkpoints -------------------------------------------------------------------------
     def _checkpoint(self, rnd: int) -> None:
         self.layout.assign(self.model, self.global_model)
@@ -338,7 +313,6 @@ class FederatedServer:
         folder.mkdir(parents=True, exist_ok=True)
         server = {
             "round": rnd,
-            "distill_optimizer": self.distill_optimizer.state_dict(),
             "algorithm": self.algorithm.state_dict(),
             **({"privacy": self.accountant.state_dict()} if self.accountant is not None else {}),
         }
@@ -374,9 +348,7 @@ class FederatedServer:
         self.global_model = self.layout.flatten_module(self.model)
         self.statistics = running_statistics(self.model)
         server = saved["server"]
-        self.distill_optimizer.load_state_dict(server["distill_optimizer"])
-        # Checkpoints written before the algorithm kept its own state hold FedAvg's at the top level.
-        self.algorithm.load_state_dict(server.get("algorithm", server))
+        self.algorithm.load_state_dict(_algorithm_state(server))
         if self.accountant is not None:  # the algorithm section, privacy included, is kept on resume
             self.accountant.load_state_dict(server["privacy"])
         if not bool(torch.isfinite(self.global_model).all()):
@@ -386,6 +358,16 @@ class FederatedServer:
             )
         log.info("resumed from %s after round %d", self.checkpoints.latest().resolve(), progress.step)
         return progress.step
+
+
+def _algorithm_state(server: dict) -> dict:
+    """The algorithm's state in a server checkpoint. Checkpoints written before the algorithm kept its own
+    state hold FedAvg's at the top level; those written before FedSense kept its distillation optimiser
+    hold that beside the algorithm's state (every run's, empty where nothing was distilled)."""
+    state = dict(server.get("algorithm", server))
+    if DISTILL_OPTIMIZER in server:
+        state[DISTILL_OPTIMIZER] = server[DISTILL_OPTIMIZER]
+    return state
 
 
 def _per_client(metrics: dict[str, Scalars], key: str) -> dict[str, float]:

@@ -6,7 +6,7 @@ A sweep file names a federated ``config`` (the base of every cell) and the setti
     output_dir: runs/sweep_bigearthnet_k7
     algorithms:                  # label: its ``algorithm`` settings (``name`` defaults to the label)
       fedavg: {}
-      fedprox: {proximal_beta: 0.01}
+      fedprox: {options: {proximal_beta: 0.01}}
     scenarios:                   # label: its ``federation`` settings, merged over the base's
       ds1: {partition: bigearthnet_ds1}
       ds2: {partition: bigearthnet_ds2}

@@ -200,9 +200,9 @@ class FederatedFinetuning:
         """The task's loss of one micro-batch (label mixing included where the task mixes)."""
         return self.task.forward(model, batch, self.device, self.dtype)
 
-    def distilled_parameters(self, model: FinetuneModel):
-        """Nothing is distilled on the server in finetuning (the config refuses ``distill_steps``)."""
-        return model.parameters()
+    def public_images(self) -> None:
+        """Finetuning offers the server no public images (the config refuses ``distill_steps``)."""
+        return None
 
     def evaluate_client(self, model: FinetuneModel, name: str, own_data: bool) -> dict[str, float] | None:
         """Client ``name``'s model on its own validation data: its part of the validation split under

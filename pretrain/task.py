@@ -25,6 +25,7 @@ from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile, warn_skipped
 from geofm.data.products import list_products
 from geofm.errors import ConfigError, DatasetNotFoundError
+from geofm.federated.algorithms.context import PublicImages
 from geofm.federated.partition import PARTITIONERS
 from geofm.models.backbones import patch_size_of
 from geofm.models.masking import MaskGenerator
@@ -237,25 +238,27 @@ class MaskedImageModelling:
         )
         return StepOutput(losses)
 
-    def public_batches(self, rnd: int) -> Iterator[torch.Tensor]:
-        """Endless batches of the server's public images (``algorithm.distill_batch_size``), reshuffled per round."""
+    def public_images(self) -> PublicImages | None:
+        """The server's public sources for a server-side step (FedSense's distillation): batches of their
+        images, the encoder's pooled features, the encoder's parameters; None without a public source."""
+        if not self.cfg.federation.public_sources:
+            return None
+        return PublicImages(self._public_batches, pooled_features, lambda model: model.encoder.parameters())
+
+    def _public_batches(self, rnd: int, batch_size: int) -> Iterator[torch.Tensor]:
+        """Endless batches of the server's public images, reshuffled per round."""
         cfg = self.cfg
         pile = share_pile(cfg, self._public_shares(), None)
-        p = cfg.algorithm.distill_batch_size
-        sampler = PileSampler(pile.source_sizes, pile.weights, max(p, pile.samples_per_epoch), seed=cfg.run.seed)
+        sampler = PileSampler(
+            pile.source_sizes, pile.weights, max(batch_size, pile.samples_per_epoch), seed=cfg.run.seed
+        )
         epoch = 0
         while True:
             sampler.set_epoch(rnd * EPOCH_STRIDE + epoch)
-            for batch in DataLoader(pile, batch_size=p, sampler=sampler, drop_last=True):
+            for batch in DataLoader(pile, batch_size=batch_size, sampler=sampler, drop_last=True):
                 warn_skipped(batch, self.warned)
                 yield batch["image"]
             epoch += 1
-
-    def distilled_parameters(self, model: MaskedImageModel):
-        """The parameters the server's similarity distillation trains: the encoder's."""
-        return model.encoder.parameters()
-
-    pooled_features = staticmethod(pooled_features)
 
     def export(self, model: MaskedImageModel, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
         """Write the student's backbone like a central run's, with ``extra`` in its sidecar, and the

@@ -30,16 +30,17 @@ from geofm.config.sections import (
 from geofm.errors import ConfigError
 from geofm.tasks import FEDERATED_CONFIGS, TASKS
 
-# The built-in algorithms' own fields of the ``algorithm`` section; a plug-in's go in ``options``.
-ALGORITHM_FIELDS = {
-    "fedavg": (),
-    "fedprox": ("proximal_beta",),
-    "fedsense": ("perturbation_radius", "proximal_beta", "clusters", "distill_steps"),
-    "scaffold": ("server_lr",),
-    "pfedla": (),
-    "fednova": (),
-    "feddc": (),
-}
+MOVED_TO_OPTIONS = (
+    "perturbation_radius",
+    "proximal_beta",
+    "clusters",
+    "distill_steps",
+    "distill_lr",
+    "distill_batch_size",
+    "server_lr",
+)
+"""Keys of the ``algorithm`` section of configs written before every algorithm kept its settings in
+``options`` (FedSense's, FedProx's, SCAFFOLD's); a config that still sets one is told where it went."""
 
 
 class LocalOptimizerConfig(Section):
@@ -269,13 +270,16 @@ class PrivacyConfig(Section):
 class AlgorithmConfig(Section):
     """The federated algorithm: client update rule, server update rule and what travels each way.
 
-    ``fedavg``: local AdamW steps, data-weighted averaging. ``fedprox``: plus the proximal term
-    ``proximal_beta / 2 ||theta - Theta||^2``. ``fedsense``: plus drift-aware perturbed local steps
-    (``perturbation_radius``, server-to-client guidance), the proximal term if ``proximal_beta``,
-    K-means of client models (``clusters``) and similarity distillation on the server's public data
-    (``distill_steps``); these three combine the uploads with ``aggregator`` and step the global
-    model with ``server_optimizer``. ``scaffold``: control variates correcting the client drift,
-    the paper's plain means and server step ``server_lr``. ``pfedla``: each client trains from its own
+    Each algorithm's own settings are ``options``, checked by its ``Options`` model
+    (``geofm list algorithms`` names them). ``fedavg``: local AdamW steps, data-weighted averaging.
+    ``fedprox``: plus the proximal term ``proximal_beta / 2 ||theta - Theta||^2`` (``options``:
+    ``proximal_beta``). ``fedsense``: plus drift-aware perturbed local steps (``perturbation_radius``,
+    server-to-client guidance), the proximal term if ``proximal_beta``, K-means of client models
+    (``clusters``) and similarity distillation on the server's public data (``distill_steps``,
+    ``distill_lr``, ``distill_batch_size``), all in ``options``; these combine the uploads with
+    ``aggregator`` and step the global model with ``server_optimizer``. ``scaffold``: control variates
+    correcting the client drift,
+    the paper's plain means and server step ``options.server_lr``. ``pfedla``: each client trains from its own
     layer-wise mix of every client's model, weighted by a hypernetwork per client that the server learns
     from the client's updates (``options``: ``hn_lr``, ``embedding_dim``, ``hidden_dim``, ``layers``);
     the global model is the data-weighted mean of the clients' models; 32-bit downlink only. ``fedbn``:
@@ -300,15 +304,6 @@ class AlgorithmConfig(Section):
     """
 
     name: str = Field(default="fedsense", description="a registered algorithm (geofm list algorithms)")
-    perturbation_radius: float = Field(default=0.0, ge=0.0, description="fedsense: lambda of eps = lambda d / ||d||")
-    proximal_beta: float = Field(default=0.0, ge=0.0, description="fedprox, fedsense: weight of the proximal term")
-    clusters: int | None = Field(
-        default=None, gt=0, description="fedsense: K groups of client models; null: one per client"
-    )
-    distill_steps: int = Field(default=0, ge=0, description="fedsense: server similarity-distillation steps per round")
-    distill_lr: float = Field(default=1e-5, gt=0.0, description="fedsense: AdamW learning rate of the distillation")
-    distill_batch_size: int = Field(default=16, gt=1, description="fedsense: public images p per distillation step")
-    server_lr: float = Field(default=1.0, gt=0.0, description="scaffold: the server's step eta_g on the mean update")
     sam: SamConfig | None = Field(
         default=None, description="sharpness-aware local steps (SAM, ASAM) under any algorithm; null: plain steps"
     )
@@ -354,20 +349,19 @@ class AlgorithmConfig(Section):
 
         return ALGORITHMS.check(name)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_to_options(cls, data: Any) -> Any:
+        moved = [key for key in MOVED_TO_OPTIONS if isinstance(data, dict) and key in data]
+        if moved:
+            raise ValueError(
+                f"{', '.join(moved)}: an algorithm's own settings go in algorithm.options; write "
+                f"options: {{{', '.join(f'{key}: ...' for key in moved)}}}"
+            )
+        return data
+
     @model_validator(mode="after")
     def _check_components(self) -> AlgorithmConfig:
-        used = ALGORITHM_FIELDS.get(self.name, ())
-        defaults = AlgorithmConfig.model_fields
-        foreign = [
-            key
-            for key in dict.fromkeys(k for keys in ALGORITHM_FIELDS.values() for k in keys)
-            if key not in used and getattr(self, key) != defaults[key].default
-        ]
-        if foreign:
-            owners = sorted({name for name, keys in ALGORITHM_FIELDS.items() for key in foreign if key in keys})
-            raise ValueError(f"algorithm {self.name} has no {', '.join(foreign)}; use {' or '.join(owners)}")
-        if self.name == "fedprox" and self.proximal_beta == 0:
-            raise ValueError("fedprox needs a positive proximal_beta (with 0 it is fedavg)")
         for name in self.uplink_payloads:
             self.uplink_for(name)
         for name in self.downlink_payloads:
@@ -448,10 +442,11 @@ class FederationConfig(Section):
 
 
 def check_federation(
-    fed: FederationConfig, algorithm: AlgorithmConfig, clients: list[str], info: ValidationInfo
+    fed: FederationConfig, algorithm: AlgorithmConfig, clients: list[str], public_images: bool, info: ValidationInfo
 ) -> None:
     """The rules every federated config keeps: the algorithm's own (with the architecture's checks,
-    importing torch), enough clients for a round, declared examples of real clients, Krum's quorum.
+    importing torch; ``public_images``: whether the server holds public images for it), enough
+    clients for a round, declared examples of real clients, Krum's quorum.
 
     Raises:
         ValueError: naming the field.
@@ -461,6 +456,7 @@ def check_federation(
 
         try:
             ALGORITHMS.get(algorithm.name).check_config(algorithm)
+            ALGORITHMS.get(algorithm.name).check_public_images(algorithm, public_images)
         except ValueError as err:
             raise ValueError(f"algorithm.{err}") from None
     if fed.min_clients > len(clients):
@@ -512,9 +508,7 @@ class FederatedConfig(ProgramConfig):
             )
         if fed.partition != "by_source" and fed.clients is None:
             raise ValueError(f"federation.partition {fed.partition} needs federation.clients")
-        check_federation(self.federation, self.algorithm, self.client_names, info)
-        if self.algorithm.distill_steps and not fed.public_sources:
-            raise ValueError("algorithm.distill_steps needs a public source for the server (federation.public_sources)")
+        check_federation(self.federation, self.algorithm, self.client_names, bool(fed.public_sources), info)
         return self
 
     @property

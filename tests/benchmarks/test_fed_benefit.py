@@ -103,4 +103,4 @@ def test_every_arm_shares_one_budget_of_local_steps_on_the_same_institutions(tmp
     plain_1bit = read_federated_config(federated_tree(settings, sources, public, "fedavg_1bit", budget, tmp_path / "q"))
     assert plain_1bit.algorithm.uplink.bits == 1 and not plain_1bit.algorithm.uplink.error_feedback
     no_scg = read_federated_config(federated_tree(settings, sources, public, "fedsense_no_scg", budget, tmp_path / "s"))
-    assert no_scg.algorithm.perturbation_radius == 0 and no_scg.algorithm.distill_steps == 2
+    assert no_scg.algorithm.options["perturbation_radius"] == 0 and no_scg.algorithm.options["distill_steps"] == 2

@@ -35,17 +35,27 @@ def test_the_paper_setting_and_its_baselines_differ_only_in_their_algorithm():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("algorithm.name=fedavg", "algorithm fedavg has no perturbation_radius, clusters, distill_steps"),
+        (
+            "algorithm.name=fedavg",
+            r"algorithm\.options: fedavg takes no options, got \['clusters', 'distill_batch_size'",
+        ),
         ("federation.clients=5", "by_source makes one client per private source"),
         ("federation.partition=dirichlet", "federation.partition dirichlet needs federation.clients"),
         ("federation.public_sources=[archive_x]", r"public_sources \['archive_x'\] are not sources"),
-        ("federation.public_sources=[]", "distill_steps needs a public source"),
+        ("federation.public_sources=[]", r"algorithm\.options\.distill_steps: .* trains on the server's public images"),
         ("train.local_steps=4", "set exactly one of train.local_epochs and train.local_steps"),
         ("algorithm.uplink.bits=3", r"algorithm\.uplink\.bits"),
         ("federation.min_clients=4", "min_clients 4 exceeds the 3 clients"),
         ("algorithm.name=scafold", r"unknown algorithm 'scafold'; did you mean 'scaffold'\?"),
-        ("algorithm.server_lr=0.5", "algorithm fedsense has no server_lr; use scaffold"),
-        ("algorithm.options={keep: 1}", r"algorithm\.options: fedsense takes no options, got \['keep'\]"),
+        (
+            "algorithm.server_lr=0.5",
+            r"server_lr: an algorithm's own settings go in algorithm\.options; write options: \{server_lr: \.\.\.\}",
+        ),
+        ("algorithm.options={keep: 1}", r"algorithm\.options\.keep: Extra inputs are not permitted"),
+        (
+            "algorithm.options={proximal_beta: -1}",
+            r"algorithm\.options\.proximal_beta: Input should be greater than or equal to 0",
+        ),
         (
             "algorithm.uplink_payloads={delta_c: {bits: 8}}",
             r"algorithm\.uplink_payloads names \['delta_c'\]; fedsense sends \['update'\]",

@@ -113,7 +113,7 @@ def test_local_parameters_stay_on_the_client_and_never_travel(registered):
     assert update.metadata == {"local_values": 4}
     payloads = server.aggregate([ClientUpload("a", payload_arrays(up), 10, update.metadata)])
     assert payloads["update"].accepted[0].metadata == {"local_values": 4}, "the server sees the client's metadata"
-    outcome = server.server_update(global_model, payloads, None)
+    outcome = server.server_update(global_model, payloads)
     assert torch.allclose(outcome.model - global_model, torch.tensor([0.0] * 6 + [1.0, 1.0]))
 
 

@@ -27,21 +27,23 @@ def _packet(arrays: dict, payload: str) -> Packet:
 
 def test_build_algorithm_picks_the_named_member():
     assert type(build_algorithm(_config(name="fedavg"), 4)) is FedAvg
-    assert type(build_algorithm(_config(name="fedprox", proximal_beta=0.1), 4)) is FedProx
+    assert type(build_algorithm(_config(name="fedprox", options={"proximal_beta": 0.1}), 4)) is FedProx
     assert type(build_algorithm(_config(name="fedsense"), 4)) is FedSense
 
 
 def test_fedprox_adds_the_proximal_term_and_fedavg_nothing():
     params, anchor = [torch.tensor([1.0, 2.0], requires_grad=True)], [torch.tensor([0.0, 0.0])]
     assert build_algorithm(_config(name="fedavg"), 2).local_hooks(_local(params, anchor)).regulariser is None
-    hooks = build_algorithm(_config(name="fedprox", proximal_beta=0.5), 2).local_hooks(_local(params, anchor))
+    hooks = build_algorithm(_config(name="fedprox", options={"proximal_beta": 0.5}), 2).local_hooks(
+        _local(params, anchor)
+    )
     assert float(hooks.regulariser(None, None).detach()) == pytest.approx(0.5 / 2 * (1 + 4))
 
 
 def test_fedsense_takes_gradients_at_the_perturbed_point_and_restores_theta():
     param = torch.tensor([3.0, 4.0], requires_grad=True)
     anchor = [torch.zeros(2)]
-    algorithm = build_algorithm(_config(name="fedsense", perturbation_radius=0.5), 2)
+    algorithm = build_algorithm(_config(name="fedsense", options={"perturbation_radius": 0.5}), 2)
     hooks = algorithm.local_hooks(_local([param], anchor))
     with hooks.around_gradient():
         seen = param.detach().clone()
@@ -89,19 +91,21 @@ def test_a_compressed_downlink_sends_the_change_and_tracks_the_clients_copy():
 
 
 def test_fedsense_refines_the_average_with_its_groups():
-    cfg = _config(name="fedsense", clusters=2, distill_steps=1)
+    cfg = _config(name="fedsense", options={"clusters": 2, "distill_steps": 1})
     algorithm = build_algorithm(cfg, 4)
     updates = [torch.tensor([1.0, 0, 0, 0]), torch.tensor([1.1, 0, 0, 0]), torch.tensor([0, 0, 0, 5.0])]
     uploads = [ClientUpload(f"c{i}", {"update": Codec(bits=32).encode(u)}, 10) for i, u in enumerate(updates)]
     payloads = algorithm.aggregate(uploads)
     seen = {}
 
-    def refine(model, groups, weights):
-        seen.update(groups=groups, weights=weights)
+    def distillation(rnd, model, groups, weights):
+        seen.update(rnd=rnd, groups=groups, weights=weights)
         return model * 0, 0.25
 
-    result = algorithm.server_update(torch.ones(4), payloads, refine)
-    assert len(seen["groups"]) == 2 and sorted(seen["weights"]) == pytest.approx([1 / 3, 2 / 3])
+    algorithm.distillation = distillation
+    algorithm.begin_round(3)
+    result = algorithm.server_update(torch.ones(4), payloads)
+    assert seen["rnd"] == 3 and len(seen["groups"]) == 2 and sorted(seen["weights"]) == pytest.approx([1 / 3, 2 / 3])
     assert torch.equal(result.model, torch.zeros(4)) and result.metrics == {"loss_similarity": 0.25, "groups": 2.0}
-    plain = build_algorithm(_config(name="fedavg"), 4).server_update(torch.ones(4), payloads, refine)
+    plain = build_algorithm(_config(name="fedavg"), 4).server_update(torch.ones(4), payloads)
     assert torch.allclose(plain.model, torch.ones(4) + torch.stack(updates).mean(0))

@@ -167,7 +167,7 @@ def test_uploads_and_the_server_are_fedavgs_with_the_lipschitz_loss_logged(tiny_
         ClientUpload(name, payload_arrays(algorithm.upload(u, {}, torch.Generator())[0]), n, u.metadata)
         for name, u, n in (("a", update, 3), ("b", other, 1))
     ]
-    outcome = algorithm.server_update(start, algorithm.aggregate(uploads), None)
+    outcome = algorithm.server_update(start, algorithm.aggregate(uploads))
     # Weights 3/4 and 1/4: the model moves by 3/4 * 0.5 = 0.375, the logged loss is (3 * 1.5 + 3) / 4 = 1.875.
     torch.testing.assert_close(outcome.model, start + 0.375)
     assert outcome.metrics == {"lipschitz_loss": pytest.approx(1.875)}

@@ -87,7 +87,7 @@ def test_two_rounds_keep_each_clients_norms_and_fedavg_the_rest(make_norm, layer
             up, states[name] = _client_round(client, name, arrays, config, states[name], TARGETS[name], make_norm)
             uploads.append(ClientUpload(name, payload_arrays(up), EXAMPLES[name]))
         payloads = server.aggregate(uploads)
-        outcome = server.server_update(model, payloads, None)
+        outcome = server.server_update(model, payloads)
         server.commit(outcome, payloads)
         model = outcome.model
 
@@ -141,7 +141,7 @@ def test_each_payload_keeps_its_own_residual_under_a_1bit_uplink():
         np.testing.assert_allclose(state[f"feedback.{p}.error"], (exact[p] - first[p]).numpy())
     assert state["local"].tolist() == [2.0, -1.0]
     payloads = server.aggregate([ClientUpload("one", payload_arrays(up), 10)])
-    outcome = server.server_update(torch.zeros(2), payloads, None)
+    outcome = server.server_update(torch.zeros(2), payloads)
     server.commit(outcome, payloads)
     assert torch.equal(server.server_local(), first["norms"]), "the server averages what arrived"
 

@@ -88,7 +88,7 @@ def test_two_of_four_clients_give_the_papers_numbers():
     # w <- mean_S(theta_i) + hbar = (-0.234375, 1.25) + (0.0078125, 0.625) = (-0.2265625, 1.875).
     # c <- c + 2/4 mean_S(delta_c) = (0.5, -1) + 0.5 (-0.265625, -0.25) = (0.3671875, -1.125).
     payloads = server.aggregate(uploads)
-    outcome = server.server_update(torch.zeros(2), payloads, None)
+    outcome = server.server_update(torch.zeros(2), payloads)
     assert outcome.model.tolist() == [-0.2265625, 1.875]
     assert outcome.state["drift"].tolist() == [0.0078125, 0.625]
     assert outcome.state["control"].tolist() == [0.3671875, -1.125]
@@ -107,7 +107,7 @@ def test_with_every_client_selected_the_model_is_the_mean_of_the_corrected_model
         ClientUpload(c, {"update": encode(torch.tensor(d)), "delta_c": encode(torch.zeros(2))}, n)
         for c, d, n in (("a", [1.0, -2.0], 1), ("b", [3.0, 0.0], 9))
     ]
-    outcome = server.server_update(torch.ones(2), server.aggregate(uploads), None)
+    outcome = server.server_update(torch.ones(2), server.aggregate(uploads))
     assert outcome.model.tolist() == [5.0, -1.0], "plain means: the official code weighs clients equally"
 
 
@@ -141,7 +141,7 @@ def test_each_payload_keeps_its_own_residual_under_a_1bit_uplink():
         expected = Codec(bits=1, bucket_size=4).encode(second[p] + residuals[p])
         assert torch.equal(decoded[p], decode(expected)), f"the second {p} carries its own residual"
     # One client of one: hbar = Delta, w = 0 + Delta + hbar = 2 Delta, c = delta_c, all as decoded.
-    outcome = server.server_update(torch.zeros(8), server.aggregate([ClientUpload("a", payload_arrays(up), 3)]), None)
+    outcome = server.server_update(torch.zeros(8), server.aggregate([ClientUpload("a", payload_arrays(up), 3)]))
     assert torch.equal(outcome.model, 2 * decoded["update"]) and torch.equal(
         outcome.state["control"], decoded["delta_c"]
     )

@@ -43,7 +43,7 @@ def test_two_server_rounds_give_the_papers_numbers():
     w0 = torch.tensor([1.0, 1.0])
     assert _sent_model(server, w0, 1) == [1.0, 1.0]
     payloads = server.aggregate(_uploads(server, {"a": ([0.6, -0.8], 1), "b": ([0.2, 0.8], 3)}))
-    outcome = server.server_update(w0, payloads, None)
+    outcome = server.server_update(w0, payloads)
     assert outcome.state["sigma"].tolist() == pytest.approx([-0.2, 0.0])
     assert outcome.state["pseudo_gradient"].tolist() == pytest.approx([-0.3, -0.4])
     assert outcome.model.tolist() == pytest.approx([1.7, 1.4])
@@ -53,7 +53,7 @@ def test_two_server_rounds_give_the_papers_numbers():
     assert _sent_model(server, w1, 2) == pytest.approx([1.4, 1.0]), "the perturbed model travels"
     assert server.evaluated_model(w1) is w1, "the server validates and exports the unperturbed one"
     payloads = server.aggregate(_uploads(server, {"a": ([0.2, 0.1], 1)}))
-    outcome = server.server_update(w1, payloads, None)
+    outcome = server.server_update(w1, payloads)
     assert outcome.state["sigma"].tolist() == pytest.approx([-0.25, -0.025])
     assert outcome.model.tolist() == pytest.approx([2.4, 1.55])
     assert outcome.metrics["sigma_norm"] == pytest.approx(np.hypot(0.25, 0.025))
@@ -132,7 +132,7 @@ def test_the_server_update_needs_the_number_of_clients():
     server = build_algorithm(AlgorithmConfig(name="fedgloss"), 2)
     payloads = server.aggregate(_uploads(server, {"a": ([0.1, 0.2], 1)}))
     with pytest.raises(ConfigError, match="number of clients"):
-        server.server_update(torch.zeros(2), payloads, None)
+        server.server_update(torch.zeros(2), payloads)
 
 
 def test_fedgloss_refuses_central_privacy_whose_mean_its_dual_would_bypass():

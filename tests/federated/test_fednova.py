@@ -60,7 +60,7 @@ def test_two_clients_with_different_step_counts_give_the_papers_numbers():
     # sum_i p_i (y_i - x) / tau_i = 0.75 (0.5, 1) / 1 + 0.25 (-1.875, 0) / 4 = (0.375 - 0.1171875, 0.75)
     # = (0.2578125, 0.75); x <- 0 + 1.75 (0.2578125, 0.75) = (0.451171875, 1.3125).
     # (FedAvg's 0.75 (0.5, 1) + 0.25 (-1.875, 0) = (-0.09375, 0.75) follows the long-running client 2.)
-    outcome = server.server_update(torch.zeros(2), server.aggregate(uploads), None)
+    outcome = server.server_update(torch.zeros(2), server.aggregate(uploads))
     assert outcome.model.tolist() == [0.451171875, 1.3125]
     assert outcome.metrics == {"tau_eff": 1.75}
 
@@ -73,7 +73,7 @@ def test_equal_step_counts_make_it_fedavg():
         ClientUpload("a", {"update": encode(torch.tensor([1.0]))}, 1, {"local_steps": 3}),
         ClientUpload("b", {"update": encode(torch.tensor([3.0]))}, 3, {"local_steps": 3}),
     ]
-    assert server.server_update(torch.ones(1), server.aggregate(uploads), None).model.tolist() == [3.5]
+    assert server.server_update(torch.ones(1), server.aggregate(uploads)).model.tolist() == [3.5]
 
 
 @pytest.mark.parametrize("metadata", [{}, {"local_steps": 0}, {"local_steps": -2}, {"local_steps": "many"}])
@@ -85,7 +85,7 @@ def test_a_missing_or_non_positive_step_count_is_an_error_naming_the_client(meta
         ClientUpload("broken", {"update": encode(torch.tensor([2.0]))}, 1, metadata),
     ]
     with pytest.raises(FederatedRunError, match=r"fednova: client broken reported local_steps="):
-        server.server_update(torch.zeros(1), server.aggregate(uploads), None)
+        server.server_update(torch.zeros(1), server.aggregate(uploads))
 
 
 def test_fednova_refuses_another_aggregator_or_server_optimiser():
@@ -111,4 +111,4 @@ def test_the_update_keeps_its_residual_under_a_1bit_uplink_and_the_server_normal
     assert torch.equal(decode(packet), decode(expected)), "the second update carries the first's residual"
     # One client: tau_eff = 4 and x + 4 * (delta / 4) = x + delta, the decoded 1-bit update.
     payloads = server.aggregate([ClientUpload("a", payload_arrays(up), 3, {"local_steps": 4})])
-    assert torch.equal(server.server_update(torch.zeros(8), payloads, None).model, decode(packet))
+    assert torch.equal(server.server_update(torch.zeros(8), payloads).model, decode(packet))

@@ -153,7 +153,7 @@ def _quadratic_federation(
             upload, _ = client.upload(update, states[name_], torch.Generator())
             uploads.append(ClientUpload(name_, payload_arrays(upload), 10))
         payloads = server.aggregate(uploads)
-        outcome = server.server_update(x, payloads, None)
+        outcome = server.server_update(x, payloads)
         server.commit(outcome, payloads)
         x = outcome.model
         if trace is not None:

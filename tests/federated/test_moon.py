@@ -223,7 +223,7 @@ def test_moon_composes_with_a_1bit_uplink_with_error_feedback():
         assert residual.abs().sum() > 0
         upload = ClientUpload("one", payload_arrays(up), 5, update.metadata)
         payloads = server.aggregate([upload])
-        outcome = server.server_update(global_model, payloads, None)
+        outcome = server.server_update(global_model, payloads)
         torch.testing.assert_close(outcome.model, global_model + decode(packet))  # FedAvg's Theta + Delta
         assert outcome.metrics["contrastive_loss"] == update.metadata["contrastive_loss"]
         server.commit(outcome, payloads)

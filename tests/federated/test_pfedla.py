@@ -81,7 +81,7 @@ def test_two_clients_give_the_papers_numbers():
 
     uploads = [ClientUpload("one", payload_arrays(up_one), 30), ClientUpload("two", payload_arrays(up_two), 10)]
     payloads = server.aggregate(uploads)
-    outcome = server.server_update(torch.zeros(2), payloads, None)
+    outcome = server.server_update(torch.zeros(2), payloads)
     one, two = outcome.client_state["one"], outcome.client_state["two"]
     # theta_i <- theta_bar_i + delta_i: (3, 2) + (1, -2) = (4, 0) and (4, 0) + (0.5, 0.5) = (4.5, 0.5).
     assert one["model"].tolist() == [4.0, 0.0] and two["model"].tolist() == [4.5, 0.5]
@@ -189,7 +189,7 @@ def test_a_1bit_uplink_with_error_feedback_carries_its_residual_into_the_clients
         residual = delta + residual - decode(packet)
         np.testing.assert_allclose(state["feedback.update.error"], residual.numpy(), atol=1e-6)
         payloads = server.aggregate([ClientUpload("a", payload_arrays(up), 5)])
-        outcome = server.server_update(model, payloads, None)
+        outcome = server.server_update(model, payloads)
         # The server adds what arrived (the decoded 1-bit update) to the model it sent.
         torch.testing.assert_close(outcome.client_state["a"]["model"], received["model"] + decode(packet))
         torch.testing.assert_close(outcome.model, outcome.client_state["a"]["model"])  # the only client with data

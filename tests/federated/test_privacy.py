@@ -149,7 +149,7 @@ def test_epsilon_after_k_rounds_is_opacus_rdp_accountant_value():
         ({"name": "pfedla"}, "privacy: pfedla mixes"),
         ({"aggregator": {"name": "median"}}, "aggregator: central privacy calibrates its noise to the mean"),
         ({"norm_factor": 3.0}, "norm_factor: central privacy clips every update"),
-        ({"name": "fedsense", "distill_steps": 2}, "distill_steps: central privacy noises only"),
+        ({"name": "fedsense", "options": {"distill_steps": 2}}, "options.distill_steps: central privacy noises only"),
     ],
 )
 def test_privacy_refuses_what_it_cannot_cover_naming_the_field(fields, message):
@@ -158,7 +158,7 @@ def test_privacy_refuses_what_it_cannot_cover_naming_the_field(fields, message):
 
 
 def test_local_privacy_takes_a_robust_aggregator_and_fedsense_distillation():
-    for fields in ({"aggregator": {"name": "median"}}, {"name": "fedsense", "distill_steps": 2}):
+    for fields in ({"aggregator": {"name": "median"}}, {"name": "fedsense", "options": {"distill_steps": 2}}):
         build_algorithm(_cfg(**fields, privacy=_privacy("local", z=1.0)), 4)
 
 

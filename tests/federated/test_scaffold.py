@@ -46,7 +46,7 @@ def _client_round(algorithm, name, arrays, config, state, target, steps, lr):
 def test_two_clients_give_the_papers_numbers():
     # x = 0, c = (0.5, -1); client 1: b = (1, 2), c_1 = (0.5, 0); client 2: b = (-1, 0), c_2 = 0 (new).
     # K = 2 steps of SGD at eta_l = 0.5 on g(y) - c_i + c; 2 of N = 4 clients; eta_g = 0.5.
-    cfg = AlgorithmConfig(name="scaffold", server_lr=0.5)
+    cfg = AlgorithmConfig(name="scaffold", options={"server_lr": 0.5})
     layout = ParameterLayout.of(Point())
     server = build_algorithm(cfg, layout, num_clients=4)
     server.state["control"] = torch.tensor([0.5, -1.0])
@@ -70,7 +70,7 @@ def test_two_clients_give_the_papers_numbers():
 
     # Server: x = 0 + 0.5 * mean(delta_y) = 0.5 * (-0.1875, 1.5); c = c + 2/4 * mean(delta_c) = c + 0.5 * (-0.3125, -0.5).
     payloads = server.aggregate(uploads)
-    outcome = server.server_update(torch.zeros(2), payloads, None)
+    outcome = server.server_update(torch.zeros(2), payloads)
     assert outcome.model.tolist() == [-0.09375, 0.75]
     assert outcome.state["control"].tolist() == [0.34375, -1.25]
     server.commit(outcome, payloads)
@@ -85,7 +85,7 @@ def test_the_server_weighs_clients_equally_whatever_their_examples():
         ClientUpload("a", {"delta_y": encode(torch.tensor([1.0])), "delta_c": encode(torch.tensor([2.0]))}, 1),
         ClientUpload("b", {"delta_y": encode(torch.tensor([3.0])), "delta_c": encode(torch.tensor([4.0]))}, 9),
     ]
-    outcome = server.server_update(torch.zeros(1), server.aggregate(uploads), None)
+    outcome = server.server_update(torch.zeros(1), server.aggregate(uploads))
     assert outcome.model.tolist() == [2.0] and outcome.state["control"].tolist() == [3.0]
 
 

@@ -141,7 +141,7 @@ def test_under_fedsense_the_drift_perturbation_comes_first_and_sam_ascends_from_
         w = model.weight
         return StepOutput({"loss": 0.5 * (w[0] ** 2 + (w[1] + 1) ** 2)})
 
-    hooks = _hooks(model, [3.0, -2.0], name="fedsense", perturbation_radius=1.0, sam={"rho": 0.5})
+    hooks = _hooks(model, [3.0, -2.0], name="fedsense", options={"perturbation_radius": 1.0}, sam={"rho": 0.5})
     micro_step(Engine(), forward, None, hooks.around_gradient, hooks.regulariser, hooks.ascent)
     assert seen == [[3.0, 3.0], pytest.approx([3.3, 3.4])]
     assert model.weight.grad.tolist() == pytest.approx([3.3, 4.4])

@@ -107,7 +107,7 @@ def _old_sketches(vectors: list[torch.Tensor], seed: int = 0, sketch_dim: int = 
 @pytest.mark.parametrize("bits", [32, 1])
 def test_fedsense_streams_its_round_and_equals_the_in_memory_one(live_decodes, bits) -> None:
     cfg = AlgorithmConfig.model_validate(
-        {"name": "fedsense", "clusters": 3, "distill_steps": 1, "uplink": {"bits": bits}}
+        {"name": "fedsense", "options": {"clusters": 3, "distill_steps": 1}, "uplink": {"bits": bits}}
     )
     algorithm = build_algorithm(cfg, N)
     clients = 9
@@ -119,12 +119,13 @@ def test_fedsense_streams_its_round_and_equals_the_in_memory_one(live_decodes, b
     payloads = algorithm.aggregate(uploads)
     seen = {}
 
-    def refine(model, groups, weights):
+    def distillation(rnd, model, groups, weights):
         seen.update(groups=groups, weights=weights)
         return model, 0.5
 
+    algorithm.distillation = distillation
     model = torch.zeros(N)
-    result = algorithm.server_update(model, payloads, refine)
+    result = algorithm.server_update(model, payloads)
     assert live_decodes[0] <= 2, f"{live_decodes[0]} decoded updates held at once for {clients} clients"
 
     decoded = [decode(algorithm.feedback["update"].codec.encode(u)) for u in updates]

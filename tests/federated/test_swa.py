@@ -16,7 +16,7 @@ def _round(server, rnd: int, model: torch.Tensor, delta: list[float], keep: bool
     """One server round on a single upload ``delta`` (32 bits, weight 1); the outcome, kept or discarded."""
     server.begin_round(rnd)
     payloads = server.aggregate([ClientUpload("a", {"update": Codec(bits=32).encode(torch.tensor(delta))}, 1)])
-    outcome = server.server_update(model, payloads, None)
+    outcome = server.server_update(model, payloads)
     if keep:
         server.commit(outcome, payloads)
     else:

@@ -44,6 +44,13 @@ def toy_pythonpath() -> str:
 
 
 DEMO = REPO / "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml"
+
+
+def fedsense_options(**changes) -> dict:
+    """The FedSense options of the demo config :func:`fed_tree` starts from, with ``changes``."""
+    return {**yaml.safe_load(DEMO.read_text())["algorithm"]["options"], **changes}
+
+
 TINY_SWIN = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [1, 2, 4, 8]}
 
 

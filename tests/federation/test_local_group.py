@@ -103,7 +103,7 @@ def _one_institution(tree: dict) -> dict:
     """``tree`` with one institution (uav_rgbn) beside the server's public source: one node to deploy."""
     tree["data"]["sources"] = [s for s in tree["data"]["sources"] if s["name"] in ("uav_rgbn", "public_rgb")]
     tree["federation"]["min_clients"] = 1
-    tree["algorithm"]["clusters"] = None
+    tree["algorithm"]["options"]["clusters"] = None
     return tree
 
 

@@ -63,7 +63,7 @@ def test_deployment_with_tls_and_node_auth_runs_rounds_keeps_state_and_refuses_u
 
 
 # SCAFFOLD: two payloads each way, the control variates kept in each node's state between rounds.
-SCAFFOLD = {"name": "scaffold", "perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
+SCAFFOLD = {"name": "scaffold", "options": {}}
 
 
 @pytest.mark.parametrize("algorithm", [{}, SCAFFOLD], ids=["fedsense", "scaffold"])

@@ -13,9 +13,6 @@ pytestmark = pytest.mark.slow
 
 PFEDLA = {
     "name": "pfedla",
-    "perturbation_radius": 0.0,
-    "clusters": None,
-    "distill_steps": 0,
     "options": {"embedding_dim": 8, "hidden_dim": 8, "layers": "stage"},
     "uplink": {"bits": 1, "bucket_size": 512, "error_feedback": True},
 }

@@ -30,6 +30,7 @@ from geofm.federated.codec import Codec
 from geofm.reconstruction import SHOWN_CHIPS, figure_size
 from geofm.tasks import TASKS
 from pretrain.task import client_shares
+from tests.federation.conftest import fedsense_options
 
 pytestmark = pytest.mark.slow
 
@@ -218,7 +219,7 @@ def test_a_client_without_its_data_is_an_error_naming_it_and_the_path(fed_tree, 
 @pytest.mark.parametrize("seed", [0])
 def test_error_feedback_brings_1_bit_uploads_close_to_full_precision(fed_tree, seed):
     """FedSense, 8 rounds of 2 local steps: 1-bit uploads with error feedback end nearer fp32 than without."""
-    plain = {"distill_steps": 1}
+    plain = {"options": fedsense_options(distill_steps=1)}
     rounds = {"rounds": 8}
     final = {}
     for label, uplink in (("fp32", {"bits": 32}), ("ef", {"bits": 1, "error_feedback": True}), ("no_ef", {"bits": 1})):
@@ -281,8 +282,8 @@ def test_a_round_whose_new_model_is_not_finite_is_discarded_and_the_previous_mod
     update_rule = type(server.algorithm).server_update
     kept = []
 
-    def overflow_in_round_2(self, model, aggregate, refine):
-        outcome = update_rule(self, model, aggregate, refine)
+    def overflow_in_round_2(self, model, aggregate):
+        outcome = update_rule(self, model, aggregate)
         if len(kept) == 1:
             outcome.model[:5] = float("inf")
         kept.append(model.clone())
@@ -362,8 +363,8 @@ def test_a_discarded_round_leaves_the_server_optimiser_state_as_it_was(fed_tree,
     server = FederatedServer(cfg)
     update_rule, buffers = type(server.algorithm).server_update, []
 
-    def overflow_in_round_2(self, model, aggregate, refine):
-        outcome = update_rule(self, model, aggregate, refine)
+    def overflow_in_round_2(self, model, aggregate):
+        outcome = update_rule(self, model, aggregate)
         buffers.append(self.server_optimizer.state_dict()["state"][0]["momentum_buffer"].clone())
         if len(buffers) == 2:
             outcome.model[:5] = float("inf")
@@ -378,9 +379,7 @@ def test_a_discarded_round_leaves_the_server_optimiser_state_as_it_was(fed_tree,
 
 SCAFFOLD = {
     "name": "scaffold",
-    "perturbation_radius": 0.0,
-    "clusters": None,
-    "distill_steps": 0,
+    "options": {},
     "uplink": {"bits": 1, "bucket_size": 512, "error_feedback": True},
 }
 

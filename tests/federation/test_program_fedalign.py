@@ -10,7 +10,7 @@ from tests.federation.test_program import _rounds, _run
 
 pytestmark = pytest.mark.slow
 
-FEDALIGN = {"name": "fedalign", "perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
+FEDALIGN = {"name": "fedalign", "options": {}}
 
 
 def test_fedalign_pretrains_a_swin_encoder(fed_tree):

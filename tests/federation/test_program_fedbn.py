@@ -16,9 +16,7 @@ pytestmark = pytest.mark.slow
 
 FEDBN = {
     "name": "fedbn",
-    "perturbation_radius": 0.0,
-    "clusters": None,
-    "distill_steps": 0,
+    "options": {},
     "uplink": {"bits": 1, "bucket_size": 512, "error_feedback": True},
 }
 INSTITUTIONS = ("aerial_rgb", "satellite_4band", "uav_rgbn")

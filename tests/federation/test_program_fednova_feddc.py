@@ -13,7 +13,7 @@ from tests.federation.test_program import _rounds, _run
 pytestmark = pytest.mark.slow
 
 # The demo's FedSense fields cleared; its 1-bit uplink with error feedback kept for every payload.
-PLAIN = {"perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
+PLAIN = {"options": {}}
 ALGORITHMS = {
     "fednova": ({**PLAIN, "name": "fednova"}, "tau_eff", {"feedback.update.error"}),
     "feddc": (

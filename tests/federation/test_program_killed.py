@@ -22,7 +22,7 @@ from tests.federation.test_program import _Killed, _KilledInRound, _rounds, _run
 
 pytestmark = pytest.mark.slow
 
-PLAIN = {"perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
+PLAIN = {"options": {}}
 ONE_BIT = {"bits": 1, "bucket_size": 512, "error_feedback": True}
 ALGORITHMS = {
     "fedgloss": {"name": "fedgloss", **PLAIN, "options": {"rho": 0.05, "beta": 5.0}, "sam": {"rho": 0.05}},

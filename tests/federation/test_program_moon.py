@@ -14,7 +14,7 @@ from tests.federation.test_program import _rounds, _run
 
 pytestmark = pytest.mark.slow
 
-MOON = {"name": "moon", "perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
+MOON = {"name": "moon", "options": {}}
 
 
 def test_moon_pretrains_and_keeps_each_clients_previous_encoder(fed_tree):

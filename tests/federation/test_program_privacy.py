@@ -12,6 +12,7 @@ from federation.inprocess import InProcess
 from federation.runtime import run_server
 from federation.server import FederatedServer
 from geofm.config.federated import FederatedConfig
+from tests.federation.conftest import fedsense_options
 from tests.federation.test_program import _rounds, _run
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,8 @@ def test_central_dp_moves_the_global_model_by_the_noise_of_the_clipped_mean(fed_
     """2 rounds, 3 clients, S = 1e-3, z = 1: each round moves the model by a clipped mean (norm <= S) plus
     noise of std z S / 3 on each of d values, whose norm is about z S sqrt(d) / 3; two rounds: sqrt(2) times it."""
     privacy = {"mode": "central", "clip": 1e-3, "noise_multiplier": 1.0, "seed": 5}
-    algorithm = {"distill_steps": 0, "clusters": None, "privacy": privacy}  # FedSense, 1-bit uploads with feedback
+    options = fedsense_options(distill_steps=0, clusters=None)
+    algorithm = {"options": options, "privacy": privacy}  # FedSense, 1-bit uploads with feedback
     tree = fed_tree("central", algorithm=algorithm, federation={"rounds": 2})
     cfg = FederatedConfig.from_tree(tree)
     server = FederatedServer(cfg)
@@ -46,7 +48,9 @@ def test_central_dp_moves_the_global_model_by_the_noise_of_the_clipped_mean(fed_
 def test_local_dp_pretrains_with_fedsense_clustering_and_distillation(fed_tree):
     """The demo's FedSense (perturbed steps, 1-bit uploads with feedback, K-means, distillation) on noisy updates."""
     privacy = {"mode": "local", "clip": 1e-3, "noise_multiplier": 0.5}
-    tree = fed_tree("local", algorithm={"distill_steps": 1, "privacy": privacy}, federation={"rounds": 1})
+    tree = fed_tree(
+        "local", algorithm={"options": fedsense_options(distill_steps=1), "privacy": privacy}, federation={"rounds": 1}
+    )
     (record,) = _rounds(_run(tree))
     assert record["epsilon"] == pytest.approx(_epsilon(0.5, 1), rel=1e-9) and record["delta"] == 1e-5
     assert len(record["clients"]) == 3 and math.isfinite(record["loss"]) and math.isfinite(record["loss_similarity"])

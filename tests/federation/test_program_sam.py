@@ -11,7 +11,7 @@ from tests.federation.test_program import _rounds, _run
 
 pytestmark = pytest.mark.slow
 
-NO_FEDSENSE = {"perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
+NO_FEDSENSE = {"options": {}}
 
 
 def test_sam_family_algorithms_pretrain(fed_tree):

@@ -11,7 +11,7 @@ from tests.federation.test_program import _rounds, _run
 
 pytestmark = pytest.mark.slow
 
-PLAIN = {"perturbation_radius": 0.0, "clusters": None, "distill_steps": 0}
+PLAIN = {"options": {}}
 SWA = {"name": "swa", **PLAIN, "options": {"start": 1, "cycle": 1, "lr_max": 1.0, "lr_min": 0.5}}
 WIMA = {"name": "wima", **PLAIN, "options": {"window": 2, "blocks": 2}}
 

@@ -46,7 +46,7 @@ def real_demo(tmp_path_factory, teacher_file) -> dict:
         source["root"] = str(root / Path(source["root"]).relative_to("data/demo"))
     tree["train"].update(micro_batch_size=4, local_steps=2)
     tree["federation"]["rounds"] = 1
-    tree["algorithm"].update(distill_steps=1, distill_batch_size=4)
+    tree["algorithm"]["options"].update(distill_steps=1, distill_batch_size=4)
     return tree
 
 

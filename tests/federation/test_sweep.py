@@ -10,6 +10,7 @@ import yaml
 
 from federation.sweep import read_sweep, run_sweep
 from geofm.errors import ConfigError, GeoFMError
+from tests.federation.conftest import fedsense_options
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +32,7 @@ def sweep_file(fed_tree, tmp_path):
 
 def test_cells_run_every_combination_over_the_bases_communication_settings_only(sweep_file, tmp_path):
     path = sweep_file(
-        algorithms={"fedavg": {}, "prox": {"name": "fedprox", "proximal_beta": 0.1}},
+        algorithms={"fedavg": {}, "prox": {"name": "fedprox", "options": {"proximal_beta": 0.1}}},
         scenarios={"sources": {}, "regions": {"partition": "by_region", "clients": 2}},
         uplinks={"32bit": {"bits": 32, "error_feedback": False}, "1bit": {"bits": 1}},
     )
@@ -45,9 +46,9 @@ def test_cells_run_every_combination_over_the_bases_communication_settings_only(
     assert len(cells) == 8
     fedavg_1bit = cells[2].tree["algorithm"]
     # FedSense's own settings of the base do not carry over; its uplink does, changed by the cell.
-    assert fedavg_1bit["name"] == "fedavg" and "perturbation_radius" not in fedavg_1bit
+    assert fedavg_1bit["name"] == "fedavg" and "options" not in fedavg_1bit
     assert fedavg_1bit["uplink"]["bits"] == 1 and fedavg_1bit["uplink"]["error_feedback"] is True
-    assert cells[1].tree["algorithm"]["proximal_beta"] == 0.1
+    assert cells[1].tree["algorithm"]["options"] == {"proximal_beta": 0.1}
     assert cells[5].tree["federation"]["partition"] == "by_region"
     assert cells[5].run_dir == tmp_path / "sweep/regions/prox__32bit"
     assert cells[5].tree["run"]["output_dir"] == str(cells[5].run_dir)
@@ -63,7 +64,9 @@ def test_an_invalid_cell_is_named_before_anything_runs(sweep_file, monkeypatch):
 
 def test_every_cell_keeps_the_bases_privacy_and_one_that_cannot_is_named(fed_tree, monkeypatch, tmp_path):
     privacy = {"mode": "central", "clip": 0.1, "noise_multiplier": 1.0}
-    base = fed_tree("base", federation={"rounds": 1}, algorithm={"distill_steps": 0, "privacy": privacy})
+    base = fed_tree(
+        "base", federation={"rounds": 1}, algorithm={"options": fedsense_options(distill_steps=0), "privacy": privacy}
+    )
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
     sweep = {"config": "base.yaml", "output_dir": str(tmp_path / "sweep"), "algorithms": {"fedavg": {}}}
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
@@ -84,13 +87,13 @@ def test_a_failed_cell_leaves_the_others_to_run_and_is_named(sweep_file, monkeyp
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     with pytest.raises(GeoFMError, match=r"cells \['base__fedavg', 'base__fedprox'\] failed"):
-        run_sweep(sweep_file(algorithms={"fedavg": {}, "fedprox": {"proximal_beta": 0.1}}))
+        run_sweep(sweep_file(algorithms={"fedavg": {}, "fedprox": {"options": {"proximal_beta": 0.1}}}))
     assert len(calls) == 2
     assert json.loads((tmp_path / "sweep/sweep.json").read_text())["finished"] == {}
 
 
 def test_a_sweep_runs_its_cells_compares_them_and_skips_them_when_rerun(sweep_file, monkeypatch, tmp_path):
-    path = sweep_file(algorithms={"fedavg": {}, "fedprox": {"proximal_beta": 0.1}})
+    path = sweep_file(algorithms={"fedavg": {}, "fedprox": {"options": {"proximal_beta": 0.1}}})
     report = run_sweep(path, simulate_args=["--num-cpus", "2"])
     out = tmp_path / "sweep"
     for algorithm in ("fedavg", "fedprox"):

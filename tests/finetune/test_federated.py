@@ -82,8 +82,8 @@ def test_a_federated_finetuning_config_is_checked_like_a_finetuning_one(finetune
     tree = _federated(finetune_tree("classification", tmp_path / "x"))
     with pytest.raises(ConfigError, match="did you mean 'iid'"):
         read_federated_config({**tree, "federation": {**tree["federation"], "partition": "idd"}})
-    with pytest.raises(ConfigError, match="distill_steps"):
-        read_federated_config({**tree, "algorithm": {"name": "fedsense", "distill_steps": 2}})
+    with pytest.raises(ConfigError, match=r"options\.distill_steps: .*federated finetuning has none"):
+        read_federated_config({**tree, "algorithm": {"name": "fedsense", "options": {"distill_steps": 2}}})
     with pytest.raises(ConfigError, match=r"needs federation\.clients"):
         read_federated_config({**tree, "federation": {"rounds": 2}})
     with pytest.raises(ConfigError, match="task: unknown federated config 'classifcation'"):

@@ -44,7 +44,10 @@ def test_local_dp_finetune_logs_the_most_spent_clients_epsilon(class_folders, fi
     """One of two clients per round: each composes over the rounds it uploaded in, at sample rate 1."""
     base = finetune_tree("classification", tmp_path / "local", data={"root": str(class_folders)})
     privacy = {"mode": "local", "clip": 0.05, "noise_multiplier": 2.0, "delta": 1e-6}
-    tree = {**_federated(base, rounds=3, fraction=0.5), "algorithm": {"name": "fedprox", "proximal_beta": 0.01}}
+    tree = {
+        **_federated(base, rounds=3, fraction=0.5),
+        "algorithm": {"name": "fedprox", "options": {"proximal_beta": 0.01}},
+    }
     rounds = _rounds(_run({**tree, "algorithm": {**tree["algorithm"], "uplink": ONE_BIT, "privacy": privacy}}))
     uploads: dict[str, int] = {}
     for record in rounds:

@@ -22,7 +22,9 @@ An algorithm is a subclass of :class:`Algorithm` registered in
   (FedBN): the runtime restores them from the client's state after the downlink, and sends every
   client the server model's start statistics instead of the average of the clients'.
 
-A runtime calls, each round: on the server :meth:`~Algorithm.send`; on each client
+The server hands the algorithm its :class:`~geofm.federated.algorithms.context.ServerContext` once
+(:meth:`~Algorithm.attach`: its model, the shared layout, the task's public images). A runtime
+calls, each round: on the server :meth:`~Algorithm.send`; on each client
 :meth:`~Algorithm.receive`, :meth:`~Algorithm.restore_local`, :meth:`~Algorithm.local_hooks`
 around its local steps, :meth:`~Algorithm.finish_local` (the end of the local round: what to
 upload and the client's metadata), :meth:`~Algorithm.keep_local` and :meth:`~Algorithm.upload`;
@@ -64,6 +66,7 @@ from geofm.config.federated import (
 )
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload, RoundAggregate, UploadRules, aggregate_payloads
+from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
 from geofm.federated.flat import ParameterLayout
@@ -73,9 +76,6 @@ from geofm.federated.sharpness import SharpnessAscent, asam_scaled
 from geofm.tasks import StepOutput
 
 Arrays = dict[str, np.ndarray]
-# A server-side refinement of the new global model from the round's group models and their weights
-# (FedSense's similarity distillation); returns the refined model and its mean loss.
-Refiner = Callable[[Tensor, Sequence[Tensor], Sequence[float]], tuple[Tensor, float]]
 # ASAM's offset of T_w = |w| + eta where neither the config nor the algorithm gives one (the ASAM code's default).
 ASAM_ETA = 0.01
 # Client state keys of runs written before payloads had names, and their names now.
@@ -239,6 +239,7 @@ class Algorithm(ABC):
         self.state: dict[str, Tensor] = {}
         self.client_state: dict[str, dict[str, Tensor]] = {}
         self.round = 0  # the server's round in progress (begin_round)
+        self.context: ServerContext | None = None  # the server's (attach)
 
     # ---- declarations ---------------------------------------------------------------------
     @classmethod
@@ -264,6 +265,12 @@ class Algorithm(ABC):
             raise ValueError("sam.eta: eta is ASAM's offset; set sam.adaptive: true to use it")
         check_private(cls.name, cls.uplink, cls.own_server_rule, cfg)
         cls.options_of(cfg)
+
+    @classmethod
+    def check_public_images(cls, cfg: AlgorithmConfig, available: bool) -> None:
+        """Check that the server holds the public images ``cfg`` needs (``available``: whether the run's
+        config gives it some; default: the algorithm needs none); ValueError naming the field otherwise."""
+        return
 
     @classmethod
     def sharpness(cls, cfg: AlgorithmConfig) -> SamConfig | None:
@@ -301,6 +308,12 @@ class Algorithm(ABC):
         return model
 
     # ---- server: downlink ---------------------------------------------------------------------
+    def attach(self, context: ServerContext) -> None:
+        """Take the server's context once, before its first round (server side only; see
+        :mod:`~geofm.federated.algorithms.context`). An algorithm with a server-side step of its own
+        builds it here (default: keeps the context)."""
+        self.context = context
+
     def begin_round(self, rnd: int) -> None:
         """The server starts round ``rnd`` (before :meth:`send`); :attr:`round` holds it until the next."""
         self.round = rnd
@@ -467,9 +480,7 @@ class Algorithm(ABC):
         return aggregate_payloads(uploads, self.rules, recent, aggregator)
 
     @abstractmethod
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
+    def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
         """The next global model and state from the round's aggregates (at least one client accepted).
 
         State it changes in place rather than through the outcome is restored by :meth:`discard`.
@@ -564,7 +575,6 @@ __all__ = [
     "LocalHooks",
     "LocalRound",
     "LocalUpdate",
-    "Refiner",
     "ServerRound",
     "codec_of",
     "payload_arrays",

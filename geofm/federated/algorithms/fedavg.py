@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from geofm.federated.aggregation import RoundAggregate
-from geofm.federated.algorithms.base import Algorithm, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.algorithms.base import Algorithm, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.server_optimizers import build_server_optimizer
 
 
@@ -36,9 +36,7 @@ class FedAvg(Algorithm):
             update.metadata[self.reported_loss] = float(torch.stack(local.losses).mean())
         return update
 
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
+    def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
         """The next global model: the server optimiser's step by the combined update."""
         self._optimizer_before = copy.deepcopy(self.server_optimizer.state_dict())
         outcome = ServerRound(self.server_optimizer.step(model, payloads["update"].update))

@@ -57,7 +57,7 @@ from torch import Tensor, nn
 from geofm.config.federated import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate
-from geofm.federated.algorithms.base import Arrays, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.algorithms.base import Arrays, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.flat import NORM_KINDS, ParameterLayout
 
@@ -134,11 +134,9 @@ class FedBN(FedAvg):
         return update
 
     # ---- server: uplink -------------------------------------------------------------------
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
+    def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
         """FedAvg's step on the shared parameters; the clients' mean normalisation for the server's own model."""
-        outcome = super().server_update(model, payloads, refine)
+        outcome = super().server_update(model, payloads)
         outcome.state["norms"] = payloads["norms"].update
         return outcome
 

@@ -63,7 +63,7 @@ from geofm.config.base import Section
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
-from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR, option_ii_control
 
 
@@ -113,9 +113,7 @@ class FedDC(Algorithm):
         local.state["control"] = new_control.numpy()
         return LocalUpdate({"update": delta, "delta_c": new_control - control})
 
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
+    def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
         if self.num_clients is None:
             raise ConfigError("FedDC's server update needs the federation's number of clients")
         accepted = {p: payloads[p].updates for p in self.uplink}

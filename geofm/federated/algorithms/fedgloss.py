@@ -51,7 +51,7 @@ from geofm.config.base import Section
 from geofm.config.federated import AlgorithmConfig, LocalOptimizerConfig, SamConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
-from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR
 
@@ -104,9 +104,7 @@ class FedGloSS(FedAvg):
         radius = scheduled_radius(self.options.rho, self.options, self.round)
         return {"model": model + global_ascent(self.global_vector("pseudo_gradient"), radius)}
 
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
+    def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
         """``sigma`` from the accepted uploads, the descent at the unperturbed ``w``, minus ``beta sigma``."""
         if self.num_clients is None:
             raise ConfigError("FedGloSS's server update needs the federation's number of clients")
@@ -114,7 +112,7 @@ class FedGloSS(FedAvg):
         accepted = len(aggregate.accepted)  # their sum as a running mean: one decoded update at a time
         total = accepted * weighted_mean(aggregate.updates, [1.0] * accepted)
         sigma = self.global_vector("sigma") - total / (beta * self.num_clients)
-        descent = super().server_update(model, payloads, refine)
+        descent = super().server_update(model, payloads)
         return ServerRound(
             descent.model - beta * sigma,
             {"sigma_norm": float(torch.linalg.vector_norm(sigma))},

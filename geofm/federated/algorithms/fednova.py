@@ -39,7 +39,7 @@ from torch import Tensor
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import FederatedRunError
 from geofm.federated.aggregation import Accepted, RoundAggregate
-from geofm.federated.algorithms.base import Algorithm, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.algorithms.base import Algorithm, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR
 
 STEPS_KEY = "local_steps"
@@ -71,9 +71,7 @@ class FedNova(Algorithm):
             {STEPS_KEY: steps, NORM_KEY: aggregation_norm(steps, local.momentum)},
         )
 
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
+    def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
         """``x + tau_eff * sum_i p_i (y_i - x) / ||a_i||_1`` over the accepted clients.
 
         Raises:

@@ -72,7 +72,7 @@ from torch import Tensor
 from geofm.config.federated import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
-from geofm.federated.algorithms.base import Algorithm, Arrays, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.algorithms.base import Algorithm, Arrays, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.codec import Codec
 from geofm.federated.flat import ParameterLayout
 
@@ -242,9 +242,7 @@ class PFedLA(Algorithm):
         return LocalUpdate({"update": trained - local.received["model"]})
 
     # ---- server: update -----------------------------------------------------------------------
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
+    def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
         """Step each accepted client's hypernetwork by its update, set its model to ``theta_bar_i + delta_i``,
         and the global model to the data-weighted mean of the clients' models."""
         models = self._models()

@@ -35,12 +35,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
-from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, Refiner, ServerRound
+from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, ServerRound
 
 SGD_BASE_LR = 0.05
 """The SGD learning rate per ``train.lr_reference_batch`` images that SCAFFOLD, FedDC, FedNova and FedGloSS
@@ -54,13 +55,22 @@ def option_ii_control(c_i: Tensor, c: Tensor, delta: Tensor, steps: int, lr: flo
     return c_i - c - delta / (steps * lr)
 
 
+class ScaffoldOptions(BaseModel):
+    """SCAFFOLD's settings (``algorithm.options``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    server_lr: float = Field(default=1.0, gt=0.0, description="the server's step eta_g on the mean update")
+
+
 class Scaffold(Algorithm):
-    """SCAFFOLD, option II: up ``delta_y`` and ``delta_c``, down ``model`` and ``control``; ``server_lr`` is eta_g."""
+    """SCAFFOLD, option II: up ``delta_y`` and ``delta_c``, down ``model`` and ``control``; ``options.server_lr`` is eta_g."""
 
     name = "scaffold"
     uplink = ("delta_y", "delta_c")
     downlink = ("model", "control")
-    own_server_rule = "combines the uploads by the paper's plain means and steps by server_lr"
+    own_server_rule = "combines the uploads by the paper's plain means and steps by options.server_lr"
+    Options = ScaffoldOptions
     local_optimizer = LocalOptimizerConfig(name="sgd", base_lr=SGD_BASE_LR, momentum=0.0, weight_decay=0.0)
     local_optimizer_source = "Karimireddy et al., ICML 2020: plain local SGD"
 
@@ -85,9 +95,7 @@ class Scaffold(Algorithm):
         local.state["control"] = c_new.numpy()
         return LocalUpdate({"delta_y": trained - x, "delta_c": c_new - c_i})
 
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
+    def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
         if self.num_clients is None:
             raise ConfigError("SCAFFOLD's server update needs the federation's number of clients")
         accepted = {p: payloads[p].updates for p in self.uplink}
@@ -96,10 +104,10 @@ class Scaffold(Algorithm):
         delta_c = weighted_mean(accepted["delta_c"], [1.0] * size)
         control = self.global_vector("control") + (size / self.num_clients) * delta_c
         return ServerRound(
-            model + self.cfg.server_lr * delta_y,
+            model + self.options.server_lr * delta_y,
             {"control_norm": float(torch.linalg.vector_norm(control))},
             state={"control": control},
         )
 
 
-__all__ = ["Scaffold", "option_ii_control"]
+__all__ = ["Scaffold", "ScaffoldOptions", "option_ii_control"]

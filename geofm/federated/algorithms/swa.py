@@ -86,7 +86,7 @@ from torch.optim.swa_utils import get_swa_avg_fn
 from geofm.config.base import Section
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate
-from geofm.federated.algorithms.base import Refiner, ServerRound
+from geofm.federated.algorithms.base import ServerRound
 from geofm.federated.algorithms.fedavg import FedAvg
 
 SWA_START_FRACTION = 0.75
@@ -160,10 +160,8 @@ class SWA(_ServerAverage):
         t = ((rnd - self.start) % self.options.cycle + 1) / self.options.cycle
         return (1 - t) * self.options.lr_max + t * self.options.lr_min
 
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
-        step = super().server_update(model, payloads, refine).model
+    def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
+        step = super().server_update(model, payloads).model
         lr = self.server_lr(self.round)
         new = step if lr == 1.0 else model + lr * (step - model)
         count = int(self.state.get("swa.models", 0))
@@ -185,10 +183,8 @@ class WiMA(_ServerAverage):
     name = "wima"
     Options = WiMAOptions
 
-    def server_update(
-        self, model: Tensor, payloads: Mapping[str, RoundAggregate], refine: Refiner | None
-    ) -> ServerRound:
-        outcome = super().server_update(model, payloads, refine)
+    def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
+        outcome = super().server_update(model, payloads)
         if self.round < self.start:
             return ServerRound(outcome.model, {"wima_models": 0.0})
         size = self.options.window // self.options.blocks
