@@ -15,8 +15,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from geofm.config.algorithm import NOISE_SEED
 from geofm.config.base import Section
-from geofm.config.federated import NOISE_SEED
 from geofm.config.fedfinetune import FinetuneFederationConfig
 from geofm.config.finetune import FinetuneConfig
 

@@ -68,7 +68,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geofm.config.federated import AlgorithmConfig, PrivacyConfig
+from geofm.config.algorithm import AlgorithmConfig, PrivacyConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import weighted_mean
 

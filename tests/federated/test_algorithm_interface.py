@@ -6,7 +6,7 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
-from geofm.config.federated import AlgorithmConfig
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
 from geofm.federated.algorithms import ALGORITHMS, build_algorithm

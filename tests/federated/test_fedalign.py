@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import Block
 from torch import nn
 
-from geofm.config.federated import AlgorithmConfig
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
 from geofm.federated.algorithms import build_algorithm

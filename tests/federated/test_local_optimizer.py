@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from geofm import engine as ds
-from geofm.config.federated import AlgorithmConfig, LocalOptimizerConfig, LocalTrainConfig
+from geofm.config.algorithm import AlgorithmConfig
+from geofm.config.federated import LocalOptimizerConfig, LocalTrainConfig
 from geofm.errors import ConfigError
 from geofm.federated import local_optimizer
 from geofm.federated.aggregation import ClientUpload

@@ -56,14 +56,8 @@ import torch
 from pydantic import BaseModel
 from torch import Tensor, nn
 
-from geofm.config.federated import (
-    AlgorithmConfig,
-    CodecConfig,
-    LocalOptimizerConfig,
-    SamConfig,
-    UplinkConfig,
-    validated,
-)
+from geofm.config.algorithm import AlgorithmConfig, CodecConfig, SamConfig, UplinkConfig, validated
+from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload, RoundAggregate, UploadRules, aggregate_payloads
 from geofm.federated.algorithms.context import ServerContext
