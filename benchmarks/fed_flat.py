@@ -53,7 +53,7 @@ def server_round(algorithm: dict[str, Any], values: int, folder: str, names: lis
     from geofm.config.algorithm import AlgorithmConfig
     from geofm.federated.aggregation import ClientUpload
     from geofm.federated.algorithms import build_algorithm
-    from geofm.federated.algorithms.base import payload_arrays
+    from geofm.federated.algorithms.rounds import payload_arrays
     from geofm.federated.spill import SPILL_FOLDER, StoredArrays
 
     ds.keep_freed_memory()  # as FederatedServer does
@@ -81,7 +81,7 @@ def run_flat(settings: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
     """The flat-server figures: (results, rows, targets, notes)."""
     from geofm.config.algorithm import AlgorithmConfig
     from geofm.federated.algorithms import build_algorithm
-    from geofm.federated.algorithms.base import LocalUpdate
+    from geofm.federated.algorithms.rounds import LocalUpdate
     from geofm.federated.spill import UploadStore
 
     values, ms = model_values(settings["flat_config"]), sorted(settings["flat_clients"])

@@ -153,7 +153,7 @@ def _scaling(settings: dict[str, Any]) -> Report:
     from geofm import engine as ds
     from geofm.federated.aggregation import ClientUpload
     from geofm.federated.algorithms import build_algorithm
-    from geofm.federated.algorithms.base import LocalUpdate, payload_arrays
+    from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
     from geofm.federated.codec import Codec, decode
     from geofm.federated.flat import ParameterLayout
     from geofm.loop import micro_step

@@ -21,9 +21,10 @@ from geofm.errors import GeoFMError
 from geofm.federated import local_optimizer
 from geofm.federated.aggregation import ClientUpload, RoundAggregate
 from geofm.federated.algorithms import build_algorithm
-from geofm.federated.algorithms.base import Algorithm, ServerRound, payload_arrays
+from geofm.federated.algorithms.base import Algorithm
 from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.algorithms.fedsense import DISTILL_OPTIMIZER
+from geofm.federated.algorithms.rounds import ServerRound, payload_arrays
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
 from geofm.federated.privacy import PrivacyAccountant, check_statistics
 from geofm.federated.spill import SPILL_FOLDER, UPLOADS_FOLDER, UploadStore, clear_spill

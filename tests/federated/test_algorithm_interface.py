@@ -10,8 +10,8 @@ from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
 from geofm.federated.algorithms import ALGORITHMS, build_algorithm
-from geofm.federated.algorithms.base import LocalUpdate, ServerRound, payload_arrays
 from geofm.federated.algorithms.fedavg import FedAvg
+from geofm.federated.algorithms.rounds import LocalUpdate, ServerRound, payload_arrays
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.flat import ParameterLayout
 

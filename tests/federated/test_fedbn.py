@@ -10,7 +10,7 @@ from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
 from geofm.federated.algorithms import build_algorithm
-from geofm.federated.algorithms.base import payload_arrays
+from geofm.federated.algorithms.rounds import payload_arrays
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.flat import ParameterLayout
 
