@@ -22,17 +22,14 @@ from pathlib import Path
 
 from federation.deploy import (
     ACTIVATION_RETRY_S,
-    DEFAULT_CONNECTION,
-    DEFAULT_PORT,
     NODE_POLL_S,
     ONLINE_PATIENCE_S,
-    DeploymentFiles,
     deployment_commands,
     launch_run,
     register_nodes,
     run_supernode,
-    write_deployment_files,
 )
+from federation.deployfiles import DEFAULT_CONNECTION, DEFAULT_PORT, DeploymentFiles, write_deployment_files
 from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, PROGRAMS, Scalar, config_entry
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
