@@ -286,7 +286,7 @@ def _simulate(args: argparse.Namespace) -> None:
         cfg = run_config_tree(run_config)
         check_writable(cfg.run.output_dir, "run.output_dir", folder=True)  # before the simulation engine starts
         check_simulation_inputs(cfg, str(args.config))
-    from federation.flower import simulate  # imports flwr and torch: only once the config is valid
+    from federation.simulation import simulate  # imports flwr and torch: only once the config is valid
 
     simulate(
         run_config,
