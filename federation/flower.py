@@ -11,7 +11,7 @@ With :mod:`federation.simulation`, the only module of the project that imports `
 Messages carry a payload as two records: ``arrays`` (an ArrayRecord of numpy arrays, dtypes kept
 exactly: uint8 stays uint8) and ``scalars`` (a ConfigRecord). The server asks each new node for its
 identity with a ``query`` message and sends work with ``train`` messages; the round loop itself is
-:func:`federation.runtime.run_server`. A client's per-node state lives in the ClientApp's
+:func:`federation.roundloop.run_server`. A client's per-node state lives in the ClientApp's
 ``context.state`` under :data:`STATE_KEY`; Flower keeps it between messages of a run, in the
 simulation engine and on a SuperNode (which starts a fresh ClientApp process per message).
 """
@@ -32,6 +32,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from federation.nodeworker import NodeWorker
+from federation.roundloop import run_server
 from federation.runtime import (
     INSTITUTION,
     PROGRAM,
@@ -45,7 +46,6 @@ from federation.runtime import (
     client_program,
     make_server_program,
     node_identity,
-    run_server,
 )
 from geofm import PROJECT_LOGGERS
 from geofm.errors import FederatedRunError, GeoFMError

@@ -168,7 +168,7 @@ class SimulationStop:
         return self.received is not None
 
     def check(self) -> None:
-        """Raise once a stop signal came (:func:`~federation.runtime.run_server` adds the last round done).
+        """Raise once a stop signal came (:func:`~federation.roundloop.run_server` adds the last round done).
 
         Raises:
             RunInterrupted: naming the signal.
