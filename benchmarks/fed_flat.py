@@ -49,14 +49,14 @@ def model_values(config: str) -> int:
 
 def server_round(algorithm: dict[str, Any], values: int, folder: str, names: list[str], clients: int) -> dict:
     """One round of the server on the first ``clients`` stored uploads, in this (fresh) process."""
-    from geofm import engine as ds
     from geofm.config.algorithm import AlgorithmConfig
     from geofm.federated.aggregation import ClientUpload
     from geofm.federated.algorithms import build_algorithm
     from geofm.federated.algorithms.rounds import payload_arrays
     from geofm.federated.spill import SPILL_FOLDER, StoredArrays
+    from geofm.memory import keep_freed_memory
 
-    ds.keep_freed_memory()  # as FederatedServer does
+    keep_freed_memory()  # as FederatedServer does
     rule = build_algorithm(AlgorithmConfig.model_validate(algorithm), values)
     rule.spill_to(Path(folder) / SPILL_FOLDER)
     if (

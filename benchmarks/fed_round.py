@@ -85,11 +85,11 @@ class Server:
     """
 
     def __init__(self, cfg, algorithm, model, layout, uploads) -> None:
-        from geofm import engine as ds
         from geofm.federated.algorithms.context import PublicImages, ServerContext
+        from geofm.memory import keep_freed_memory
         from pretrain.task import pooled_features
 
-        ds.keep_freed_memory()  # as FederatedServer does
+        keep_freed_memory()  # as FederatedServer does
 
         self.algorithm, self.uploads = algorithm, uploads
         self.global_model = layout.flatten_module(model)
