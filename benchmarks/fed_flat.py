@@ -49,14 +49,14 @@ def model_values(config: str) -> int:
 
 def server_round(algorithm: dict[str, Any], values: int, folder: str, names: list[str], clients: int) -> dict:
     """One round of the server on the first ``clients`` stored uploads, in this (fresh) process."""
-    from geofm import engine as ds
-    from geofm.config.federated import AlgorithmConfig
+    from geofm.config.algorithm import AlgorithmConfig
     from geofm.federated.aggregation import ClientUpload
     from geofm.federated.algorithms import build_algorithm
-    from geofm.federated.algorithms.base import payload_arrays
+    from geofm.federated.algorithms.rounds import payload_arrays
     from geofm.federated.spill import SPILL_FOLDER, StoredArrays
+    from geofm.memory import keep_freed_memory
 
-    ds.keep_freed_memory()  # as FederatedServer does
+    keep_freed_memory()  # as FederatedServer does
     rule = build_algorithm(AlgorithmConfig.model_validate(algorithm), values)
     rule.spill_to(Path(folder) / SPILL_FOLDER)
     if (
@@ -79,9 +79,9 @@ def server_round(algorithm: dict[str, Any], values: int, folder: str, names: lis
 
 def run_flat(settings: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]], list[Target], list[str]]:
     """The flat-server figures: (results, rows, targets, notes)."""
-    from geofm.config.federated import AlgorithmConfig
+    from geofm.config.algorithm import AlgorithmConfig
     from geofm.federated.algorithms import build_algorithm
-    from geofm.federated.algorithms.base import LocalUpdate
+    from geofm.federated.algorithms.rounds import LocalUpdate
     from geofm.federated.spill import UploadStore
 
     values, ms = model_values(settings["flat_config"]), sorted(settings["flat_clients"])

@@ -85,11 +85,11 @@ class Server:
     """
 
     def __init__(self, cfg, algorithm, model, layout, uploads) -> None:
-        from geofm import engine as ds
         from geofm.federated.algorithms.context import PublicImages, ServerContext
+        from geofm.memory import keep_freed_memory
         from pretrain.task import pooled_features
 
-        ds.keep_freed_memory()  # as FederatedServer does
+        keep_freed_memory()  # as FederatedServer does
 
         self.algorithm, self.uploads = algorithm, uploads
         self.global_model = layout.flatten_module(model)
@@ -153,7 +153,7 @@ def _scaling(settings: dict[str, Any]) -> Report:
     from geofm import engine as ds
     from geofm.federated.aggregation import ClientUpload
     from geofm.federated.algorithms import build_algorithm
-    from geofm.federated.algorithms.base import LocalUpdate, payload_arrays
+    from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
     from geofm.federated.codec import Codec, decode
     from geofm.federated.flat import ParameterLayout
     from geofm.loop import micro_step

@@ -185,7 +185,7 @@ def run_method(cfg, settings: dict, sensor_batches: list[dict] | None) -> dict[s
     """Train one federated run in this process, then measure its global model."""
     from federation.client import FederatedClient
     from federation.inprocess import InProcess
-    from federation.runtime import run_server
+    from federation.roundloop import run_server
     from federation.server import ROUNDS_LOG, FederatedServer
     from finetune.evaluate import eval_loader
     from geofm.federated.flatness import flatness

@@ -22,17 +22,14 @@ from pathlib import Path
 
 from federation.deploy import (
     ACTIVATION_RETRY_S,
-    DEFAULT_CONNECTION,
-    DEFAULT_PORT,
     NODE_POLL_S,
     ONLINE_PATIENCE_S,
-    DeploymentFiles,
     deployment_commands,
     launch_run,
     register_nodes,
     run_supernode,
-    write_deployment_files,
 )
+from federation.deployfiles import DEFAULT_CONNECTION, DEFAULT_PORT, DeploymentFiles, write_deployment_files
 from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, PROGRAMS, Scalar, config_entry
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
@@ -290,7 +287,7 @@ def _simulate(args: argparse.Namespace) -> None:
         cfg = run_config_tree(run_config)
         check_writable(cfg.run.output_dir, "run.output_dir", folder=True)  # before the simulation engine starts
         check_simulation_inputs(cfg, str(args.config))
-    from federation.flower import simulate  # imports flwr and torch: only once the config is valid
+    from federation.simulation import simulate  # imports flwr and torch: only once the config is valid
 
     simulate(
         run_config,

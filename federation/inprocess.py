@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from federation.runtime import ClientProgram, Failure, Payload, Reply, run_server
+from federation.roundloop import run_server
+from federation.runtime import ClientProgram, Failure, Payload, Reply
 from geofm.federated.spill import UploadStore
 
 

@@ -32,19 +32,16 @@ from pathlib import Path
 from federation.deploy import (
     ACTIVATION_RETRY_S,
     APP_DIR,
-    DEFAULT_CONNECTION,
     QUIET_ENV,
-    DeploymentFiles,
     flwr_json,
     register_command,
     run_command,
     status_command,
     superlink_command,
     supernode_command,
-    write_deployment_files,
-    write_node_keys,
     write_run_config,
 )
+from federation.deployfiles import DEFAULT_CONNECTION, DeploymentFiles, write_deployment_files, write_node_keys
 from federation.processes import PROCESS_GROUP_ENV, marked_processes, start_time
 from federation.runtime import DATA_ROOT, INSTITUTION, Scalar
 from geofm.errors import FederatedRunError

@@ -13,7 +13,6 @@ import torch
 
 from federation.program import OWN_VALIDATION, build_task, round_lr, stable_id
 from federation.runtime import Arrays, Failure, Reply, Scalars
-from geofm import engine as ds
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
 from geofm.config import config_to_dict
 from geofm.config.federated import FederatedConfig
@@ -21,12 +20,14 @@ from geofm.errors import GeoFMError
 from geofm.federated import local_optimizer
 from geofm.federated.aggregation import ClientUpload, RoundAggregate
 from geofm.federated.algorithms import build_algorithm
-from geofm.federated.algorithms.base import Algorithm, ServerRound, payload_arrays
+from geofm.federated.algorithms.base import Algorithm
 from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.algorithms.fedsense import DISTILL_OPTIMIZER
+from geofm.federated.algorithms.rounds import ServerRound, payload_arrays
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
 from geofm.federated.privacy import PrivacyAccountant, check_statistics
 from geofm.federated.spill import SPILL_FOLDER, UPLOADS_FOLDER, UploadStore, clear_spill
+from geofm.memory import keep_freed_memory
 from geofm.paths import check_writable
 from geofm.runlog import MetricsLog, plot_metric_curve, plot_rounds
 from geofm.training import Progress, RunCheckpoints, check_inputs, check_resume
@@ -81,7 +82,7 @@ class FederatedServer:
 
         # The server decodes, averages and sketches model-sized CPU vectors every round: keeping
         # freed memory spares it faulting them in afresh (about a quarter of its per-client cost).
-        ds.keep_freed_memory()
+        keep_freed_memory()
         torch.manual_seed(cfg.run.seed)
         self.task = build_task(cfg)
         check_writable(self.run_dir, "run.output_dir", folder=True)

@@ -58,8 +58,8 @@ from geofm.config.finetune import finetune_task
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.readers import RasterInfo, WindowReader, bounded_block_cache, same_grid, scaled_transform
 from geofm.data.writers import BLOCK, RowStreamWriter, resumable_rows, written_record
-from geofm.engine import release_freed_memory
 from geofm.errors import ConfigError, DataMismatchError
+from geofm.memory import release_freed_memory
 from geofm.runlog import progress_bar
 
 log = logging.getLogger("geofm.finetune")

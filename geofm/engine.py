@@ -16,11 +16,9 @@ weights-only unpickling, as for every checkpoint geofm reads, so a crafted file 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import logging
 import os
-import platform
 import socket
 import sys
 import warnings
@@ -44,6 +42,7 @@ from torch import nn
 from geofm.checkpoints.io import load_training_file
 from geofm.config import OptimizerConfig, TrainConfig
 from geofm.errors import CheckpointNotFoundError, DatasetTooSmallError
+from geofm.memory import keep_freed_memory
 from geofm.optim import parameter_groups
 
 if TYPE_CHECKING:
@@ -279,52 +278,6 @@ deepspeed_logger.addFilter(_QuietSchedulerProbe())
 # torch.compile backend of train.compile (None: the accelerator's, inductor).
 COMPILE_BACKEND: str | None = None
 
-# glibc mallopt parameters
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def keep_freed_memory() -> bool:
-    """Let glibc keep freed blocks for reuse instead of handing them back to the system.
-
-    torch's CPU allocator caches nothing, and glibc maps blocks larger than its mmap threshold
-    (at most 32 MiB, adjusted as blocks are freed) afresh and unmaps them on free: a training step
-    then faults in hundreds of MiB of new pages (about 100,000 page faults and 0.1-0.4 s of a
-    2 s Swin-B step on a CPU, varying from step to step). With both thresholds raised, the heap
-    keeps its peak size and steps reuse it; the peak itself does not change.
-
-    Returns:
-        Whether the thresholds were set (glibc only).
-    """
-    libc = _glibc()
-    if libc is None:
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 31))
-
-
-def release_freed_memory() -> bool:
-    """Hand the free memory inside glibc's heap back to the system (``malloc_trim``).
-
-    A long stream of windows (``geofm predict``) frees large arrays while GDAL's block cache keeps
-    allocating between them; glibc cannot give back the holes this leaves, and resident memory grows
-    with the scene though the arrays in use do not. Trimming after each written row of blocks keeps
-    it flat.
-
-    Returns:
-        Whether memory was trimmed (glibc only).
-    """
-    libc = _glibc()
-    return libc is not None and bool(libc.malloc_trim(0))
-
-
-def _glibc() -> ctypes.CDLL | None:
-    """The C library where it is glibc, else None."""
-    if platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
-
 
 def scaled_groups(groups: list[dict], peak_lr: float) -> list[dict]:
     """Parameter groups with their own peak ``lr``: ``peak_lr`` times each group's ``lr_scale`` (default 1).
@@ -348,7 +301,7 @@ def initialize(
     """Wrap ``model`` in a DeepSpeed engine (optimizer and scheduler come from the config).
 
     The process joins its process group first if it has not yet (see :func:`init_distributed`).
-    On a CPU, freed memory is kept for the next step (:func:`keep_freed_memory`).
+    On a CPU, freed memory is kept for the next step (:func:`~geofm.memory.keep_freed_memory`).
 
     Args:
         model: the module to train.

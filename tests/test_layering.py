@@ -23,7 +23,7 @@ FORBIDDEN = {
 }
 # third-party module -> the only project modules allowed to import it
 SOLE_IMPORTERS = {
-    "flwr": ["federation/flower.py"],
+    "flwr": ["federation/flower.py", "federation/simulation.py"],
     "deepspeed": ["geofm/engine.py"],
     "rasterio": ["geofm/data/readers.py", "geofm/data/writers.py"],
 }

@@ -15,8 +15,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from geofm.config.algorithm import NOISE_SEED
 from geofm.config.base import Section
-from geofm.config.federated import NOISE_SEED
 from geofm.config.oneshot import DDPMConfig, OneShotConfig, UNetConfig
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.config.base import CONFIG_FILE, read_config_tree
-from geofm.config.federated import AlgorithmConfig, FederationConfig, LocalTrainConfig, check_federation
+from geofm.config.federated import FederationConfig, LocalTrainConfig, check_federation
 from geofm.config.finetune import FinetuneConfig
 from geofm.errors import ConfigError
 

@@ -53,7 +53,7 @@ Gaussian's low bits). ``seed`` null draws it from OS entropy, the only private c
 it reproducible and gives no privacy against anyone who knows the seed.
 
 Flower's own helpers (``flwr.supercore.differential_privacy``) work on numpy lists with numpy's
-global random state, and only ``federation/flower.py`` may import Flower: the two operations are a
+global random state, and only ``federation/flower.py`` and ``simulation.py`` may import Flower: the two operations are a
 few lines of torch here.
 """
 
@@ -68,7 +68,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geofm.config.federated import AlgorithmConfig, PrivacyConfig
+from geofm.config.algorithm import AlgorithmConfig, PrivacyConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import weighted_mean
 

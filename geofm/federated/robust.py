@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from geofm.config.federated import AggregatorConfig
+from geofm.config.algorithm import AggregatorConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import Aggregator, TooFewUpdates, weighted_mean
 from geofm.federated.spill import SpilledUpdates

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from geofm.config.federated import ServerOptimizerConfig
+from geofm.config.algorithm import ServerOptimizerConfig
 from geofm.registry import Registry
 
 

@@ -15,7 +15,7 @@ As in the official ASAM code (SamsungLabs/ASAM, ``asam.py``), ``T_w`` applies to
 whose name holds ``weight`` and is 1 for the others (biases, position tables, tokens). ``||.||`` is
 one global norm over all tensors; a zero gradient moves nothing.
 
-:class:`SharpnessAscent` is a :attr:`~geofm.federated.algorithms.base.LocalHooks.ascent`: given a
+:class:`SharpnessAscent` is a :attr:`~geofm.federated.algorithms.rounds.LocalHooks.ascent`: given a
 micro-batch's loss as a closure, it takes the first gradient with :func:`torch.autograd.grad` (the
 engine's accumulated gradients stay untouched), moves the parameters by ``e`` for the real forward
 and backward, and restores them bit for bit on exit, before the optimizer step. The first forward

@@ -6,12 +6,12 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
-from geofm.config.federated import AlgorithmConfig
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
 from geofm.federated.algorithms import ALGORITHMS, build_algorithm
-from geofm.federated.algorithms.base import LocalUpdate, ServerRound, payload_arrays
 from geofm.federated.algorithms.fedavg import FedAvg
+from geofm.federated.algorithms.rounds import LocalUpdate, ServerRound, payload_arrays
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.flat import ParameterLayout
 

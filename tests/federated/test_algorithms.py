@@ -2,14 +2,14 @@ import numpy as np
 import pytest
 import torch
 
-from geofm.config.federated import AlgorithmConfig
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
 from geofm.federated.algorithms import build_algorithm
-from geofm.federated.algorithms.base import LocalRound, LocalUpdate, payload_arrays
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.fedprox import FedProx
 from geofm.federated.algorithms.fedsense import FedSense
+from geofm.federated.algorithms.rounds import LocalRound, LocalUpdate, payload_arrays
 from geofm.federated.codec import Codec, Packet, decode
 
 

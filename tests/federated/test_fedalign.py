@@ -9,11 +9,10 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import Block
 from torch import nn
 
-from geofm.config.federated import AlgorithmConfig
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
 from geofm.federated.algorithms import build_algorithm
-from geofm.federated.algorithms.base import LocalUpdate, payload_arrays
 from geofm.federated.algorithms.fedalign import (
     feature_map,
     lipschitz_estimate,
@@ -21,6 +20,7 @@ from geofm.federated.algorithms.fedalign import (
     top_eigenvalue,
     transmitting_matrix,
 )
+from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
 from geofm.federated.flat import ParameterLayout
 from geofm.models.mim import Tap, embed_tokens, run_backbone
 from geofm.tasks import StepOutput

@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from geofm.config.federated import AlgorithmConfig
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
 from geofm.federated.algorithms import build_algorithm
-from geofm.federated.algorithms.base import payload_arrays
 from geofm.federated.algorithms.moon import PREVIOUS, model_contrastive_loss, pooled, representation
+from geofm.federated.algorithms.rounds import payload_arrays
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.flat import ParameterLayout
 from geofm.models.mim import Tap, embed_tokens, run_backbone

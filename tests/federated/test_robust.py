@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geofm.config.federated import AggregatorConfig
+from geofm.config.algorithm import AggregatorConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import TooFewUpdates, Upload, UploadRules, aggregate_uploads
 from geofm.federated.codec import Codec

@@ -5,11 +5,11 @@ import pytest
 import torch
 from torch import nn
 
-from geofm.config.federated import AlgorithmConfig
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
 from geofm.federated.algorithms import build_algorithm
-from geofm.federated.algorithms.base import LocalUpdate, payload_arrays
+from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.flat import ParameterLayout
 from geofm.tasks import StepOutput

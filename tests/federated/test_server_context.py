@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from federation.server import _algorithm_state
-from geofm.config.federated import AlgorithmConfig
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
 from geofm.federated.algorithms import build_algorithm

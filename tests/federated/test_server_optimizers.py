@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from geofm.config.federated import ServerOptimizerConfig
+from geofm.config.algorithm import ServerOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.server_optimizers import SERVER_OPTIMIZERS, build_server_optimizer
 

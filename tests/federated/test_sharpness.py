@@ -9,7 +9,8 @@ from timm.layers import DropPath
 from torch import nn
 
 from geofm import engine as ds
-from geofm.config.federated import AlgorithmConfig, LocalTrainConfig
+from geofm.config.algorithm import AlgorithmConfig
+from geofm.config.federated import LocalTrainConfig
 from geofm.errors import ConfigError
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.flat import ParameterLayout

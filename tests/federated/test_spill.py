@@ -8,7 +8,7 @@ import pytest
 import torch
 from sklearn.cluster import KMeans
 
-from geofm.config.federated import AggregatorConfig, AlgorithmConfig
+from geofm.config.algorithm import AggregatorConfig, AlgorithmConfig
 from geofm.federated import aggregation, spill
 from geofm.federated.aggregation import ClientUpload, Upload, UploadRules, aggregate_uploads, weighted_mean
 from geofm.federated.algorithms import build_algorithm

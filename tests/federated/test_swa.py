@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from geofm.config.federated import AlgorithmConfig
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
 from geofm.federated.algorithms import build_algorithm

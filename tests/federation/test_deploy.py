@@ -24,14 +24,8 @@ from flwr.supernode import start_client_internal
 
 import federation.deploy
 from federation.cli import program_run_config, register
-from federation.deploy import (
-    deployment_commands,
-    format_config_values,
-    launch_run,
-    run_supernode,
-    supernode_command,
-    write_deployment_files,
-)
+from federation.deploy import deployment_commands, format_config_values, launch_run, run_supernode, supernode_command
+from federation.deployfiles import write_deployment_files
 from federation.flower import run_supernode_in_process
 from federation.processes import is_zombie
 from federation.runtime import config_entry

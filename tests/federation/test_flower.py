@@ -18,14 +18,9 @@ import toy_federated_program as toy
 import yaml
 
 from federation.deploy import APP_DIR
-from federation.flower import (
-    GridTransport,
-    from_array_record,
-    simulate,
-    to_array_record,
-    to_config_record,
-)
+from federation.flower import GridTransport, from_array_record, to_array_record, to_config_record
 from federation.runtime import INSTITUTION, PROGRAMS, RUN_CONFIG_DEFAULTS
+from federation.simulation import simulate
 from geofm.errors import ConfigError, FederatedRunError
 
 pytestmark = pytest.mark.slow
@@ -195,8 +190,8 @@ def _hung_toy_simulation(tmp_path: Path, toy_pythonpath: str, **popen) -> tuple[
     import tempfile
     import time
 
-    from federation.flower import SIMULATION_MARKER
     from federation.processes import start_time
+    from federation.simulation import SIMULATION_MARKER
 
     short_tmp = Path(tempfile.mkdtemp(prefix="gt", dir="/tmp"))  # Ray's socket paths must stay short
     out = tmp_path / "records.jsonl"
@@ -271,7 +266,7 @@ def test_a_simulations_log_holds_no_colour_codes_and_no_actor_termination_notice
 def test_ray_workers_drop_flowers_notices_and_leave_out_its_colours_off_a_terminal(monkeypatch):
     from flwr.common.logger import console_handler
 
-    from federation.flower import COLOUR_PREFIX, _setup_ray_worker
+    from federation.simulation import COLOUR_PREFIX, _setup_ray_worker
 
     flower = logging.getLogger("flwr")
     monkeypatch.setattr(flower, "filters", list(flower.filters))  # restored afterwards, as the handler's colours

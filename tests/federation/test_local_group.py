@@ -17,7 +17,8 @@ from federation.client import FederatedClient
 from federation.inprocess import InProcess
 from federation.localgroup import LocalGroup
 from federation.nodeworker import NodeWorker
-from federation.runtime import config_entry, run_server
+from federation.roundloop import run_server
+from federation.runtime import config_entry
 from federation.server import FederatedServer
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError

@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 
 from federation.cli import BUILT_IN
 from federation.deploy import COMPLETED, register_nodes
-from federation.flower import simulate
 from federation.localdeploy import LocalDeployment
 from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, config_entry
+from federation.simulation import simulate
 
 pytestmark = pytest.mark.slow
 

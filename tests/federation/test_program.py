@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from federation.client import FederatedClient
 from federation.inprocess import InProcess
 from federation.program import local_config, round_lr
-from federation.runtime import run_server
+from federation.roundloop import run_server
 from federation.server import FederatedServer
 from geofm.checkpoints import inspect_checkpoint
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES

@@ -9,7 +9,7 @@ import pytest
 
 from federation.client import FederatedClient
 from federation.inprocess import InProcess
-from federation.runtime import run_server
+from federation.roundloop import run_server
 from federation.server import FederatedServer
 from geofm.config import SourceConfig
 from geofm.config.federated import FederatedConfig

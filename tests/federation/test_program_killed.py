@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from federation.client import FederatedClient
-from federation.runtime import run_server
+from federation.roundloop import run_server
 from federation.server import FederatedServer
 from geofm.config.federated import FederatedConfig
 from tests.federation.test_program import _Killed, _KilledInRound, _rounds, _run

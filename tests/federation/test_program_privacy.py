@@ -9,7 +9,7 @@ from opacus.accountants import RDPAccountant
 
 from federation.client import FederatedClient
 from federation.inprocess import InProcess
-from federation.runtime import run_server
+from federation.roundloop import run_server
 from federation.server import FederatedServer
 from geofm.config.federated import FederatedConfig
 from tests.federation.conftest import fedsense_options

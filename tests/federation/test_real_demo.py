@@ -13,7 +13,7 @@ import yaml
 from federation.client import FederatedClient
 from federation.inprocess import InProcess
 from federation.program import stable_id
-from federation.runtime import run_server
+from federation.roundloop import run_server
 from federation.server import FederatedServer
 from geofm.cli import main
 from geofm.config.federated import FederatedConfig

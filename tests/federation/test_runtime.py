@@ -8,19 +8,17 @@ import math
 import numpy as np
 import pytest
 
+from federation.roundloop import RoundTimer, run_server, select_nodes
 from federation.runtime import (
     PROGRAMS,
     Failure,
     Plan,
     Reply,
-    RoundTimer,
     client_program,
     config_entry,
     node_identity,
     program_config,
     program_of,
-    run_server,
-    select_nodes,
 )
 from geofm.errors import ConfigError, FederatedRunError, RunInterrupted
 

@@ -13,7 +13,8 @@ from safetensors.numpy import load_file
 from federation.cli import program_run_config
 from federation.feddiff import FedDiffClient, FedDiffServer
 from federation.inprocess import InProcess
-from federation.runtime import INSTITUTIONS, run_server
+from federation.roundloop import run_server
+from federation.runtime import INSTITUTIONS
 from geofm.config.feddiff import FedDiffConfig
 from geofm.errors import ConfigError
 

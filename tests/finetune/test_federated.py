@@ -18,7 +18,8 @@ from federation.deploy import COMPLETED
 from federation.inprocess import InProcess, run_in_process
 from federation.localdeploy import LocalDeployment
 from federation.program import check_simulation_inputs
-from federation.runtime import CONFIG, DATA_ROOT, INSTITUTION, PROGRAM, config_entry, run_server
+from federation.roundloop import run_server
+from federation.runtime import CONFIG, DATA_ROOT, INSTITUTION, PROGRAM, config_entry
 from federation.server import FederatedServer
 from finetune.cli import register
 from finetune.predictor import load_predictor

@@ -12,7 +12,8 @@ from safetensors.numpy import load_file, save_file
 from federation.cli import program_run_config
 from federation.inprocess import InProcess
 from federation.oscar import OscarClient, OscarServer
-from federation.runtime import INSTITUTIONS, run_server
+from federation.roundloop import run_server
+from federation.runtime import INSTITUTIONS
 from geofm.config.oscar import OscarConfig
 from geofm.errors import ConfigError
 from geofm.federated import oscar

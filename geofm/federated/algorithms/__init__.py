@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from geofm.registry import Registry
 
 if TYPE_CHECKING:
-    from geofm.config.federated import AlgorithmConfig
+    from geofm.config.algorithm import AlgorithmConfig
     from geofm.federated.algorithms.base import Algorithm
     from geofm.federated.flat import ParameterLayout
 

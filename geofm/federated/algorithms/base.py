@@ -42,12 +42,9 @@ keeps between rounds; the algorithm reads and writes it: ``feedback.<payload>.*`
 
 from __future__ import annotations
 
-import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -56,26 +53,26 @@ import torch
 from pydantic import BaseModel
 from torch import Tensor, nn
 
-from geofm.config.federated import (
-    AlgorithmConfig,
-    CodecConfig,
-    LocalOptimizerConfig,
-    SamConfig,
-    UplinkConfig,
-    validated,
-)
+from geofm.config.algorithm import AlgorithmConfig, CodecConfig, SamConfig, UplinkConfig, validated
+from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload, RoundAggregate, UploadRules, aggregate_payloads
 from geofm.federated.algorithms.context import ServerContext
+from geofm.federated.algorithms.rounds import (
+    Arrays,
+    LocalHooks,
+    LocalRound,
+    LocalUpdate,
+    ServerRound,
+    packet_arrays,
+)
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
 from geofm.federated.flat import ParameterLayout
 from geofm.federated.privacy import PrivateMean, check_private, noise_generator, privatise
 from geofm.federated.robust import Spilling, build_aggregator
 from geofm.federated.sharpness import SharpnessAscent, asam_scaled
-from geofm.tasks import StepOutput
 
-Arrays = dict[str, np.ndarray]
 # ASAM's offset of T_w = |w| + eta where neither the config nor the algorithm gives one (the ASAM code's default).
 ASAM_ETA = 0.01
 # Client state keys of runs written before payloads had names, and their names now.
@@ -89,76 +86,6 @@ _LEGACY_CLIENT_KEYS = {
 def codec_of(cfg: CodecConfig) -> Codec:
     """The codec a config section describes."""
     return Codec(bits=cfg.bits, bucket_size=cfg.bucket_size, scale_norm=cfg.scale_norm, stochastic=cfg.stochastic)
-
-
-@dataclass(eq=False)
-class LocalRound:
-    """One client's local round as the algorithm's hooks see it.
-
-    Attributes:
-        client: the client's name.
-        received: the downlink payloads, decoded (float32 CPU vectors).
-        params: the trained module's shared parameters, in layout order.
-        anchor: the round's global model split like ``params``, on their devices.
-        state: the client's state, read and written by the algorithm.
-        lr: the round's learning rate of the local optimiser.
-        momentum: the local optimiser's SGD momentum (0: plain SGD, or AdamW).
-        module: the module the client trains (its engine's), for hooks on its blocks.
-        losses: a regulariser's values of each micro-batch so far (detached), for the round's log.
-    """
-
-    client: str
-    received: dict[str, Tensor]
-    params: list[Tensor]
-    anchor: list[Tensor]
-    state: Arrays
-    lr: float
-    module: nn.Module | None = None
-    losses: list[Tensor] = field(default_factory=list)
-    momentum: float = 0.0
-
-
-@dataclass
-class LocalHooks:
-    """What the algorithm adds to one client's local steps.
-
-    Attributes:
-        around_gradient: a context entered around each forward/backward (parameters may be moved
-            inside it and restored on exit, before the optimizer step).
-        regulariser: ``(batch, output) -> Tensor`` added to each micro-batch's loss, or None; it
-            sees the micro-batch, the forward's :class:`~geofm.tasks.StepOutput` and (through the
-            :class:`LocalRound` it was made with) the client's state.
-        ascent: ``(task loss closure) -> context`` entered inside ``around_gradient``: a first
-            gradient from the closure, the parameters moved for the real forward/backward and restored
-            on exit (SAM, set by :meth:`Algorithm.hooks` from ``algorithm.sam``), or None (see
-            :func:`geofm.loop.micro_step`).
-    """
-
-    around_gradient: Callable[[], AbstractContextManager] = contextlib.nullcontext
-    regulariser: Callable[[Any, StepOutput], Tensor] | None = None
-    ascent: Callable[[Callable[[], Tensor]], AbstractContextManager] | None = None
-
-
-@dataclass
-class LocalUpdate:
-    """The end of a local round: the uplink payloads' values and the client's metadata for the server."""
-
-    payloads: dict[str, Tensor]
-    metadata: dict[str, float | int | str] = field(default_factory=dict)
-
-
-@dataclass
-class ServerRound:
-    """The server update rule's result: the next global model, what to log, and the algorithm's new state.
-
-    ``state`` (global tensors) and ``client_state`` (client -> tensors) replace those entries of
-    the algorithm's state when the runtime keeps the round (:meth:`Algorithm.commit`).
-    """
-
-    model: Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
-    state: dict[str, Tensor] = field(default_factory=dict)
-    client_state: dict[str, dict[str, Tensor]] = field(default_factory=dict)
 
 
 class Algorithm(ABC):
@@ -335,7 +262,7 @@ class Algorithm(ABC):
         values = self.downlink_values(model)
         whole = {p: Codec(bits=32).encode(values[p]) for p in self.downlink if p not in self.compressed}
         if not self.compressed:
-            return dict.fromkeys(clients, (_arrays(whole), {"downlink": "model"}))
+            return dict.fromkeys(clients, (packet_arrays(whole), {"downlink": "model"}))
         first = self.compressed[0]
         synced = [c for c in clients if self.references[first] is not None and self.synced.get(c) == rnd - 1]
         change = dict(whole)
@@ -348,7 +275,7 @@ class Algorithm(ABC):
                 self.references[p] = previous + decode(change[p])
         if len(synced) < len(clients):
             whole.update({p: Codec(bits=32).encode(self.references[p]) for p in self.compressed})
-        sent = {True: (_arrays(change), "change"), False: (_arrays(whole), "model")}
+        sent = {True: (packet_arrays(change), "change"), False: (packet_arrays(whole), "model")}
         return {c: (sent[c in synced][0], {"downlink": sent[c in synced][1], "reference_round": rnd}) for c in clients}
 
     def note_replies(self, rnd: int, clients: Sequence[str]) -> None:
@@ -455,7 +382,7 @@ class Algorithm(ABC):
             packets[p], reports[p] = self.feedback[p].uplink(payloads[p], feedback, generator)
             if kept:
                 state.update({prefix + k: v for k, v in feedback.to_arrays().items()})
-        return _arrays(packets), reports
+        return packet_arrays(packets), reports
 
     # ---- server: uplink -------------------------------------------------------------------
     def spill_to(self, folder: Path) -> None:
@@ -534,48 +461,4 @@ class Algorithm(ABC):
         self.client_state = {c: dict(v) for c, v in saved.get("client_state", {}).items()}
 
 
-def _arrays(packets: Mapping[str, Packet]) -> Arrays:
-    """Packets as one flat dict of arrays, each key prefixed with its payload's name."""
-    return {f"{p}.{key}": value for p, packet in packets.items() for key, value in packet.to_arrays().items()}
-
-
-class _Payload(Mapping[str, np.ndarray]):
-    """One payload's packet arrays, each taken from the flat arrays that travelled when it is read (a
-    stored upload's are read from disk then, and not kept: :mod:`~geofm.federated.spill`)."""
-
-    def __init__(self, arrays: Mapping[str, np.ndarray], payload: str, parts: list[str]) -> None:
-        self._arrays, self._payload, self._parts = arrays, payload, parts
-
-    def __getitem__(self, part: str) -> np.ndarray:
-        if part not in self._parts:
-            raise KeyError(part)
-        return self._arrays[f"{self._payload}.{part}"]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._parts)
-
-    def __len__(self) -> int:
-        return len(self._parts)
-
-
-def payload_arrays(arrays: Mapping[str, np.ndarray], skip: Sequence[str] = ()) -> dict[str, Mapping[str, np.ndarray]]:
-    """The flat arrays that travelled, as payload name -> that payload's packet arrays (read from
-    ``arrays`` when taken), leaving out the keys in ``skip``."""
-    parts: dict[str, list[str]] = {}
-    for key in arrays:
-        if key not in skip:
-            payload, _, part = key.rpartition(".")
-            parts.setdefault(payload, []).append(part)
-    return {payload: _Payload(arrays, payload, names) for payload, names in parts.items()}
-
-
-__all__ = [
-    "Algorithm",
-    "Arrays",
-    "LocalHooks",
-    "LocalRound",
-    "LocalUpdate",
-    "ServerRound",
-    "codec_of",
-    "payload_arrays",
-]
+__all__ = ["Algorithm", "codec_of"]

@@ -67,9 +67,9 @@ from torch import Tensor, nn
 
 from geofm.config.base import Section
 from geofm.errors import ConfigError
-from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.representation import final_stage, representation_module
+from geofm.federated.algorithms.rounds import Arrays, LocalHooks, LocalRound
 from geofm.tasks import StepOutput
 
 

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from geofm.federated.aggregation import RoundAggregate
-from geofm.federated.algorithms.base import Algorithm, LocalRound, LocalUpdate, ServerRound
+from geofm.federated.algorithms.base import Algorithm
+from geofm.federated.algorithms.rounds import LocalRound, LocalUpdate, ServerRound
 from geofm.federated.server_optimizers import build_server_optimizer
 
 

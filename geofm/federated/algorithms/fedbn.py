@@ -54,11 +54,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
 
-from geofm.config.federated import AlgorithmConfig
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate
-from geofm.federated.algorithms.base import Arrays, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.algorithms.fedavg import FedAvg
+from geofm.federated.algorithms.rounds import Arrays, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.flat import NORM_KINDS, ParameterLayout
 
 

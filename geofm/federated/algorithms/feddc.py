@@ -63,7 +63,8 @@ from geofm.config.base import Section
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
-from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, ServerRound
+from geofm.federated.algorithms.base import Algorithm
+from geofm.federated.algorithms.rounds import LocalHooks, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR, option_ii_control
 
 

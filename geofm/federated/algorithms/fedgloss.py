@@ -47,12 +47,13 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from geofm.config.algorithm import AlgorithmConfig, SamConfig
 from geofm.config.base import Section
-from geofm.config.federated import AlgorithmConfig, LocalOptimizerConfig, SamConfig
+from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
-from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.algorithms.fedavg import FedAvg
+from geofm.federated.algorithms.rounds import Arrays, LocalHooks, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR
 
 

@@ -39,7 +39,8 @@ from torch import Tensor
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import FederatedRunError
 from geofm.federated.aggregation import Accepted, RoundAggregate
-from geofm.federated.algorithms.base import Algorithm, LocalRound, LocalUpdate, ServerRound
+from geofm.federated.algorithms.base import Algorithm
+from geofm.federated.algorithms.rounds import LocalRound, LocalUpdate, ServerRound
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR
 
 STEPS_KEY = "local_steps"

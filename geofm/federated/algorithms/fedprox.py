@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from geofm.federated.algorithms.base import LocalHooks, LocalRound
 from geofm.federated.algorithms.fedavg import FedAvg
+from geofm.federated.algorithms.rounds import LocalHooks, LocalRound
 from geofm.federated.perturbation import proximal_term
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from geofm.config.federated import AlgorithmConfig, SamConfig
+from geofm.config.algorithm import AlgorithmConfig, SamConfig
 from geofm.federated.algorithms.fedavg import FedAvg
 
 

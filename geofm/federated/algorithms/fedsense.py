@@ -8,12 +8,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from geofm.config.federated import AlgorithmConfig
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate
-from geofm.federated.algorithms.base import LocalHooks, LocalRound, ServerRound
 from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.algorithms.fedprox import FedProx
+from geofm.federated.algorithms.rounds import LocalHooks, LocalRound, ServerRound
 from geofm.federated.clustering import cluster_clients
 from geofm.federated.perturbation import Perturbation
 from geofm.federated.similarity import distill_similarity

@@ -69,9 +69,9 @@ from torch.utils.hooks import RemovableHandle
 
 from geofm.config.base import Section
 from geofm.errors import ConfigError
-from geofm.federated.algorithms.base import Arrays, LocalHooks, LocalRound, LocalUpdate
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.representation import final_stage, representation_module
+from geofm.federated.algorithms.rounds import Arrays, LocalHooks, LocalRound, LocalUpdate
 from geofm.federated.flat import ParameterLayout
 
 PREVIOUS = "moon.previous"

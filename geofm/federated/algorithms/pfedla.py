@@ -69,10 +69,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from geofm.config.federated import AlgorithmConfig
+from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
-from geofm.federated.algorithms.base import Algorithm, Arrays, LocalRound, LocalUpdate, ServerRound
+from geofm.federated.algorithms.base import Algorithm
+from geofm.federated.algorithms.rounds import Arrays, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.codec import Codec
 from geofm.federated.flat import ParameterLayout
 

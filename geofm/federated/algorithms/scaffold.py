@@ -41,7 +41,8 @@ from torch import Tensor
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate, weighted_mean
-from geofm.federated.algorithms.base import Algorithm, LocalHooks, LocalRound, LocalUpdate, ServerRound
+from geofm.federated.algorithms.base import Algorithm
+from geofm.federated.algorithms.rounds import LocalHooks, LocalRound, LocalUpdate, ServerRound
 
 SGD_BASE_LR = 0.05
 """The SGD learning rate per ``train.lr_reference_batch`` images that SCAFFOLD, FedDC, FedNova and FedGloSS

@@ -86,8 +86,8 @@ from torch.optim.swa_utils import get_swa_avg_fn
 from geofm.config.base import Section
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import RoundAggregate
-from geofm.federated.algorithms.base import ServerRound
 from geofm.federated.algorithms.fedavg import FedAvg
+from geofm.federated.algorithms.rounds import ServerRound
 
 SWA_START_FRACTION = 0.75
 """The share of the rounds FedAvg runs before SWA's cycles when ``start`` is unset (the paper's)."""
