@@ -15,11 +15,12 @@ from federation.program import OWN_VALIDATION, build_task, round_lr, stable_id
 from federation.runtime import Arrays, Failure, Reply, Scalars
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
 from geofm.config import config_to_dict
+from geofm.config.algorithm import MOVED_TO_OPTIONS, AlgorithmConfig
 from geofm.config.federated import FederatedConfig
 from geofm.errors import GeoFMError
 from geofm.federated import local_optimizer
 from geofm.federated.aggregation import ClientUpload, RoundAggregate
-from geofm.federated.algorithms import build_algorithm
+from geofm.federated.algorithms import ALGORITHMS, build_algorithm
 from geofm.federated.algorithms.base import Algorithm
 from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.algorithms.fedsense import DISTILL_OPTIMIZER
@@ -54,6 +55,22 @@ FEDERATED_SCHEDULE = (
     "train.local_epochs",
     "train.local_steps",
 )
+
+
+def comparable_algorithm(tree: dict | None) -> dict | None:
+    """``tree`` with its algorithm's options as the algorithm reads them (defaults left out), so that a
+    resumed run compares settings, not how they were written; a config saved before each algorithm
+    kept its settings in ``options`` has them moved there (the algorithm's own; the others' dropped)."""
+    if tree is None or not isinstance(tree.get("algorithm"), dict):
+        return tree
+    algorithm = dict(tree["algorithm"])
+    moved = {key: algorithm.pop(key) for key in MOVED_TO_OPTIONS if key in algorithm}
+    options = dict(algorithm.get("options") or {})
+    rule = ALGORITHMS.get(algorithm.get("name", AlgorithmConfig.model_fields["name"].default))
+    if rule.Options is not None:
+        own = {key: value for key, value in moved.items() if key in rule.Options.model_fields}
+        options = rule.Options.model_validate({**own, **options}).model_dump(exclude_defaults=True)
+    return {**tree, "algorithm": {**algorithm, "options": options}}
 
 
 def saved_config(tree: dict | None) -> dict | None:
@@ -330,8 +347,8 @@ class FederatedServer:
             return 0
         check_resume(
             self.run_dir,
-            saved_config(self.checkpoints.saved_config()),
-            config_to_dict(self.cfg),
+            comparable_algorithm(saved_config(self.checkpoints.saved_config())),
+            comparable_algorithm(config_to_dict(self.cfg)),
             progress,
             invariants=(*self.task.resume_invariants, *FEDERATED_INVARIANTS),
             schedule_keys=FEDERATED_SCHEDULE,
@@ -415,4 +432,4 @@ def non_finite_model(outcome: ServerRound, payloads: dict[str, RoundAggregate]) 
     )
 
 
-__all__ = ["FederatedServer", "non_finite_model", "saved_config"]
+__all__ = ["FederatedServer", "comparable_algorithm", "non_finite_model", "saved_config"]

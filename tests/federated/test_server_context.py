@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from federation.server import _algorithm_state
+from federation.server import _algorithm_state, comparable_algorithm
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
@@ -106,3 +106,38 @@ def test_fedsense_refuses_to_distil_without_public_images():
         _fedsense(_Tiny(), None)
     algorithm, _ = _fedsense(_Tiny(), None, steps=0)  # nothing to distil: no public images needed
     assert algorithm.distillation is None
+
+
+def test_a_run_saved_before_options_compares_equal_to_the_same_settings_written_as_options():
+    """A resumed run compares the algorithm's settings, not how they were written: flat keys of an old config
+    (every field dumped, defaults included) equal the new options; another value does not."""
+    old = {
+        "name": "fedsense",
+        "perturbation_radius": 0.05,
+        "proximal_beta": 0.0,
+        "clusters": 2,
+        "distill_steps": 2,
+        "distill_lr": 1e-4,
+        "distill_batch_size": 8,
+        "server_lr": 1.0,
+        "options": {},
+        "uplink": {"bits": 1},
+    }
+    new = {
+        "name": "fedsense",
+        "options": {
+            "perturbation_radius": 0.05,
+            "clusters": 2,
+            "distill_steps": 2,
+            "distill_lr": 1e-4,
+            "distill_batch_size": 8,
+            "proximal_beta": 0.0,
+        },
+        "uplink": {"bits": 1},
+    }
+    assert comparable_algorithm({"algorithm": old}) == comparable_algorithm({"algorithm": new})
+    changed = {**new, "options": {**new["options"], "clusters": 3}}
+    assert comparable_algorithm({"algorithm": old}) != comparable_algorithm({"algorithm": changed})
+    fedavg = {k: v for k, v in old.items() if k != "name"} | {"name": "fedavg", "perturbation_radius": 0.0}
+    fedavg.update(clusters=None, distill_steps=0, distill_lr=1e-5, distill_batch_size=16)
+    assert comparable_algorithm({"algorithm": fedavg})["algorithm"]["options"] == {}
