@@ -79,8 +79,8 @@ QUICK: dict[str, Any] = {
 
 def arm_sections(arms: list[Any] | None) -> dict[str, dict[str, Any] | None]:
     """Each arm's label and ``algorithm`` section (None for ``central``). ``arms`` None: central,
-    FedAvg, then every other registered algorithm with the settings of :data:`ZOO_SETTINGS` (its
-    registered defaults where that file gives none).
+    FedAvg, then every other registered algorithm. An arm given by name takes the settings of
+    :data:`ZOO_SETTINGS` (its registered defaults where that file gives none); a mapping, its own.
 
     Raises:
         ConfigError: an arm that is neither a name nor a mapping with ``name``, or not registered.
@@ -90,11 +90,11 @@ def arm_sections(arms: list[Any] | None) -> dict[str, dict[str, Any] | None]:
     from geofm.federated.algorithms import ALGORITHMS
 
     if arms is None:
-        zoo = read_config_tree(ZOO_SETTINGS)["algorithms"]
-        names = ["fedavg", *(n for n in ALGORITHMS.names() if n != "fedavg")]
-        arms = [CENTRAL, *({"name": n, **zoo.get(n, {})} for n in names)]
+        arms = [CENTRAL, "fedavg", *(n for n in ALGORITHMS.names() if n != "fedavg")]
+    zoo = read_config_tree(ZOO_SETTINGS)["algorithms"]
     sections: dict[str, dict[str, Any] | None] = {CENTRAL: None} if CENTRAL in arms else {}
-    return {**sections, **method_sections([a for a in arms if a != CENTRAL])}
+    named = [{"name": a, **zoo.get(a, {})} if isinstance(a, str) else a for a in arms if a != CENTRAL]
+    return {**sections, **method_sections(named, "arms")}
 
 
 def write_metadata(chips_root: Path, clients: int, path: Path) -> dict[str, dict[str, str]]:
