@@ -52,6 +52,10 @@ BENCHMARKS = {
         "benchmarks.fed_benefit",
         "test mIoU of a real labelled task after federated, central and single-institution pretraining, over seeds",
     ),
+    "fed-finetune": (
+        "benchmarks.fed_finetune",
+        "test mIoU of a real labelled task finetuned federated by region and under label skew: FedAvg vs the zoo",
+    ),
     "flatness": (
         "benchmarks.flatness",
         "federated algorithms on label-skewed and by-sensor clients: global model's metric, flatness, DP epsilon",

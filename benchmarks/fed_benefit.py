@@ -272,6 +272,12 @@ def arm_names(arms: list[str], sources: list[dict[str, Any]]) -> list[str]:
     return names
 
 
+def paired_gain(values: list[float], reference: list[float]) -> tuple[float, float]:
+    """Mean and standard deviation of the per-seed gains ``values - reference`` (seeds in the same order)."""
+    gains = [v - r for v, r in zip(values, reference, strict=True)]
+    return statistics.fmean(gains), statistics.stdev(gains) if len(gains) > 1 else 0.0
+
+
 def compare(scores: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
     """Per arm: mean, std, per seed, and paired gains over random and over the best institution alone."""
     best_alone = max(
@@ -282,9 +288,7 @@ def compare(scores: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
         row: dict[str, Any] = {**benefit.mean_std(values), "per_seed": values}
         for name, reference in (("random", "random"), ("best_alone", best_alone)):
             if reference in scores and reference != arm:
-                gains = [v - r for v, r in zip(values, scores[reference], strict=True)]
-                row[f"gain_over_{name}"] = statistics.fmean(gains)
-                row[f"gain_over_{name}_std"] = statistics.stdev(gains) if len(gains) > 1 else 0.0
+                row[f"gain_over_{name}"], row[f"gain_over_{name}_std"] = paired_gain(values, scores[reference])
         table[arm] = row
     if best_alone is not None:
         table[best_alone]["best_alone"] = True
@@ -300,8 +304,7 @@ def claims(table: dict[str, dict[str, Any]]) -> list[tuple[str, bool | None, str
     def paired(a: str, b: str) -> tuple[float, float] | None:
         if a not in table or b not in table:
             return None
-        gains = [x - y for x, y in zip(table[a]["per_seed"], table[b]["per_seed"], strict=True)]
-        return statistics.fmean(gains), statistics.stdev(gains) if len(gains) > 1 else 0.0
+        return paired_gain(table[a]["per_seed"], table[b]["per_seed"])
 
     found = []
     central = table.get("central")

@@ -74,8 +74,8 @@ QUICK: dict[str, Any] = {
 }
 
 
-def method_sections(methods: list[Any]) -> dict[str, dict[str, Any]]:
-    """Each method's label and ``algorithm`` section.
+def method_sections(methods: list[Any], setting: str = "methods") -> dict[str, dict[str, Any]]:
+    """Each method's label and ``algorithm`` section (``setting``: the benchmark setting that lists them, for errors).
 
     Raises:
         ConfigError: a method that is neither a name nor a mapping with ``name``, a label given twice,
@@ -89,17 +89,17 @@ def method_sections(methods: list[Any]) -> dict[str, dict[str, Any]]:
         if isinstance(method, str):
             method = {"name": method}
         if not isinstance(method, dict) or not isinstance(method.get("name"), str):
-            raise ConfigError(f"methods: {method!r} is neither an algorithm name nor a mapping with a 'name'")
+            raise ConfigError(f"{setting}: {method!r} is neither an algorithm name nor a mapping with a 'name'")
         section = {k: v for k, v in method.items() if k != "label"}
         label = str(method.get("label", method["name"]))
         if label in sections:
-            raise ConfigError(f"methods: {label!r} appears twice; give one a 'label'")
+            raise ConfigError(f"{setting}: {label!r} appears twice; give one a 'label'")
         sections[label] = section
     missing = sorted({s["name"] for s in sections.values()} - set(ALGORITHMS.names()))
     if missing:
         raise ConfigError(
-            f"methods: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not a registered algorithm "
-            f"(registered: {', '.join(ALGORITHMS.names())}); pick others with methods=[...]"
+            f"{setting}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not a registered algorithm "
+            f"(registered: {', '.join(ALGORITHMS.names())}); pick others with {setting}=[...]"
         )
     return sections
 

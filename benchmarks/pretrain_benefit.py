@@ -270,13 +270,11 @@ def pretrain_config(settings: dict[str, Any], chips: dict[str, Any], l8_root: Pa
     return PretrainConfig.from_tree(pretrain_tree(settings, sources, out), "geofm bench pretrain-benefit (pretraining)")
 
 
-def finetune_config(
+def finetune_tree(
     settings: dict[str, Any], chips: dict[str, Any], root: Path, checkpoint: Path | None, seed: int, out: Path
-):
-    """Segmentation of the labelled chips from ``checkpoint`` (None: random initialisation)."""
-    from geofm.config.finetune import FinetuneConfig
-
-    tree = {
+) -> dict[str, Any]:
+    """The config tree of segmentation of the labelled chips from ``checkpoint`` (None: random initialisation)."""
+    return {
         "task": "segmentation",
         "checkpoint": None if checkpoint is None else str(checkpoint),
         "run": {"output_dir": str(out), "seed": seed, "log_every": 50, "checkpoint_every": 100000, "progress": False},
@@ -310,6 +308,15 @@ def finetune_config(
             "layer_decay": settings["layer_decay"],
         },
     }
+
+
+def finetune_config(
+    settings: dict[str, Any], chips: dict[str, Any], root: Path, checkpoint: Path | None, seed: int, out: Path
+):
+    """:func:`finetune_tree` validated as a central finetuning config."""
+    from geofm.config.finetune import FinetuneConfig
+
+    tree = finetune_tree(settings, chips, root, checkpoint, seed, out)
     return FinetuneConfig.from_tree(tree, "geofm bench pretrain-benefit (finetuning)")
 
 

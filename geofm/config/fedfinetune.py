@@ -32,7 +32,9 @@ class FinetuneFederationConfig(FederationConfig):
         default=None, description="CSV of per-sample fields: a 'sample' column, one per field"
     )
     partition_field: str | None = Field(
-        default=None, description="by_field: the metadata field whose values clients hold"
+        default=None,
+        description="by_field: the metadata field whose values clients hold; dirichlet: the field holding each "
+        "sample's class (default: its label)",
     )
     where: dict[str, list[str]] = Field(
         default_factory=dict, description="metadata field -> accepted values; other samples are held by no client"
@@ -60,8 +62,11 @@ class FederatedFinetuneConfig(FinetuneConfig):
             raise ValueError(f"federation.partition {fed.partition} needs federation.clients")
         if fed.partition == "by_field" and not fed.partition_field:
             raise ValueError("federation.partition by_field needs federation.partition_field (a metadata field)")
-        if (fed.partition == "by_field" or fed.where) and fed.metadata is None:
-            raise ValueError("federation.partition by_field and federation.where need federation.metadata (a CSV file)")
+        if (fed.partition == "by_field" or fed.where or fed.partition_field) and fed.metadata is None:
+            raise ValueError(
+                "federation.partition by_field, federation.partition_field and federation.where need "
+                "federation.metadata (a CSV file)"
+            )
         if fed.public_sources:
             raise ValueError("federation.public_sources: finetuning has no public pretraining source")
         check_federation(fed, self.algorithm, self.client_names, False, info)

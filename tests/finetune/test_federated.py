@@ -87,6 +87,10 @@ def test_a_federated_finetuning_config_is_checked_like_a_finetuning_one(finetune
         read_federated_config({**tree, "algorithm": {"name": "fedsense", "options": {"distill_steps": 2}}})
     with pytest.raises(ConfigError, match=r"needs federation\.clients"):
         read_federated_config({**tree, "federation": {"rounds": 2}})
+    with pytest.raises(
+        ConfigError, match=r"federation\.partition_field and federation\.where need federation\.metadata"
+    ):
+        read_federated_config({**tree, "federation": {**tree["federation"], "partition_field": "majority"}})
     with pytest.raises(ConfigError, match="task: unknown federated config 'classifcation'"):
         read_federated_config({**tree, "task": "classifcation"})
 
