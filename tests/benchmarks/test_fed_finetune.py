@@ -61,10 +61,11 @@ def test_every_arm_runs_the_same_local_steps_on_its_partition(tmp_path: Path) ->
                 assert (cfg.federation.partition, cfg.federation.partition_field) == (partitioner, field)
                 assert cfg.algorithm.name == arm and cfg.federation.min_clients == 4
     # a name takes the zoo's settings (FedProx needs a positive beta), a mapping its own
-    chosen = bench.arm_sections(["fedprox", {"name": "fedprox", "proximal_beta": 0.1, "label": "prox01"}])
+    prox01 = {"name": "fedprox", "options": {"proximal_beta": 0.1}, "label": "prox01"}
+    chosen = bench.arm_sections(["fedprox", prox01])
     assert chosen == {
-        "fedprox": {"name": "fedprox", "proximal_beta": 0.01},
-        "prox01": {"name": "fedprox", "proximal_beta": 0.1},
+        "fedprox": {"name": "fedprox", "options": {"proximal_beta": 0.01}},
+        "prox01": {"name": "fedprox", "options": {"proximal_beta": 0.1}},
     }
     with pytest.raises(ConfigError, match=r"arms: nosuch is not a registered algorithm.*arms=\[...\]"):
         bench.arm_sections(["central", "nosuch"])
