@@ -303,3 +303,34 @@ def test_the_rounds_record_the_local_optimiser_the_algorithm_declares_or_the_con
         "weight_decay": train.weight_decay,
     }
     assert rounds[-1]["lr"] == pytest.approx(peak / SGD_BASE_LR * train.base_lr)
+
+
+@pytest.mark.slow
+def test_sweep_seeds_runs_a_sweeps_cells_once_per_seed_and_reads_finished_runs_back(
+    finetune_tree, class_folders, tmp_path, capsys
+):
+    from benchmarks import sweep_seeds
+
+    base = _federated(finetune_tree("classification", tmp_path / "base", data={"root": str(class_folders)}))
+    (tmp_path / "base.json").write_text(json.dumps(base))  # JSON is YAML; a sweep's config is relative to it
+    sweep = {
+        "config": "base.json",
+        "output_dir": str(tmp_path / "sweep"),
+        "algorithms": {"fedavg": {}, "fedprox": {"options": {"proximal_beta": 0.01}}},
+        "scenarios": {"iid": {"partition": "iid"}},
+    }
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    argv = [str(tmp_path / "sweep.json"), "--seeds", "0", "1", "--algorithms", "fedavg", "--out", str(tmp_path / "s")]
+    sweep_seeds.main(argv)
+    results = json.loads((tmp_path / "s" / "seeds.json").read_text())
+    assert list(results) == ["iid/fedavg"] and sorted(results["iid/fedavg"]) == ["0", "1"]
+    assert all(
+        0 <= run["test_accuracy"] <= 1 and run["local_optimizer"]["name"] == "adamw"
+        for run in results["iid/fedavg"].values()
+    )
+    assert "| iid | fedavg | adamw" in (tmp_path / "s" / "seeds.md").read_text()
+    finished = (tmp_path / "s" / "seed0" / "iid" / "fedavg" / "eval.json").stat().st_mtime_ns
+    capsys.readouterr()
+    sweep_seeds.main(argv)  # both runs are finished: read back, not run again
+    assert " s\n" not in capsys.readouterr().out
+    assert (tmp_path / "s" / "seed0" / "iid" / "fedavg" / "eval.json").stat().st_mtime_ns == finished
