@@ -6,8 +6,8 @@ One-shot federated classification after Mendieta, Sun and Chen (WACV 2025); the 
 1. Each client (its share of the train split under ``federation.partition``, or a deployed node's
    whole train split) trains a class-conditional diffusion model on every band of its images and
    uploads, once, its weights, its per-class counts and its mean Fourier magnitude.
-2. The server keeps the uploads (``uploads/<client>.safetensors``, ``uploads/clients.json``) and logs
-   the round to ``rounds.jsonl``: each client's examples, uplink bytes, loss and, under privacy, its
+2. The server keeps the uploads (``uploads/<client>.safetensors``, ``uploads/clients.json``, see
+   :mod:`federation.oneshot`) and logs the round to ``rounds.jsonl``: each client's examples, uplink bytes, loss and, under privacy, its
    epsilons (``epsilon``: the largest client's composed total).
 3. After the round the server samples every client's model per class (``samples/``, resumable),
    keeps what Fourier magnitude filtering keeps (``synthetic/``, ``fmf.json``) and finetunes the
@@ -19,28 +19,17 @@ A rerun of a run whose uploads are kept runs no round: it continues the sampling
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
-import numpy as np
-import yaml
-from safetensors.numpy import load_file, save_file
-
-from federation.runtime import DATA_ROOT, INSTITUTION, Failure, Program, Reply, Scalar, Scalars, program_config
+from federation.oneshot import OneShotServer
+from federation.runtime import DATA_ROOT, INSTITUTION, Program, Scalar, Scalars, program_config
 from geofm import engine as ds
-from geofm.config.base import CONFIG_FILE, config_to_dict
 from geofm.config.feddiff import FedDiffConfig
-from geofm.errors import ConfigError
 from geofm.federated.feddiff import LabelledImages, Upload, filter_samples, generate, train_client
-from geofm.runlog import MetricsLog
 from geofm.tasks import TASKS
 
 log = logging.getLogger("geofm.federated")
-
-UPLOADS = "uploads"
-CLIENTS_FILE = "clients.json"  # in UPLOADS: every client's metrics, written last: the round is done
-ROUNDS_LOG = "rounds.jsonl"
 
 
 def read_config(run_config: dict[str, Scalar]) -> FedDiffConfig:
@@ -73,90 +62,25 @@ class FedDiffClient:
         return upload, {"client": self.name, **metrics}, {}
 
 
-class FedDiffServer:
+class FedDiffServer(OneShotServer):
     """The server program: one round of uploads, then sampling, filtering and the classifier (``finish``)."""
 
-    num_rounds = 1
-    fraction = 1.0
+    upload_sections = ("data", "model", "federation", "diffusion", "seed")
 
-    def __init__(self, cfg: FedDiffConfig) -> None:
-        fed = cfg.federation
-        self.cfg, self.run_dir = cfg, cfg.run.output_dir
-        self.min_clients, self.expected_clients = fed.min_clients, fed.clients
-        self.round_timeout_s, self.connect_timeout_s, self.round_retries = (
-            fed.round_timeout_s,
-            fed.connect_timeout_s,
-            fed.round_retries,
-        )
-        self.upload_dir = self.run_dir / UPLOADS
-        self._check_resume()
-
-    def _check_resume(self) -> None:
-        """Refuse to continue a run whose uploads or samples came from other settings.
-
-        Raises:
-            ConfigError: naming the changed section.
-        """
-        path = self.run_dir / CONFIG_FILE
-        if not path.exists():
-            return
-        saved, current = yaml.safe_load(path.read_text()), config_to_dict(self.cfg)
-        saved["seed"], current["seed"] = saved["run"]["seed"], current["run"]["seed"]
-        for key in ("data", "model", "federation", "diffusion", "seed"):
-            if saved.get(key) != current[key]:
-                raise ConfigError(
-                    f"{self.run_dir} holds the uploads of a FedDiff run with other {key} settings; rerun with the "
-                    "same settings to continue it, or choose a new run.output_dir"
-                )
-
-    def start_round(self) -> int:
-        return 2 if (self.upload_dir / CLIENTS_FILE).exists() else 1
-
-    def register(self, node_id: int, identity: Scalars) -> None:
-        """Nothing to learn: a reply names its client."""
-
-    def configure(self, rnd: int, node_ids: list[int]) -> dict[int, tuple[dict, Scalars]]:
-        return {node: ({}, {"round": rnd}) for node in node_ids}
-
-    def aggregate(self, rnd: int, replies: list[Reply], failures: list[Failure]) -> None:
-        """Keep each upload on disk and log the round; ``clients.json``, written last, marks it done."""
-        self.upload_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(self.cfg), sort_keys=False))
-        clients = {}
-        for reply in sorted(replies, key=lambda r: str(r.metrics["client"])):
-            name = str(reply.metrics["client"])
-            arrays = {key: np.ascontiguousarray(value) for key, value in reply.arrays.items()}
-            save_file(arrays, self.upload_dir / f"{name}.safetensors")
-            clients[name] = {**reply.metrics, "uplink_bytes": sum(a.nbytes for a in arrays.values())}
-            privacy = f", epsilon {reply.metrics['epsilon']:.2f}" if "epsilon" in reply.metrics else ""
-            log.info(
-                "round %d: %s uploaded %.2f MiB (%d images%s)",
-                rnd,
-                name,
-                clients[name]["uplink_bytes"] / 2**20,
-                reply.metrics["num_examples"],
-                privacy,
-            )
-        record = {
-            "round": rnd,
-            "clients": sorted(clients),
-            "failures": [f.reason for f in failures],
-            "uplink_bytes": {name: c["uplink_bytes"] for name, c in clients.items()},
-            "num_examples": {name: c["num_examples"] for name, c in clients.items()},
-            "loss": {name: c["loss"] for name, c in clients.items()},
+    def round_record(self, clients: dict[str, dict]) -> dict:
+        """Under privacy, each client's epsilons and the largest client's composed total."""
+        if self.cfg.diffusion.privacy is None:
+            return {}
+        keys = ("epsilon", "epsilon_model", "epsilon_fmf")
+        return {
+            "clients_epsilon": {n: {k: c[k] for k in keys if k in c} for n, c in clients.items()},
+            "epsilon": max(c["epsilon"] for c in clients.values()),
+            "delta": self.cfg.diffusion.privacy.delta,
         }
-        if self.cfg.diffusion.privacy is not None:
-            keys = ("epsilon", "epsilon_model", "epsilon_fmf")
-            record["clients_epsilon"] = {n: {k: c[k] for k in keys if k in c} for n, c in clients.items()}
-            record["epsilon"] = max(c["epsilon"] for c in clients.values())
-            record["delta"] = self.cfg.diffusion.privacy.delta
-        MetricsLog(self.run_dir / ROUNDS_LOG, resume_step=rnd - 1, key="round").write(record)
-        (self.upload_dir / CLIENTS_FILE).write_text(json.dumps(clients, indent=1))
 
     def finish(self) -> None:
         """Sample every client's model, filter, and finetune the classifier on what is kept."""
-        clients = json.loads((self.upload_dir / CLIENTS_FILE).read_text())
-        uploads = [Upload(name, load_file(self.upload_dir / f"{name}.safetensors")) for name in clients]
+        uploads = [Upload(name, arrays) for name, arrays in self.kept_uploads().items()]
         samples, synthetic = self.run_dir / "samples", self.run_dir / "synthetic"
         records = generate(self.cfg, uploads, samples, ds.device())
         summary = filter_samples(self.cfg, records, samples, synthetic)

@@ -1,10 +1,8 @@
 """The config of FedDiff: one-shot federated classification through class-conditional diffusion models.
 
-A FedDiff config is a classification finetuning config (:class:`~geofm.config.finetune.FinetuneConfig`:
-``task``, ``checkpoint``, ``model``, ``head``, ``data``, ``finetune``, ``train``: the global
-classifier the server trains on the synthetic set) with two more sections: ``federation`` (the
-clients: a sample partitioner dealing the train split, as in federated finetuning; one round) and
-``diffusion`` (:class:`DiffusionConfig`: each client's U-Net and its training, the server's sampling,
+A FedDiff config is a one-shot config (:class:`~geofm.config.oneshot.OneShotConfig`: a classification
+finetuning config, ``train`` being the global classifier the server trains on the synthetic set, with
+``federation``: the clients, one round) with one more section, ``diffusion`` (:class:`DiffusionConfig`: each client's U-Net and its training, the server's sampling,
 Fourier magnitude filtering and differential privacy). See :mod:`federation.feddiff`.
 """
 
@@ -17,8 +15,8 @@ from pydantic import Field, model_validator
 
 from geofm.config.base import Section
 from geofm.config.federated import NOISE_SEED
-from geofm.config.fedfinetune import FinetuneFederationConfig
 from geofm.config.finetune import FinetuneConfig
+from geofm.config.oneshot import OneShotConfig
 
 
 class UNetConfig(Section):
@@ -99,48 +97,22 @@ class DiffusionConfig(Section):
         return self
 
 
-class FedDiffConfig(FinetuneConfig):
+class FedDiffConfig(OneShotConfig):
     """FedDiff (see the module docstring)."""
 
-    federation: FinetuneFederationConfig
     diffusion: DiffusionConfig = DiffusionConfig()
 
     @model_validator(mode="after")
     def _check_feddiff(self) -> FedDiffConfig:
-        fed = self.federation
-        if self.task != "classification":
-            raise ValueError(f"task: FedDiff samples class-conditional images for classification, got {self.task!r}")
         if self.data.class_names is None:
             raise ValueError(
                 "data.class_names: the synthetic split is written with one folder per class name, and may lack classes"
             )
-        if fed.rounds != 1:
-            raise ValueError(f"federation.rounds: FedDiff is one-shot (each client uploads once), got {fed.rounds}")
-        if fed.clients is None:
-            raise ValueError(f"federation.partition {fed.partition} needs federation.clients")
-        if fed.fraction != 1.0:
-            raise ValueError("federation.fraction: every client uploads its model in the one round (expected 1)")
-        if (fed.partition == "by_field" or fed.where) and fed.metadata is None:
-            raise ValueError("federation.partition by_field and federation.where need federation.metadata (a CSV file)")
-        if fed.public_sources:
-            raise ValueError("federation.public_sources: FedDiff has no public pretraining source")
-        if fed.min_clients > fed.clients:
-            raise ValueError(f"federation.min_clients {fed.min_clients} exceeds federation.clients {fed.clients}")
         return self
 
     @property
-    def client_names(self) -> list[str]:
-        """``client00``, ``client01``, ... (``federation.clients`` of them)."""
-        from geofm.federated.scenarios import client_names
-
-        return client_names(self.federation.clients)
-
-    def for_node(self, institution: str, data_root: str | None, teacher: str | None) -> FedDiffConfig:
-        """The config as one institution's machine sees it: ``data_root`` replaces ``data.root`` (the node
-        trains on all of its own train split; ``teacher`` does not apply)."""
-        if not data_root:
-            return self
-        return self.model_copy(update={"data": self.data.model_copy(update={"root": Path(data_root)})})
+    def program_name(self) -> str:
+        return "FedDiff"
 
     def all_bands(self) -> FedDiffConfig:
         """The config whose samples hold every dataset band: what the diffusion models learn and generate,
@@ -150,10 +122,7 @@ class FedDiffConfig(FinetuneConfig):
     def classifier(self, synthetic: Path) -> FinetuneConfig:
         """The finetuning config of the global classifier: trained on the ``synthetic`` split folder,
         validated and tested on the real splits, writing to ``run.output_dir/classifier``."""
-        data = self.data.model_copy(update={"splits": {**self.data.splits, "train": str(synthetic.resolve())}})
-        run = self.run.model_copy(update={"output_dir": self.run.output_dir / "classifier"})
-        fields = {name: getattr(self, name) for name in FinetuneConfig.model_fields}
-        return FinetuneConfig.model_validate({**fields, "data": data, "run": run})
+        return self.central(synthetic, self.run.output_dir / "classifier")
 
 
 __all__ = ["DiffusionConfig", "DiffusionPrivacyConfig", "FedDiffConfig", "UNetConfig"]
