@@ -102,14 +102,6 @@ class FedDiffConfig(OneShotConfig):
 
     diffusion: DiffusionConfig = DiffusionConfig()
 
-    @model_validator(mode="after")
-    def _check_feddiff(self) -> FedDiffConfig:
-        if self.data.class_names is None:
-            raise ValueError(
-                "data.class_names: the synthetic split is written with one folder per class name, and may lack classes"
-            )
-        return self
-
     @property
     def program_name(self) -> str:
         return "FedDiff"

@@ -30,6 +30,11 @@ class OneShotConfig(FinetuneConfig):
         fed, program = self.federation, self.program_name
         if self.task != "classification":
             raise ValueError(f"task: {program} is one-shot federated classification, got {self.task!r}")
+        if self.data.class_names is None:
+            raise ValueError(
+                "data.class_names: the split folders a one-shot program writes (a client's share, FedDiff's synthetic "
+                "images) have one folder per class name, and may lack classes"
+            )
         if fed.rounds != 1:
             raise ValueError(f"federation.rounds: {program} is one-shot (each client uploads once), got {fed.rounds}")
         if fed.clients is None:
