@@ -59,19 +59,34 @@ class InProcess:
 
 def run_in_process(cfg, program: str = "geofm", wrap: Callable[[ClientProgram], ClientProgram] | None = None) -> Path:
     """Run the validated config ``cfg`` of the registered ``program`` (the built-in one: any task's federated
-    config) with every client in this process, each client program passed through ``wrap`` where given
-    (e.g. to time it); returns the run directory."""
+    config) with every client in this process; see :func:`run_tree_in_process`."""
     from geofm.config.base import config_to_dict
 
-    run_config = {PROGRAM: program, CONFIG: config_entry(config_to_dict(cfg))}
+    return run_tree_in_process(config_to_dict(cfg), program, wrap)
+
+
+def run_tree_in_process(
+    tree: dict, program: str = "geofm", wrap: Callable[[ClientProgram], ClientProgram] | None = None
+) -> Path:
+    """Run the registered ``program`` on a config tree (validated by the program) with one client per
+    institution in this process, each client program passed through ``wrap`` where given (e.g. to time
+    it); returns the run directory.
+
+    Raises:
+        ConfigError: the tree is not a valid config of the program.
+    """
+    from geofm.config.federated import read_federated_config
+
+    run_config = {PROGRAM: program, CONFIG: config_entry(tree)}
     built = program_of(run_config)
     server = built.make_server(run_config)
+    names = built.client_names(tree) if built.client_names else read_federated_config(tree).client_names
     clients = {}
-    for i, name in enumerate(cfg.client_names):
+    for i, name in enumerate(names):
         client = built.make_client(run_config, {INSTITUTION: name})
         clients[i + 1] = wrap(client) if wrap else client
     run_server(server, InProcess(clients, getattr(server, "uploads", None)), poll_s=0)
-    return cfg.run.output_dir
+    return Path(tree["run"]["output_dir"])
 
 
-__all__ = ["InProcess", "run_in_process"]
+__all__ = ["InProcess", "run_in_process", "run_tree_in_process"]
