@@ -38,7 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "seeds": [0, 1, 2],
     "methods": None,  # default: every method of METHODS whose program is registered
     "chip_size": 32,
-    "s2_extent": 320,  # the labelled Sentinel-2 crop, px per side from its top-left corner
+    "s2_extent": 640,  # the labelled Sentinel-2 crop, px per side from its top-left corner (its chips: no water)
     "s2_public_columns": 128,  # public chips: this many px of columns east of it
     "embed_dim": 16,
     "depths": [1, 1, 2, 1],
@@ -47,9 +47,9 @@ DEFAULTS: dict[str, Any] = {
     "batch": 16,
     "lr": 1.0e-3,
     "unet_channels": [8, 16],
-    "diffusion_epochs": 30,
-    "timesteps": 200,
-    "sampling_steps": 25,
+    "diffusion_epochs": 10,
+    "timesteps": 100,
+    "sampling_steps": 10,
     "distill_epochs": 10,
     "work_dir": None,  # keeps the chips and runs there (None: a temporary folder)
     "markdown": "runs/bench/one-shot.md",

@@ -98,9 +98,9 @@ def test_public_images_are_normalised_tiles_of_the_models_bands(tmp_path):
     assert tiles.shape == (4, 2, 64, 64)  # rows 0, 32; columns 0, 16
     assert tiles[:, 0].unique().tolist() == [pytest.approx(2.0)]  # (30 * 0.1 - 2) / 0.5
     assert tiles[:, 1].unique().tolist() == [pytest.approx(0.0)]  # (10 * 0.1 - 1) / 1
-    with pytest.raises(ConfigError, match="ensemble.public: .* holds no GeoTIFF"):
+    with pytest.raises(ConfigError, match=r"ensemble.public: .* holds no GeoTIFF"):
         public_images(tmp_path / "none", data, 64)
-    with pytest.raises(ConfigError, match="no image .* 128 px"):
+    with pytest.raises(ConfigError, match=r"no image .* 128 px"):
         public_images(tmp_path / "public", data, 128)
 
 
