@@ -34,7 +34,8 @@ def test_the_teachers_probabilities_are_averaged_by_their_weights_at_temperature
     expected = [0.75 * x + 0.25 * y for x, y in zip(pa, pb, strict=True)]
     assert averaged[0].tolist() == pytest.approx(expected, rel=1e-6)
     plain = ensemble_probabilities([a, b], [1.0, 1.0], temperature=1.0)
-    assert plain[0].tolist() == pytest.approx([(x + y) / 2 for x, y in zip(_softmax([2, 0]), _softmax([0, 4]))])
+    by_hand = [(x + y) / 2 for x, y in zip(_softmax([2, 0]), _softmax([0, 4]), strict=True)]
+    assert plain[0].tolist() == pytest.approx(by_hand)
 
 
 def test_the_loss_is_the_kl_divergence_at_temperature_scaled_by_its_square():
