@@ -11,6 +11,7 @@ from geofm.config.base import read_config_tree
 from geofm.config.feddiff import FedDiffConfig
 from geofm.config.federated import read_federated_config
 from geofm.config.finetune import FinetuneConfig
+from geofm.config.oneshot import EnsembleConfig
 from geofm.config.pretrain import PretrainConfig
 from geofm.data.finetune.torchgeo import check_torchgeo_arguments
 from geofm.errors import ConfigError
@@ -21,6 +22,7 @@ SCHEMAS = {
     "federated": lambda path: read_federated_config(read_config_tree(path), str(path)),  # the task's config class
     "finetune": FinetuneConfig.from_file,
     "feddiff": FedDiffConfig.from_file,
+    "oneshot": EnsembleConfig.from_file,  # one-shot baselines: ensemble distillation
 }
 SWEEPS = "sweeps"  # sweep files: every cell's config resolves against the federated schema
 SHIPPED = sorted(path for path in CONFIGS.glob("*/*.yaml") if path.parent.name != SWEEPS)
