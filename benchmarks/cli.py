@@ -52,6 +52,10 @@ BENCHMARKS = {
         "benchmarks.fed_benefit",
         "test mIoU of a real labelled task after federated, central and single-institution pretraining, over seeds",
     ),
+    "one-shot": (
+        "benchmarks.one_shot",
+        "one-shot federated classification (FedDiff, ensemble distillation, FedAvg 1 round) vs FedAvg under label skew",
+    ),
     "flatness": (
         "benchmarks.flatness",
         "federated algorithms on label-skewed and by-sensor clients: global model's metric, flatness, DP epsilon",

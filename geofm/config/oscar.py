@@ -1,7 +1,7 @@
 """The config of OSCAR-style one-shot federated classification: a server diffusion model guided by client embeddings.
 
 After OSCAR (Zaland et al., "One-Shot Federated Learning with Classifier-Free Diffusion Models",
-2025). An OSCAR config is a one-shot config (:class:`~geofm.config.oneshot.OneShotConfig`:
+2025). An OSCAR config is a one-shot config (:class:`~geofm.config.oneshot.DiffusionOneShotConfig`:
 the global classifier, ``federation``, ``diffusion``: the server's U-Net, its training on the public
 imagery and the sampling) with an ``oscar`` section (:class:`OscarSection`: the shared encoder, the
 server's public imagery, condition dropout, the guidance scale, a server model trained earlier).
@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from geofm.checkpoints.layouts import export_architecture
 from geofm.config.base import Section
-from geofm.config.oneshot import OneShotConfig
+from geofm.config.oneshot import DiffusionOneShotConfig
 from geofm.config.sections import BackboneConfig
 from geofm.errors import ConfigError
 from geofm.models.backbones import arch_info
@@ -76,7 +76,7 @@ class OscarSection(Section):
     )
 
 
-class OscarConfig(OneShotConfig):
+class OscarConfig(DiffusionOneShotConfig):
     """OSCAR (see the module docstring)."""
 
     method: ClassVar[str] = "OSCAR"
