@@ -54,7 +54,7 @@ BENCHMARKS = {
     ),
     "one-shot": (
         "benchmarks.one_shot",
-        "one-shot federated classification (FedDiff, ensemble distillation, FedAvg 1 round) vs FedAvg under label skew",
+        "one-shot federated classification (FedDiff, OSCAR, ensemble distillation, FedAvg 1 round) vs FedAvg, label skew",
     ),
     "flatness": (
         "benchmarks.flatness",

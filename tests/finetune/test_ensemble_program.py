@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import yaml
 from safetensors.numpy import load_file
@@ -12,25 +11,14 @@ from safetensors.numpy import load_file
 from federation.ensemble import EnsembleServer
 from federation.inprocess import run_in_process
 from geofm.config.ensemble import EnsembleConfig
-from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError
 
-CLASSES = ["field", "forest", "water"]  # the class folders of tests/finetune/conftest.py
 pytestmark = pytest.mark.slow  # a whole round and a distillation in process
 
 
-def test_one_round_of_finetuned_clients_then_the_distilled_student(
-    finetune_tree, class_folders, tmp_path, one_torch_thread
-):
-    rng = np.random.default_rng(1)
-    for i in range(3):  # public images no client holds: 48 px, cut into four 32 px tiles each
-        pixels = rng.normal(1500, 600, (4, 48, 48)).clip(1, 60000).astype(np.uint16)
-        write_geotiff(tmp_path / "public" / f"{i}.tif", pixels, transform=(10, 0, 0, 0, -10, 480), crs=32632)
+def test_one_round_of_finetuned_clients_then_the_distilled_student(ensemble_tree, tmp_path, one_torch_thread):
     run_dir = tmp_path / "ensemble"
-    tree = finetune_tree("classification", run_dir, data={"root": str(class_folders), "class_names": CLASSES})
-    tree["train"] = {**tree["train"], "epochs": 1, "warmup_epochs": 0}
-    tree["federation"] = {"rounds": 1, "clients": 2, "partition": "dirichlet", "dirichlet_alpha": 0.5}
-    tree["ensemble"] = {"public": str(tmp_path / "public"), "epochs": 2, "batch_size": 4}
+    tree = ensemble_tree(run_dir)
     cfg = EnsembleConfig.from_tree(tree)
     run_in_process(cfg, "ensemble")
 
