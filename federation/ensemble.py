@@ -35,7 +35,7 @@ from geofm.config.base import CONFIG_FILE, config_to_dict
 from geofm.config.ensemble import EnsembleConfig
 from geofm.config.oneshot import CLASSIFIER
 from geofm.errors import ConfigError, DatasetTooSmallError
-from geofm.federated.ensemble import average_state, distill, ensemble_probabilities, predict_logits, public_images
+from geofm.federated.ensemble import average_state, distill, ensemble_probabilities, predict_logits, public_tiles
 from geofm.federated.scenarios import PARTITION_FILE, read_partition
 from geofm.runlog import MetricsLog
 from geofm.tasks import TASKS
@@ -104,7 +104,7 @@ class EnsembleServer(OneShotServer):
         out.mkdir(parents=True)
         (out / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(student_cfg), sort_keys=False))
         task = TASKS.get(cfg.task).federated(student_cfg)
-        images = public_images(ens.public, cfg.data, cfg.model.img_size)
+        images = public_tiles(ens.public, cfg.data, cfg.model.img_size)
         logits = []
         for state in states:
             teacher = task.build_model(initial_weights=False)

@@ -82,6 +82,7 @@ class OneShotServer:
         )
         self.upload_dir = self.run_dir / UPLOADS
         self._check_resume()
+        cfg.check_server_inputs()
 
     def _check_resume(self) -> None:
         """Refuse to continue a run whose uploads (or what the server made of them) came from other settings.

@@ -57,10 +57,6 @@ class OscarServer(OneShotServer):
     cfg: OscarConfig
     resume_sections = (*OneShotServer.resume_sections, "diffusion", "oscar")
 
-    def __init__(self, cfg: OscarConfig) -> None:
-        super().__init__(cfg)
-        cfg.check_server_inputs()
-
     def finish(self) -> None:
         """Take the server model, sample every client's classes, and finetune the classifier on the samples."""
         device = ds.device()

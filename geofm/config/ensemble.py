@@ -15,15 +15,18 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from geofm.config.base import Section
-from geofm.config.oneshot import OneShotConfig
+from geofm.config.oneshot import OneShotConfig, check_public_images
+
+PUBLIC = "(the public unlabelled images the student learns the clients' soft labels on)"
+"""What ``ensemble.public`` names, in the message of a missing folder."""
 
 
 class DistillationConfig(Section):
     """The server's ensemble distillation: the clients' averaged soft labels on public images, learnt by the student."""
 
     public: Path = Field(
-        description="a folder of unlabelled GeoTIFFs of the dataset's bands (searched recursively), which no "
-        "client holds; each is cut into model.img_size tiles spread evenly over it"
+        description="a folder of unlabelled images of the dataset's bands (files ending in data.suffixes, searched "
+        "recursively), which no client holds; each is cut into model.img_size tiles spread evenly over it"
     )
     temperature: float = Field(default=3.0, gt=0.0, description="T of the softened teacher and student softmax")
     weighting: Literal["examples", "uniform"] = Field(
@@ -44,6 +47,14 @@ class EnsembleConfig(OneShotConfig):
     method: ClassVar[str] = "ensemble distillation"
 
     ensemble: DistillationConfig
+
+    def check_server_inputs(self) -> None:
+        """The public images the server distils on, before the clients train.
+
+        Raises:
+            ConfigError: naming ``ensemble.public`` and the folder that is missing or holds no image.
+        """
+        check_public_images(self.ensemble.public, self.data.suffixes, "ensemble.public", PUBLIC)
 
 
 __all__ = ["DistillationConfig", "EnsembleConfig"]

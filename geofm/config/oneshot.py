@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 from geofm.config.base import Section
 from geofm.config.fedfinetune import FinetuneFederationConfig
 from geofm.config.finetune import FinetuneConfig
+from geofm.errors import ConfigError
 
 CLASSIFIER = "classifier"
 """The global classifier's run folder in the run directory."""
@@ -118,6 +119,9 @@ class OneShotConfig(FinetuneConfig):
             return self
         return self.model_copy(update={"data": self.data.model_copy(update={"root": Path(data_root)})})
 
+    def check_server_inputs(self) -> None:
+        """Check the files only the server reads before the round (none here; see the programs' configs)."""
+
     def all_bands(self) -> OneShotConfig:
         """The config whose samples hold every dataset band: what the diffusion models learn and generate,
         so that a synthetic image is a file of the dataset's own bands."""
@@ -148,4 +152,31 @@ class DiffusionOneShotConfig(OneShotConfig):
     diffusion: DDPMConfig = DDPMConfig()
 
 
-__all__ = ["CLASSIFIER", "DDPMConfig", "DiffusionOneShotConfig", "OneShotConfig", "UNetConfig"]
+def public_images(folder: Path, suffixes: list[str]) -> list[Path]:
+    """A one-shot server's public images: every file under ``folder`` (recursively, class folders ignored) whose
+    name ends in one of ``suffixes`` (``data.suffixes``), sorted; none for a missing folder."""
+    endings = tuple(s.lower() for s in suffixes)
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name.lower().endswith(endings))
+
+
+def check_public_images(folder: Path, suffixes: list[str], field: str, missing: str) -> None:
+    """Refuse a public image folder that is missing (``missing``: what to name instead) or holds no image.
+
+    Raises:
+        ConfigError: naming ``field`` and the folder's absolute path.
+    """
+    if not folder.is_dir():
+        raise ConfigError(f"{field}: no folder {folder.resolve()} {missing}")
+    if not public_images(folder, suffixes):
+        raise ConfigError(f"{field}: {folder.resolve()} holds no image with a suffix of data.suffixes {suffixes}")
+
+
+__all__ = [
+    "CLASSIFIER",
+    "DDPMConfig",
+    "DiffusionOneShotConfig",
+    "OneShotConfig",
+    "UNetConfig",
+    "check_public_images",
+    "public_images",
+]

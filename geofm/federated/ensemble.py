@@ -17,8 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from geofm.config.ensemble import PUBLIC
 from geofm.config.finetune import FinetuneDataConfig
-from geofm.data.readers import normalise_pixels, read_raster
+from geofm.config.oneshot import check_public_images, public_images
+from geofm.data.finetune.normalise import BandNormaliser
+from geofm.data.readers import read_raster
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import weighted_mean
 
@@ -43,30 +46,25 @@ def tile_starts(length: int, size: int) -> list[int]:
     return sorted({round(i * (length - size) / max(count - 1, 1)) for i in range(count)})
 
 
-def public_images(folder: Path, data: FinetuneDataConfig, size: int) -> Tensor:
-    """Every GeoTIFF under ``folder`` (the dataset's bands, in its order), normalised as the dataset is and
-    cut into ``size`` tiles (see :func:`tile_starts`): a float32 (N, bands, size, size) tensor of the model's bands.
+def public_tiles(folder: Path, data: FinetuneDataConfig, size: int) -> Tensor:
+    """The public images under ``folder`` (:func:`~geofm.config.oneshot.public_images`) in the model's bands,
+    normalised as the dataset is and cut into ``size`` tiles (see :func:`tile_starts`): float32 (N, bands, size, size).
 
     Raises:
         ConfigError: the folder is missing or yields no tile.
     """
-    files = sorted(folder.rglob("*.tif")) if folder.is_dir() else []
-    if not files:
-        raise ConfigError(f"ensemble.public: {folder.resolve()} holds no GeoTIFF (*.tif); expected unlabelled images")
-    positions = [data.dataset_bands.index(band) for band in data.bands]
-    mean, std = (np.asarray(v, dtype=np.float32)[positions, None, None] for v in (data.mean, data.std))
-    tiles = []
-    for path in files:
-        raster = read_raster(path, len(data.dataset_bands), data.dataset_bands, positions)
-        nodata = data.nodata if data.nodata is not None else raster.nodata
-        pixels, _ = normalise_pixels(raster.data, data.scale, mean, std, nodata)
+    check_public_images(folder, data.suffixes, "ensemble.public", PUBLIC)
+    normaliser, tiles = BandNormaliser.from_config(data), []
+    for path in public_images(folder, data.suffixes):
+        raster = read_raster(path, len(data.dataset_bands), data.dataset_bands)
+        pixels = normaliser(raster.data, raster.nodata, str(path))[0]
         height, width = pixels.shape[1:]
         tiles += [
             pixels[:, r : r + size, c : c + size] for r in tile_starts(height, size) for c in tile_starts(width, size)
         ]
     if not tiles:
         raise ConfigError(f"ensemble.public: no image under {folder.resolve()} is {size} px on each side or larger")
-    return torch.from_numpy(np.stack(tiles))
+    return torch.stack(tiles)
 
 
 @torch.no_grad()
@@ -132,6 +130,6 @@ __all__ = [
     "distillation_loss",
     "ensemble_probabilities",
     "predict_logits",
-    "public_images",
+    "public_tiles",
     "tile_starts",
 ]

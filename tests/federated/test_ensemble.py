@@ -17,7 +17,7 @@ from geofm.federated.ensemble import (
     distill,
     distillation_loss,
     ensemble_probabilities,
-    public_images,
+    public_tiles,
     tile_starts,
 )
 
@@ -95,14 +95,17 @@ def test_public_images_are_normalised_tiles_of_the_models_bands(tmp_path):
         std=[1.0, 1.0, 0.5],
         num_classes=2,
     )
-    tiles = public_images(tmp_path / "public", data, 64)
+    tiles = public_tiles(tmp_path / "public", data, 64)
     assert tiles.shape == (4, 2, 64, 64)  # rows 0, 32; columns 0, 16
     assert tiles[:, 0].unique().tolist() == [pytest.approx(2.0)]  # (30 * 0.1 - 2) / 0.5
     assert tiles[:, 1].unique().tolist() == [pytest.approx(0.0)]  # (10 * 0.1 - 1) / 1
-    with pytest.raises(ConfigError, match=r"ensemble.public: .* holds no GeoTIFF"):
-        public_images(tmp_path / "none", data, 64)
+    with pytest.raises(ConfigError, match=r"ensemble.public: no folder .*none"):
+        public_tiles(tmp_path / "none", data, 64)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"ensemble.public: .*empty holds no image"):
+        public_tiles(tmp_path / "empty", data, 64)
     with pytest.raises(ConfigError, match=r"no image .* 128 px"):
-        public_images(tmp_path / "public", data, 128)
+        public_tiles(tmp_path / "public", data, 128)
 
 
 @pytest.fixture
@@ -134,3 +137,16 @@ def test_the_config_refuses_what_the_ensemble_cannot_run(ensemble_tree, change, 
     tree = {**ensemble_tree, **change, "data": {**ensemble_tree["data"], **change.get("data", {})}}
     with pytest.raises(ConfigError, match=message):
         EnsembleConfig.from_tree(tree)
+
+
+def test_the_server_inputs_check_names_a_public_folder_missing_or_without_images(ensemble_tree, tmp_path):
+    cfg = EnsembleConfig.from_tree(ensemble_tree)
+    with pytest.raises(ConfigError, match=r"ensemble.public: no folder .*public \(the public unlabelled images"):
+        cfg.check_server_inputs()
+    (tmp_path / "public" / "forest").mkdir(parents=True)
+    (tmp_path / "public" / "notes.txt").write_text("not an image")
+    with pytest.raises(ConfigError, match=r"ensemble.public: .*public holds no image with a suffix of data.suffixes"):
+        cfg.check_server_inputs()
+    pixels = np.ones((3, 8, 8), np.uint8)
+    write_geotiff(tmp_path / "public" / "forest" / "a.TIF", pixels, transform=(1, 0, 0, 0, -1, 8), crs=None)
+    cfg.check_server_inputs()  # class folders are searched, suffixes matched without case
