@@ -101,9 +101,10 @@ def class_embeddings(
 
 
 class PublicImages(Dataset):
-    """The server's public imagery (:func:`~geofm.config.oneshot.public_images` of ``oscar.public``): each file read whole in the
-    dataset's bands, normalised as the finetuning data is, then a random crop resized to ``model.img_size``
-    with random flips (:class:`~geofm.data.finetune.augment.ClassificationView`, torch's global generator)."""
+    """The server's public imagery (:func:`~geofm.config.oneshot.public_images` of ``oscar.public``): each file
+    read whole in the dataset's bands, normalised as the finetuning data is, then a random crop resized to
+    ``model.img_size`` with random flips (:class:`~geofm.data.finetune.augment.ClassificationView`, torch's
+    global generator)."""
 
     def __init__(self, cfg: OscarConfig) -> None:
         data = cfg.all_bands().data
