@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from federation.cli import program_run_config
+from federation.runtime import INSTITUTIONS
 from geofm.config.finetune import FinetuneDataConfig
 from geofm.config.oneshot import EnsembleConfig
 from geofm.data.writers import write_geotiff
@@ -134,3 +138,10 @@ def test_the_config_refuses_what_the_ensemble_cannot_run(ensemble_tree, change, 
     tree = {**ensemble_tree, **change, "data": {**ensemble_tree["data"], **change.get("data", {})}}
     with pytest.raises(ConfigError, match=message):
         EnsembleConfig.from_tree(tree)
+
+
+def test_geofm_fed_simulate_takes_the_ensembles_institutions_from_its_config(ensemble_tree, tmp_path):
+    config = tmp_path / "ensemble.json"  # JSON is YAML
+    config.write_text(json.dumps(ensemble_tree))
+    args = argparse.Namespace(config=config, overrides=["federation.clients=3"], program="ensemble", institutions=None)
+    assert program_run_config(args)[INSTITUTIONS] == "client00,client01,client02"
