@@ -28,6 +28,8 @@
   and statistics (:func:`train_client`), the server's resumable sampling (:func:`generate`) and Fourier
   magnitude filtering (:mod:`~geofm.federated.fmf`), with DP-SGD and its composed budget
   (:mod:`~geofm.federated.dpsgd`).
+* :mod:`~geofm.federated.ensemble`: one-shot ensemble distillation: the clients' averaged soft labels on
+  public images and the student's KL loss at temperature (:func:`~geofm.federated.ensemble.distill`).
 * :mod:`~geofm.federated.algorithms`: the algorithm interface and the registered algorithms
   (``geofm list algorithms``).
 
