@@ -8,7 +8,7 @@ Per method and setting: the test accuracy (mean, std and per seed), the uplink b
 the client seconds (per client, summed over its rounds) and the server seconds (the run's wall time
 less the clients'), and the privacy budget (None without DP). A setting whose partition leaves a
 client without samples (tiny ``alpha`` over few classes) is recorded as skipped with the partitioner's
-reason.
+reason (so is a method whose config is refused).
 
 Writes ``markdown`` (the table) and, per task, ``<figure stem>_<task>.png``: FedDiff's samples per class
 next to real chips (the first feasible setting's first seed).
@@ -236,6 +236,37 @@ def _figure(settings: dict[str, Any], task_name: str, task: dict[str, Any], samp
     return None if written is None else str(written)
 
 
+def run_setting(
+    settings: dict[str, Any],
+    methods: list[str],
+    task_name: str,
+    task: dict[str, Any],
+    setting: dict[str, Any],
+    work: Path,
+    figures: dict[str, str | None],
+) -> list[dict[str, Any]]:
+    """Every method on one setting over the seeds; a method whose config or partition is refused is skipped
+    with the reason (the others keep their paired seeds). The task's figure comes from its first FedDiff run."""
+    label = f"{task_name}_a{setting['alpha']:g}_k{setting['clients']}"
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    refused: dict[str, str] = {}
+    for seed in settings["seeds"]:
+        for method in [m for m in methods if m not in refused]:
+            out = work / "runs" / label / f"{method}_seed{seed}"
+            tree = method_tree(settings, method, task, setting["alpha"], setting["clients"], seed, out)
+            try:
+                runs[method].append(run_method(METHODS[method][0], tree))
+            except ConfigError as err:
+                refused[method] = f"seed {seed}: {err}"
+                continue
+            if method == "feddiff" and task_name not in figures:
+                figures[task_name] = _figure(settings, task_name, task, out / "samples")
+    return [
+        {"method": m, **setting, "skipped": refused[m]} if m in refused else summarise(m, setting, runs[m])
+        for m in methods
+    ]
+
+
 def run(settings: dict[str, Any]) -> Report:
     methods = selected_methods(settings["methods"])
     results: list[dict[str, Any]] = []
@@ -247,27 +278,7 @@ def run(settings: dict[str, Any]) -> Report:
             for alpha in settings["alphas"]:
                 for clients in settings["clients"]:
                     setting = {"task": task_name, "alpha": alpha, "clients": clients}
-                    label = f"{task_name}_a{alpha:g}_k{clients}"
-                    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-                    skipped = None
-                    for seed in settings["seeds"]:
-                        for method in methods:
-                            out = work / "runs" / label / f"{method}_seed{seed}"
-                            tree = method_tree(settings, method, task, alpha, clients, seed, out)
-                            try:
-                                runs[method].append(run_method(METHODS[method][0], tree))
-                            except ConfigError as err:
-                                skipped = str(err)
-                                break
-                            if method == "feddiff" and task_name not in figures:
-                                figures[task_name] = _figure(settings, task_name, task, out / "samples")
-                        if skipped:
-                            break
-                    for method in methods:
-                        if skipped:
-                            results.append({"method": method, **setting, "skipped": skipped})
-                        else:
-                            results.append(summarise(method, setting, runs[method]))
+                    results += run_setting(settings, methods, task_name, task, setting, work, figures)
     rows = [row(r) for r in results]
     notes = [f"methods: {', '.join(methods)}; seeds {settings['seeds']} paired across methods"]
     notes += [f"{task}: FedDiff samples next to real chips: {path}" for task, path in figures.items() if path]

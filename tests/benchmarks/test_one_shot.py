@@ -62,6 +62,28 @@ def test_every_method_runs_a_registered_program_and_a_selection_is_checked() -> 
         bench.selected_methods(["feddiff", "dense"])
 
 
+def test_a_refused_method_is_skipped_with_its_reason_and_the_others_keep_their_seeds(monkeypatch, tmp_path: Path):
+    def fake_run(program: str, tree: dict) -> dict:
+        if program == "feddiff":
+            raise ConfigError("federation.partition 'dirichlet' (alpha 0.01) left a client without samples")
+        seed = tree["run"]["seed"]
+        return {
+            "accuracy": 0.5 + seed / 10,
+            "uplink_bytes": 8,
+            "client_seconds": 1.0,
+            "server_seconds": 2.0,
+            "epsilon": None,
+        }
+
+    monkeypatch.setattr(bench, "run_method", fake_run)
+    setting = {"task": "demo", "alpha": 0.01, "clients": 10}
+    settings = {**bench.DEFAULTS, "seeds": [0, 1]}
+    results = bench.run_setting(settings, ["feddiff", "ensemble"], "demo", TASK, setting, tmp_path, {})
+    assert results[0]["method"] == "feddiff" and results[0]["skipped"].startswith("seed 0: federation.partition")
+    assert results[1]["per_seed"] == [0.5, 0.6] and results[1]["mean"] == pytest.approx(0.55)
+    assert bench.row(results[0])["accuracy"].startswith("seed 0: federation.partition")
+
+
 def test_an_unknown_task_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown task 'mars'"):
         bench.prepare_tasks({**bench.DEFAULTS, "tasks": ["mars"]}, tmp_path)

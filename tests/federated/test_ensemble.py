@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from federation.cli import program_run_config
+from federation.runtime import INSTITUTIONS
 from geofm.config.ensemble import EnsembleConfig
 from geofm.config.finetune import FinetuneDataConfig
 from geofm.data.writers import write_geotiff
@@ -150,3 +154,10 @@ def test_the_server_inputs_check_names_a_public_folder_missing_or_without_images
     pixels = np.ones((3, 8, 8), np.uint8)
     write_geotiff(tmp_path / "public" / "forest" / "a.TIF", pixels, transform=(1, 0, 0, 0, -1, 8), crs=None)
     cfg.check_server_inputs()  # class folders are searched, suffixes matched without case
+
+
+def test_geofm_fed_simulate_takes_the_ensembles_institutions_from_its_config(ensemble_tree, tmp_path):
+    config = tmp_path / "ensemble.json"  # JSON is YAML
+    config.write_text(json.dumps(ensemble_tree))
+    args = argparse.Namespace(config=config, overrides=["federation.clients=3"], program="ensemble", institutions=None)
+    assert program_run_config(args)[INSTITUTIONS] == "client00,client01,client02"
