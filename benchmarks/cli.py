@@ -56,6 +56,10 @@ BENCHMARKS = {
         "benchmarks.fed_finetune",
         "test mIoU of a real labelled task finetuned federated by region and under label skew: FedAvg vs the zoo",
     ),
+    "one-shot": (
+        "benchmarks.one_shot",
+        "one-shot federated classification (FedDiff, OSCAR, ensemble distillation, FedAvg 1 round) vs FedAvg, label skew",
+    ),
     "flatness": (
         "benchmarks.flatness",
         "federated algorithms on label-skewed and by-sensor clients: global model's metric, flatness, DP epsilon",

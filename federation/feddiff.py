@@ -15,7 +15,8 @@ One-shot federated classification after Mendieta, Sun and Chen (WACV 2025); the 
    splits (``classifier/``: ``eval.json``, ``best/``, so ``geofm eval`` and ``geofm report`` read it).
 
 A rerun of a run whose uploads are kept runs no round: it continues the sampling and the finetuning.
-What FedDiff shares with OSCAR (the clients' data, the round, the classifier) is :mod:`federation.oneshot`.
+What FedDiff shares with the other one-shot programs (the clients' data, the round, the classifier) is
+:mod:`federation.oneshot`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ log = logging.getLogger("geofm.federated")
 class FedDiffClient(OneShotClient):
     """A node's client program: trains its diffusion model on its share of the train split, once."""
 
+    every_band = True  # the diffusion model learns and generates the dataset's every band
+
     def train(self, arrays: dict, config: Scalars, state: dict) -> tuple[dict, Scalars, dict]:
         images = LabelledImages(self.data.train_set, self.indices)
         upload, metrics = train_client(self.cfg, images, self.name, ds.device())
@@ -45,6 +48,7 @@ class FedDiffServer(OneShotServer):
     """The server program: one round of uploads, then sampling, filtering and the classifier (``finish``)."""
 
     cfg: FedDiffConfig
+    resume_sections = (*OneShotServer.resume_sections, "diffusion")
 
     def round_record(self, clients: dict[str, dict]) -> dict:
         """Each client's loss and, under privacy, its epsilons and the largest client's."""

@@ -2,17 +2,28 @@
 
 :class:`InProcess` is a :class:`~federation.runtime.Transport` that calls each node's client
 program directly and keeps each node's state between rounds as Flower's context does;
-:func:`run_in_process` runs the built-in program of a validated federated config with one
-client per institution.
+:func:`run_in_process` runs a registered program (the built-in one by default) on a validated config
+with one client per institution.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 from federation.roundloop import run_server
-from federation.runtime import ClientProgram, Failure, Payload, Reply
+from federation.runtime import (
+    CONFIG,
+    INSTITUTION,
+    PROGRAM,
+    ClientProgram,
+    Failure,
+    Payload,
+    Reply,
+    config_entry,
+    program_of,
+)
 from geofm.federated.spill import UploadStore
 
 
@@ -46,15 +57,36 @@ class InProcess:
         return replies, failures
 
 
-def run_in_process(cfg) -> Path:
-    """Run the federated config ``cfg`` (any task's) with every client in this process; returns its run directory."""
-    from federation.client import FederatedClient
-    from federation.server import FederatedServer
+def run_in_process(cfg, program: str = "geofm", wrap: Callable[[ClientProgram], ClientProgram] | None = None) -> Path:
+    """Run the validated config ``cfg`` of the registered ``program`` (the built-in one: any task's federated
+    config) with every client in this process; see :func:`run_tree_in_process`."""
+    from geofm.config.base import config_to_dict
 
-    clients = {i + 1: FederatedClient(cfg, {"institution": name}) for i, name in enumerate(cfg.client_names)}
-    server = FederatedServer(cfg)
-    run_server(server, InProcess(clients, server.uploads), poll_s=0)
-    return cfg.run.output_dir
+    return run_tree_in_process(config_to_dict(cfg), program, wrap)
 
 
-__all__ = ["InProcess", "run_in_process"]
+def run_tree_in_process(
+    tree: dict, program: str = "geofm", wrap: Callable[[ClientProgram], ClientProgram] | None = None
+) -> Path:
+    """Run the registered ``program`` on a config tree (validated by the program) with one client per
+    institution in this process, each client program passed through ``wrap`` where given (e.g. to time
+    it); returns the run directory.
+
+    Raises:
+        ConfigError: the tree is not a valid config of the program.
+    """
+    from geofm.config.federated import read_federated_config
+
+    run_config = {PROGRAM: program, CONFIG: config_entry(tree)}
+    built = program_of(run_config)
+    server = built.make_server(run_config)
+    names = built.client_names(tree) if built.client_names else read_federated_config(tree).client_names
+    clients = {}
+    for i, name in enumerate(names):
+        client = built.make_client(run_config, {INSTITUTION: name})
+        clients[i + 1] = wrap(client) if wrap else client
+    run_server(server, InProcess(clients, getattr(server, "uploads", None)), poll_s=0)
+    return Path(tree["run"]["output_dir"])
+
+
+__all__ = ["InProcess", "run_in_process", "run_tree_in_process"]

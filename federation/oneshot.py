@@ -1,12 +1,15 @@
 """What the one-shot federated programs share: the clients' data, the round of uploads, the classifier.
 
-FedDiff (:mod:`federation.feddiff`) and OSCAR (:mod:`federation.oscar`) run one round in which every
-client uploads once. A client takes its share of the train split under ``federation.partition``, or
-a deployed node its whole train split (:class:`OneShotClient`). The server (:class:`OneShotServer`)
-keeps the uploads (``uploads/<client>.safetensors``, ``uploads/clients.json``, written last: the round
-is done), logs the round to ``rounds.jsonl`` (each client's examples and uplink bytes, and what the
-program adds), refuses to continue a run whose settings changed, and after its own work finetunes the
-configured backbone and head on the synthetic split (``classifier/``).
+FedDiff (:mod:`federation.feddiff`), OSCAR (:mod:`federation.oscar`) and ensemble distillation
+(:mod:`federation.ensemble`) run one round in which every client uploads once. A client takes its
+share of the train split under ``federation.partition``, or a deployed node its whole train split
+(:class:`OneShotClient`). The server (:class:`OneShotServer`) keeps the uploads
+(``uploads/<client>.safetensors``, ``uploads/clients.json``, written last: the round is done, and a
+rerun runs no round but goes straight to the program's ``finish``), logs the round to
+``rounds.jsonl`` (each client's examples and uplink bytes, and what the program adds), refuses to
+continue a run whose settings of what the uploads depend on changed, and builds the global classifier
+in ``classifier/`` (FedDiff and OSCAR: the configured backbone and head finetuned on their synthetic
+split, :meth:`OneShotServer.train_classifier`).
 """
 
 from __future__ import annotations
@@ -40,19 +43,20 @@ def _size(nbytes: int) -> str:
 
 
 class OneShotClient:
-    """A node's client: the config it sees and its share of the train split (in every dataset band where
-    ``every_band``: what a diffusion model learns)."""
+    """A node's client: the config it sees and its share of the train split (``indices``; ``own_data``: a
+    deployed node's whole split), in every dataset band where ``every_band`` (what a diffusion model learns)."""
 
-    every_band = True
+    every_band = False
 
     def __init__(self, cfg: OneShotConfig, node_config: dict[str, Scalar]) -> None:
         self.name = str(node_config[INSTITUTION])
         data_root = node_config.get(DATA_ROOT)
+        self.own_data = bool(data_root)
         self.cfg = cfg.for_node(self.name, str(data_root) if data_root else None, None)
         if self.every_band:
             self.cfg = self.cfg.all_bands()
         self.data = TASKS.get(self.cfg.task).federated(self.cfg)
-        self.indices = self.data.client_share(self.name, bool(data_root)).data
+        self.indices = self.data.client_share(self.name, self.own_data).data
 
     def identity(self) -> Scalars:
         return {"client": self.name, "num_examples": len(self.indices)}
@@ -65,7 +69,7 @@ class OneShotServer:
 
     num_rounds = 1
     fraction = 1.0
-    resume_sections: tuple[str, ...] = ("data", "model", "federation", "diffusion")
+    resume_sections: tuple[str, ...] = ("data", "model", "federation")
 
     def __init__(self, cfg: OneShotConfig) -> None:
         fed = cfg.federation
@@ -78,9 +82,10 @@ class OneShotServer:
         )
         self.upload_dir = self.run_dir / UPLOADS
         self._check_resume()
+        cfg.check_server_inputs()
 
     def _check_resume(self) -> None:
-        """Refuse to continue a run whose uploads or samples came from other settings.
+        """Refuse to continue a run whose uploads (or what the server made of them) came from other settings.
 
         Raises:
             ConfigError: naming the changed section.
@@ -134,10 +139,13 @@ class OneShotServer:
         MetricsLog(self.run_dir / ROUNDS_LOG, resume_step=rnd - 1, key="round").write(record)
         (self.upload_dir / CLIENTS_FILE).write_text(json.dumps(clients, indent=1))
 
+    def clients(self) -> dict[str, dict]:
+        """Each client's metrics in the round (``num_examples``, ``uplink_bytes``...), in name order."""
+        return json.loads((self.upload_dir / CLIENTS_FILE).read_text())
+
     def kept_uploads(self) -> list[Upload]:
-        """The kept uploads, by client name."""
-        clients = json.loads((self.upload_dir / CLIENTS_FILE).read_text())
-        return [Upload(name, load_file(self.upload_dir / f"{name}.safetensors")) for name in clients]
+        """The kept uploads, in client name order."""
+        return [Upload(name, load_file(self.upload_dir / f"{name}.safetensors")) for name in self.clients()]
 
     def train_classifier(self, synthetic: Path) -> None:
         """Finetune the configured backbone and head on the ``synthetic`` split (``classifier/``)."""

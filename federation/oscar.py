@@ -2,7 +2,8 @@
 
 One-shot federated classification with a classifier-free diffusion model, after OSCAR (Zaland et
 al., 2025); the method's pieces are :mod:`geofm.federated.oscar`, the config
-:class:`~geofm.config.oscar.OscarConfig`, what it shares with FedDiff :mod:`federation.oneshot`.
+:class:`~geofm.config.oscar.OscarConfig`, what it shares with the other one-shot programs
+:mod:`federation.oneshot`.
 
 1. Each client (its share of the train split under ``federation.partition``, or a deployed node's
    whole train split; evaluation views, no augmentation) trains nothing: it encodes its images with
@@ -37,7 +38,6 @@ class OscarClient(OneShotClient):
     """A node's client program: the mean embedding of each class of its share of the train split, once."""
 
     cfg: OscarConfig
-    every_band = False  # the encoder reads data.bands
 
     def train(self, arrays: dict, config: Scalars, state: dict) -> tuple[dict, Scalars, dict]:
         cfg = self.cfg  # the train split's samples in its evaluation views: unaugmented
@@ -55,11 +55,7 @@ class OscarServer(OneShotServer):
     """The server program: one round of class embeddings, then its guided samples and the classifier (``finish``)."""
 
     cfg: OscarConfig
-    resume_sections = (*OneShotServer.resume_sections, "oscar")
-
-    def __init__(self, cfg: OscarConfig) -> None:
-        super().__init__(cfg)
-        cfg.check_server_inputs()
+    resume_sections = (*OneShotServer.resume_sections, "diffusion", "oscar")
 
     def finish(self) -> None:
         """Take the server model, sample every client's classes, and finetune the classifier on the samples."""

@@ -195,6 +195,7 @@ PROGRAMS: Registry[Program] = Registry("federated program", "geofm.federated_pro
 PROGRAMS.register("geofm", "federation.program:PROGRAM")
 PROGRAMS.register("feddiff", "federation.feddiff:PROGRAM")
 PROGRAMS.register("oscar", "federation.oscar:PROGRAM")
+PROGRAMS.register("ensemble", "federation.ensemble:PROGRAM")
 
 RETIRED_KEYS = ("server-factory", "client-factory")
 """Run-config keys of earlier versions, which named any importable factory."""

@@ -163,6 +163,10 @@ class FederatedFinetuning:
             log.info("backbone: %s", report if report is not None else "random initialisation (no checkpoint)")
         return model
 
+    def load_kept(self, model: FinetuneModel, run_dir: Path) -> dict:
+        """Load a finetuning run's kept weights (``best/``) into ``model``; returns their record."""
+        return load_best_weights(model, run_dir)
+
     def prepare(self, model: FinetuneModel) -> None:
         """Move the model to this machine's device for training."""
         model.to(self.device)

@@ -5,8 +5,8 @@ A FedDiff config is a classification finetuning config (:class:`~geofm.config.fi
 classifier the server trains on the synthetic set) with two more sections: ``federation`` (the
 clients: a sample partitioner dealing the train split, as in federated finetuning; one round) and
 ``diffusion`` (:class:`DiffusionConfig`: each client's U-Net and its training, the server's sampling,
-Fourier magnitude filtering and differential privacy). What it shares with OSCAR is
-:mod:`geofm.config.oneshot`. See :mod:`federation.feddiff`.
+Fourier magnitude filtering and differential privacy). What it shares with OSCAR and ensemble
+distillation is :mod:`geofm.config.oneshot`. See :mod:`federation.feddiff`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pydantic import Field
 
 from geofm.config.algorithm import NOISE_SEED
 from geofm.config.base import Section
-from geofm.config.oneshot import DDPMConfig, OneShotConfig, UNetConfig
+from geofm.config.oneshot import DDPMConfig, DiffusionOneShotConfig, UNetConfig
 
 
 class DiffusionPrivacyConfig(Section):
@@ -59,7 +59,7 @@ class DiffusionConfig(DDPMConfig):
     privacy: DiffusionPrivacyConfig | None = Field(default=None, description="null: no differential privacy")
 
 
-class FedDiffConfig(OneShotConfig):
+class FedDiffConfig(DiffusionOneShotConfig):
     """FedDiff (see the module docstring and :class:`~geofm.config.oneshot.OneShotConfig`)."""
 
     method: ClassVar[str] = "FedDiff"

@@ -1,11 +1,13 @@
-"""What the one-shot federated classification programs share: the clients, the DDPM settings, the classifier.
+"""What the one-shot federated classification programs share: the clients, the classifier, the DDPM settings.
 
 A one-shot config (:class:`OneShotConfig`) is a classification finetuning config
 (:class:`~geofm.config.finetune.FinetuneConfig`: ``task``, ``checkpoint``, ``model``, ``head``,
-``data``, ``finetune``, ``train``: the global classifier the server trains on the synthetic set) with a
-``federation`` section (the clients: a sample partitioner dealing the train split, as in federated
-finetuning; one round). Its programs, FedDiff (:mod:`geofm.config.feddiff`) and OSCAR
-(:mod:`geofm.config.oscar`), add their diffusion settings to :class:`DDPMConfig`.
+``data``, ``finetune``, ``train``: the global classifier the server builds) with a ``federation``
+section (the clients: a sample partitioner dealing the train split, as in federated finetuning; one
+round, every client in it). Ensemble distillation (:mod:`geofm.config.ensemble`) adds its own section;
+the programs that train the classifier on a synthetic set of diffusion samples
+(:class:`DiffusionOneShotConfig`), FedDiff (:mod:`geofm.config.feddiff`) and OSCAR
+(:mod:`geofm.config.oscar`), add ``diffusion`` (:class:`DDPMConfig`, extended by each).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from pydantic import Field, model_validator
 from geofm.config.base import Section
 from geofm.config.fedfinetune import FinetuneFederationConfig
 from geofm.config.finetune import FinetuneConfig
+from geofm.errors import ConfigError
+
+CLASSIFIER = "classifier"
+"""The global classifier's run folder in the run directory."""
 
 
 class UNetConfig(Section):
@@ -68,22 +74,22 @@ class DDPMConfig(Section):
 
 
 class OneShotConfig(FinetuneConfig):
-    """One round of uploads, then a classifier trained on synthetic images (see the module docstring)."""
+    """A classification finetuning config whose clients each upload once (see the module docstring)."""
 
     method: ClassVar[str] = "a one-shot program"
     """The program's name in error messages."""
 
     federation: FinetuneFederationConfig
-    diffusion: DDPMConfig = DDPMConfig()
 
     @model_validator(mode="after")
     def _check_one_shot(self) -> OneShotConfig:
         fed, method = self.federation, self.method
         if self.task != "classification":
-            raise ValueError(f"task: {method} samples class-conditional images for classification, got {self.task!r}")
+            raise ValueError(f"task: {method} is one-shot federated classification, got {self.task!r}")
         if self.data.class_names is None:
             raise ValueError(
-                "data.class_names: the synthetic split is written with one folder per class name, and may lack classes"
+                "data.class_names: the split folders a one-shot program writes (a client's share, the synthetic "
+                "images) have one folder per class name, and may lack classes"
             )
         if fed.rounds != 1:
             raise ValueError(f"federation.rounds: {method} is one-shot (each client uploads once), got {fed.rounds}")
@@ -108,23 +114,69 @@ class OneShotConfig(FinetuneConfig):
 
     def for_node(self, institution: str, data_root: str | None, teacher: str | None) -> OneShotConfig:
         """The config as one institution's machine sees it: ``data_root`` replaces ``data.root`` (the node
-        uses all of its own train split; ``teacher`` does not apply)."""
+        trains on all of its own train split; ``teacher`` does not apply)."""
         if not data_root:
             return self
         return self.model_copy(update={"data": self.data.model_copy(update={"root": Path(data_root)})})
+
+    def check_server_inputs(self) -> None:
+        """Check the files only the server reads before the round (none here; see the programs' configs)."""
 
     def all_bands(self) -> OneShotConfig:
         """The config whose samples hold every dataset band: what the diffusion models learn and generate,
         so that a synthetic image is a file of the dataset's own bands."""
         return self.model_copy(update={"data": self.data.model_copy(update={"bands": list(self.data.dataset_bands)})})
 
-    def classifier(self, synthetic: Path) -> FinetuneConfig:
-        """The finetuning config of the global classifier: trained on the ``synthetic`` split folder,
-        validated and tested on the real splits, writing to ``run.output_dir/classifier``."""
-        data = self.data.model_copy(update={"splits": {**self.data.splits, "train": str(synthetic.resolve())}})
-        run = self.run.model_copy(update={"output_dir": self.run.output_dir / "classifier"})
+    def central(self, train: Path | None, output_dir: Path, validate: bool = True) -> FinetuneConfig:
+        """The central finetuning config of this config's backbone and head trained on the ``train`` split
+        folder (None: the configured train split), writing to ``output_dir``; without ``validate``, no
+        validation split (the final weights are kept)."""
+        splits = self.data.splits if train is None else {**self.data.splits, "train": str(train.resolve())}
+        data = self.data.model_copy(update={"splits": splits})
+        run = self.run.model_copy(update={"output_dir": output_dir})
         fields = {name: getattr(self, name) for name in FinetuneConfig.model_fields}
+        if not validate:
+            fields["finetune"] = self.finetune.model_copy(update={"val_split": None})
         return FinetuneConfig.model_validate({**fields, "data": data, "run": run})
 
+    def classifier(self, train: Path | None = None) -> FinetuneConfig:
+        """The config of the global classifier the server builds: trained on the ``train`` split folder (the
+        synthetic set; None: the configured train split), validated and tested on the real splits, writing
+        to ``run.output_dir/classifier``."""
+        return self.central(train, self.run.output_dir / CLASSIFIER)
 
-__all__ = ["DDPMConfig", "OneShotConfig", "UNetConfig"]
+
+class DiffusionOneShotConfig(OneShotConfig):
+    """A one-shot config whose server trains the classifier on diffusion samples: ``diffusion`` added."""
+
+    diffusion: DDPMConfig = DDPMConfig()
+
+
+def public_images(folder: Path, suffixes: list[str]) -> list[Path]:
+    """A one-shot server's public images: every file under ``folder`` (recursively, class folders ignored) whose
+    name ends in one of ``suffixes`` (``data.suffixes``), sorted; none for a missing folder."""
+    endings = tuple(s.lower() for s in suffixes)
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name.lower().endswith(endings))
+
+
+def check_public_images(folder: Path, suffixes: list[str], field: str, missing: str) -> None:
+    """Refuse a public image folder that is missing (``missing``: what to name instead) or holds no image.
+
+    Raises:
+        ConfigError: naming ``field`` and the folder's absolute path.
+    """
+    if not folder.is_dir():
+        raise ConfigError(f"{field}: no folder {folder.resolve()} {missing}")
+    if not public_images(folder, suffixes):
+        raise ConfigError(f"{field}: {folder.resolve()} holds no image with a suffix of data.suffixes {suffixes}")
+
+
+__all__ = [
+    "CLASSIFIER",
+    "DDPMConfig",
+    "DiffusionOneShotConfig",
+    "OneShotConfig",
+    "UNetConfig",
+    "check_public_images",
+    "public_images",
+]

@@ -1,7 +1,7 @@
 """The config of OSCAR-style one-shot federated classification: a server diffusion model guided by client embeddings.
 
 After OSCAR (Zaland et al., "One-Shot Federated Learning with Classifier-Free Diffusion Models",
-2025). An OSCAR config is a one-shot config (:class:`~geofm.config.oneshot.OneShotConfig`:
+2025). An OSCAR config is a one-shot config (:class:`~geofm.config.oneshot.DiffusionOneShotConfig`:
 the global classifier, ``federation``, ``diffusion``: the server's U-Net, its training on the public
 imagery and the sampling) with an ``oscar`` section (:class:`OscarSection`: the shared encoder, the
 server's public imagery, condition dropout, the guidance scale, a server model trained earlier).
@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from geofm.checkpoints.layouts import export_architecture
 from geofm.config.base import Section
-from geofm.config.oneshot import OneShotConfig
+from geofm.config.oneshot import DiffusionOneShotConfig, check_public_images
 from geofm.config.sections import BackboneConfig
 from geofm.errors import ConfigError
 from geofm.models.backbones import arch_info
@@ -76,7 +76,7 @@ class OscarSection(Section):
     )
 
 
-class OscarConfig(OneShotConfig):
+class OscarConfig(DiffusionOneShotConfig):
     """OSCAR (see the module docstring)."""
 
     method: ClassVar[str] = "OSCAR"
@@ -100,21 +100,13 @@ class OscarConfig(OneShotConfig):
             if not o.diffusion_checkpoint.is_file():
                 raise ConfigError(f"oscar.diffusion_checkpoint: no file {o.diffusion_checkpoint.resolve()}")
             return
-        if not o.public.is_dir():
-            raise ConfigError(
-                f"oscar.public: no folder {o.public.resolve()} (the server's public imagery, which trains its "
-                "diffusion model); name a folder of GeoTIFFs, or a trained model in oscar.diffusion_checkpoint"
-            )
-        if not public_images(self):
-            raise ConfigError(
-                f"oscar.public: {o.public.resolve()} holds no image with a suffix of data.suffixes {self.data.suffixes}"
-            )
+        check_public_images(
+            o.public,
+            self.data.suffixes,
+            "oscar.public",
+            "(the server's public imagery, which trains its diffusion model); name a folder of GeoTIFFs, or a "
+            "trained model in oscar.diffusion_checkpoint",
+        )
 
 
-def public_images(cfg: OscarConfig) -> list[Path]:
-    """Every file under ``oscar.public`` (recursively) with a suffix of ``data.suffixes``, sorted."""
-    suffixes = {s.lower() for s in cfg.data.suffixes}
-    return sorted(p for p in cfg.oscar.public.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
-
-
-__all__ = ["EncoderConfig", "OscarConfig", "OscarSection", "public_images"]
+__all__ = ["EncoderConfig", "OscarConfig", "OscarSection"]

@@ -32,6 +32,8 @@
   (:func:`~geofm.federated.oscar.class_embeddings`), the server's diffusion model guided by them
   (:func:`~geofm.federated.oscar.server_model`, :func:`~geofm.federated.oscar.generate`).
 * :mod:`~geofm.federated.synthetic`: the one-shot programs' resumable synthetic classification split.
+* :mod:`~geofm.federated.ensemble`: one-shot ensemble distillation: the clients' averaged soft labels on
+  public images and the student's KL loss at temperature (:func:`~geofm.federated.ensemble.distill`).
 * :mod:`~geofm.federated.algorithms`: the algorithm interface and the registered algorithms
   (``geofm list algorithms``).
 

@@ -23,7 +23,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from geofm.checkpoints import load_backbone_for_bands
-from geofm.config.oscar import OscarConfig, public_images
+from geofm.config.oneshot import public_images
+from geofm.config.oscar import OscarConfig
 from geofm.data.finetune.augment import ClassificationView
 from geofm.data.finetune.folders import whole
 from geofm.data.finetune.normalise import BandNormaliser
@@ -100,13 +101,14 @@ def class_embeddings(
 
 
 class PublicImages(Dataset):
-    """The server's public imagery (:func:`~geofm.config.oscar.public_images`): each file read whole in the
-    dataset's bands, normalised as the finetuning data is, then a random crop resized to ``model.img_size``
-    with random flips (:class:`~geofm.data.finetune.augment.ClassificationView`, torch's global generator)."""
+    """The server's public imagery (:func:`~geofm.config.oneshot.public_images` of ``oscar.public``): each file
+    read whole in the dataset's bands, normalised as the finetuning data is, then a random crop resized to
+    ``model.img_size`` with random flips (:class:`~geofm.data.finetune.augment.ClassificationView`, torch's
+    global generator)."""
 
     def __init__(self, cfg: OscarConfig) -> None:
         data = cfg.all_bands().data
-        self.files, self.bands = public_images(cfg), list(data.dataset_bands)
+        self.files, self.bands = public_images(cfg.oscar.public, data.suffixes), list(data.dataset_bands)
         self.normaliser = BandNormaliser.from_config(data)
         self.view = ClassificationView(cfg.model.img_size, True, data.crop_scale, data.hflip, data.vflip)
 

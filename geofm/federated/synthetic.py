@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geofm.config.oneshot import OneShotConfig
+from geofm.config.oneshot import DiffusionOneShotConfig
 from geofm.data.writers import write_geotiff
 from geofm.federated.privacy import noise_generator
 from geofm.runlog import progress_bar
@@ -52,7 +52,7 @@ def planned(counts: np.ndarray, samples: str | int) -> dict[int, int]:
     return {k: int(n) if samples == "as_data" else int(samples) for k, n in enumerate(counts) if n}
 
 
-def sample_jobs(cfg: OneShotConfig, counts: dict[str, np.ndarray]) -> list[SampleJob]:
+def sample_jobs(cfg: DiffusionOneShotConfig, counts: dict[str, np.ndarray]) -> list[SampleJob]:
     """The batches of ``diffusion.sample_batch`` samples of every client (by name: its per-class counts)."""
     d = cfg.diffusion
     return [
@@ -81,7 +81,7 @@ def _records(path: Path) -> list[dict]:
     return records
 
 
-def write_samples(cfg: OneShotConfig, jobs: list[SampleJob], draw: Draw, folder: Path) -> list[dict]:
+def write_samples(cfg: DiffusionOneShotConfig, jobs: list[SampleJob], draw: Draw, folder: Path) -> list[dict]:
     """Draw and write every job not yet recorded in ``folder/samples.jsonl``, with a progress bar.
 
     Returns:

@@ -8,6 +8,7 @@ import pytest
 
 from federation.sweep import read_sweep
 from geofm.config.base import read_config_tree
+from geofm.config.ensemble import EnsembleConfig
 from geofm.config.feddiff import FedDiffConfig
 from geofm.config.federated import read_federated_config
 from geofm.config.finetune import FinetuneConfig
@@ -23,6 +24,7 @@ SCHEMAS = {
     "finetune": FinetuneConfig.from_file,
     "feddiff": FedDiffConfig.from_file,
     "oscar": OscarConfig.from_file,
+    "ensemble": EnsembleConfig.from_file,
 }
 SWEEPS = "sweeps"  # sweep files: every cell's config resolves against the federated schema
 SHIPPED = sorted(path for path in CONFIGS.glob("*/*.yaml") if path.parent.name != SWEEPS)

@@ -183,7 +183,7 @@ def test_privacy_refuses_a_delta_of_one_over_n_and_layers_without_per_example_gr
     ("change", "message"),
     [
         ({"federation": {"rounds": 2, "clients": 2}}, "one-shot"),
-        ({"task": "segmentation"}, "class-conditional images for classification"),
+        ({"task": "segmentation"}, "FedDiff is one-shot federated classification"),
         ({"diffusion": {"sampling_steps": 2000}}, "exceeds diffusion.timesteps"),
         ({"diffusion": {"unet": {"channels": [6], "norm_groups": 4}}}, "must divide"),
     ],

@@ -30,14 +30,26 @@ def class_folders(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def feddiff_tree(finetune_tree, class_folders):
-    """``make(output_dir)``: a FedDiff config tree on :func:`class_folders`: 2 label-skewed clients, a U-Net of
-    4 and 8 channels, 20 timesteps, 2 sampling steps, FMF dropping 20 %, the classifier trained 1 epoch."""
+def one_shot_tree(finetune_tree, class_folders):
+    """``make(output_dir)``: a one-shot config tree on :func:`class_folders`: 2 label-skewed clients, the
+    classifier (or a client's model) trained 1 epoch; each program adds its section."""
 
     def make(output_dir: Path) -> dict:
         tree = finetune_tree("classification", output_dir, data={"root": str(class_folders), "class_names": CLASSES})
         tree["train"] = {**tree["train"], "epochs": 1, "warmup_epochs": 0}
         tree["federation"] = {"rounds": 1, "clients": 2, "partition": "dirichlet", "dirichlet_alpha": 0.5}
+        return tree
+
+    return make
+
+
+@pytest.fixture
+def feddiff_tree(one_shot_tree):
+    """``make(output_dir)``: a FedDiff config tree of :func:`one_shot_tree`: a U-Net of 4 and 8 channels,
+    20 timesteps, 2 sampling steps, FMF dropping 20 %."""
+
+    def make(output_dir: Path) -> dict:
+        tree = one_shot_tree(output_dir)
         tree["diffusion"] = {
             "unet": {"channels": [4, 8], "norm_groups": 2},
             "timesteps": 20,
@@ -47,6 +59,23 @@ def feddiff_tree(finetune_tree, class_folders):
             "sample_batch": 8,
             "fmf_gamma": 20.0,
         }
+        return tree
+
+    return make
+
+
+@pytest.fixture
+def ensemble_tree(one_shot_tree, tmp_path):
+    """``make(output_dir)``: an ensemble distillation config tree of :func:`one_shot_tree` whose public images
+    are three 48 px 4-band scenes no client holds (four 32 px tiles each), distilled for 2 epochs in batches of 4."""
+    rng = np.random.default_rng(1)
+    for i in range(3):
+        pixels = rng.normal(1500, 600, (4, 48, 48)).clip(1, 60000).astype(np.uint16)
+        write_geotiff(tmp_path / "public" / f"{i}.tif", pixels, transform=TRANSFORM, crs=32632)
+
+    def make(output_dir: Path) -> dict:
+        tree = one_shot_tree(output_dir)
+        tree["ensemble"] = {"public": str(tmp_path / "public"), "epochs": 2, "batch_size": 4}
         return tree
 
     return make

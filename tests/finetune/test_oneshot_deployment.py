@@ -1,4 +1,4 @@
-"""The one-shot programs (FedDiff, OSCAR) on a real deployment on this machine: SuperLink and SuperNodes with
+"""The one-shot programs (FedDiff, OSCAR, ensemble distillation) on a real deployment on this machine: SuperLink and SuperNodes with
 TLS and node authentication.
 
 Deployment start-up dominates (about 100 s on two loaded cores).
@@ -13,12 +13,17 @@ import pytest
 from federation.deploy import COMPLETED
 from federation.localdeploy import LocalDeployment
 from federation.runtime import CONFIG, PROGRAM, config_entry
+from geofm.config.ensemble import EnsembleConfig
 from geofm.config.feddiff import FedDiffConfig
 from geofm.config.oscar import OscarConfig
 
 pytestmark = pytest.mark.slow  # a loopback deployment with TLS: over a minute
 
-PROGRAMS = {"feddiff": ("feddiff_tree", FedDiffConfig), "oscar": ("oscar_tree", OscarConfig)}
+PROGRAMS = {
+    "feddiff": ("feddiff_tree", FedDiffConfig),
+    "oscar": ("oscar_tree", OscarConfig),
+    "ensemble": ("ensemble_tree", EnsembleConfig),
+}
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
