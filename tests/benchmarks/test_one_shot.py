@@ -93,7 +93,7 @@ def test_an_unknown_task_is_refused(tmp_path: Path) -> None:
 def test_the_quick_run_measures_each_method(tmp_path: Path) -> None:
     archive = tmp_path / "demo"
     make_demo_archive(archive, seed=0)
-    overrides = [f"demo_root={archive}", f"work_dir={tmp_path / 'work'}", f"markdown={tmp_path / 'one-shot.md'}"]
+    overrides = [f"archive={archive}", f"work_dir={tmp_path / 'work'}", f"markdown={tmp_path / 'one-shot.md'}"]
     settings = settings_of(bench, True, [*overrides, f"figure={tmp_path / 'samples.png'}"])
     report = bench.run(settings)
     results = report.results["results"]
