@@ -118,6 +118,10 @@ def init_distributed() -> tuple[int, int]:
         with contextlib.redirect_stdout(io.StringIO()) as printed:  # DeepSpeed prints "... built successfully"
             deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(), verbose=False)
         log.debug("DeepSpeed: %s", printed.getvalue().strip())
+    elif "LOCAL_RANK" not in os.environ and dist.get_world_size() == 1:
+        # A group of one formed here earlier whose variables a federated run has since hidden from its
+        # processes (federation.processes.PROCESS_GROUP_ENV): DeepSpeed's engine reads LOCAL_RANK again.
+        os.environ["LOCAL_RANK"] = "0"
     return dist.get_rank(), dist.get_world_size()
 
 

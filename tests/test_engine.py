@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from geofm.config import TrainConfig
@@ -145,3 +147,15 @@ def test_bf16_engine_trains_a_swin_with_its_buffers_in_bf16(tiny_swin):
     engine.backward(loss)
     engine.step()
     assert torch.isfinite(loss)
+
+
+def test_a_group_of_one_gives_deepspeed_its_local_rank_again_after_a_federated_run_hid_it(monkeypatch):
+    """A simulation hides the process group's variables from its processes while it runs in this one;
+    its server's finetuning (FedDiff's classifier) then builds an engine in the group formed before."""
+    from geofm.engine import init_distributed
+
+    assert init_distributed()[1] == 1
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    assert init_distributed() == (0, 1)
+    assert os.environ["LOCAL_RANK"] == "0"
