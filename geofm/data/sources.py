@@ -14,8 +14,9 @@ from geofm.config import SourceConfig
 from geofm.data.chipstore import ChipStore
 from geofm.data.grid import Window, grid_windows
 from geofm.data.layouts import PRODUCT_LAYOUTS
+from geofm.data.pixels import RawPixels
 from geofm.data.products import ProductReader, list_images, list_products
-from geofm.data.readers import RawPixels, WindowReader, raster_info, read_raster
+from geofm.data.readers import WindowReader, raster_info, read_raster
 from geofm.errors import DataMismatchError
 
 __all__ = ["Chip", "ImageSource", "chips_of", "list_images", "list_products"]

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from geofm.config.finetune import FinetuneDataConfig
-from geofm.data.readers import normalise_pixels
+from geofm.data.pixels import normalise_pixels
 from geofm.errors import DataMismatchError
 
 

@@ -22,9 +22,10 @@ import numpy as np
 from geofm.config import SourceConfig
 from geofm.data.grid import GridError, PixelGrid, common_grid
 from geofm.data.layouts import PRODUCT_LAYOUTS
+from geofm.data.pixels import RawPixels
 from geofm.data.products.base import BandFile, Product, QualityFiles, list_images
 from geofm.data.quality import RECORDED_CLASSES, invalid_pixels
-from geofm.data.readers import BandFiles, RawPixels
+from geofm.data.readers import BandFiles
 from geofm.errors import InvalidChipError, RasterReadError
 
 __all__ = ["BandFile", "Product", "ProductReader", "QualityFiles", "list_images", "list_products"]
