@@ -27,7 +27,8 @@ from finetune.metrics import TaskMetrics
 from finetune.predict import add_tile, blend_weights
 from finetune.splits import build_split
 from geofm import engine as ds
-from geofm.config.finetune import FinetuneConfig, Split
+from geofm.config.finetune import FinetuneConfig
+from geofm.config.finetune_data import Split
 from geofm.data.finetune import FinetuneDataset
 
 

@@ -12,7 +12,7 @@ task                inputs -> target                  loss
 ==================  ================================  ===============================================
 
 Dense losses are means over the pixels that count: labelled mask pixels (padding carries the
-unscored label, see :attr:`~geofm.config.finetune.FinetuneDataConfig.unscored_label`) and finite
+unscored label, see :attr:`~geofm.config.finetune_data.FinetuneDataConfig.unscored_label`) and finite
 target pixels (padding is NaN). A batch without one is a loss of 0 with the graph intact, not a NaN.
 """
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from geofm.config.finetune import FinetuneConfig, Split
+from geofm.config.finetune import FinetuneConfig
+from geofm.config.finetune_data import Split
 from geofm.data.finetune import FinetuneDataset, build_finetune_dataset
 from geofm.errors import DatasetTooSmallError
 

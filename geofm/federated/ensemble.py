@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geofm.config.ensemble import PUBLIC
-from geofm.config.finetune import FinetuneDataConfig
+from geofm.config.finetune_data import FinetuneDataConfig
 from geofm.config.oneshot import check_public_images, public_images
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.readers import read_raster

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from geofm.config.finetune import FinetuneConfig, FinetuneDataConfig
+from geofm.config.finetune import FinetuneConfig
+from geofm.config.finetune_data import FinetuneDataConfig
 
 BASE = {"root": "data/x", "bands": ["red"], "dataset_bands": ["b04"], "mean": [0.0], "std": [1.0]}
 

@@ -13,7 +13,7 @@ import torch
 from federation.cli import program_run_config
 from federation.runtime import INSTITUTIONS
 from geofm.config.ensemble import EnsembleConfig
-from geofm.config.finetune import FinetuneDataConfig
+from geofm.config.finetune_data import FinetuneDataConfig
 from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError
 from geofm.federated.ensemble import (

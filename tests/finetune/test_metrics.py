@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from finetune.metrics import TaskMetrics
-from geofm.config.finetune import PADDING_LABEL
+from geofm.config.finetune_data import PADDING_LABEL
 
 
 def _compute(cfg, outputs, target, batches: int = 1) -> dict[str, float]:

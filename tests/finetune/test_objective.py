@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from finetune.models import build_finetune_model
 from finetune.objective import build_criterion
 from finetune.tasks import task_of
-from geofm.config.finetune import PADDING_LABEL
+from geofm.config.finetune_data import PADDING_LABEL
 
 
 def _unscored_target(task: str, shape: tuple[int, ...]) -> torch.Tensor:

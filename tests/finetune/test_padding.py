@@ -10,7 +10,7 @@ import torch
 
 from finetune.metrics import TaskMetrics
 from finetune.objective import build_criterion
-from geofm.config.finetune import PADDING_LABEL
+from geofm.config.finetune_data import PADDING_LABEL
 from geofm.data.finetune import build_finetune_dataset
 from geofm.data.writers import write_geotiff
 

@@ -19,7 +19,7 @@ from torch import Tensor
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from geofm.config.finetune import PADDING_LABEL
+from geofm.config.finetune_data import PADDING_LABEL
 from geofm.data.grid import Window
 from geofm.data.transforms import random_flips
 

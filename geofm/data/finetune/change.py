@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from geofm.config.finetune import FinetuneDataConfig, Split
+from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.checks import change_mask, check_same_size
 from geofm.data.finetune.folders import FolderSource, extent, pair_by_stem
 from geofm.data.grid import Window

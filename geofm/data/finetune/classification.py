@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from geofm.config.finetune import FinetuneDataConfig, Split
+from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.checks import class_label
 from geofm.data.finetune.folders import FolderSource, list_files
 from geofm.errors import DataMismatchError, DatasetNotFoundError

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from geofm.config.finetune import FinetuneDataConfig, Split
+from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.augment import ClassificationView, fit_tile, flip_randomly, random_crop
 from geofm.data.finetune.regions import Region, data_regions
 from geofm.data.finetune.sampler import SampleIndex

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
-from geofm.config.finetune import FinetuneDataConfig, Split
+from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.finetune.source import SceneSource
 from geofm.data.grid import Window

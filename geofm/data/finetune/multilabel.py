@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geofm.config.finetune import FinetuneDataConfig, Split
+from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.folders import FolderSource, list_files
 from geofm.errors import DataMismatchError, DatasetNotFoundError
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geofm.config.finetune import FinetuneDataConfig
+from geofm.config.finetune_data import FinetuneDataConfig
 from geofm.data.pixels import normalise_pixels
 from geofm.errors import DataMismatchError
 

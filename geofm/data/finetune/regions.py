@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from geofm.config.finetune import FinetuneDataConfig, RegionSplitConfig, Split
+from geofm.config.finetune_data import FinetuneDataConfig, RegionSplitConfig, Split
 from geofm.data.finetune.source import SceneSource
 from geofm.data.grid import Window, block_windows, grid_windows
 from geofm.errors import DatasetTooSmallError

@@ -13,7 +13,7 @@ from torch import Tensor
 from geofm.data.grid import Window
 
 if TYPE_CHECKING:
-    from geofm.config.finetune import FinetuneDataConfig, Split
+    from geofm.config.finetune_data import FinetuneDataConfig, Split
     from geofm.data.finetune.torchgeo import TorchgeoSource
 
 

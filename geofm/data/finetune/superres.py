@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
-from geofm.config.finetune import FinetuneDataConfig, Split
+from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.checks import superres_extent
 from geofm.data.finetune.folders import FolderSource, extent, pair_by_stem
 from geofm.data.finetune.normalise import BandNormaliser

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from geofm.config.finetune import FinetuneDataConfig, Split
+from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.bands import RGB, UnknownBandError, canonical_bands
 from geofm.data.finetune.checks import change_mask, check_same_size, class_label, class_mask, multi_hot, superres_extent
 from geofm.data.finetune.normalise import BandNormaliser

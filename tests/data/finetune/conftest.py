@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from geofm.config.finetune import FinetuneDataConfig
+from geofm.config.finetune_data import FinetuneDataConfig
 from geofm.data.writers import write_geotiff
 
 CRS = "EPSG:32632"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from geofm.config.finetune import FinetuneDataConfig
+from geofm.config.finetune_data import FinetuneDataConfig
 from geofm.data.finetune import build_finetune_dataset
 from geofm.errors import ConfigError, DataMismatchError, DatasetNotFoundError, RasterReadError
 

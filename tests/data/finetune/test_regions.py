@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from geofm.config.finetune import PADDING_LABEL, RegionSplitConfig
+from geofm.config.finetune_data import PADDING_LABEL, RegionSplitConfig
 from geofm.data.finetune import build_finetune_dataset
 from geofm.data.finetune.regions import split_regions
 from geofm.errors import DatasetTooSmallError

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from geofm.config.finetune import PADDING_LABEL
+from geofm.config.finetune_data import PADDING_LABEL
 from geofm.data.finetune import build_finetune_dataset
 from geofm.errors import DataMismatchError
 
