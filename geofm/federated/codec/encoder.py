@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -13,6 +13,15 @@ from torch import Tensor
 from geofm.errors import CodecError, ConfigError
 from geofm.federated.codec.chunks import ChunkCoder, NonFinite, check_finite, chunks
 from geofm.federated.codec.packet import BITS, HEADER_BYTES, Packet, num_buckets, payload_nbytes
+
+
+class CodecSettings(Protocol):
+    """What a config section gives a codec (the fields of :class:`Codec`)."""
+
+    bits: int
+    bucket_size: int | None
+    scale_norm: Literal["linf", "l2"]
+    stochastic: bool
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,11 @@ class Codec:
             raise ConfigError(f"codec bucket_size must be positive or None, got {self.bucket_size}")
         if self.scale_norm not in ("linf", "l2"):
             raise ConfigError(f"codec scale_norm must be 'linf' or 'l2', got {self.scale_norm!r}")
+
+    @classmethod
+    def of(cls, settings: CodecSettings) -> Codec:
+        """The codec a config section describes (:class:`~geofm.config.algorithm.CodecConfig` and its uplink form)."""
+        return cls(settings.bits, settings.bucket_size, settings.scale_norm, settings.stochastic)
 
     @property
     def wire_scale_norm(self) -> str:
