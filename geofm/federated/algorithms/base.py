@@ -53,10 +53,11 @@ import torch
 from pydantic import BaseModel
 from torch import Tensor, nn
 
-from geofm.config.algorithm import AlgorithmConfig, CodecConfig, SamConfig, UplinkConfig, validated
+from geofm.config.algorithm import AlgorithmConfig, SamConfig, UplinkConfig, validated
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload, RoundAggregate, UploadRules, aggregate_payloads
+from geofm.federated.algorithms import legacy
 from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.algorithms.rounds import (
     Arrays,
@@ -75,17 +76,6 @@ from geofm.federated.sharpness import SharpnessAscent, asam_scaled
 
 # ASAM's offset of T_w = |w| + eta where neither the config nor the algorithm gives one (the ASAM code's default).
 ASAM_ETA = 0.01
-# Client state keys of runs written before payloads had names, and their names now.
-_LEGACY_CLIENT_KEYS = {
-    "feedback.error": "feedback.update.error",
-    "feedback.rounds": "feedback.update.rounds",
-    "reference": "downlink.model",
-}
-
-
-def codec_of(cfg: CodecConfig) -> Codec:
-    """The codec a config section describes."""
-    return Codec(bits=cfg.bits, bucket_size=cfg.bucket_size, scale_norm=cfg.scale_norm, stochastic=cfg.stochastic)
 
 
 class Algorithm(ABC):
@@ -136,10 +126,10 @@ class Algorithm(ABC):
         self.local = layout.select(self.is_local)
         self.num_values = self.shared.numel
         self.uplink_configs: dict[str, UplinkConfig] = {p: cfg.uplink_for(p) for p in self.uplink}
-        self.downlink_codecs = {p: codec_of(cfg.downlink_for(p)) for p in self.downlink}
+        self.downlink_codecs = {p: Codec.of(cfg.downlink_for(p)) for p in self.downlink}
         self.feedback = {
             p: ErrorFeedback(
-                codec_of(up),
+                Codec.of(up),
                 alpha=up.feedback_alpha if up.error_feedback else 0.0,
                 reset_every=up.feedback_reset_every,
                 guard_factor=up.feedback_guard,
@@ -292,7 +282,7 @@ class Algorithm(ABC):
         Raises:
             ConfigError: a change arrived for copies the client does not hold.
         """
-        state = {_LEGACY_CLIENT_KEYS.get(key, key): value for key, value in state.items()}
+        state = legacy.client_state(state)
         values = {}
         for p in self.downlink:
             packet = Packet.from_arrays(
@@ -441,13 +431,7 @@ class Algorithm(ABC):
         Raises:
             ConfigError: the state is another algorithm's (other payloads).
         """
-        if "references" not in saved:  # FedAvg, FedProx and FedSense runs of before
-            saved = {
-                **saved,
-                "recent_norms": {"update": saved.get("recent_norms", [])},
-                "references": {"model": saved["reference"]} if saved.get("reference") is not None else {},
-                "synced": saved.get("synced", {}),
-            }
+        saved = legacy.server_state(saved)
         norms, references = dict(saved["recent_norms"]), {k: v for k, v in saved["references"].items() if v is not None}
         if set(norms) != set(self.uplink) or not set(references) <= set(self.compressed):
             raise ConfigError(
@@ -461,4 +445,4 @@ class Algorithm(ABC):
         self.client_state = {c: dict(v) for c, v in saved.get("client_state", {}).items()}
 
 
-__all__ = ["Algorithm", "codec_of"]
+__all__ = ["Algorithm"]
