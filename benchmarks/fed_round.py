@@ -87,7 +87,7 @@ class Server:
     def __init__(self, cfg, algorithm, model, layout, uploads) -> None:
         from geofm.federated.algorithms.context import PublicImages, ServerContext
         from geofm.memory import keep_freed_memory
-        from pretrain.task import pooled_features
+        from pretrain.tasks.base import pooled_features
 
         keep_freed_memory()  # as FederatedServer does
 

@@ -153,7 +153,7 @@ def held_out_batches(settings: dict, archive: Path) -> list[dict]:
     from torch.utils.data import DataLoader
 
     from geofm.data.pile import PileIndex, PretrainPile
-    from pretrain.task import MaskedImageModelling
+    from pretrain.tasks.mim import MaskedImageModelling
 
     cfg = sensor_config(settings, archive, {"name": "fedavg"}, 0, archive / "unused", HELD_OUT_SCENES)
     task = MaskedImageModelling(cfg)

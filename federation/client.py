@@ -102,8 +102,10 @@ class FederatedClient:
             around_gradient=hooks.around_gradient,
             regulariser=hooks.regulariser,
             ascent=hooks.ascent,
+            on_step=lambda step: self.task.after_step(engine.module, round_progress(cfg, rnd, step + 1, num_steps)),
         )
-        batches = self.task.local_batches(self.share.data, self._num_steps(), rnd, stable_id(cfg.run.seed, self.name))
+        num_steps = self._num_steps()
+        batches = self.task.local_batches(self.share.data, num_steps, rnd, stable_id(cfg.run.seed, self.name))
         device = ds.device()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -179,6 +181,11 @@ class FederatedClient:
             return {key: data[key] for key in data.files}
 
 
+def round_progress(cfg: FederatedConfig, rnd: int, step: int, steps: int) -> float:
+    """The fraction of the run's training done after local step ``step`` of ``steps`` in round ``rnd`` (1-based)."""
+    return (rnd - 1 + step / steps) / cfg.federation.rounds
+
+
 def local_processes(node_config: dict, cfg: FederatedConfig) -> int:
     """The processes a node's client trains on: its node config's ``local-processes``, else
     ``federation.local_processes``.
@@ -214,4 +221,4 @@ def uplink_metrics(reports: dict[str, UplinkReport]) -> dict[str, float | str]:
     return {**metrics, "feedback_reset": ", ".join(resets)}
 
 
-__all__ = ["FederatedClient", "local_processes", "peak_memory_bytes", "uplink_metrics"]
+__all__ = ["FederatedClient", "local_processes", "peak_memory_bytes", "round_progress", "uplink_metrics"]

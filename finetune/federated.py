@@ -204,6 +204,10 @@ class FederatedFinetuning:
         """The task's loss of one micro-batch (label mixing included where the task mixes)."""
         return self.task.forward(model, batch, self.device, self.dtype)
 
+    def after_step(self, model: FinetuneModel, progress: float) -> None:
+        """Nothing follows a finetuning step beyond the optimizer's."""
+        return None
+
     def public_images(self) -> None:
         """Finetuning offers the server no public images (the config refuses ``distill_steps``)."""
         return None

@@ -129,6 +129,7 @@ class TrainLoop:
         seed_of: the seed of a step (its index in the run, or in the round for local steps).
         seed_numpy: seed numpy's global RNG too (timm's Mixup draws from it).
         around_gradient, regulariser, ascent: an algorithm's hooks (see :func:`micro_step`).
+        on_step: called with a step's index after its optimizer step (a task's EMA teacher).
         images: images per micro-batch over all processes, for the throughput.
     """
 
@@ -143,9 +144,11 @@ class TrainLoop:
         around_gradient: Callable[[], AbstractContextManager] = contextlib.nullcontext,
         regulariser: Regulariser | None = None,
         ascent: Ascent | None = None,
+        on_step: Callable[[int], None] | None = None,
         images: int = 0,
     ) -> None:
         self.engine, self.forward = engine, forward
+        self.on_step = on_step
         self.seed_of, self.seed_numpy = seed_of, seed_numpy
         self.around_gradient, self.regulariser, self.ascent = around_gradient, regulariser, ascent
         self.images = images
@@ -164,6 +167,8 @@ class TrainLoop:
             output = micro_step(self.engine, self.forward, batch, self.around_gradient, self.regulariser, self.ascent)
             self.interval.add(output.losses)
             self.speed.add(self.images)
+        if self.on_step is not None:
+            self.on_step(index)
 
     def local_steps(self, step_batches: Iterable[Iterable]) -> tuple[dict[str, float], int]:
         """Train one step per step-batch until the iterator ends (a federated client's round): no

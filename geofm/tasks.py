@@ -1,26 +1,41 @@
-"""The task registry: what a program trains, each task declared in one module.
+"""The task registry and the task interface: what a program trains, each task declared in one module.
 
-A task names its data, model and head, loss, metrics and best-metric rule, evaluation tiling and
-prediction output in one place (its module); programs look it up by the name a config gives. The
-built-in tasks are registered here lazily by import path, so the library never imports the
-programs that implement them; a third-party package registers another through the
-``geofm.tasks`` entry-point group (see :mod:`geofm.registry`), and the config class of its
-federated runs through ``geofm.federated_configs``.
+A task is what a config's ``task`` names. Every task is a class in one module, registered in
+:data:`TASKS`, of one of two kinds (its ``kind``):
+
+* ``"pretraining"``: an objective on unlabelled imagery (masked image modelling, DINO), run by
+  ``geofm pretrain`` and by a federated program the same way: :class:`PretrainingTask`;
+* ``"finetuning"``: a labelled downstream task (classification, segmentation...), declared by
+  ``finetune.tasks`` and run by ``geofm finetune`` and, through its federated adapter, by a
+  federated program.
+
+What a federated program asks of either on one machine is :class:`FederatedTask`. The built-in tasks
+are registered here lazily by import path, so the library never imports the programs that implement
+them; a third-party package registers another through the ``geofm.tasks`` entry-point group (see
+:mod:`geofm.registry`), and the config class of its federated runs through ``geofm.federated_configs``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from geofm.registry import Registry
 
 if TYPE_CHECKING:  # config validation reads the registry without importing torch
-    from torch import Tensor
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from torch import Tensor, nn
+
+    from geofm.data.pile import PretrainPile
+    from geofm.federated.algorithms.context import PublicImages
+    from geofm.training import InputPath
 
 TASKS: Registry = Registry("task", "geofm.tasks")
 """What a program trains: data, model and head, loss and metrics (``task`` of a config)."""
-TASKS.register("mim", "pretrain.task:MaskedImageModelling")
+TASKS.register("mim", "pretrain.tasks.mim:MaskedImageModelling")
+TASKS.register("dino", "pretrain.tasks.dino:SelfDistillation")
 TASKS.register("classification", "finetune.tasks.classification:Classification")
 TASKS.register("multilabel", "finetune.tasks.multilabel:Multilabel")
 TASKS.register("segmentation", "finetune.tasks.segmentation:Segmentation")
@@ -29,7 +44,8 @@ TASKS.register("superres", "finetune.tasks.superres:Superres")
 
 FEDERATED_CONFIGS: Registry = Registry("federated config", "geofm.federated_configs")
 """The config class of a task's federated runs, by task name (a plug-in task registers its own)."""
-FEDERATED_CONFIGS.register("mim", "geofm.config.federated:FederatedConfig")
+for _pretraining in ("mim", "dino"):
+    FEDERATED_CONFIGS.register(_pretraining, "geofm.config.federated:FederatedConfig")
 for _finetuning in ("classification", "multilabel", "segmentation", "change", "superres"):
     FEDERATED_CONFIGS.register(_finetuning, "geofm.config.fedfinetune:FederatedFinetuneConfig")
 
@@ -47,9 +63,6 @@ class StepOutput:
     outputs: Any = field(default=None)
 
 
-__all__ = ["TASKS", "StepOutput"]
-
-
 @dataclass(frozen=True)
 class ClientShare:
     """What one client of a federated run trains on: its example count (the weight of its update)
@@ -57,3 +70,86 @@ class ClientShare:
 
     num_examples: int
     data: Any
+
+
+class FederatedTask(Protocol):
+    """What a federated program asks of a task on one machine (the server's, or one client's).
+
+    Attributes:
+        log_keys: the entries of :attr:`StepOutput.losses` a client averages over its round.
+        resume_invariants: the config keys a resumed run must share with the run it continues.
+    """
+
+    log_keys: tuple[str, ...]
+    resume_invariants: tuple[str, ...]
+
+    def inputs(self) -> list[InputPath]:
+        """The files every machine reads besides its data (a teacher's weights)."""
+
+    def server_inputs(self) -> list[InputPath]:
+        """The paths the server reads (public sources, held-out splits, the starting checkpoint)."""
+
+    def client_inputs(self) -> list[InputPath]:
+        """The clients' data, checked before a simulation (where every institution's data is local)."""
+
+    def client_share(self, name: str, own_data: bool) -> ClientShare:
+        """What client ``name`` trains on: its part of the data, or all of a node's own data."""
+
+    def build_model(self, initial_weights: bool = True) -> nn.Module:
+        """A fresh model; a client builds one without initial weights and loads the global model."""
+
+    def prepare(self, model: nn.Module) -> None:
+        """Ready the model (and the task's own networks) on this machine's device for training."""
+
+    def param_groups(self, model: nn.Module) -> list[dict] | None:
+        """The optimiser's parameter groups (None: the engine's defaults)."""
+
+    def local_batches(self, data: Any, steps: int, rnd: int, seed: int) -> Iterator[list]:
+        """``steps`` step-batches (each a list of micro-batches) of a client's :attr:`ClientShare.data`."""
+
+    def forward(self, model: Any, batch: Any) -> StepOutput:
+        """The losses of one micro-batch through ``model`` (the training engine, or the module)."""
+
+    def after_step(self, model: nn.Module, progress: float) -> None:
+        """Called after each optimizer step with the fraction of the run's training done (EMA teachers)."""
+
+    def evaluate_client(self, model: nn.Module, name: str, own_data: bool) -> dict[str, float] | None:
+        """A personalised client's model on its own validation data (None: the task validates nothing)."""
+
+    def evaluate_round(self, model: nn.Module, rnd: int) -> dict[str, float] | None:
+        """The global model after round ``rnd`` on the validation data (None: nothing to validate)."""
+
+    def public_images(self) -> PublicImages | None:
+        """The server's public images for a server-side step of an algorithm, or None."""
+
+    def export(self, model: nn.Module, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
+        """Write the run's product at the end (an exported backbone, an evaluation); returns its path."""
+
+
+class PretrainingTask(FederatedTask, Protocol):
+    """A pretraining objective, which ``geofm pretrain`` runs too (``kind = "pretraining"``).
+
+    The class declares :meth:`check_config` (its rules and its ``task_options``, read while a config
+    is validated); an instance is bound to one config. Implementations: :mod:`pretrain.tasks`.
+    """
+
+    kind: ClassVar[str]
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> None:
+        """The objective's rules on a config; ValueError naming the field."""
+
+    def pile(self, shares: list[list[Path]] | None = None) -> PretrainPile:
+        """The samples of ``shares`` (files per source) in the objective's form; None: every file."""
+
+    def state_dict(self) -> dict:
+        """What the objective keeps beside the model in a checkpoint (an EMA teacher)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` from a checkpoint."""
+
+    def figures(self, model: nn.Module, pile: PretrainPile, run_dir: Path) -> None:
+        """Redraw the objective's figures at a checkpoint (the reconstruction figure)."""
+
+
+__all__ = ["FEDERATED_CONFIGS", "TASKS", "ClientShare", "FederatedTask", "PretrainingTask", "StepOutput"]

@@ -232,20 +232,23 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     return run_dir
 
 
-def export_student(
+def export_pretrained(
     cfg: PretrainConfig | FederatedConfig,
-    model: MaskedImageModel,
+    encoder: torch.nn.Module,
     run_dir: Path,
     step: int,
     final: dict | None,
+    *,
+    method: str,
     extra: dict | None = None,
 ) -> Path:
-    """Write the student backbone (timm layout) with its sidecar and model card next to the run.
+    """Write a pretrained backbone (timm layout) with its sidecar and model card next to the run.
 
-    ``extra`` adds sidecar entries (a federated run's ``federation`` record).
+    ``method`` names the objective in the sidecar (``gfm``, ``simmim``, ``dino``); ``extra`` adds
+    sidecar entries (a federated run's ``federation`` record).
     """
     metadata = {
-        "method": "gfm" if cfg.teacher is not None else "simmim",
+        "method": method,
         "bands": list(cfg.data.bands),
         "gsd": gsd_range(s.gsd for s in cfg.data.sources),
         "img_size": cfg.model.img_size,
@@ -262,8 +265,19 @@ def export_student(
         "config": config_to_dict(cfg),
         **(extra or {}),
     }
-    path = export_backbone(
-        model.encoder, run_dir, arch=cfg.model.arch, create_kwargs=student_kwargs(cfg), metadata=metadata
-    )
+    path = export_backbone(encoder, run_dir, arch=cfg.model.arch, create_kwargs=student_kwargs(cfg), metadata=metadata)
     log.info("exported backbone to %s", path)
     return path
+
+
+def export_student(
+    cfg: PretrainConfig | FederatedConfig,
+    model: MaskedImageModel,
+    run_dir: Path,
+    step: int,
+    final: dict | None,
+    extra: dict | None = None,
+) -> Path:
+    """Export the masked image model's student backbone (method ``gfm`` with a teacher, else ``simmim``)."""
+    method = "gfm" if cfg.teacher is not None else "simmim"
+    return export_pretrained(cfg, model.encoder, run_dir, step, final, method=method, extra=extra)

@@ -49,7 +49,7 @@ class FinetuneTask(ABC):
         scenes: the scenes ``geofm predict`` takes, one per input, for messages.
     """
 
-    finetunes: ClassVar[bool] = True
+    kind: ClassVar[str] = "finetuning"
     name: ClassVar[str]
     inputs: ClassVar[tuple[str, ...]] = ("image",)
     target: ClassVar[str]

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.config.base import ProgramConfig, Section, checks_architecture, config_to_dict
+from geofm.config.pretrain import TASK_FIELD, TASK_OPTIONS_FIELD, check_pretraining_task, registered_task
 from geofm.config.sections import (
     DataConfig,
     MaskingConfig,
@@ -25,10 +26,9 @@ from geofm.config.sections import (
     RunConfig,
     StudentConfig,
     TeacherConfig,
-    check_masked_pretraining,
 )
 from geofm.errors import ConfigError
-from geofm.tasks import FEDERATED_CONFIGS, TASKS
+from geofm.tasks import FEDERATED_CONFIGS
 
 
 class LocalOptimizerConfig(Section):
@@ -177,7 +177,8 @@ def check_federation(
 
 
 class FederatedConfig(ProgramConfig):
-    """Federated continual pretraining: GFM (SimMIM without a teacher) on every client, FedSense around it."""
+    """Federated continual pretraining: a registered objective on every client (GFM/SimMIM by default, or
+    DINO), FedSense or another registered algorithm around it."""
 
     run: RunConfig
     model: StudentConfig
@@ -187,18 +188,17 @@ class FederatedConfig(ProgramConfig):
     train: LocalTrainConfig
     federation: FederationConfig
     algorithm: AlgorithmConfig = AlgorithmConfig()
-    task: str = Field(default="mim", description="the registered task every client trains (geofm list tasks)")
+    task: str = TASK_FIELD
+    task_options: dict[str, Any] = TASK_OPTIONS_FIELD
 
     @field_validator("task")
     @classmethod
     def _registered_task(cls, name: str) -> str:
-        return TASKS.check(name)
+        return registered_task(name)
 
     @model_validator(mode="after")
     def _check_combination(self, info: ValidationInfo) -> FederatedConfig:
-        check_masked_pretraining(
-            self.model, self.masking, self.teacher, self.data, architecture=checks_architecture(info)
-        )
+        check_pretraining_task(self, info)
         fed, names = self.federation, [s.name for s in self.data.sources]
         unknown = [n for n in fed.public_sources if n not in names]
         if unknown:

@@ -120,7 +120,7 @@ def finetune_task(name: str) -> Any:
         ConfigError: for an unregistered name (listing the nearest names), or a task that does not finetune.
     """
     task = TASKS.get(name)
-    if not getattr(task, "finetunes", False):
+    if getattr(task, "kind", None) != "finetuning":
         raise ConfigError(f"task {name!r} is a pretraining task; geofm finetune and geofm eval take a finetuning task")
     return task
 

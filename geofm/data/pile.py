@@ -174,6 +174,7 @@ class PretrainPile(Dataset[dict[str, Tensor | int | str]]):
         img_size: int,
         mask_fn: Callable[[torch.Generator], Tensor] | None = None,
         files: Sequence[Sequence[Path]] | None = None,
+        views: Callable[[Tensor, Tensor], dict[str, Tensor]] | None = None,
     ) -> None:
         """Initialise a new PretrainPile instance.
 
@@ -183,6 +184,9 @@ class PretrainPile(Dataset[dict[str, Tensor | int | str]]):
             mask_fn: draws a sample's mask from a generator seeded with its ``sample_seed``.
             files: per source of ``cfg.sources``, the files to use (a federated client's share);
                 default every file matching each source's pattern.
+            views: makes a sample's tensors from its (image, valid) in place of the crop and flips
+                (e.g. DINO's :class:`~geofm.data.multicrop.MultiCrop`); its dict replaces ``image``
+                and ``valid`` in the sample.
 
         Raises:
             DatasetNotFoundError: if a source's folder is missing or empty.
@@ -192,6 +196,7 @@ class PretrainPile(Dataset[dict[str, Tensor | int | str]]):
         self.sources = [ImageSource(s, cfg.bands, share) for s, share in zip(cfg.sources, shares, strict=True)]
         self.augment = PretrainAugmentation(img_size, scale=cfg.crop_scale, hflip=cfg.hflip, vflip=cfg.vflip)
         self.mask_fn = mask_fn
+        self.views = views
 
     @property
     def samples_per_epoch(self) -> int:
@@ -263,10 +268,13 @@ class PretrainPile(Dataset[dict[str, Tensor | int | str]]):
             # The CPU generator alone: torch.manual_seed would also queue seeds for every GPU
             # (recording a stack trace each time in a CUDA build), a large part of a small sample's cost.
             torch.default_generator.manual_seed(_mix(_AUGMENT, sample_seed))
-            image, valid = self.augment(image, valid)
+            if self.views is None:
+                image, valid = self.augment(image, valid)
+                tensors = {"image": image, "valid": valid}
+            else:
+                tensors = self.views(image, valid)
         sample: dict[str, Tensor | int | str] = {
-            "image": image,
-            "valid": valid,
+            **tensors,
             "source": source,
             "file": file,
             "skipped": len(reasons),

@@ -29,7 +29,7 @@ from geofm.errors import ConfigError, DatasetNotFoundError, FederatedRunError
 from geofm.federated.codec import Codec
 from geofm.reconstruction import SHOWN_CHIPS, figure_size
 from geofm.tasks import TASKS
-from pretrain.task import client_shares
+from pretrain.tasks.base import client_shares
 from tests.federation.conftest import fedsense_options
 
 pytestmark = pytest.mark.slow
@@ -105,7 +105,7 @@ def test_a_run_written_before_configs_named_a_task_resumes_and_a_changed_task_is
     saved = yaml.safe_load((first / "config.yaml").read_text())
     del saved["task"]  # as the previous version wrote it
     (first / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
-    TASKS.register("mim_again", "pretrain.task:MaskedImageModelling")
+    TASKS.register("mim_again", "pretrain.tasks.mim:MaskedImageModelling")
     with pytest.raises(ConfigError, match="task"):
         _run({**fed_tree("old", federation={"rounds": 2}), "task": "mim_again"})
     with caplog.at_level("INFO", logger="geofm.federated"):

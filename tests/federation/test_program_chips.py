@@ -15,7 +15,7 @@ from geofm.config import SourceConfig
 from geofm.config.federated import FederatedConfig
 from geofm.data.chipstore import ChipStore
 from geofm.data.prepare import prepare_store
-from pretrain.task import client_shares
+from pretrain.tasks.base import client_shares
 
 pytestmark = pytest.mark.slow
 

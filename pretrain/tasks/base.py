@@ -1,18 +1,15 @@
-"""Masked image modelling (GFM, or SimMIM without a teacher) as a task a federated program runs.
+"""What every pretraining objective shares, central or federated: the files, the batches, the public images.
 
-The federated program (:mod:`federation`) knows nothing of images or teachers: it builds this task
-from the run's config (registered as ``"mim"`` in :data:`geofm.tasks.TASKS`) and asks it for the
-model, a client's batches, the forward of one micro-batch, the server's public images and pooled
-features for similarity distillation, and the export at the end, with the reconstruction figure of
-the server's public chips (a client's images never leave it). Each piece is the one central
-pretraining uses (:mod:`pretrain.central`), so a federated client trains the very same objective.
+The programs (central :mod:`pretrain.central`, federated :mod:`federation`) know nothing of images,
+masks or teachers: they build the task the config names (:data:`geofm.tasks.TASKS`) and ask it for
+the model, the samples, the forward of one micro-batch, what follows an optimizer step, and the
+export at the end (the interface: :class:`geofm.tasks.PretrainingTask`). An objective is a subclass
+of :class:`PretrainingTask` in its own module (:mod:`pretrain.tasks.mim`, :mod:`pretrain.tasks.dino`).
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import logging
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -20,49 +17,33 @@ import torch
 from torch.utils.data import DataLoader
 
 from geofm import engine as ds
-from geofm.config import TeacherConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
+from geofm.config.pretrain import PretrainConfig
 from geofm.data.pile import PileSampler, PretrainPile, warn_skipped
 from geofm.data.products import list_products
 from geofm.errors import ConfigError, DatasetNotFoundError
 from geofm.federated.algorithms.context import PublicImages
 from geofm.federated.partition import PARTITIONERS
-from geofm.models.backbones import patch_size_of
-from geofm.models.masking import MaskGenerator
+from geofm.models.backbones import prefer_fused_attention
 from geofm.models.mim import MaskedImageModel
-from geofm.models.teacher import FrozenTeacher, build_teacher
-from geofm.reconstruction import shown_chips, write_reconstruction_figure
-from geofm.runlog import LOSS_KEYS
 from geofm.tasks import ClientShare, StepOutput
 from geofm.training import InputPath
-from pretrain.central import RESUME_INVARIANTS, build_student, export_student, prepare_models
-
-log = logging.getLogger("geofm.federated")
+from pretrain.central import RESUME_INVARIANTS
 
 EPOCH_STRIDE = 100_003
 """A sampler's epoch in round ``rnd`` is ``rnd * EPOCH_STRIDE + epoch``: every round draws its own order."""
 
 
-@functools.cache
-def _teacher(teacher_json: str, bands_json: str) -> FrozenTeacher:
-    """The frozen teacher, built once per process (clients sharing a simulation worker share it)."""
-    return build_teacher(TeacherConfig.model_validate(json.loads(teacher_json)), json.loads(bands_json))
-
-
-def frozen_teacher(cfg: FederatedConfig) -> FrozenTeacher | None:
-    """The run's frozen teacher (None for plain SimMIM), loaded from this machine's weights file."""
-    if cfg.teacher is None:
-        return None
-    return _teacher(
-        json.dumps(config_to_dict(cfg)["teacher"], sort_keys=True), json.dumps(cfg.data.teacher_band_indices)
-    )
-
-
-def share_pile(cfg: FederatedConfig, shares: list[list[Path]], mask_fn) -> PretrainPile:
-    """A pile over the sources that have files in ``shares``, with only those files."""
+def share_pile(
+    cfg: PretrainConfig | FederatedConfig, shares: list[list[Path]] | None, mask_fn=None, views=None
+) -> PretrainPile:
+    """A pile over the sources that have files in ``shares``, with only those files (None: every
+    source with every file); ``mask_fn`` and ``views`` as :class:`~geofm.data.pile.PretrainPile` takes them."""
+    if shares is None:
+        return PretrainPile(cfg.data, cfg.model.img_size, mask_fn=mask_fn, views=views)
     keep = [i for i, files in enumerate(shares) if files]
     data = cfg.data.model_copy(update={"sources": [cfg.data.sources[i] for i in keep]})
-    return PretrainPile(data, cfg.model.img_size, mask_fn=mask_fn, files=[shares[i] for i in keep])
+    return PretrainPile(data, cfg.model.img_size, mask_fn=mask_fn, files=[shares[i] for i in keep], views=views)
 
 
 def pooled_features(model: MaskedImageModel, images: torch.Tensor) -> torch.Tensor:
@@ -117,30 +98,48 @@ def client_shares(cfg: FederatedConfig, name: str) -> list[list[Path]]:
     return shares
 
 
-class MaskedImageModelling:
-    """The GFM/SimMIM objective on one machine's view of a federated run.
+class PretrainingTask(ABC):
+    """What every pretraining objective shares on one machine's view of a run, central or federated.
+
+    A subclass says what the objective trains (:meth:`build_model`, :meth:`prepare`), what a sample
+    holds (:meth:`pile`), the loss of a micro-batch (:meth:`forward`), what it updates after an
+    optimizer step (:meth:`after_step`) and keeps in checkpoints (:meth:`state_dict`), and what it
+    writes at the end (:meth:`export`); the files a client trains on, its batches and the server's
+    public images are the same for every objective (the files of the configured partition of
+    ``data.sources``). See :class:`geofm.tasks.PretrainingTask` for the interface.
 
     Args:
         cfg: the run's config as this machine sees it (its own data and teacher paths).
     """
 
-    log_keys = LOSS_KEYS
-    resume_invariants = RESUME_INVARIANTS
+    kind = "pretraining"
+    log_keys: tuple[str, ...] = ("loss",)
+    resume_invariants: tuple[str, ...] = RESUME_INVARIANTS
 
-    def __init__(self, cfg: FederatedConfig) -> None:
+    def __init__(self, cfg: PretrainConfig | FederatedConfig) -> None:
         self.cfg = cfg
-        self.teacher: FrozenTeacher | None = None
         self.device, self.dtype = ds.device(), ds.compute_dtype(cfg.train)
         self.warned: set[str] = set()  # the unreadable files warned of (data.on_bad_file: skip), each once
 
     @classmethod
-    def federated(cls, cfg: FederatedConfig) -> MaskedImageModelling:
-        """The task as a federated program runs it: this class itself."""
+    def federated(cls, cfg: FederatedConfig) -> PretrainingTask:
+        """The task as a federated program runs it: the class itself."""
         return cls(cfg)
 
+    @classmethod
+    def check_config(cls, cfg: PretrainConfig | FederatedConfig) -> None:
+        """The objective's rules on a validated config (with the architecture's checks).
+
+        Raises:
+            ValueError: naming the field and what the objective expects.
+        """
+        if cfg.task_options:
+            raise ValueError(f"task_options: task {cfg.task} takes no options, got {sorted(cfg.task_options)}")
+
+    # ---- files ------------------------------------------------------------------------------
     def inputs(self) -> list[InputPath]:
-        """The files a client reads besides its imagery: the teacher's weights."""
-        return [InputPath("teacher.checkpoint", self.cfg.teacher.checkpoint)] if self.cfg.teacher else []
+        """The files a client (or a central run) reads besides its imagery."""
+        return []
 
     def server_inputs(self) -> list[InputPath]:
         """The paths the server itself reads: its public sources (clients check their own data)."""
@@ -171,29 +170,55 @@ class MaskedImageModelling:
         shares = client_shares(self.cfg, name)
         return ClientShare(sum(len(files) for files in shares), shares)
 
-    def param_groups(self, model: MaskedImageModel) -> None:
-        """The engine's default groups (weight decay off for norms and biases), as in central pretraining."""
+    # ---- the objective ------------------------------------------------------------------------
+    @abstractmethod
+    def build_model(self, initial_weights: bool = True) -> torch.nn.Module:
+        """A fresh model; without ``initial_weights`` it skips ``model.init_checkpoint`` (a client overwrites it)."""
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        """Ready ``model`` (and the objective's own networks) on this machine's device for training."""
+        prefer_fused_attention(model, self.device)
+
+    @abstractmethod
+    def pile(self, shares: list[list[Path]] | None = None) -> PretrainPile:
+        """The training samples of ``shares`` (per source of ``data.sources``; None: every file)."""
+
+    @abstractmethod
+    def forward(self, model, batch: dict) -> StepOutput:
+        """The losses of one micro-batch (``model`` is the training engine or the model itself)."""
+
+    def after_step(self, model: torch.nn.Module, progress: float) -> None:
+        """Called after each optimizer step with the fraction of training done; nothing by default."""
         return None
 
-    def evaluate_round(self, model: MaskedImageModel, rnd: int) -> None:
+    def state_dict(self) -> dict:
+        """What the objective keeps beside the model in a checkpoint (none by default)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` from a checkpoint (nothing to restore by default)."""
+        return None
+
+    def param_groups(self, model: torch.nn.Module) -> None:
+        """The engine's default groups (weight decay off for norms and biases)."""
+        return None
+
+    def figures(self, model: torch.nn.Module, pile: PretrainPile, run_dir: Path) -> None:
+        """Redraw the objective's figures of a run at a checkpoint (none by default)."""
+        return None
+
+    @abstractmethod
+    def export(self, model: torch.nn.Module, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
+        """Write the trained backbone with its sidecar and model card; returns its path."""
+
+    # ---- federated rounds ----------------------------------------------------------------------
+    def evaluate_round(self, model: torch.nn.Module, rnd: int) -> None:
         """Pretraining validates nothing between rounds; its rounds log their losses."""
         return None
 
-    def evaluate_client(self, model: MaskedImageModel, name: str, own_data: bool) -> None:
+    def evaluate_client(self, model: torch.nn.Module, name: str, own_data: bool) -> None:
         """Nor does a client validate its own model in pretraining."""
         return None
-
-    def build_model(self, initial_weights: bool = True) -> MaskedImageModel:
-        """A fresh student; without ``initial_weights`` it skips ``model.init_checkpoint`` (a client overwrites it)."""
-        cfg = self.cfg
-        if not initial_weights:
-            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"init_checkpoint": None})})
-        return build_student(cfg)
-
-    def prepare(self, model: MaskedImageModel) -> None:
-        """Load the frozen teacher and move both models to this machine's device for training."""
-        self.teacher = frozen_teacher(self.cfg)
-        prepare_models(model, self.teacher, self.cfg, self.device)
 
     def local_batches(self, shares: list[list[Path]], steps: int, rnd: int, seed: int) -> Iterator[list[dict]]:
         """``steps`` local steps, each a list of micro-batches, drawn from ``shares`` in an order fixed by ``seed``.
@@ -203,7 +228,7 @@ class MaskedImageModelling:
         at the same global batch.
         """
         cfg = self.cfg
-        pile = share_pile(cfg, shares, self._masks())
+        pile = self.pile(shares)
         rank, world_size = ds.data_parallel_rank()
         micro = cfg.train.micro_batch_size
         images = ds.global_batch(cfg.train, world_size)
@@ -226,18 +251,6 @@ class MaskedImageModelling:
                 done += 1
             epoch += 1
 
-    def forward(self, model, batch: dict) -> StepOutput:
-        """The GFM losses of one micro-batch (``model`` is the training engine or the student itself)."""
-        images = batch["image"].to(self.device, self.dtype, non_blocking=True)
-        targets = self.teacher(images) if self.teacher is not None else None
-        losses = model(
-            images,
-            batch["mask"].to(self.device, non_blocking=True),
-            batch["valid"].to(self.device, non_blocking=True),
-            targets,
-        )
-        return StepOutput(losses)
-
     def public_images(self) -> PublicImages | None:
         """The server's public sources for a server-side step (FedSense's distillation): batches of their
         images, the encoder's pooled features, the encoder's parameters; None without a public source."""
@@ -246,9 +259,9 @@ class MaskedImageModelling:
         return PublicImages(self._public_batches, pooled_features, lambda model: model.encoder.parameters())
 
     def _public_batches(self, rnd: int, batch_size: int) -> Iterator[torch.Tensor]:
-        """Endless batches of the server's public images, reshuffled per round."""
+        """Endless batches of the server's public images (plain crops), reshuffled per round."""
         cfg = self.cfg
-        pile = share_pile(cfg, self._public_shares(), None)
+        pile = share_pile(cfg, self._public_shares())
         sampler = PileSampler(
             pile.source_sizes, pile.weights, max(batch_size, pile.samples_per_epoch), seed=cfg.run.seed
         )
@@ -260,27 +273,10 @@ class MaskedImageModelling:
                 yield batch["image"]
             epoch += 1
 
-    def export(self, model: MaskedImageModel, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
-        """Write the student's backbone like a central run's, with ``extra`` in its sidecar, and the
-        reconstruction figure of the server's public chips (none without a public source)."""
-        cfg = self.cfg
-        if cfg.federation.public_sources:
-            pile = share_pile(cfg, self._public_shares(), self._masks())
-            write_reconstruction_figure(model, pile, shown_chips(pile, cfg.run.seed), cfg.data.bands, run_dir)
-        else:
-            log.info("no reconstruction figure: the server holds no public source (federation.public_sources)")
-        return export_student(cfg, model, run_dir, step, final, extra)
-
-    def _masks(self) -> MaskGenerator:
-        """The run's SimMIM masks at the student's token grid."""
-        cfg = self.cfg
-        patch = patch_size_of(cfg.model.arch, cfg.model.timm_kwargs)
-        return MaskGenerator(cfg.model.img_size, cfg.masking.mask_patch_size, patch, cfg.masking.mask_ratio)
-
     def _public_shares(self) -> list[list[Path]]:
         """Every file of the server's public sources, per source of ``cfg.data.sources`` (empty lists for the others)."""
         public = self.cfg.federation.public_sources
         return [list_products(s) if s.name in public else [] for s in self.cfg.data.sources]
 
 
-__all__ = ["MaskedImageModelling", "client_shares", "frozen_teacher", "pooled_features", "share_pile"]
+__all__ = ["EPOCH_STRIDE", "PretrainingTask", "client_shares", "pooled_features", "share_pile"]

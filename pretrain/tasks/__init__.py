@@ -1,0 +1,1 @@
+"""The pretraining objectives, each a task of :data:`geofm.tasks.TASKS`."""

@@ -1,0 +1,120 @@
+"""Masked image modelling as a pretraining task: GFM, or SimMIM without a teacher (``task: mim``, the default).
+
+The student reconstructs masked patches and, with a frozen teacher, matches the teacher's features
+(:func:`geofm.objective.gfm_loss`); the settings are the config's ``masking`` and ``teacher``
+sections. A federated run draws the reconstruction figure of the server's public chips at the end
+(a client's images never leave it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from pathlib import Path
+
+from geofm.config import TeacherConfig, config_to_dict
+from geofm.config.federated import FederatedConfig
+from geofm.config.pretrain import PretrainConfig
+from geofm.config.sections import check_masked_pretraining
+from geofm.data.pile import PretrainPile
+from geofm.models.backbones import patch_size_of
+from geofm.models.masking import MaskGenerator
+from geofm.models.mim import MaskedImageModel
+from geofm.models.teacher import FrozenTeacher, build_teacher
+from geofm.reconstruction import shown_chips, write_reconstruction_figure
+from geofm.runlog import LOSS_KEYS
+from geofm.tasks import StepOutput
+from geofm.training import InputPath
+from pretrain.central import build_student, export_student, prepare_models
+from pretrain.tasks.base import PretrainingTask, share_pile
+
+log = logging.getLogger("geofm.pretrain")
+
+
+@functools.cache
+def _teacher(teacher_json: str, bands_json: str) -> FrozenTeacher:
+    """The frozen teacher, built once per process (clients sharing a simulation worker share it)."""
+    return build_teacher(TeacherConfig.model_validate(json.loads(teacher_json)), json.loads(bands_json))
+
+
+def frozen_teacher(cfg: FederatedConfig) -> FrozenTeacher | None:
+    """The run's frozen teacher (None for plain SimMIM), loaded from this machine's weights file."""
+    if cfg.teacher is None:
+        return None
+    return _teacher(
+        json.dumps(config_to_dict(cfg)["teacher"], sort_keys=True), json.dumps(cfg.data.teacher_band_indices)
+    )
+
+
+class MaskedImageModelling(PretrainingTask):
+    """The GFM/SimMIM objective: the student reconstructs masked patches and, with a frozen teacher,
+    matches the teacher's features (:func:`geofm.objective.gfm_loss`)."""
+
+    log_keys = LOSS_KEYS
+
+    def __init__(self, cfg: PretrainConfig | FederatedConfig) -> None:
+        super().__init__(cfg)
+        self.teacher: FrozenTeacher | None = None
+
+    @classmethod
+    def check_config(cls, cfg: PretrainConfig | FederatedConfig) -> None:
+        super().check_config(cfg)
+        check_masked_pretraining(cfg.model, cfg.masking, cfg.teacher, cfg.data)
+
+    def inputs(self) -> list[InputPath]:
+        """The teacher's weights."""
+        return [InputPath("teacher.checkpoint", self.cfg.teacher.checkpoint)] if self.cfg.teacher else []
+
+    def build_model(self, initial_weights: bool = True) -> MaskedImageModel:
+        """A fresh student; without ``initial_weights`` it skips ``model.init_checkpoint`` (a client overwrites it)."""
+        cfg = self.cfg
+        if not initial_weights:
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"init_checkpoint": None})})
+        return build_student(cfg)
+
+    def prepare(self, model: MaskedImageModel) -> None:
+        """Load the frozen teacher and move both models to this machine's device for training."""
+        self.teacher = frozen_teacher(self.cfg)
+        prepare_models(model, self.teacher, self.cfg, self.device)
+
+    def pile(self, shares: list[list[Path]] | None = None) -> PretrainPile:
+        """Crops with their SimMIM masks at the student's token grid."""
+        return share_pile(self.cfg, shares, self._masks())
+
+    def forward(self, model, batch: dict) -> StepOutput:
+        """The GFM losses of one micro-batch (``model`` is the training engine or the student itself)."""
+        images = batch["image"].to(self.device, self.dtype, non_blocking=True)
+        targets = self.teacher(images) if self.teacher is not None else None
+        losses = model(
+            images,
+            batch["mask"].to(self.device, non_blocking=True),
+            batch["valid"].to(self.device, non_blocking=True),
+            targets,
+        )
+        return StepOutput(losses)
+
+    def figures(self, model: MaskedImageModel, pile: PretrainPile, run_dir: Path) -> None:
+        """The reconstruction figure of a few fixed chips of ``pile``."""
+        write_reconstruction_figure(model, pile, shown_chips(pile, self.cfg.run.seed), self.cfg.data.bands, run_dir)
+
+    def export(self, model: MaskedImageModel, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
+        """Write the student's backbone like a central run's, with ``extra`` in its sidecar; a federated
+        run also draws the reconstruction figure of the server's public chips (none without a public
+        source: a client's images never leave it)."""
+        cfg = self.cfg
+        if isinstance(cfg, FederatedConfig):
+            if cfg.federation.public_sources:
+                self.figures(model, share_pile(cfg, self._public_shares(), self._masks()), run_dir)
+            else:
+                log.info("no reconstruction figure: the server holds no public source (federation.public_sources)")
+        return export_student(cfg, model, run_dir, step, final, extra)
+
+    def _masks(self) -> MaskGenerator:
+        """The run's SimMIM masks at the student's token grid."""
+        cfg = self.cfg
+        patch = patch_size_of(cfg.model.arch, cfg.model.timm_kwargs)
+        return MaskGenerator(cfg.model.img_size, cfg.masking.mask_patch_size, patch, cfg.masking.mask_ratio)
+
+
+__all__ = ["MaskedImageModelling", "frozen_teacher"]
