@@ -1,0 +1,87 @@
+"""DINO as a pretraining task: its config rules, and federated runs of the shipped configs with FedAvg and FedSense."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from geofm.config import PretrainConfig
+from geofm.config.federated import read_federated_config
+from geofm.errors import ConfigError
+
+REPO = Path(__file__).parents[2]
+CENTRAL = REPO / "configs/pretrain/demo_dino_swin_micro__img64_win4__4band.yaml"
+FEDAVG = REPO / "configs/federated/demo_dino_fedavg_swin_micro__3inst.yaml"
+FEDSENSE = REPO / "configs/federated/demo_dino_fedsense_swin_micro__3inst__1bit_ef.yaml"
+TINY_SWIN = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [1, 2, 4, 8]}
+TINY_HEAD = {"out_dim": 64, "hidden_dim": 32, "bottleneck_dim": 16, "local_views": 2, "local_size": 16}
+
+
+def shrunk(path: Path, archive: dict[str, Path], out: Path) -> dict:
+    """A shipped DINO config at 32 px with a tiny Swin and head, reading this test's archive."""
+    tree = yaml.safe_load(path.read_text())
+    tree["run"] = {**tree["run"], "output_dir": str(out), "progress": False}
+    tree["model"].update(img_size=32, timm_kwargs=TINY_SWIN)
+    tree["task_options"] = {**tree["task_options"], **TINY_HEAD}
+    for source in tree["data"]["sources"]:
+        source["root"] = str(archive[source["name"]])
+    tree["train"]["micro_batch_size"] = 4
+    return tree
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"task_options": {"out_dims": 8}}, "task_options.out_dims: Extra inputs are not permitted"),
+        ({"task_options": {"global_views": 1, "local_views": 0}}, "global_views + local_views must be at least 2"),
+        ({"task_options": {"local_scale": [0.5, 0.1]}}, "local_scale [0.5, 0.1] must be 0 < low <= high <= 1"),
+        ({"task_options": {"local_size": 30}}, "must be multiples of the backbone's patch size 4"),
+        ({"masking": {"mask_ratio": 0.5}}, "masking applies to task mim"),
+        (
+            {"teacher": {"arch": "swin_tiny_patch4_window7_224", "checkpoint": "t.pth", "img_size": 64}},
+            "DINO's teacher is an EMA",
+        ),
+        ({"task": "segmentation"}, "task 'segmentation' is not a pretraining objective"),
+        ({"task": "dinov9"}, "dinov9"),
+    ],
+)
+def test_a_dino_config_is_refused_naming_the_field(changes, message):
+    tree = {**yaml.safe_load(CENTRAL.read_text()), **changes}
+    with pytest.raises(ConfigError) as err:
+        PretrainConfig.from_tree(tree, "dino.yaml")
+    assert message in str(err.value) and "dino.yaml" in str(err.value)
+
+
+def test_masked_image_modelling_takes_no_task_options():
+    tree = yaml.safe_load((REPO / "configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml").read_text())
+    with pytest.raises(ConfigError, match="task_options: task mim takes no options"):
+        PretrainConfig.from_tree({**tree, "task_options": {"out_dim": 8}})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [FEDAVG, FEDSENSE], ids=["fedavg", "fedsense"])
+def test_federated_dino_trains_exports_and_its_backbone_loads_in_timm(config, archive, tmp_path):
+    import timm
+    from safetensors.torch import load_file
+
+    from federation.inprocess import run_in_process
+
+    tree = shrunk(config, archive, tmp_path / "run")
+    tree["train"].update(local_epochs=None, local_steps=2)
+    tree["federation"]["rounds"] = 2
+    if "options" in tree["algorithm"]:
+        tree["algorithm"]["options"].update(distill_steps=1, distill_batch_size=4)
+    run_dir = run_in_process(read_federated_config(tree, config.name))
+
+    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all(r["loss"] > 0 and 0 <= r["teacher_entropy"] <= 64**0.5 for r in rounds)
+    if "fedsense" in config.name:
+        assert all("loss_similarity" in r for r in rounds)  # the server's distillation ran on DINO's encoder
+    sidecar = json.loads((run_dir / "backbone.json").read_text())
+    assert sidecar["method"] == "dino" and sidecar["teacher"] is None
+    model = timm.create_model(sidecar["arch"], pretrained=False, **sidecar["timm_kwargs"])
+    model.load_state_dict(load_file(run_dir / "backbone.safetensors"))
