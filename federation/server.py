@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from federation.program import OWN_VALIDATION, build_task, round_lr, stable_id
+from federation.program import OWN_VALIDATION, build_task, round_lr
 from federation.runtime import Arrays, Failure, Reply, Scalars
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
 from geofm.config import config_to_dict
@@ -25,6 +25,7 @@ from geofm.federated.algorithms.base import Algorithm
 from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.algorithms.fedsense import DISTILL_OPTIMIZER
 from geofm.federated.algorithms.rounds import ServerRound, payload_arrays
+from geofm.federated.client_round import stable_id
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
 from geofm.federated.privacy import PrivacyAccountant, check_statistics
 from geofm.federated.spill import SPILL_FOLDER, UPLOADS_FOLDER, UploadStore, clear_spill
