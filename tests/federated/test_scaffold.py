@@ -11,6 +11,7 @@ from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.flat import ParameterLayout
+from geofm.tasks import StepOutput
 from tests.federated.point_round import Point, point_round
 
 
