@@ -18,20 +18,20 @@ import torch
 
 from geofm import engine as ds
 from geofm.checkpoints import export_backbone, load_pretraining_model
-from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.checkpoints.provenance import gsd_range
 from geofm.config import PretrainConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile, SkippedFiles
-from geofm.loop import Forward, TrainLoop, epoch_steps, step_seed
+from geofm.loop import Forward
 from geofm.models.backbones import backbone_kwargs, create_backbone, prefer_fused_attention
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
 from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels, teacher_dtype
+from geofm.program import TrainingProgram
 from geofm.reconstruction import shown_chips, write_reconstruction_figure
-from geofm.runlog import LOSS_KEYS, MetricsLog, Phases, final_metrics, plot_loss_curve
+from geofm.runlog import LOSS_KEYS, final_metrics, plot_loss_curve
 from geofm.tasks import StepOutput
-from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, leave_cores_to_workers, run_loader, start_run
+from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, leave_cores_to_workers
 
 log = logging.getLogger("geofm.pretrain")
 
@@ -109,11 +109,108 @@ def mim_forward(engine, teacher: FrozenTeacher | None, dev: torch.device, dtype:
     return forward
 
 
-def _recording(batches: Iterator[dict], skipped: SkippedFiles) -> Iterator[dict]:
-    """``batches``, the files skipped in each recorded as it is read."""
-    for batch in batches:
-        skipped.add_batch(batch)
-        yield batch
+class Pretraining(TrainingProgram):
+    """Central pretraining through the program template; its objective, masked image modelling (GFM, or
+    SimMIM without a teacher), is the methods of the section *objective*, which another pretraining
+    objective replaces: the models (:meth:`build_models`, :meth:`place_models`), the pile's per-chip
+    :meth:`mask_fn`, the :meth:`forward`, the figures (:meth:`prepare_figures`, :meth:`write_figures`)
+    and the :meth:`export`."""
+
+    invariants = RESUME_INVARIANTS
+    schedule_keys = SCHEDULE_KEYS
+    loss_keys = LOSS_KEYS
+    log = log
+
+    def inputs(self) -> list[InputPath]:
+        return pretrain_inputs(self.cfg)
+
+    def build(self) -> None:
+        """The models, the pile of the configured sources with its sampler and schedule, and the engine."""
+        cfg = self.cfg
+        if self.device.type == "cpu":
+            leave_cores_to_workers(cfg.data.num_workers)
+        torch.manual_seed(cfg.run.seed)
+        self.build_models()
+        self.dataset = pile = PretrainPile(cfg.data, cfg.model.img_size, mask_fn=self.mask_fn())
+        self.schedule = ds.make_schedule(cfg.train, pile.samples_per_epoch, self.world, pile.describe())
+        self.sampler = PileSampler(
+            pile.source_sizes,
+            pile.weights,
+            pile.samples_per_epoch,
+            seed=cfg.run.seed,
+            rank=self.rank,
+            world_size=self.world,
+        )
+        self.skipped = SkippedFiles(pile.source_sizes)
+        if self.rank == 0:
+            self.prepare_figures()
+        self.startup.lap("data_index")
+        self.place_models()
+        self.engine = ds.initialize(self.model, cfg.train, self.world, self.schedule)
+        self.dtype = ds.compute_dtype(cfg.train)
+
+    def resumed(self, progress: Progress, client_state: dict) -> None:
+        self.skipped.update(progress.skipped_files, progress.skipped_invalid)
+
+    def batches(self, batches: Iterator[dict]) -> Iterator[dict]:
+        """The epoch's batches, the files skipped in each recorded as it is read."""
+        for batch in batches:
+            self.skipped.add_batch(batch)
+            yield batch
+
+    def skipped_everywhere(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Unreadable files and mostly invalid chips skipped by any process (a collective call when distributed)."""
+        gathered = ds.gather_objects((self.skipped.files, self.skipped.invalid))
+        files, invalid = set().union(*(g[0] for g in gathered)), set().union(*(g[1] for g in gathered))
+        return [list(pair) for pair in sorted(files)], [list(pair) for pair in sorted(invalid)]
+
+    def log_entries(self) -> dict[str, int]:
+        files, invalid = self.skipped_everywhere()
+        return {"skipped_files": len(files), "skipped_invalid_chips": len(invalid)}
+
+    def progress_entries(self) -> dict:
+        files, invalid = self.skipped_everywhere()
+        return {"skipped_files": files, "skipped_invalid": invalid}
+
+    def saved(self, step: int) -> None:
+        plot_loss_curve(self.metrics.read(), self.run_dir / "loss_curve.png", self.run_dir.name)
+        self.write_figures()
+
+    # ---- the objective: masked image modelling ------------------------------------------
+    def build_models(self) -> None:
+        """The frozen teacher (GFM) and the student with its mask token and decoder."""
+        cfg = self.cfg
+        self.teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices) if cfg.teacher else None
+        self.startup.lap("teacher")
+        self.model = build_student(cfg)
+        self.startup.lap("student")
+
+    def mask_fn(self) -> MaskGenerator:
+        """SimMIM's masks at the student's token grid, drawn for each chip the pile reads."""
+        cfg = self.cfg
+        return MaskGenerator(
+            cfg.model.img_size, cfg.masking.mask_patch_size, self.model.patch_size, cfg.masking.mask_ratio
+        )
+
+    def place_models(self) -> None:
+        """The device's attention kernel, and the teacher on the device at its precision."""
+        prepare_models(self.model, self.teacher, self.cfg, self.device)
+
+    def forward(self) -> Forward:
+        return mim_forward(self.engine, self.teacher, self.device, self.dtype)
+
+    def prepare_figures(self) -> None:
+        """The fixed chips of the reconstruction figure (rank 0)."""
+        self.shown = shown_chips(self.dataset, self.cfg.run.seed)
+
+    def write_figures(self) -> None:
+        """The reconstruction figure of the fixed chips, redrawn at each checkpoint."""
+        write_reconstruction_figure(self.engine.module, self.dataset, self.shown, self.cfg.data.bands, self.run_dir)
+
+    def finish(self) -> None:
+        """Export the student's backbone (rank 0)."""
+        if self.rank == 0:
+            export_student(self.cfg, self.engine.module, self.run_dir, self.step, final_metrics(self.metrics.read()))
 
 
 def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the config") -> Path:
@@ -128,108 +225,7 @@ def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the co
     Raises:
         ConfigError: a missing input (all of them listed at once), or a resume that would change the run.
     """
-    startup = Phases()
-    start = start_run(
-        cfg,
-        cfg.train,
-        cfg.run,
-        pretrain_inputs(cfg),
-        invariants=RESUME_INVARIANTS,
-        schedule_keys=SCHEDULE_KEYS,
-        source=source,
-        extend=extend,
-        phases=startup,
-    )
-    rank, world, dev, checkpoints, progress = (
-        start.rank,
-        start.world_size,
-        start.device,
-        start.checkpoints,
-        start.progress,
-    )
-    if dev.type == "cpu":
-        leave_cores_to_workers(cfg.data.num_workers)
-    run_dir = cfg.run.output_dir
-
-    torch.manual_seed(cfg.run.seed)
-    teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices) if cfg.teacher else None
-    startup.lap("teacher")
-    model = build_student(cfg)
-    startup.lap("student")
-    masks = MaskGenerator(cfg.model.img_size, cfg.masking.mask_patch_size, model.patch_size, cfg.masking.mask_ratio)
-    pile = PretrainPile(cfg.data, cfg.model.img_size, mask_fn=masks)
-    schedule = ds.make_schedule(cfg.train, pile.samples_per_epoch, world, pile.describe())
-    sampler = PileSampler(
-        pile.source_sizes, pile.weights, pile.samples_per_epoch, seed=cfg.run.seed, rank=rank, world_size=world
-    )
-    shown = shown_chips(pile, cfg.run.seed) if rank == 0 else None  # the reconstruction figure's chips
-    startup.lap("data_index")
-    prepare_models(model, teacher, cfg, dev)
-    engine = ds.initialize(model, cfg.train, world, schedule)
-    dtype = ds.compute_dtype(cfg.train)
-    checkpoints.start(cfg)
-    startup.lap("engine")
-
-    step, skipped = 0, SkippedFiles(pile.source_sizes)
-    if progress is not None:
-        ds.load_checkpoint(engine, checkpoints.directory, LAST_CHECKPOINT)
-        step = progress.step
-        skipped.update(progress.skipped_files, progress.skipped_invalid)
-        startup.lap("resume")
-        if rank == 0:
-            log.info("resumed from %s at step %d", checkpoints.latest().resolve(), step)
-
-    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step) if rank == 0 else None
-    micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
-
-    def skipped_everywhere() -> tuple[list[list[int]], list[list[int]]]:
-        """Unreadable files and mostly invalid chips skipped by any process (a collective call when distributed)."""
-        gathered = ds.gather_objects((skipped.files, skipped.invalid))
-        files, invalid = set().union(*(g[0] for g in gathered)), set().union(*(g[1] for g in gathered))
-        return [list(pair) for pair in sorted(files)], [list(pair) for pair in sorted(invalid)]
-
-    def skipped_counts() -> dict[str, int]:
-        files, invalid = skipped_everywhere()
-        return {"skipped_files": len(files), "skipped_invalid_chips": len(invalid)}
-
-    def save(step: int) -> None:
-        files, invalid = skipped_everywhere()
-        record = Progress.of(step, schedule.total_steps, cfg.train, world, skipped_files=files, skipped_invalid=invalid)
-        checkpoints.save(engine, record, {"step": step})
-        if metrics is not None:
-            plot_loss_curve(metrics.read(), run_dir / "loss_curve.png", run_dir.name)
-            write_reconstruction_figure(engine.module, pile, shown, cfg.data.bands, run_dir)
-
-    loader = run_loader(pile, sampler, micro, cfg.data.num_workers, dev)
-
-    def epoch_batches(epoch: int, done: int) -> Iterator[dict]:
-        sampler.set_epoch(epoch)
-        sampler.set_start(done * micro * accum)
-        return _recording(iter(loader), skipped)
-
-    loop = TrainLoop(
-        engine,
-        mim_forward(engine, teacher, dev, dtype),
-        LOSS_KEYS,
-        seed_of=lambda step: step_seed(cfg.run.seed, step, rank),
-        images=micro * world,
-    )
-    step = loop.run(
-        epoch_steps(step, schedule.steps_per_epoch, accum, epoch_batches),
-        start,
-        step=step,
-        schedule=schedule,
-        config=cfg.run,
-        save=save,
-        metrics=metrics,
-        record=skipped_counts,
-        startup=startup,
-        logger=log,
-    )
-
-    if step >= schedule.total_steps and rank == 0:
-        export_student(cfg, engine.module, run_dir, step, final_metrics(metrics.read()))
-    return run_dir
+    return Pretraining(cfg, source=source, extend=extend).run()
 
 
 def export_student(
