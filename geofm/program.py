@@ -35,8 +35,9 @@ log = logging.getLogger("geofm.training")
 class TrainingProgram(ABC):
     """A program on the DeepSpeed engine (see the module's docstring for its steps).
 
-    :meth:`build` sets ``engine``, ``schedule``, ``dataset`` and ``sampler`` (the training data and its
-    epoch sampler, with ``set_epoch`` and ``set_start``); the other hooks have defaults.
+    A program writes :meth:`inputs`, :meth:`build` (which sets ``engine``, ``schedule``, ``dataset`` and
+    ``sampler``: the training data and its epoch sampler, with ``set_epoch`` and ``set_start``),
+    :meth:`forward`, :meth:`resumed`, :meth:`saved` and :meth:`finish`; the other hooks have defaults.
 
     Args:
         cfg: the program's validated config (``train``, ``run`` and ``data.num_workers`` are read here).
@@ -168,6 +169,10 @@ class TrainingProgram(ABC):
     def resumed(self, progress: Progress, client_state: dict) -> None:
         """Read the program's own entries of a resumed checkpoint (its progress and client state)."""
 
+    @abstractmethod
+    def saved(self, step: int) -> None:
+        """After a checkpoint, on rank 0: the program's curves and figures."""
+
     def batches(self, batches: Iterator[dict]) -> Iterator[dict]:
         """The micro-batches of an epoch as the loop trains them (default: as the loader gives them)."""
         return batches
@@ -187,10 +192,6 @@ class TrainingProgram(ABC):
     def client_state(self) -> dict[str, Any]:
         """More entries of a checkpoint's client state, beside its step."""
         return {}
-
-    @abstractmethod
-    def saved(self, step: int) -> None:
-        """After a checkpoint, on rank 0: the program's curves and figures."""
 
 
 __all__ = ["TrainingProgram"]
