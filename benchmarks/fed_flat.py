@@ -41,7 +41,7 @@ def model_values(config: str) -> int:
     """Values of the shared vector of a pretraining config's student, built on the meta device (no memory)."""
     from geofm.config.pretrain import PretrainConfig
     from geofm.federated.flat import ParameterLayout
-    from pretrain.central import build_student
+    from pretrain.tasks.mim import build_student
 
     with torch.device("meta"):
         return ParameterLayout.of(build_student(PretrainConfig.from_file(repo_path(config)))).numel

@@ -9,8 +9,11 @@ all as :meth:`~geofm.federated.algorithms.FedSense.server_update` runs them; a l
 through the per-M medians gives the cost per client. The uploads are real 1-bit packets of random
 updates of the config's model size.
 
-Client, per round: receiving the model, the upload (error feedback + codec) and, per micro-step,
-the drift-aware perturbation, set against one local training step of the config's model.
+Client, per round, each piece of the round as the federated client runs it
+(:class:`~geofm.federated.client_round.ClientRound`): receiving (a fresh model, the downlink decoded
+into it), the engine with the algorithm's hooks, the upload (error feedback + codec) and, per
+micro-step, the drift-aware perturbation, set against one local training step of the config's model
+under every hook of the algorithm.
 
 Traffic: bytes per round up and down for FedSense as configured, with the downlink quantised at
 1-8 bits, and for FedAvg in float32.
@@ -150,16 +153,15 @@ def run(settings: dict[str, Any]) -> Report:
 
 
 def _scaling(settings: dict[str, Any]) -> Report:
-    from geofm import engine as ds
     from geofm.federated.aggregation import ClientUpload
     from geofm.federated.algorithms import build_algorithm
     from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
-    from geofm.federated.codec import Codec, decode
+    from geofm.federated.client_round import ClientRound
+    from geofm.federated.codec import Codec
     from geofm.federated.flat import ParameterLayout
-    from geofm.loop import micro_step
     from geofm.models.masking import MaskGenerator
-    from geofm.models.teacher import build_teacher
-    from pretrain.central import build_student, mim_forward, prepare_models
+    from geofm.tasks import TASKS
+    from pretrain.tasks.mim import build_student
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _config(settings, Path(tmp))
@@ -184,54 +186,42 @@ def _scaling(settings: dict[str, Any]) -> Report:
             for m in order:
                 per_m[m].append(server(m))
 
-        # Client: one local step of the config's model, then what a round adds around it.
-        dev = ds.device()
-        student = build_student(cfg)
-        teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices) if cfg.teacher else None
-        prepare_models(student, teacher, cfg, dev)
-        engine = ds.initialize(student, cfg.train, 1, None, 1e-4)
+        # Client: a round's pieces as the federated client runs them (ClientRound), one local step included.
+        task = TASKS.get(cfg.task).federated(cfg)
+        sent, how = algorithm.send(layout.flatten_module(model), 1, ["client0"], torch.Generator())["client0"]
+        config = {"round": 1, "lr": 1e-4, **how}
         b, c, s = cfg.train.micro_batch_size, len(cfg.data.bands), cfg.model.img_size
-        masks = MaskGenerator(s, cfg.masking.mask_patch_size, student.patch_size, cfg.masking.mask_ratio)
+        masks = MaskGenerator(s, cfg.masking.mask_patch_size, model.patch_size, cfg.masking.mask_ratio)
         batch = {
             "image": torch.randn(b, c, s, s),
             "mask": torch.stack([masks() for _ in range(b)]),
             "valid": torch.ones(b, c, s, s, dtype=torch.bool),
         }
-        reference = layout.flatten_module(engine.module)
-        hooks = algorithm.local_hooks(algorithm.local_round("client0", {"model": reference}, engine.module, {}, 1e-4))
-        dtype = ds.compute_dtype(cfg.train)
-        forward = mim_forward(engine, teacher, dev, dtype)
-
-        def local_step() -> None:
-            micro_step(engine, forward, batch, hooks.around_gradient, hooks.regulariser)
-
-        def perturbation() -> None:
-            with hooks.around_gradient():
-                pass
-
-        state: dict = {}
-        down = Codec(bits=32).encode(reference).to_arrays()
-
-        def upload() -> None:
-            delta = layout.flatten_module(engine.module).cpu() - reference.cpu()
-            algorithm.upload(LocalUpdate({"update": delta}), state, generator)
+        rounds: list[ClientRound] = []
 
         def receive() -> None:
-            from geofm.federated.codec import Packet
+            rounds.append(ClientRound(task, cfg, "client0", 1, 1e-4))
+            rounds[-1].receive(sent, config, {})
 
-            layout.assign(engine.module, decode(Packet.from_arrays(down)))
+        def engine() -> None:
+            rounds[-1].build_engine()
 
-        def setup() -> None:
-            fresh = build_student(cfg)
-            layout.assign(fresh, reference)
-            ds.initialize(fresh, cfg.train, 1, None, 1e-4)
+        def local_step() -> None:
+            rounds[-1].loop.step(0, [batch])
+
+        def perturbation() -> None:
+            with rounds[-1].hooks.around_gradient():
+                pass
+
+        def upload() -> None:
+            rounds.pop().finish({}, 1)
 
         client_calls = {
+            "receive": receive,
+            "engine": engine,
             "local_step": local_step,
             "perturbation": perturbation,
             "upload": upload,
-            "receive": receive,
-            "setup": setup,
         }
         for call in client_calls.values():
             call()
@@ -298,8 +288,9 @@ def _scaling(settings: dict[str, Any]) -> Report:
         f"model of {n:,} values; server slope {without_distill['slope'] * 1e3:.1f} ms per client without the similarity "
         f"distillation ({medians[ms[-1]]['similarity_distillation']:.2f} s at {options.distill_steps} steps of "
         f"{options.distill_batch_size} images, {options.clusters or 'one per client'} groups)",
-        f"client per round: receive {client_summary['receive']['median']:.3f} s, upload {client_summary['upload']['median']:.3f} s, "
-        f"model + engine set-up {client_summary['setup']['median']:.3f} s; per micro-step: perturbation "
+        f"client per round: receive (model built, downlink decoded into it) {client_summary['receive']['median']:.3f} s, "
+        f"engine and hooks {client_summary['engine']['median']:.3f} s, upload {client_summary['upload']['median']:.3f} s; "
+        f"per micro-step: perturbation "
         f"{client_summary['perturbation']['median'] * 1e3:.1f} ms against a {step:.3f} s local step ({micro_steps} micro-step(s) per step)",
         "bytes per round for FedSense: uploads + downlink quantised at each bit width (steady state; a client's first round gets the whole model)",
     ]

@@ -4,7 +4,7 @@ One step is the frozen teacher's forward, the student's masked forward (encoder,
 projector), the loss, the backward and the optimizer step, on synthetic batches of the config's
 shape (no data loading). Two variants start from identical weights:
 
-* ``optimised``: geofm's own step, :func:`pretrain.central.mim_forward` in
+* ``optimised``: geofm's own step, :func:`pretrain.tasks.mim.mim_forward` in
   :func:`geofm.loop.micro_step` on the DeepSpeed engine as configured (fused AdamW, the teacher at
   ``teacher.precision``, fused attention where it pays, bf16 on GPUs);
 * ``eager_fp32``: the same model written plainly: an fp32 teacher, explicit attention, torch's
@@ -140,7 +140,7 @@ class OptimisedStep:
     def __init__(self, cfg, state: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> None:
         from geofm import engine as ds
         from geofm.models.teacher import build_teacher
-        from pretrain.central import build_student, mim_forward, prepare_models
+        from pretrain.tasks.mim import build_student, mim_forward, prepare_models
 
         _, world = ds.init_distributed()
         self.dev = ds.device()
@@ -210,7 +210,7 @@ class EagerStep(PlainStep):
         from geofm import engine as ds
         from geofm.models.backbones import set_fused_attention
         from geofm.models.teacher import build_teacher
-        from pretrain.central import build_student
+        from pretrain.tasks.mim import build_student
 
         dev = ds.device()
         model = build_student(cfg).to(dev)
@@ -230,7 +230,7 @@ class EagerStep(PlainStep):
 
 def build(variant: str, cfg, batch: dict[str, torch.Tensor]):
     """One variant's step, from the weights every variant shares (seeded)."""
-    from pretrain.central import build_student
+    from pretrain.tasks.mim import build_student
 
     torch.manual_seed(0)
     state = build_student(cfg).state_dict()

@@ -8,28 +8,18 @@ is also kept in its state folder, from which a restarted run recovers it.
 from __future__ import annotations
 
 import re
-import resource
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from federation.program import LOCAL_PROCESSES, OWN_VALIDATION, STATE_DIR, build_task, local_config, stable_id
+from federation.program import LOCAL_PROCESSES, OWN_VALIDATION, STATE_DIR, build_task, local_config
 from federation.runtime import DATA_ROOT, INSTITUTION, Arrays, Scalars
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
-from geofm.federated import local_optimizer
-from geofm.federated.algorithms import build_algorithm
-from geofm.federated.feedback import UplinkReport
-from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
-from geofm.federated.privacy import noise_generator
-from geofm.loop import TrainLoop
+from geofm.federated.client_round import ClientRound, stable_id
 from geofm.training import check_inputs
-
-LOCAL_STATISTICS = "local_statistics"
-"""The client-state key of its own batch-norm running statistics, under ``Algorithm.keeps_local_statistics``."""
 
 
 class FederatedClient:
@@ -73,80 +63,31 @@ class FederatedClient:
         (the same model, payloads and state on each); rank 0 uploads, keeps the state and answers, the
         other ranks answer None."""
         started = time.perf_counter()
-        rank, world_size = ds.init_distributed()
+        _, world_size = ds.init_distributed()
         # The round's rate is the server's for federation.local_processes; a node with another count scales it.
         lr = float(config["lr"]) * world_size / self.cfg.federation.local_processes
-        cfg, rnd = self.cfg, int(config["round"])
-        # Each round's model is built fresh and overwritten by the global model: no initial weights to read.
-        model = self.task.build_model(initial_weights=False)
-        algorithm = build_algorithm(cfg.algorithm, ParameterLayout.of(model))
-        received, state = algorithm.receive(self.name, arrays, config, state or self._recover(rnd))
-        algorithm.shared.assign(model, received["model"])
-        algorithm.restore_local(model, state)
-        if RUNNING_STATISTICS in arrays:
-            load_running_statistics(model, arrays[RUNNING_STATISTICS])
-        if algorithm.keeps_local_statistics and LOCAL_STATISTICS in state:
-            load_running_statistics(model, state[LOCAL_STATISTICS])
-        self.task.prepare(model)
-        optimizer = local_optimizer.resolve(cfg.train, cfg.algorithm.name)
-        groups = local_optimizer.with_weight_decay(self.task.param_groups(model), optimizer.weight_decay)
-        engine = ds.initialize(model, cfg.train, world_size, None, lr, param_groups=groups, optimizer=optimizer)
-        local = algorithm.local_round(self.name, received, engine.module, state, lr)
-        local.momentum = optimizer.momentum if optimizer.name == "sgd" else 0.0
-        hooks = algorithm.hooks(local)
-        loop = TrainLoop(
-            engine,
-            lambda batch: self.task.forward(engine, batch),
-            self.task.log_keys,
-            seed_of=lambda step: stable_id(cfg.run.seed, self.name, rnd, step),
-            around_gradient=hooks.around_gradient,
-            regulariser=hooks.regulariser,
-            ascent=hooks.ascent,
-            on_step=lambda step: self.task.after_step(engine.module, round_progress(cfg, rnd, step + 1, num_steps)),
-        )
-        num_steps = self._num_steps()
-        batches = self.task.local_batches(self.share.data, num_steps, rnd, stable_id(cfg.run.seed, self.name))
-        device = ds.device()
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        trained = time.perf_counter()
-        means, steps = loop.local_steps(batches)
-        seconds_per_step = (time.perf_counter() - trained) / max(steps, 1)
-        statistics = running_statistics(engine.module)
-        if statistics is not None and world_size > 1:  # each rank's batch norms saw its share of the batches
-            statistics = ds.mean_across_ranks(torch.from_numpy(statistics)).numpy()
-        peak_memory = int(ds.max_across_ranks(torch.tensor([peak_memory_bytes(device)], dtype=torch.float64)).item())
-        if rank:
+        rnd = int(config["round"])
+        steps = self._num_steps()
+        local = ClientRound(self.task, self.cfg, self.name, rnd, lr, world_size, steps=steps)
+        batches = self.task.local_batches(self.share.data, steps, rnd, stable_id(self.cfg.run.seed, self.name))
+        result = local.run(arrays, config, state or self._recover(rnd), batches)
+        if result is None:
             return None
-
-        update = algorithm.finish_local(local, algorithm.shared.flatten_module(engine.module).cpu(), steps)
-        algorithm.keep_local(engine.module, state)
-        generator = torch.Generator().manual_seed(stable_id(cfg.run.seed, self.name, rnd, "uplink"))
-        privacy = cfg.algorithm.privacy
-        noise = noise_generator(privacy.seed, "client", self.name, rnd) if privacy else None
-        upload, reports = algorithm.upload(update, state, generator, noise)
-        if statistics is not None:
-            upload[RUNNING_STATISTICS] = statistics
-            if algorithm.keeps_local_statistics:
-                state[LOCAL_STATISTICS] = statistics
-        state["round"] = np.array([rnd], dtype=np.int64)
-        self._persist(rnd, state)
+        self._persist(rnd, result.state)
         # A personalised algorithm's product is each client's own model: validated on the client's own data.
-        own = self.task.evaluate_client(engine.module, self.name, self.own_data) if algorithm.personalised else None
+        own = (
+            self.task.evaluate_client(local.engine.module, self.name, self.own_data)
+            if local.algorithm.personalised
+            else None
+        )
         metrics = {
             "client": self.name,
             "num_examples": self.num_examples,
-            "steps": steps,
-            **means,
-            **update.metadata,
-            **uplink_metrics(reports),
+            **result.metrics,
             "seconds": time.perf_counter() - started,
-            "seconds_per_step": seconds_per_step,
-            "peak_memory_bytes": peak_memory,
-            "local_world_size": world_size,
             **{f"{OWN_VALIDATION}{key}": value for key, value in (own or {}).items()},
         }
-        return upload, metrics, state
+        return result.upload, metrics, result.state
 
     def _num_steps(self) -> int:
         """Local steps per round: ``train.local_steps``, or ``train.local_epochs`` of this client's share in
@@ -181,11 +122,6 @@ class FederatedClient:
             return {key: data[key] for key in data.files}
 
 
-def round_progress(cfg: FederatedConfig, rnd: int, step: int, steps: int) -> float:
-    """The fraction of the run's training done after local step ``step`` of ``steps`` in round ``rnd`` (1-based)."""
-    return (rnd - 1 + step / steps) / cfg.federation.rounds
-
-
 def local_processes(node_config: dict, cfg: FederatedConfig) -> int:
     """The processes a node's client trains on: its node config's ``local-processes``, else
     ``federation.local_processes``.
@@ -199,26 +135,4 @@ def local_processes(node_config: dict, cfg: FederatedConfig) -> int:
     return int(value)
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """The most memory the local round took: allocated CUDA memory since the round began on a GPU, else
-    the peak resident size of this client's process (in a simulation, a worker that ran several clients)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-def uplink_metrics(reports: dict[str, UplinkReport]) -> dict[str, float | str]:
-    """A client's log of its upload: the first payload's norms as ``update_norm`` and ``error_norm``,
-    another's as ``<payload>.update_norm`` and ``<payload>.error_norm``, and the residuals it reset."""
-    metrics: dict[str, float | str] = {}
-    resets = []
-    for index, (payload, report) in enumerate(reports.items()):
-        prefix = f"{payload}." if index else ""
-        metrics[f"{prefix}update_norm"], metrics[f"{prefix}error_norm"] = report.update_norm, report.error_norm
-        kind = "guard" if report.guard_reset else "periodic" if report.periodic_reset else ""
-        if kind:
-            resets.append(f"{payload}: {kind}" if len(reports) > 1 else kind)
-    return {**metrics, "feedback_reset": ", ".join(resets)}
-
-
-__all__ = ["FederatedClient", "local_processes", "peak_memory_bytes", "round_progress", "uplink_metrics"]
+__all__ = ["FederatedClient", "local_processes"]

@@ -23,7 +23,6 @@ clients selected, the same data and the same result. The server and client live 
 from __future__ import annotations
 
 import math
-import zlib
 
 from federation.runtime import DATA_ROOT, INSTITUTION, Program, Scalar, program_config
 from geofm import engine as ds
@@ -94,11 +93,6 @@ def round_lr(cfg: FederatedConfig, rnd: int) -> float:
     return peak * (train.min_lr_ratio + (1 - train.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def stable_id(*parts: object) -> int:
-    """A seed from names and numbers that is the same in every process (``hash`` of a str is not)."""
-    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
-
-
 def local_config(cfg, node_config: dict):
     """The config as one institution's machine sees it: its ``data-root`` and ``teacher`` paths
     (see the config class's ``for_node``)."""
@@ -115,5 +109,4 @@ __all__ = [
     "make_client",
     "make_server",
     "round_lr",
-    "stable_id",
 ]

@@ -11,20 +11,21 @@ import time
 import numpy as np
 import torch
 
-from federation.program import OWN_VALIDATION, build_task, round_lr, stable_id
+from federation.program import build_task, round_lr
+from federation.resume import algorithm_state, comparable_algorithm, saved_config
+from federation.roundrecord import RoundRecord
 from federation.runtime import Arrays, Failure, Reply, Scalars
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
 from geofm.config import config_to_dict
-from geofm.config.algorithm import MOVED_TO_OPTIONS, AlgorithmConfig
 from geofm.config.federated import FederatedConfig
 from geofm.errors import GeoFMError
 from geofm.federated import local_optimizer
 from geofm.federated.aggregation import ClientUpload, RoundAggregate
-from geofm.federated.algorithms import ALGORITHMS, build_algorithm
+from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.base import Algorithm
 from geofm.federated.algorithms.context import ServerContext
-from geofm.federated.algorithms.fedsense import DISTILL_OPTIMIZER
 from geofm.federated.algorithms.rounds import ServerRound, payload_arrays
+from geofm.federated.client_round import stable_id
 from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
 from geofm.federated.privacy import PrivacyAccountant, check_statistics
 from geofm.federated.spill import SPILL_FOLDER, UPLOADS_FOLDER, UploadStore, clear_spill
@@ -55,29 +56,6 @@ FEDERATED_SCHEDULE = (
     "train.local_epochs",
     "train.local_steps",
 )
-
-
-def comparable_algorithm(tree: dict | None) -> dict | None:
-    """``tree`` with its algorithm's options as the algorithm reads them (defaults left out), so that a
-    resumed run compares settings, not how they were written; a config saved before each algorithm
-    kept its settings in ``options`` has them moved there (the algorithm's own; the others' dropped)."""
-    if tree is None or not isinstance(tree.get("algorithm"), dict):
-        return tree
-    algorithm = dict(tree["algorithm"])
-    moved = {key: algorithm.pop(key) for key in MOVED_TO_OPTIONS if key in algorithm}
-    options = dict(algorithm.get("options") or {})
-    rule = ALGORITHMS.get(algorithm.get("name", AlgorithmConfig.model_fields["name"].default))
-    if rule.Options is not None:
-        own = {key: value for key, value in moved.items() if key in rule.Options.model_fields}
-        options = rule.Options.model_validate({**own, **options}).model_dump(exclude_defaults=True)
-    return {**tree, "algorithm": {**algorithm, "options": options}}
-
-
-def saved_config(tree: dict | None) -> dict | None:
-    """A checkpoint's saved config, with the ``task`` of runs written before configs named one (they all pretrained)."""
-    if tree is None or "task" in tree:
-        return tree
-    return {**tree, "task": FederatedConfig.model_fields["task"].default}
 
 
 class FederatedServer:
@@ -187,95 +165,113 @@ class FederatedServer:
         # In institution order, not arrival order: float sums and the clustering then give the same
         # global model whichever client answers first.
         replies = sorted(replies, key=lambda r: self.clients[r.node_id][0])
-        statistics = {self.clients[r.node_id][0]: r.arrays.get(RUNNING_STATISTICS) for r in replies}
-        uploads = [
-            ClientUpload(
-                self.clients[r.node_id][0],
-                payload_arrays(r.arrays, skip=(RUNNING_STATISTICS,)),
-                self.clients[r.node_id][1],
-                r.metrics,
-            )
-            for r in replies
-        ]
+        uploads = [self._upload(r) for r in replies]
         payloads = self.algorithm.aggregate(uploads)
         aggregate = payloads[self.algorithm.uplink[0]]  # every payload's aggregate has the same clients
+        self._warn_screened(rnd, aggregate)
+        server_metrics, discarded = self._apply(rnd, payloads, aggregate)
+        if self.accountant is not None:  # every upload was released (local), the round's mean too (central)
+            self.accountant.step([u.client for u in uploads])
+        self.algorithm.note_replies(rnd, [u.client for u in uploads])
+        accepted = {a.client for a in aggregate.accepted} if discarded is None else set()
+        # Keyed by the institution each node registered as, never by what a reply claims to be.
+        metrics = {u.client: u.metadata for u in uploads if u.client in accepted}
+        weights = {a.client: w for a, w in zip(aggregate.accepted, aggregate.weights, strict=True)}
+        statistics = {self.clients[r.node_id][0]: r.arrays.get(RUNNING_STATISTICS) for r in replies}
+        validation = self._evaluate(rnd, statistics, weights if discarded is None else {})
+        record = RoundRecord(
+            rnd=rnd,
+            log_keys=self.task.log_keys,
+            metrics=metrics,
+            weights=weights,
+            aggregate=aggregate,
+            server_metrics=server_metrics,
+            privacy=self.accountant.report() if self.accountant is not None else {},
+            validation=validation,
+            lr=round_lr(self.cfg, rnd),
+            local_optimizer=self.local_optimizer,
+            uplink_bytes=sum(sum(a.nbytes for a in r.arrays.values()) for r in replies),
+            downlink_bytes=self._round_downlink,
+            seconds=time.perf_counter() - self._round_started,
+            server_seconds=self._server_seconds + time.perf_counter() - aggregating,
+            discarded=discarded,
+            failed={str(self.clients.get(f.node_id, (f.node_id,))[0]): f.reason for f in failures},
+        )
+        self.rounds_log.write(record.to_dict())
+        self._report(record)
+        self._checkpoint(rnd)
+        self._plot(validation)
+        self.uploads.clear()
+
+    def _upload(self, reply: Reply) -> ClientUpload:
+        """A reply as the algorithm screens it: its payloads (the batch-norm statistics apart), the examples
+        its node registered with, its metrics."""
+        name, examples = self.clients[reply.node_id]
+        return ClientUpload(name, payload_arrays(reply.arrays, skip=(RUNNING_STATISTICS,)), examples, reply.metrics)
+
+    def _warn_screened(self, rnd: int, aggregate: RoundAggregate) -> None:
+        """Warn of each rejected upload and each client weighted by fewer examples than it claims."""
         for rejection in aggregate.rejected:
             log.warning("round %d: rejected the upload of %s: %s", rnd, rejection.client, rejection.reason)
         for client, (claimed, counted) in aggregate.bounded.items():
             log.warning("round %d: %s claims %d examples; weighted as %d", rnd, client, claimed, counted)
-        server_metrics: dict[str, float] = {}
-        discarded = None
-        if aggregate.update is not None:
-            outcome = self.algorithm.server_update(self.global_model, payloads)
-            discarded = non_finite_model(outcome, payloads)
-            if discarded is None:
-                self.global_model, server_metrics = outcome.model, outcome.metrics
-                self.algorithm.commit(outcome, payloads)
-            else:
-                self.algorithm.discard()
-                log.error("round %d: %s; the global model stays as it was", rnd, discarded)
-        else:
+
+    def _apply(
+        self, rnd: int, payloads: dict[str, RoundAggregate], aggregate: RoundAggregate
+    ) -> tuple[dict[str, float], str | None]:
+        """The server rule on the accepted uploads, kept when its result is finite; returns what it logs and
+        why its result was discarded (None: kept, or nothing accepted)."""
+        if aggregate.update is None:
             log.warning("round %d: no upload was accepted; the global model stays as it was", rnd)
-        if self.accountant is not None:  # every upload was released (local), the round's mean too (central)
-            self.accountant.step([u.client for u in uploads])
-        accepted = {a.client for a in aggregate.accepted} if discarded is None else set()
-        self.algorithm.note_replies(rnd, [self.clients[r.node_id][0] for r in replies])
-        # Keyed by the institution each node registered as, never by what a reply claims to be.
-        metrics = {self.clients[r.node_id][0]: r.metrics for r in replies if self.clients[r.node_id][0] in accepted}
-        weights = {a.client: w for a, w in zip(aggregate.accepted, aggregate.weights, strict=True)}
+            return {}, None
+        outcome = self.algorithm.server_update(self.global_model, payloads)
+        discarded = non_finite_model(outcome, payloads)
+        if discarded is not None:
+            self.algorithm.discard()
+            log.error("round %d: %s; the global model stays as it was", rnd, discarded)
+            return {}, discarded
+        self.global_model = outcome.model
+        self.algorithm.commit(outcome, payloads)
+        return outcome.metrics, None
+
+    def _evaluate(
+        self, rnd: int, statistics: dict[str, np.ndarray | None], weights: dict[str, float]
+    ) -> dict[str, float] | None:
+        """The model the server evaluates (the global one, its local parameters, the clients' averaged
+        batch-norm statistics) into ``self.model``, and the task's validation of it (finetuning)."""
         self.layout.assign(self.model, self.algorithm.evaluated_model(self.global_model))
         local = self.algorithm.server_local()
         if local is not None:
             self.algorithm.local.assign(self.model, local)
-        self._average_statistics(statistics, weights if discarded is None else {})
-        validation = self.task.evaluate_round(self.model, rnd)  # finetuning: the global model's val metrics
-        record = {
-            "round": rnd,
-            "clients": sorted(accepted),
-            **{
-                key: sum(weights[c] * float(m.get(key, "nan")) for c, m in metrics.items()) if metrics else None
-                for key in self.task.log_keys
-            },
-            **server_metrics,
-            **(self.accountant.report() if self.accountant is not None else {}),
-            **({"val": validation} if validation is not None else {}),
-            "lr": round_lr(self.cfg, rnd),
-            "local_optimizer": self.local_optimizer,
-            "uplink_bytes": sum(sum(a.nbytes for a in r.arrays.values()) for r in replies),
-            "downlink_bytes": self._round_downlink,
-            "seconds": round(time.perf_counter() - self._round_started, 3),
-            # the server's own work (sending, combining, its update rule, validation): not waiting, checkpoints, plots
-            "server_seconds": round(self._server_seconds + time.perf_counter() - aggregating, 3),
-            "client_seconds_per_step": _per_client(metrics, "seconds_per_step"),
-            "client_peak_memory_bytes": _per_client(metrics, "peak_memory_bytes"),
-            "local_world_size": _per_client(metrics, "local_world_size"),  # each client's training processes
-            **_own_validation(metrics),
-            "rejected": {r.client: r.reason for r in aggregate.rejected},
-            "bounded_examples": {c: {"claimed": a, "counted": b} for c, (a, b) in aggregate.bounded.items()},
-            **({"discarded": discarded} if discarded else {}),
-            "failed": {str(self.clients.get(f.node_id, (f.node_id,))[0]): f.reason for f in failures},
-            "feedback_resets": {c: m["feedback_reset"] for c, m in metrics.items() if m.get("feedback_reset")},
-        }
-        self.rounds_log.write(record)
-        for client, kind in record["feedback_resets"].items():
+        self._average_statistics(statistics, weights)
+        return self.task.evaluate_round(self.model, rnd)
+
+    def _report(self, record: RoundRecord) -> None:
+        """Log the round: resets of error feedback, then its losses, clients and traffic."""
+        rnd = record.rnd
+        for client, kind in record.feedback_resets().items():
             log.warning("round %d: %s reset its error-feedback buffer (%s)", rnd, client, kind)
-        losses = ", ".join(f"{k} {record[k]:.4f}" for k in self.task.log_keys) if metrics else "no update applied"
+        losses = record.losses()
+        described = (
+            ", ".join(f"{k} {losses[k]:.4f}" for k in record.log_keys) if record.metrics else "no update applied"
+        )
         log.info(
             "round %d/%d: %s, %d clients, up %.1f KiB, down %.1f KiB",
             rnd,
             self.cfg.federation.rounds,
-            losses,
-            len(accepted),
-            record["uplink_bytes"] / 1024,
-            record["downlink_bytes"] / 1024,
+            described,
+            len(record.metrics),
+            record.uplink_bytes / 1024,
+            record.downlink_bytes / 1024,
         )
-        self._checkpoint(rnd)
+
+    def _plot(self, validation: dict[str, float] | None) -> None:
+        """Redraw ``rounds.png`` and, with validation, the global model's ``val_curve.png``."""
         records = self.rounds_log.read()
         plot_rounds(records, self.run_dir / "rounds.png", self.run_dir.name)
         if validation:  # the first metric is the task's own
             title = f"{self.run_dir.name}: global model"
             plot_metric_curve(records, "val", [next(iter(validation))], self.run_dir / "val_curve.png", title, "round")
-        self.uploads.clear()
 
     def finish(self) -> None:
         """Export the global backbone once the last round is done."""
@@ -366,7 +362,7 @@ class FederatedServer:
         self.global_model = self.layout.flatten_module(self.model)
         self.statistics = running_statistics(self.model)
         server = saved["server"]
-        self.algorithm.load_state_dict(_algorithm_state(server))
+        self.algorithm.load_state_dict(algorithm_state(server))
         if self.accountant is not None:  # the algorithm section, privacy included, is kept on resume
             self.accountant.load_state_dict(server["privacy"])
         if not bool(torch.isfinite(self.global_model).all()):
@@ -376,40 +372,6 @@ class FederatedServer:
             )
         log.info("resumed from %s after round %d", self.checkpoints.latest().resolve(), progress.step)
         return progress.step
-
-
-def _algorithm_state(server: dict) -> dict:
-    """The algorithm's state in a server checkpoint. Checkpoints written before the algorithm kept its own
-    state hold FedAvg's at the top level; those written before FedSense kept its distillation optimiser
-    hold that beside the algorithm's state (every run's, empty where nothing was distilled)."""
-    state = dict(server.get("algorithm", server))
-    if DISTILL_OPTIMIZER in server:
-        state[DISTILL_OPTIMIZER] = server[DISTILL_OPTIMIZER]
-    return state
-
-
-def _per_client(metrics: dict[str, Scalars], key: str) -> dict[str, float]:
-    """``key`` of each client's reply that reported it."""
-    return {client: m[key] for client, m in metrics.items() if isinstance(m.get(key), int | float)}
-
-
-def _own_validation(metrics: dict[str, Scalars]) -> dict[str, dict]:
-    """``clients_val``: per metric, each client's own model on its own validation data, their mean and
-    spread (personalised algorithms; nothing otherwise)."""
-    keys = sorted({k for m in metrics.values() for k in m if k.startswith(OWN_VALIDATION)})
-    summary = {}
-    for key in keys:
-        values = _per_client(metrics, key)
-        if values:
-            v = np.asarray(list(values.values()), dtype=np.float64)
-            summary[key.removeprefix(OWN_VALIDATION)] = {
-                "mean": float(v.mean()),
-                "std": float(v.std()),
-                "min": float(v.min()),
-                "max": float(v.max()),
-                "clients": values,
-            }
-    return {"clients_val": summary} if summary else {}
 
 
 def non_finite_model(outcome: ServerRound, payloads: dict[str, RoundAggregate]) -> str | None:
@@ -432,4 +394,4 @@ def non_finite_model(outcome: ServerRound, payloads: dict[str, RoundAggregate]) 
     )
 
 
-__all__ = ["FederatedServer", "comparable_algorithm", "non_finite_model", "saved_config"]
+__all__ = ["FederatedServer", "non_finite_model"]

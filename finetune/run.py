@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -32,12 +31,12 @@ from finetune.splits import build_split, describe_split
 from finetune.tasks import task_of
 from geofm import engine as ds
 from geofm.checkpoints import LoadReport
-from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune.sampler import EpochSampler
-from geofm.loop import TrainLoop, epoch_steps, step_seed
-from geofm.runlog import MetricsLog, plot_loss_curve, plot_metric_curve
-from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, run_loader, start_run
+from geofm.loop import Forward
+from geofm.program import TrainingProgram
+from geofm.runlog import plot_loss_curve, plot_metric_curve
+from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress
 
 log = logging.getLogger("geofm.finetune")
 
@@ -82,6 +81,155 @@ def checkpoint_provenance(cfg: FinetuneConfig, report: LoadReport | None) -> dic
     }
 
 
+class Finetuning(TrainingProgram):
+    """Finetuning through the program template: the task's splits and model, validation after epochs
+    with the best weights kept, and the test evaluation of the kept weights at the end."""
+
+    invariants = RESUME_INVARIANTS
+    schedule_keys = TRAIN_SCHEDULE_KEYS
+    seed_numpy = True  # timm's Mixup draws from numpy
+    log = log
+
+    def inputs(self) -> list[InputPath]:
+        return finetune_inputs(self.cfg)
+
+    def build(self) -> None:
+        """The splits, the epoch sampler and schedule, the model (backbone from the checkpoint) and its engine."""
+        cfg, opt = self.cfg, self.cfg.finetune
+        self.dataset = build_split(cfg, "train", train=True)
+        self.val_set = build_split(cfg, opt.val_split, train=False) if opt.val_split else None
+        self.test_set = build_split(cfg, "test", train=False)
+        crops = cfg.data.crops_per_scene
+        self.schedule = ds.make_schedule(cfg.train, len(self.dataset) * crops, self.world, describe_split(cfg, "train"))
+        self.sampler = EpochSampler(len(self.dataset), crops, cfg.run.seed, self.rank, self.world)
+
+        torch.manual_seed(cfg.run.seed)
+        model, self.report = build_finetune_model(cfg)
+        if self.rank == 0:
+            self._log_backbone()
+        groups = model.param_groups(cfg.train.weight_decay, opt.layer_decay)
+        self.engine = ds.initialize(model, cfg.train, self.world, self.schedule, param_groups=groups)
+        self.dtype = ds.compute_dtype(cfg.train)
+        self.task = task_of(cfg)
+        self.metric = cfg.primary_metric
+        self.val_loader = (
+            None
+            if self.val_set is None
+            else eval_loader(self.val_set, cfg, self.device, self.rank, self.world, keep=True)
+        )
+        self.seconds_before = 0.0
+
+    def _log_backbone(self) -> None:
+        report = self.report
+        log.info("backbone: %s", report if report is not None else "random initialisation (no checkpoint)")
+        if report is not None and report.fresh_bands:
+            log.warning(
+                "bands %s are not in the checkpoint %s: their patch-embedding kernels start fresh",
+                report.fresh_bands,
+                self.cfg.checkpoint,
+            )
+
+    def resume(self) -> None:
+        """As every program, then the best weights as of the checkpoint resumed from (a selection made
+        after it is undone: its steps are replayed)."""
+        super().resume()
+        self.best = read_best(self.run_dir)
+        if self.best is not None and self.best["step"] > self.step:
+            if self.rank == 0:
+                restore_best(self.run_dir, self.checkpoints.latest().resolve())
+            ds.barrier()
+            self.best = read_best(self.run_dir)
+        self.started_at = time.perf_counter()
+
+    def resumed(self, progress: Progress, client_state: dict) -> None:
+        self.seconds_before = float(client_state.get("seconds", 0.0))
+
+    def seconds(self) -> float:
+        """Training seconds of the run, over all its invocations."""
+        return self.seconds_before + time.perf_counter() - self.started_at
+
+    def forward(self) -> Forward:
+        return lambda batch: self.task.forward(self.engine, batch, self.device, self.dtype)
+
+    def client_state(self) -> dict:
+        return {"seconds": self.seconds()}
+
+    def saved(self, step: int) -> None:
+        snapshot_best(self.run_dir, self.checkpoints.latest().resolve())
+        self.plot(self.metrics.read())
+
+    def plot(self, records: list[dict]) -> None:
+        """The loss curve and the validation curve, the kept step marked."""
+        run_dir, best = self.run_dir, self.best
+        plot_loss_curve(records, run_dir / "loss_curve.png", run_dir.name)
+        kept = best["step"] if best is not None and best["split"] is not None else None
+        title = f"{run_dir.name}: {self.cfg.finetune.val_split}"
+        plot_metric_curve(records, "val", [self.metric], run_dir / "val_curve.png", title, kept=kept)
+
+    def after_step(self, step: int) -> bool:
+        """At the end of every ``finetune.eval_every``-th epoch and of the run: evaluate, keep the best weights."""
+        opt, schedule, metric = self.cfg.finetune, self.schedule, self.metric
+        epochs_done, in_epoch = divmod(step, schedule.steps_per_epoch)
+        last = step == schedule.total_steps
+        if self.val_set is None or in_epoch or not (epochs_done % opt.eval_every == 0 or last):
+            return False
+        epoch = round(step / schedule.steps_per_epoch, 4)
+        module = self.engine.module
+        values = evaluate(module, self.val_loader, self.cfg, self.device, self.dtype, self.rank, self.world).metrics
+        if self.metrics is not None:
+            self.metrics.write({"step": step, "epoch": epoch, "val": values})
+            log.info("step %d (epoch %g): %s %s", step, epoch, opt.val_split, format_metrics(values))
+        if self.best is None or self.task.improves(metric, values[metric], self.best["value"]):
+            self.best = {
+                "step": step,
+                "epoch": epoch,
+                "split": opt.val_split,
+                "metric": metric,
+                "value": values[metric],
+            }
+            self.best["metrics"] = values
+            if self.rank == 0:
+                save_best(module, self.run_dir, self.best)
+        return True
+
+    def finish(self) -> None:
+        """Keep the final weights when nothing was validated, then evaluate the kept weights on the test split."""
+        cfg, run_dir, module, step = self.cfg, self.run_dir, self.engine.module, self.step
+        if self.val_set is None and self.rank == 0:
+            final = {
+                "step": step,
+                "epoch": float(cfg.train.epochs),
+                "split": None,
+                "metric": None,
+                "value": None,
+                "metrics": {},
+            }
+            save_best(module, run_dir, final)
+        ds.barrier()
+        selected = load_best_weights(module, run_dir)
+        test = evaluate(module, self.test_set, cfg, self.device, self.dtype, self.rank, self.world)
+        if self.rank == 0:
+            record = eval_record(
+                cfg,
+                "test",
+                test,
+                checkpoint=checkpoint_provenance(cfg, self.report),
+                arch=cfg.model.arch,
+                bands=list(cfg.data.bands),
+                frozen=cfg.model.frozen,
+                epochs=cfg.train.epochs,
+                steps=step,
+                seconds=round(self.seconds(), 1),
+                selected=selected,
+                run_dir=str(run_dir),
+            )
+            write_json(record, run_dir / EVAL_FILE)
+            self.plot(self.metrics.read())
+            log.info(
+                "test %s (weights of step %d): %s", cfg.dataset_name, selected["step"], format_metrics(test.metrics)
+            )
+
+
 def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
     """Run (or resume) finetuning as configured and evaluate the kept weights on the test split.
 
@@ -98,160 +246,4 @@ def finetune(cfg: FinetuneConfig, *, source: str = "the config") -> Path:
         DatasetNotFoundError: missing downstream data (before the run directory is created).
         DatasetTooSmallError: a split without samples, or a train split smaller than one global batch.
     """
-    start = start_run(
-        cfg,
-        cfg.train,
-        cfg.run,
-        finetune_inputs(cfg),
-        invariants=RESUME_INVARIANTS,
-        schedule_keys=TRAIN_SCHEDULE_KEYS,
-        source=source,
-    )
-    rank, world, dev, checkpoints, progress = (
-        start.rank,
-        start.world_size,
-        start.device,
-        start.checkpoints,
-        start.progress,
-    )
-    run_dir = cfg.run.output_dir
-
-    opt = cfg.finetune
-    train_set = build_split(cfg, "train", train=True)
-    val_set = build_split(cfg, opt.val_split, train=False) if opt.val_split else None
-    test_set = build_split(cfg, "test", train=False)
-    crops = cfg.data.crops_per_scene
-    schedule = ds.make_schedule(cfg.train, len(train_set) * crops, world, describe_split(cfg, "train"))
-    sampler = EpochSampler(len(train_set), crops, cfg.run.seed, rank, world)
-
-    torch.manual_seed(cfg.run.seed)
-    model, report = build_finetune_model(cfg)
-    if rank == 0:
-        log.info("backbone: %s", report if report is not None else "random initialisation (no checkpoint)")
-        if report is not None and report.fresh_bands:
-            log.warning(
-                "bands %s are not in the checkpoint %s: their patch-embedding kernels start fresh",
-                report.fresh_bands,
-                cfg.checkpoint,
-            )
-    groups = model.param_groups(cfg.train.weight_decay, opt.layer_decay)
-    engine = ds.initialize(model, cfg.train, world, schedule, param_groups=groups)
-    dtype = ds.compute_dtype(cfg.train)
-    task = task_of(cfg)
-    checkpoints.start(cfg)
-
-    step, seconds_before = 0, 0.0
-    if progress is not None:
-        client = ds.load_checkpoint(engine, checkpoints.directory, LAST_CHECKPOINT)
-        step, seconds_before = progress.step, float(client.get("seconds", 0.0))
-        if rank == 0:
-            log.info("resumed from %s at step %d", checkpoints.latest().resolve(), step)
-    best = read_best(run_dir)
-    if best is not None and best["step"] > step:
-        # selected after the checkpoint resumed from: back to the selection as of that checkpoint
-        if rank == 0:
-            restore_best(run_dir, checkpoints.latest().resolve())
-        ds.barrier()
-        best = read_best(run_dir)
-
-    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step) if rank == 0 else None
-    micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
-    started = time.perf_counter()
-    metric = cfg.primary_metric
-
-    def seconds() -> float:
-        return seconds_before + time.perf_counter() - started
-
-    def save(step: int) -> None:
-        record = Progress.of(step, schedule.total_steps, cfg.train, world)
-        checkpoints.save(engine, record, {"step": step, "seconds": seconds()})
-        if rank == 0:
-            snapshot_best(run_dir, checkpoints.latest().resolve())
-            plot(metrics.read())
-
-    def plot(records: list[dict]) -> None:
-        plot_loss_curve(records, run_dir / "loss_curve.png", run_dir.name)
-        kept = best["step"] if best is not None and best["split"] is not None else None
-        title = f"{run_dir.name}: {opt.val_split}"
-        plot_metric_curve(records, "val", [metric], run_dir / "val_curve.png", title, kept=kept)
-
-    val_loader = None if val_set is None else eval_loader(val_set, cfg, dev, rank, world, keep=True)
-
-    def validate(step: int) -> bool:
-        """At the end of every ``finetune.eval_every``-th epoch and of the run: evaluate, keep the best weights."""
-        nonlocal best
-        epochs_done, in_epoch = divmod(step, schedule.steps_per_epoch)
-        last = step == schedule.total_steps
-        if val_set is None or in_epoch or not (epochs_done % opt.eval_every == 0 or last):
-            return False
-        epoch = round(step / schedule.steps_per_epoch, 4)
-        values = evaluate(engine.module, val_loader, cfg, dev, dtype, rank, world).metrics
-        if metrics is not None:
-            metrics.write({"step": step, "epoch": epoch, "val": values})
-            log.info("step %d (epoch %g): %s %s", step, epoch, opt.val_split, format_metrics(values))
-        if best is None or task.improves(metric, values[metric], best["value"]):
-            best = {"step": step, "epoch": epoch, "split": opt.val_split, "metric": metric, "value": values[metric]}
-            best["metrics"] = values
-            if rank == 0:
-                save_best(engine.module, run_dir, best)
-        return True
-
-    loader = run_loader(train_set, sampler, micro, cfg.data.num_workers, dev)
-
-    def epoch_batches(epoch: int, done: int) -> Iterator[dict]:
-        sampler.set_epoch(epoch)
-        sampler.set_start(done * micro * accum)
-        return iter(loader)
-
-    loop = TrainLoop(
-        engine,
-        lambda batch: task.forward(engine, batch, dev, dtype),
-        seed_of=lambda step: step_seed(cfg.run.seed, step, rank),
-        seed_numpy=True,  # timm's Mixup draws from numpy
-        images=micro * world,
-    )
-    step = loop.run(
-        epoch_steps(step, schedule.steps_per_epoch, accum, epoch_batches),
-        start,
-        step=step,
-        schedule=schedule,
-        config=cfg.run,
-        save=save,
-        metrics=metrics,
-        after_step=validate,
-    )
-
-    if step < schedule.total_steps:
-        return run_dir
-    if val_set is None and rank == 0:
-        final = {
-            "step": step,
-            "epoch": float(cfg.train.epochs),
-            "split": None,
-            "metric": None,
-            "value": None,
-            "metrics": {},
-        }
-        save_best(engine.module, run_dir, final)
-    ds.barrier()
-    selected = load_best_weights(engine.module, run_dir)
-    test = evaluate(engine.module, test_set, cfg, dev, dtype, rank, world)
-    if rank == 0:
-        record = eval_record(
-            cfg,
-            "test",
-            test,
-            checkpoint=checkpoint_provenance(cfg, report),
-            arch=cfg.model.arch,
-            bands=list(cfg.data.bands),
-            frozen=cfg.model.frozen,
-            epochs=cfg.train.epochs,
-            steps=step,
-            seconds=round(seconds(), 1),
-            selected=selected,
-            run_dir=str(run_dir),
-        )
-        write_json(record, run_dir / EVAL_FILE)
-        plot(metrics.read())
-        log.info("test %s (weights of step %d): %s", cfg.dataset_name, selected["step"], format_metrics(test.metrics))
-    return run_dir
+    return Finetuning(cfg, source=source).run()

@@ -2,19 +2,11 @@
 
 A program supplies its forward pass (a micro-batch in, a :class:`~geofm.tasks.StepOutput` out) and
 an iterator of step-batches (each an iterable of the micro-batches of one optimizer step); an
-algorithm may add hooks around the gradient and a regulariser. Central pretraining and finetuning
-run :meth:`TrainLoop.run` (checkpoints, stop signals, progress bar, log records); a federated client
-runs its round's local steps with :meth:`TrainLoop.local_steps`, e.g.::
-
-    loop = TrainLoop(
-        engine,
-        mim_forward(engine, teacher, dev, dtype),
-        LOSS_KEYS,
-        seed_of=lambda step: _stable_id(cfg.run.seed, self.name, rnd, step),
-        around_gradient=hooks.around_gradient,
-        regulariser=hooks.regulariser,  # regulariser(batch, output) -> Tensor
-    )
-    means, steps = loop.local_steps(self._batches(rnd))
+algorithm may add hooks around the gradient, a regulariser and an ascent. Central pretraining and
+finetuning run :meth:`TrainLoop.run` (checkpoints, stop signals, progress bar, log records) through
+:class:`geofm.program.TrainingProgram`; a federated client's round
+(:class:`geofm.federated.client_round.ClientRound`) runs its local steps with
+:meth:`TrainLoop.local_steps`.
 """
 
 from __future__ import annotations

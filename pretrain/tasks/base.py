@@ -9,6 +9,7 @@ of :class:`PretrainingTask` in its own module (:mod:`pretrain.tasks.mim`, :mod:`
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -17,6 +18,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from geofm import engine as ds
+from geofm.checkpoints import export_backbone
+from geofm.checkpoints.provenance import gsd_range
+from geofm.config import config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.config.pretrain import PretrainConfig
 from geofm.data.pile import PileSampler, PretrainPile, warn_skipped
@@ -24,14 +28,64 @@ from geofm.data.products import list_products
 from geofm.errors import ConfigError, DatasetNotFoundError
 from geofm.federated.algorithms.context import PublicImages
 from geofm.federated.partition import PARTITIONERS
-from geofm.models.backbones import prefer_fused_attention
+from geofm.models.backbones import backbone_kwargs, prefer_fused_attention
 from geofm.models.mim import MaskedImageModel
 from geofm.tasks import ClientShare, StepOutput
 from geofm.training import InputPath
-from pretrain.central import RESUME_INVARIANTS
+
+log = logging.getLogger("geofm.pretrain")
+
+RESUME_INVARIANTS = ("model", "task", "task_options", "data.bands", "data.custom_bands", "run.seed")
+"""What a resumed run must share with the run that wrote its checkpoints (an objective adds its own sections)."""
 
 EPOCH_STRIDE = 100_003
 """A sampler's epoch in round ``rnd`` is ``rnd * EPOCH_STRIDE + epoch``: every round draws its own order."""
+
+
+def student_kwargs(cfg: PretrainConfig | FederatedConfig) -> dict:
+    """timm kwargs of the student backbone (recorded in the exported sidecar)."""
+    m = cfg.model
+    return backbone_kwargs(
+        in_chans=len(cfg.data.bands), img_size=m.img_size, window_size=m.window_size, timm_kwargs=m.timm_kwargs
+    )
+
+
+def export_pretrained(
+    cfg: PretrainConfig | FederatedConfig,
+    encoder: torch.nn.Module,
+    run_dir: Path,
+    step: int,
+    final: dict | None,
+    *,
+    method: str,
+    extra: dict | None = None,
+) -> Path:
+    """Write a pretrained backbone (timm layout) with its sidecar and model card next to the run.
+
+    ``method`` names the objective in the sidecar (``gfm``, ``simmim``, ``dino``); ``extra`` adds
+    sidecar entries (a federated run's ``federation`` record).
+    """
+    metadata = {
+        "method": method,
+        "bands": list(cfg.data.bands),
+        "gsd": gsd_range(s.gsd for s in cfg.data.sources),
+        "img_size": cfg.model.img_size,
+        "normalisation": {
+            s.name: {"bands": list(s.bands), "scale": s.scale, "mean": list(s.mean), "std": list(s.std)}
+            for s in cfg.data.sources
+        },
+        "data": [{"name": s.name, "root": str(s.root), "weight": s.weight, "gsd": s.gsd} for s in cfg.data.sources],
+        "teacher": None
+        if cfg.teacher is None
+        else {"arch": cfg.teacher.arch, "checkpoint": str(cfg.teacher.checkpoint)},
+        "steps": step,
+        "metrics": final,
+        "config": config_to_dict(cfg),
+        **(extra or {}),
+    }
+    path = export_backbone(encoder, run_dir, arch=cfg.model.arch, create_kwargs=student_kwargs(cfg), metadata=metadata)
+    log.info("exported backbone to %s", path)
+    return path
 
 
 def share_pile(
@@ -279,4 +333,13 @@ class PretrainingTask(ABC):
         return [list_products(s) if s.name in public else [] for s in self.cfg.data.sources]
 
 
-__all__ = ["EPOCH_STRIDE", "PretrainingTask", "client_shares", "pooled_features", "share_pile"]
+__all__ = [
+    "EPOCH_STRIDE",
+    "RESUME_INVARIANTS",
+    "PretrainingTask",
+    "client_shares",
+    "export_pretrained",
+    "pooled_features",
+    "share_pile",
+    "student_kwargs",
+]

@@ -35,8 +35,7 @@ from geofm.models.backbones import arch_info, create_backbone, prefer_fused_atte
 from geofm.models.dino import DinoStudent, EmaTeacher, ProjectionHead
 from geofm.selfdistill import dino_loss, entropy, teacher_momentum, teacher_temperature, updated_centre
 from geofm.tasks import StepOutput
-from pretrain.central import export_pretrained, student_kwargs
-from pretrain.tasks.base import PretrainingTask, share_pile
+from pretrain.tasks.base import PretrainingTask, export_pretrained, share_pile, student_kwargs
 
 log = logging.getLogger("geofm.pretrain")
 

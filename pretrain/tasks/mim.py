@@ -13,23 +13,92 @@ import json
 import logging
 from pathlib import Path
 
+import torch
+
+from geofm.checkpoints import load_pretraining_model
 from geofm.config import TeacherConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.config.pretrain import PretrainConfig
 from geofm.config.sections import check_masked_pretraining
 from geofm.data.pile import PretrainPile
-from geofm.models.backbones import patch_size_of
+from geofm.loop import Forward
+from geofm.models.backbones import create_backbone, patch_size_of, prefer_fused_attention
 from geofm.models.masking import MaskGenerator
-from geofm.models.mim import MaskedImageModel
-from geofm.models.teacher import FrozenTeacher, build_teacher
+from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
+from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels, teacher_dtype
 from geofm.reconstruction import shown_chips, write_reconstruction_figure
 from geofm.runlog import LOSS_KEYS
 from geofm.tasks import StepOutput
 from geofm.training import InputPath
-from pretrain.central import build_student, export_student, prepare_models
-from pretrain.tasks.base import PretrainingTask, share_pile
+from pretrain.tasks.base import PretrainingTask, export_pretrained, share_pile, student_kwargs
 
 log = logging.getLogger("geofm.pretrain")
+
+
+RESUME_INVARIANTS = ("model", "masking", "teacher", "data.bands", "data.custom_bands", "run.seed")
+"""What a resumed masked-image-modelling run must share with the run that wrote its checkpoints."""
+
+
+def build_student(cfg: PretrainConfig | FederatedConfig) -> MaskedImageModel:
+    """Student backbone with mask token, decoder and, with a teacher, the projector onto the teacher's
+    feature width: random, or from ``model.init_checkpoint`` (all of these the file holds: a GFM,
+    SimMIM or geofm pretraining checkpoint continues where it stopped)."""
+    encoder = create_backbone(cfg.model.arch, student_kwargs(cfg), drop_path_rate=cfg.model.drop_path_rate)
+    if cfg.teacher is None:
+        model = MaskedImageModel(encoder, len(cfg.data.bands))
+    else:
+        if cfg.model.family == "swin":
+            tap = Tap(cfg.teacher.stage, cfg.teacher.include_merging)
+        else:
+            tap = Tap(cfg.model.distill_block) if cfg.model.distill_block else default_vit_tap(encoder)
+        model = MaskedImageModel(
+            encoder,
+            len(cfg.data.bands),
+            tap,
+            teacher_channels(cfg.teacher),
+            cfg.teacher.alpha,
+            cfg.teacher.distill_loss,
+        )
+    if cfg.model.init_checkpoint is not None:
+        report = load_pretraining_model(model, cfg.model.init_checkpoint, cfg.data.bands)
+        log.info("student initialised from %s: %s", cfg.model.init_checkpoint, report)
+    return model
+
+
+def prepare_models(
+    model: MaskedImageModel, teacher: FrozenTeacher | None, cfg: PretrainConfig | FederatedConfig, dev: torch.device
+) -> None:
+    """The device's choices for the step: the attention kernel, and the teacher's device and precision."""
+    prefer_fused_attention(model, dev)
+    if teacher is not None:
+        prefer_fused_attention(teacher, dev)
+        teacher.to(dev, teacher_dtype(cfg.teacher.precision, dev))
+
+
+def mim_forward(engine, teacher: FrozenTeacher | None, dev: torch.device, dtype: torch.dtype) -> Forward:
+    """The masked-image-modelling forward of a micro-batch through ``engine``; with a teacher, its
+    features of the same images are the distillation targets. Every pretraining mode trains with it."""
+
+    def forward(batch: dict) -> StepOutput:
+        images = batch["image"].to(dev, dtype, non_blocking=True)
+        targets = teacher(images) if teacher is not None else None
+        mask, valid = batch["mask"].to(dev, non_blocking=True), batch["valid"].to(dev, non_blocking=True)
+        return StepOutput(engine(images, mask, valid, targets))
+
+    return forward
+
+
+def export_student(
+    cfg: PretrainConfig | FederatedConfig,
+    model: MaskedImageModel,
+    run_dir: Path,
+    step: int,
+    final: dict | None,
+    extra: dict | None = None,
+) -> Path:
+    """Export the masked image model's student backbone (method ``gfm`` with a teacher, else ``simmim``)."""
+    method = "gfm" if cfg.teacher is not None else "simmim"
+    return export_pretrained(cfg, model.encoder, run_dir, step, final, method=method, extra=extra)
 
 
 @functools.cache
@@ -52,6 +121,7 @@ class MaskedImageModelling(PretrainingTask):
     matches the teacher's features (:func:`geofm.objective.gfm_loss`)."""
 
     log_keys = LOSS_KEYS
+    resume_invariants = RESUME_INVARIANTS
 
     def __init__(self, cfg: PretrainConfig | FederatedConfig) -> None:
         super().__init__(cfg)
@@ -84,15 +154,7 @@ class MaskedImageModelling(PretrainingTask):
 
     def forward(self, model, batch: dict) -> StepOutput:
         """The GFM losses of one micro-batch (``model`` is the training engine or the student itself)."""
-        images = batch["image"].to(self.device, self.dtype, non_blocking=True)
-        targets = self.teacher(images) if self.teacher is not None else None
-        losses = model(
-            images,
-            batch["mask"].to(self.device, non_blocking=True),
-            batch["valid"].to(self.device, non_blocking=True),
-            targets,
-        )
-        return StepOutput(losses)
+        return mim_forward(model, self.teacher, self.device, self.dtype)(batch)
 
     def figures(self, model: MaskedImageModel, pile: PretrainPile, run_dir: Path) -> None:
         """The reconstruction figure of a few fixed chips of ``pile``."""
@@ -117,4 +179,12 @@ class MaskedImageModelling(PretrainingTask):
         return MaskGenerator(cfg.model.img_size, cfg.masking.mask_patch_size, patch, cfg.masking.mask_ratio)
 
 
-__all__ = ["MaskedImageModelling", "frozen_teacher"]
+__all__ = [
+    "RESUME_INVARIANTS",
+    "MaskedImageModelling",
+    "build_student",
+    "export_student",
+    "frozen_teacher",
+    "mim_forward",
+    "prepare_models",
+]

@@ -22,7 +22,7 @@ from geofm.cli import main
 from geofm.config import PretrainConfig, TeacherConfig
 from geofm.errors import CheckpointFormatError
 from geofm.models.teacher import build_teacher
-from pretrain.central import build_student
+from pretrain.tasks.mim import build_student
 
 BANDS = ["red", "green", "blue", "nir"]
 STRIDE = 32  # the tiny Swin's encoder stride: patch 4, three patch mergings

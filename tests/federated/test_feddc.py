@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
@@ -12,34 +11,7 @@ from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.flat import ParameterLayout
-from geofm.tasks import StepOutput
-
-
-class Point(nn.Module):
-    """y, trained on f_i(y) = ||y - b_i||^2 / 2, whose gradient is y - b_i."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.y = nn.Parameter(torch.zeros(2))
-
-
-def _client_round(algorithm, name, arrays, config, state, target, steps, lr):
-    """K plain SGD steps on the loss plus FedDC's regulariser; returns the uplink arrays and the state."""
-    received, state = algorithm.receive(name, arrays, config, state)
-    model = Point()
-    algorithm.shared.assign(model, received["model"])
-    local = algorithm.local_round(name, received, model, state, lr)
-    hooks = algorithm.local_hooks(local)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    for _ in range(steps):
-        output = StepOutput({"loss": 0.5 * ((model.y - target) ** 2).sum()})
-        loss = output.losses["loss"] + hooks.regulariser({"image": None}, output)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    update = algorithm.finish_local(local, algorithm.shared.flatten_module(model), steps)
-    up, _ = algorithm.upload(update, state, torch.Generator())
-    return up, state
+from tests.federated.point_round import Point, point_round
 
 
 def test_two_of_four_clients_give_the_papers_numbers():
@@ -51,7 +23,6 @@ def test_two_of_four_clients_give_the_papers_numbers():
     server = build_algorithm(cfg, layout, num_clients=4)
     server.state.update(control=torch.tensor([0.5, -1.0]), drift=torch.tensor([0.125, 0.0]))
     sent = server.send(torch.zeros(2), 1, ["one", "two"], torch.Generator())
-    client = build_algorithm(cfg, layout)
     states = {
         "one": {"drift": np.array([0.5, 0.0], np.float32), "control": np.array([0.5, 0.0], np.float32)},
         "two": {},
@@ -59,8 +30,10 @@ def test_two_of_four_clients_give_the_papers_numbers():
     targets = {"one": torch.tensor([1.0, 2.0]), "two": torch.tensor([-1.0, 0.0])}
     uploads = []
     for name in ("one", "two"):
-        up, states[name] = _client_round(client, name, *sent[name], states[name], targets[name], steps=2, lr=0.5)
-        uploads.append(ClientUpload(name, payload_arrays(up), 10))
+        arrays, how = sent[name]
+        result = point_round(cfg, name, arrays, {**how, "round": 1}, states[name], targets[name], steps=2, lr=0.5)
+        states[name] = result.state
+        uploads.append(ClientUpload(name, payload_arrays(result.upload), 10))
 
     # The gradient of F_i is (y - b) + alpha (y + h_i - w) + (c - c_i).
     # Client 1: (y - (1, 2)) + 0.5 (y + (0.5, 0)) + (0, -1) = 1.5 y - (0.75, 3).

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError, FederatedRunError
@@ -12,33 +11,7 @@ from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.flat import ParameterLayout
-from geofm.tasks import StepOutput
-
-
-class Point(nn.Module):
-    """y, trained on f_i(y) = ||y - b_i||^2 / 2, whose gradient is y - b_i."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.y = nn.Parameter(torch.zeros(2))
-
-
-def _client_round(algorithm, name, arrays, config, target, steps, lr):
-    """``steps`` plain SGD steps from the received model; returns the upload's arrays and metadata."""
-    received, state = algorithm.receive(name, arrays, config, {})
-    model = Point()
-    algorithm.shared.assign(model, received["model"])
-    local = algorithm.local_round(name, received, model, state, lr)
-    assert algorithm.local_hooks(local).regulariser is None, "FedNova's local steps are plain steps"
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    for _ in range(steps):
-        loss = StepOutput({"loss": 0.5 * ((model.y - target) ** 2).sum()}).losses["loss"]
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    update = algorithm.finish_local(local, algorithm.shared.flatten_module(model), steps)
-    up, _ = algorithm.upload(update, state, torch.Generator())
-    return up, update.metadata
+from tests.federated.point_round import Point, point_round
 
 
 def test_two_clients_with_different_step_counts_give_the_papers_numbers():
@@ -46,13 +19,15 @@ def test_two_clients_with_different_step_counts_give_the_papers_numbers():
     # tau_2 = 4, 10 examples: p = (0.75, 0.25).
     cfg = AlgorithmConfig(name="fednova")
     layout = ParameterLayout.of(Point())
-    server, client = build_algorithm(cfg, layout, num_clients=2), build_algorithm(cfg, layout)
+    server = build_algorithm(cfg, layout, num_clients=2)
     sent = server.send(torch.zeros(2), 1, ["one", "two"], torch.Generator())
     uploads = []
     for name, target, steps, examples in (("one", [1.0, 2.0], 1, 30), ("two", [-2.0, 0.0], 4, 10)):
-        up, metadata = _client_round(client, name, *sent[name], torch.tensor(target), steps, lr=0.5)
+        arrays, how = sent[name]
+        result = point_round(cfg, name, arrays, {**how, "round": 1}, {}, torch.tensor(target), steps, lr=0.5)
+        metadata = result.update.metadata
         assert metadata == {"local_steps": steps, "a_norm": steps}  # plain SGD: ||a_i||_1 = tau_i
-        uploads.append(ClientUpload(name, payload_arrays(up), examples, metadata))
+        uploads.append(ClientUpload(name, payload_arrays(result.upload), examples, metadata))
 
     # Client 1: y = 0 - 0.5 (0 - b) = (0.5, 1). Client 2: y_k = y_k-1 - 0.5 (y_k-1 - b) halves the way
     # to b each step: (-1, 0), (-1.5, 0), (-1.75, 0), (-1.875, 0); y_2 - x = (-1.875, 0).

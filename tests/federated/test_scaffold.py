@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
@@ -13,34 +12,7 @@ from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
 from geofm.federated.codec import Codec, Packet, decode
 from geofm.federated.flat import ParameterLayout
 from geofm.tasks import StepOutput
-
-
-class Point(nn.Module):
-    """y, trained on f_i(y) = ||y - b_i||^2 / 2, whose gradient is y - b_i."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.y = nn.Parameter(torch.zeros(2))
-
-
-def _client_round(algorithm, name, arrays, config, state, target, steps, lr):
-    """K plain SGD steps on the loss plus SCAFFOLD's regulariser; returns the uplink arrays and the state."""
-    received, state = algorithm.receive(name, arrays, config, state)
-    model = Point()
-    algorithm.shared.assign(model, received["model"])
-    local = algorithm.local_round(name, received, model, state, lr)
-    hooks = algorithm.local_hooks(local)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    for _ in range(steps):
-        output = StepOutput({"loss": 0.5 * ((model.y - target) ** 2).sum()})
-        loss = output.losses["loss"] + hooks.regulariser({"image": None}, output)
-        assert loss.item() == output.losses["loss"].item(), "the correction leaves the loss's value alone"
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    update = algorithm.finish_local(local, algorithm.shared.flatten_module(model), steps)
-    up, _ = algorithm.upload(update, state, torch.Generator())
-    return up, state
+from tests.federated.point_round import Point, point_round
 
 
 def test_two_clients_give_the_papers_numbers():
@@ -51,13 +23,14 @@ def test_two_clients_give_the_papers_numbers():
     server = build_algorithm(cfg, layout, num_clients=4)
     server.state["control"] = torch.tensor([0.5, -1.0])
     sent = server.send(torch.zeros(2), 1, ["one", "two"], torch.Generator())
-    client = build_algorithm(cfg, layout)
     states = {"one": {"control": np.array([0.5, 0.0], np.float32)}, "two": {}}
     targets = {"one": torch.tensor([1.0, 2.0]), "two": torch.tensor([-1.0, 0.0])}
     uploads = []
     for name in ("one", "two"):
-        up, states[name] = _client_round(client, name, *sent[name], states[name], targets[name], steps=2, lr=0.5)
-        uploads.append(ClientUpload(name, payload_arrays(up), 10))
+        arrays, how = sent[name]
+        result = point_round(cfg, name, arrays, {**how, "round": 1}, states[name], targets[name], steps=2, lr=0.5)
+        states[name] = result.state
+        uploads.append(ClientUpload(name, payload_arrays(result.upload), 10))
 
     # Client 1: g = y - (1, 3): y_1 = (0.5, 1.5), y_2 = (0.75, 2.25); c_1+ = c_1 - c + (x - y_2) / (K eta_l)
     # = (0, 1) - (0.75, 2.25) = (-0.75, -1.25). Client 2: g = y - (-1.5, 1): y_1 = (-0.75, 0.5),
@@ -124,3 +97,15 @@ def test_scaffold_refuses_another_aggregator_or_server_optimiser():
         ConfigError, match=r"algorithm\.aggregator: scaffold combines the uploads by the paper's plain means"
     ):
         build_algorithm(AlgorithmConfig(name="scaffold", aggregator={"name": "median"}), 4)
+
+
+def test_the_correction_moves_the_gradient_by_c_minus_c_i_and_leaves_the_loss_value_alone():
+    algorithm = build_algorithm(AlgorithmConfig(name="scaffold"), ParameterLayout.of(Point()))
+    model = Point()
+    received = {"model": torch.zeros(2), "control": torch.tensor([0.5, -1.0])}
+    local = algorithm.local_round("one", received, model, {"control": np.array([0.25, 0.0], np.float32)}, 0.5)
+    output = StepOutput({"loss": model(torch.tensor([1.0, 2.0]))})
+    correction = algorithm.local_hooks(local).regulariser(None, output)
+    assert correction.item() == 0.0
+    correction.backward()
+    assert model.y.grad.tolist() == [0.25, -1.0]

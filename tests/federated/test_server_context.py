@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from federation.server import _algorithm_state, comparable_algorithm
+from federation.resume import algorithm_state, comparable_algorithm
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload
@@ -93,10 +93,10 @@ def test_the_distillation_optimiser_carries_across_a_checkpoint_and_legacy_ones_
     legacy = {"round": 3, "algorithm": {k: v for k, v in saved.items() if k != DISTILL_OPTIMIZER}}
     legacy[DISTILL_OPTIMIZER] = saved[DISTILL_OPTIMIZER]
     again, _ = _fedsense(_Tiny(), _public(images, []))
-    again.load_state_dict(_algorithm_state(legacy))
+    again.load_state_dict(algorithm_state(legacy))
     assert again.distillation.optimizer.state_dict()["state"][0]["step"] == 2
     fedavg = build_algorithm(AlgorithmConfig(name="fedavg"), layout)
-    fedavg.load_state_dict(_algorithm_state(legacy))  # every run's checkpoint held one; FedAvg ignores it
+    fedavg.load_state_dict(algorithm_state(legacy))  # every run's checkpoint held one; FedAvg ignores it
 
 
 def test_fedsense_refuses_to_distil_without_public_images():

@@ -12,12 +12,12 @@ import yaml
 
 from federation.client import FederatedClient
 from federation.inprocess import InProcess
-from federation.program import stable_id
 from federation.roundloop import run_server
 from federation.server import FederatedServer
 from geofm.cli import main
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import MOSTLY_INVALID
+from geofm.federated.client_round import stable_id
 
 pytestmark = [
     pytest.mark.slow,

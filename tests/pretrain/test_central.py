@@ -33,9 +33,9 @@ def test_tiny_gfm_run_end_to_end(tiny_tree, caplog):
     assert list(startup[0]) == [
         "inputs",
         "distributed",
-        "teacher",
-        "student",
+        "model",
         "data_index",
+        "prepare",
         "engine",
         "first_batch",
         "first_step",
@@ -64,7 +64,7 @@ def test_teacher_never_changes_and_gets_no_optimizer_state(tiny_tree):
     from geofm import engine as ds
     from geofm.models.masking import MaskGenerator
     from geofm.models.teacher import build_teacher
-    from pretrain.central import build_student
+    from pretrain.tasks.mim import build_student
 
     cfg = PretrainConfig.from_tree(tiny_tree())
     teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices)
@@ -243,7 +243,7 @@ def test_vit_student_with_swin_teacher(tiny_tree):
 
 def test_student_starts_from_an_rgb_export_with_kernels_following_band_names(tiny_tree):
     """Continual pretraining from earlier weights: RGB kernels go to red, green, blue; nir starts fresh."""
-    from pretrain.central import build_student
+    from pretrain.tasks.mim import build_student
 
     rgb_run = pretrain(
         PretrainConfig.from_tree(

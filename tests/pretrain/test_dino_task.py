@@ -85,3 +85,51 @@ def test_federated_dino_trains_exports_and_its_backbone_loads_in_timm(config, ar
     assert sidecar["method"] == "dino" and sidecar["teacher"] is None
     model = timm.create_model(sidecar["arch"], pretrained=False, **sidecar["timm_kwargs"])
     model.load_state_dict(load_file(run_dir / "backbone.safetensors"))
+
+
+@pytest.fixture
+def dino_tree(archive, tmp_path):
+    """The shipped central DINO config shrunk: 32 px, a tiny Swin and head, 2 epochs of 6 steps."""
+
+    def make(name: str, **run) -> dict:
+        tree = shrunk(CENTRAL, archive, tmp_path / name)
+        tree["run"].update(log_every=1, checkpoint_every=4, **run)
+        tree["data"].update(num_workers=0, samples_per_epoch=24)
+        tree["train"].update(epochs=2, warmup_epochs=0.5)
+        return tree
+
+    return make
+
+
+def _losses(run_dir: Path) -> list[tuple[int, float]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines) if "loss" in r]
+
+
+@pytest.mark.slow
+def test_central_dino_resumes_as_an_uninterrupted_run_and_exports_the_teacher_to_timm(dino_tree):
+    import timm
+    import torch
+    from safetensors.torch import load_file
+
+    from pretrain.central import pretrain
+
+    straight = pretrain(PretrainConfig.from_tree(dino_tree("straight")))
+    pretrain(PretrainConfig.from_tree(dino_tree("resumed", stop_after_steps=5)))
+    resumed = pretrain(PretrainConfig.from_tree(dino_tree("resumed")))
+    a, b = _losses(straight), _losses(resumed)
+    assert [s for s, _ in b] == list(range(1, 13))
+    assert [loss for _, loss in a] == pytest.approx([loss for _, loss in b], rel=1e-5)
+    exported = load_file(straight / "backbone.safetensors")
+    again = load_file(resumed / "backbone.safetensors")
+    assert all(torch.allclose(exported[k], again[k], atol=1e-6) for k in exported)
+
+    sidecar = json.loads((straight / "backbone.json").read_text())
+    assert sidecar["method"] == "dino" and sidecar["config"]["task"] == "dino"
+    model = timm.create_model(sidecar["arch"], pretrained=False, **sidecar["timm_kwargs"])
+    model.load_state_dict(exported)
+    state = torch.load(straight / "checkpoints/last/mp_rank_00_model_states.pt", weights_only=False)
+    student = {k.removeprefix("encoder."): v for k, v in state["module"].items() if k.startswith("encoder.")}
+    teacher = state["task"]["teacher"]
+    assert all(torch.equal(exported[k], teacher[f"network.encoder.{k}"]) for k in exported), "the teacher's backbone"
+    assert any(not torch.allclose(exported[k], student[k].float()) for k in exported), "not the student's"

@@ -1,6 +1,6 @@
 """The optimised training step against the same step written plainly in eager fp32.
 
-The optimised step (:func:`pretrain.central.mim_forward` in :func:`geofm.loop.micro_step` on the
+The optimised step (:func:`pretrain.tasks.mim.mim_forward` in :func:`geofm.loop.micro_step` on the
 DeepSpeed engine: fused AdamW, no one-process gradient all-reduce, the teacher at
 ``teacher.precision``) must train like a plain PyTorch loop from the same weights on the same batches:
 
@@ -23,7 +23,7 @@ from geofm.loop import micro_step
 from geofm.models.backbones import set_fused_attention
 from geofm.models.masking import MaskGenerator
 from geofm.models.teacher import build_teacher
-from pretrain.central import build_student, mim_forward, prepare_models
+from pretrain.tasks.mim import build_student, mim_forward, prepare_models
 
 LR = 1e-3
 

@@ -1,0 +1,44 @@
+"""What a resumed federated server reads back: its saved config, compared as settings, and its algorithm's state."""
+
+from __future__ import annotations
+
+from geofm.config.algorithm import MOVED_TO_OPTIONS, AlgorithmConfig
+from geofm.config.federated import FederatedConfig
+from geofm.federated.algorithms import ALGORITHMS
+from geofm.federated.algorithms.fedsense import DISTILL_OPTIMIZER
+
+
+def comparable_algorithm(tree: dict | None) -> dict | None:
+    """``tree`` with its algorithm's options as the algorithm reads them (defaults left out), so that a
+    resumed run compares settings, not how they were written; a config saved before each algorithm
+    kept its settings in ``options`` has them moved there (the algorithm's own; the others' dropped)."""
+    if tree is None or not isinstance(tree.get("algorithm"), dict):
+        return tree
+    algorithm = dict(tree["algorithm"])
+    moved = {key: algorithm.pop(key) for key in MOVED_TO_OPTIONS if key in algorithm}
+    options = dict(algorithm.get("options") or {})
+    rule = ALGORITHMS.get(algorithm.get("name", AlgorithmConfig.model_fields["name"].default))
+    if rule.Options is not None:
+        own = {key: value for key, value in moved.items() if key in rule.Options.model_fields}
+        options = rule.Options.model_validate({**own, **options}).model_dump(exclude_defaults=True)
+    return {**tree, "algorithm": {**algorithm, "options": options}}
+
+
+def saved_config(tree: dict | None) -> dict | None:
+    """A checkpoint's saved config, with the ``task`` of runs written before configs named one (they all pretrained)."""
+    if tree is None or "task" in tree:
+        return tree
+    return {**tree, "task": FederatedConfig.model_fields["task"].default}
+
+
+def algorithm_state(server: dict) -> dict:
+    """The algorithm's state in a server checkpoint. Checkpoints written before the algorithm kept its own
+    state hold FedAvg's at the top level; those written before FedSense kept its distillation optimiser
+    hold that beside the algorithm's state (every run's, empty where nothing was distilled)."""
+    state = dict(server.get("algorithm", server))
+    if DISTILL_OPTIMIZER in server:
+        state[DISTILL_OPTIMIZER] = server[DISTILL_OPTIMIZER]
+    return state
+
+
+__all__ = ["algorithm_state", "comparable_algorithm", "saved_config"]
