@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from geofm.config.base import Section, checks_architecture
+from geofm.config.base import Section, checks_architecture, validated
 
 MOVED_TO_OPTIONS = (
     "perturbation_radius",
@@ -300,13 +300,3 @@ class AlgorithmConfig(Section):
 def _merged(section: Section, fields: dict[str, Any], where: str) -> Section:
     """``section`` with ``fields`` replaced and validated (see :func:`validated`)."""
     return validated(type(section), {**section.model_dump(), **fields}, where)
-
-
-def validated(model: type[BaseModel], data: Any, where: str) -> BaseModel:
-    """``data`` validated as ``model``; ValueError naming ``where``, the first bad field and what it expects."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(part) for part in first["loc"])
-        raise ValueError(f"{where}{'.' + loc if loc else ''}: {first['msg']}") from None

@@ -29,6 +29,16 @@ CONFIG_FILE = "config.yaml"
 """The validated config a run keeps in its directory."""
 
 
+def validated(model: type[BaseModel], data: Any, where: str) -> BaseModel:
+    """``data`` validated as ``model``; ValueError naming ``where``, the first bad field and what it expects."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"{where}{'.' + loc if loc else ''}: {first['msg']}") from None
+
+
 def checks_architecture(info: ValidationInfo) -> bool:
     """Whether a validator runs its checks that build the backbone's architecture (importing timm and torch).
 
