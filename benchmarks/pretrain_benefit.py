@@ -295,7 +295,7 @@ def finetune_tree(
         "checkpoint": None if checkpoint is None else str(checkpoint),
         "run": {"output_dir": str(out), "seed": seed, "log_every": 50, "checkpoint_every": 100000, "progress": False},
         "model": {**backbone_tree(settings, settings["chip_size"]), "frozen": settings["frozen"]},
-        "head": {"decoder_channels": settings["decoder_channels"]},
+        "head": {"options": {"channels": settings["decoder_channels"]}},
         "data": {**chips_data(root, chips), "train_fraction": settings["train_fraction"], "subset_seed": seed},
         "train": {
             "epochs": settings["finetune_epochs"],

@@ -145,6 +145,7 @@ def _eval(args: argparse.Namespace) -> None:
     from geofm.config import read_config_tree
     from geofm.config.base import CONFIG_FILE
     from geofm.config.fedfinetune import check_finetuning_run, read_finetune_config
+    from geofm.config.saved import read_saved_config
     from geofm.errors import ConfigError
 
     settings = {"checkpoint": None, "split": "test"}
@@ -162,7 +163,8 @@ def _eval(args: argparse.Namespace) -> None:
     run_dir = Path(settings["checkpoint"])
     check_finetuning_run(run_dir)
     source = Path(args.config) if args.config else run_dir / CONFIG_FILE
-    cfg = read_finetune_config(read_config_tree(source, overrides), str(source), overrides)
+    tree = read_config_tree(source, overrides) if args.config else read_saved_config(source, overrides)
+    cfg = read_finetune_config(tree, str(source), overrides)
     out = args.out or run_dir / f"eval_{settings['split']}.json"
     check_writable(out, "--out" if args.out else "the record (--out)", folder=False)
     from finetune.evaluate import evaluate_run, write_json  # the training stack, once the config is valid

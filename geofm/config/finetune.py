@@ -50,27 +50,57 @@ class FinetuneModelConfig(BackboneConfig):
     )
 
 
+FLAT_HEAD_KEYS = {
+    "decoder_channels": (("upernet", "siamese_upernet"), "channels", 256),
+    "feature_blocks": (("upernet", "siamese_upernet"), "feature_blocks", None),
+    "superres_channels": (("pixel_shuffle",), "channels", 16),
+    "superres_residual": (("pixel_shuffle",), "residual", True),
+}
+"""Keys of ``head`` in configs written before each head kept its own settings in ``head.options``:
+the heads that read each, its name in their ``options`` and its default then."""
+
+
 class HeadConfig(Section):
     """The task head on the backbone's features: a registered head (``geofm list heads`` says what each
-    is), by default the task's own, and the settings of the built-in heads.
+    is and its options), by default the task's own, and the head's own settings (``options``).
     """
 
     name: str | None = Field(default=None, description="a registered head (geofm list heads; default: the task's own)")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the head's own settings, checked by the head (geofm list heads)"
+    )
 
-    decoder_channels: int = Field(default=256, gt=0, description="segmentation, change: UperNet width")
-    feature_blocks: list[int] | None = Field(
-        default=None,
-        min_length=4,
-        max_length=4,
-        description="segmentation, change with a ViT: the 4 blocks (1-based) feeding strides 4, 8, 16, 32 "
-        "(default: at 1/4, 1/2, 3/4 and all of the depth)",
-    )
-    superres_channels: int = Field(default=16, gt=0, description="superres: channels at the input resolution")
-    superres_residual: bool = Field(
-        default=True,
-        description="superres: add the bicubically upsampled input bands to the output bands of the same names, "
-        "in the output's normalisation (learn the residual); output bands that are no input band are learned whole",
-    )
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_to_options(cls, data: Any) -> Any:
+        moved = [key for key in FLAT_HEAD_KEYS if isinstance(data, dict) and key in data]
+        if moved:
+            where = "; ".join(
+                f"{key} is options.{FLAT_HEAD_KEYS[key][1]} of {', '.join(FLAT_HEAD_KEYS[key][0])}" for key in moved
+            )
+            raise ValueError(f"a head's own settings go in head.options: {where}")
+        return data
+
+
+def head_options_from_flat_keys(tree: dict) -> dict:
+    """A finetuning config tree of before ``head.options`` in today's shape (a run's saved config).
+
+    Each key of :data:`FLAT_HEAD_KEYS` leaves ``head``; its value moves to ``head.options`` where
+    the config's head read it and it differs from its default then (a run saved every default).
+    """
+    head = tree.get("head") if isinstance(tree, dict) else None
+    if not isinstance(head, dict) or not set(FLAT_HEAD_KEYS) & set(head):
+        return tree
+    task = tree.get("task")
+    name = head.get("name") or (TASKS.get(task).default_head if task in TASKS else None)
+    flat = {key: head[key] for key in FLAT_HEAD_KEYS if key in head}
+    options = dict(head.get("options") or {})
+    for key, value in flat.items():
+        heads, option, default = FLAT_HEAD_KEYS[key]
+        if name in heads and value != default:
+            options[option] = value
+    kept = {key: value for key, value in head.items() if key not in flat}
+    return {**tree, "head": {**kept, "options": options}}
 
 
 class FinetuneOptimConfig(Section):
