@@ -164,7 +164,7 @@ def _list(args: argparse.Namespace) -> None:
             print(f"    options unreadable: {err}")
             continue
         for field, kind, default, description in rows:
-            print(f"    options.{field}: {kind} = {default}  {description}".rstrip())
+            print(f"    {field}: {kind} = {default}  {description}".rstrip())
 
 
 def _installed_version() -> str:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from geofm.config.base import Section, checks_architecture, validated
+from geofm.config.base import Section, checks_architecture, refuse_moved_keys, validated
 
 MOVED_TO_OPTIONS = (
     "perturbation_radius",
@@ -272,13 +272,8 @@ class AlgorithmConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _moved_to_options(cls, data: Any) -> Any:
-        moved = [key for key in MOVED_TO_OPTIONS if isinstance(data, dict) and key in data]
-        if moved:
-            raise ValueError(
-                f"{', '.join(moved)}: an algorithm's own settings go in algorithm.options; write "
-                f"options: {{{', '.join(f'{key}: ...' for key in moved)}}}"
-            )
-        return data
+        moved = {key: key for key in MOVED_TO_OPTIONS}
+        return refuse_moved_keys(data, moved, "an algorithm's own settings go in algorithm.options")
 
     @model_validator(mode="after")
     def _check_components(self) -> AlgorithmConfig:

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.checkpoints.layouts import EXPORT_SIDECAR, export_architecture
-from geofm.config.base import ProgramConfig, Section, checks_architecture
+from geofm.config.base import ProgramConfig, Section, checks_architecture, refuse_moved_keys
 from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.config.sections import BackboneConfig, RunConfig, TrainConfig
 from geofm.errors import ConfigError
@@ -73,34 +73,8 @@ class HeadConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _moved_to_options(cls, data: Any) -> Any:
-        moved = [key for key in FLAT_HEAD_KEYS if isinstance(data, dict) and key in data]
-        if moved:
-            where = "; ".join(
-                f"{key} is options.{FLAT_HEAD_KEYS[key][1]} of {', '.join(FLAT_HEAD_KEYS[key][0])}" for key in moved
-            )
-            raise ValueError(f"a head's own settings go in head.options: {where}")
-        return data
-
-
-def head_options_from_flat_keys(tree: dict) -> dict:
-    """A finetuning config tree of before ``head.options`` in today's shape (a run's saved config).
-
-    Each key of :data:`FLAT_HEAD_KEYS` leaves ``head``; its value moves to ``head.options`` where
-    the config's head read it and it differs from its default then (a run saved every default).
-    """
-    head = tree.get("head") if isinstance(tree, dict) else None
-    if not isinstance(head, dict) or not set(FLAT_HEAD_KEYS) & set(head):
-        return tree
-    task = tree.get("task")
-    name = head.get("name") or (TASKS.get(task).default_head if task in TASKS else None)
-    flat = {key: head[key] for key in FLAT_HEAD_KEYS if key in head}
-    options = dict(head.get("options") or {})
-    for key, value in flat.items():
-        heads, option, default = FLAT_HEAD_KEYS[key]
-        if name in heads and value != default:
-            options[option] = value
-    kept = {key: value for key, value in head.items() if key not in flat}
-    return {**tree, "head": {**kept, "options": options}}
+        moved = {key: option for key, (_, option, _) in FLAT_HEAD_KEYS.items()}
+        return refuse_moved_keys(data, moved, "a head's own settings go in head.options (geofm list heads)")
 
 
 class FinetuneOptimConfig(Section):

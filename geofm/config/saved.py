@@ -10,9 +10,57 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from geofm.config.base import read_config_tree
-from geofm.config.finetune import head_options_from_flat_keys
+from geofm.config.finetune import FLAT_HEAD_KEYS
+from geofm.config.sections import LAYOUT_KEYS_MOVED
+from geofm.tasks import TASKS
 
-MIGRATIONS = (head_options_from_flat_keys,)
+
+def head_options_from_flat_keys(tree: dict) -> dict:
+    """A finetuning config tree of before ``head.options`` in today's shape (a run's saved config).
+
+    Each key of :data:`FLAT_HEAD_KEYS` leaves ``head``; its value moves to ``head.options`` where
+    the config's head read it and it differs from its default then (a run saved every default).
+    """
+    head = tree.get("head") if isinstance(tree, dict) else None
+    if not isinstance(head, dict) or not set(FLAT_HEAD_KEYS) & set(head):
+        return tree
+    task = tree.get("task")
+    name = head.get("name") or (TASKS.get(task).default_head if task in TASKS else None)
+    flat = {key: head[key] for key in FLAT_HEAD_KEYS if key in head}
+    options = dict(head.get("options") or {})
+    for key, value in flat.items():
+        heads, option, default = FLAT_HEAD_KEYS[key]
+        if name in heads and value != default:
+            options[option] = value
+    kept = {key: value for key, value in head.items() if key not in flat}
+    return {**tree, "head": {**kept, "options": options}}
+
+
+def source_options_from_flat_keys(tree: dict) -> dict:
+    """A config tree of before sources kept their layout's settings in ``options`` in today's shape (a
+    run's saved config): each ``data.sources[]`` entry's keys of :data:`LAYOUT_KEYS_MOVED` move to its
+    ``options``, those at what a run saved where a source left them out (null, the default) dropped."""
+    data = tree.get("data") if isinstance(tree, dict) else None
+    sources = data.get("sources") if isinstance(data, dict) else None
+    if not isinstance(sources, list) or not any(
+        isinstance(s, dict) and set(LAYOUT_KEYS_MOVED) & set(s) for s in sources
+    ):
+        return tree
+    moved = []
+    for source in sources:
+        flat = {key: source[key] for key in LAYOUT_KEYS_MOVED if isinstance(source, dict) and key in source}
+        if not flat:
+            moved.append(source)
+            continue
+        options = {
+            **(source.get("options") or {}),
+            **{k: v for k, v in flat.items() if v not in (None, LAYOUT_KEYS_MOVED[k])},
+        }
+        moved.append({**{k: v for k, v in source.items() if k not in flat}, "options": options})
+    return {**tree, "data": {**data, "sources": moved}}
+
+
+MIGRATIONS = (head_options_from_flat_keys, source_options_from_flat_keys)
 """Each takes a saved config tree and returns it in today's shape (unchanged where it already is)."""
 
 
@@ -24,4 +72,4 @@ def read_saved_config(path: str | Path, overrides: Sequence[str] = ()) -> dict:
     return tree
 
 
-__all__ = ["MIGRATIONS", "read_saved_config"]
+__all__ = ["MIGRATIONS", "head_options_from_flat_keys", "read_saved_config", "source_options_from_flat_keys"]

