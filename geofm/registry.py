@@ -27,6 +27,8 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import types
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -195,6 +197,10 @@ def entry_options(name: str, model: type[BaseModel] | None, given: Mapping[str, 
 
 def _type_name(annotation: Any) -> str:
     """A field's type as written in code: ``int``, ``list[int] | None``, ``Literal['a', 'b']``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return "None"
     return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
 
 
