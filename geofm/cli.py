@@ -313,9 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     kinds = commands.add_parser(
         "list",
-        help="what is registered (algorithms, tasks, heads...), one name per line with its summary",
+        help="what is registered under each extension point: its names, summaries and options",
         description="Print the names registered under KIND, built-in and from installed plug-ins, each with the "
-        "first paragraph of its docstring; without KIND, the kinds.",
+        "first paragraph of its docstring and below it each of its options (field: type = default  description); "
+        "without KIND, the kinds.",
         epilog="examples:\n  geofm list\n  geofm list algorithms",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

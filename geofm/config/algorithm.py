@@ -190,37 +190,14 @@ class PrivacyConfig(Section):
 class AlgorithmConfig(Section):
     """The federated algorithm: client update rule, server update rule and what travels each way.
 
-    Each algorithm's own settings are ``options``, checked by its ``Options`` model
-    (``geofm list algorithms`` names them). ``fedavg``: local AdamW steps, data-weighted averaging.
-    ``fedprox``: plus the proximal term ``proximal_beta / 2 ||theta - Theta||^2`` (``options``:
-    ``proximal_beta``). ``fedsense``: plus drift-aware perturbed local steps (``perturbation_radius``,
-    server-to-client guidance), the proximal term if ``proximal_beta``, K-means of client models
-    (``clusters``) and similarity distillation on the server's public data (``distill_steps``,
-    ``distill_lr``, ``distill_batch_size``), all in ``options``; these combine the uploads with
-    ``aggregator`` and step the global model with ``server_optimizer``. ``scaffold``: control variates
-    correcting the client drift,
-    the paper's plain means and server step ``options.server_lr``. ``pfedla``: each client trains from its own
-    layer-wise mix of every client's model, weighted by a hypernetwork per client that the server learns
-    from the client's updates (``options``: ``hn_lr``, ``embedding_dim``, ``hidden_dim``, ``layers``);
-    the global model is the data-weighted mean of the clients' models; 32-bit downlink only. ``fedbn``:
-    FedAvg whose normalisation layers (``options.layers``: ``all`` or the paper's ``batchnorm``) stay on
-    each client. ``fednova``: each client's update normalised by its number of local steps, rescaled by
-    their data-weighted mean ``tau_eff``. ``feddc``: a local drift variable per client, its penalty
-    ``options.alpha / 2 ||theta + h - w||^2`` and a gradient correction, the server averaging the
-    drift-corrected models. ``moon``: FedAvg plus the model-contrastive loss on the backbone's pooled
-    features (``options``: ``mu``, ``temperature``). ``swa`` and ``wima``: FedAvg whose server validates and
-    exports an average of its global models: SWA's running average of each cycle's last model under a
-    cyclical server step (``options``: ``start``, ``cycle``, ``lr_max``, ``lr_min``), or the mean of the
-    last ``window`` models (``options``: ``start``, ``window``, ``blocks``). ``fedsam`` and ``fedasam``:
-    FedAvg whose local steps are SAM's or ASAM's (``sam``, with the FedSAM paper's radii by default).
-    ``fedgloss``: SAM on the server along the previous round's update, with an ADMM dual on both sides
-    (``options``: ``rho``, ``beta``, ``warmup_rounds``, ``rho0``) and local SAM. ``fedalign``: FedAvg plus the
-    Lipschitz matching of the backbone's final stage with its MLPs pruned (``options``: ``mu``, ``width``,
-    ``power_iterations``). ``sam`` makes any algorithm's local steps sharpness-aware; ``privacy`` clips and noises
-    the clients' model updates (algorithms whose only upload is ``update`` and whose server averages it).
-    Any registered algorithm (``geofm list algorithms``) takes its own settings from ``options``. Every payload can be
-    quantised: ``uplink`` and ``downlink`` apply to each payload of their direction, ``uplink_payloads``
-    and ``downlink_payloads`` change fields for one named payload.
+    ``name`` picks a registered algorithm (``geofm list algorithms`` prints each with its summary and
+    its options); its own settings are ``options``, checked by its ``Options`` model. What every
+    algorithm shares lives here: ``sam`` makes any algorithm's local steps sharpness-aware;
+    ``privacy`` clips and noises the clients' model updates (algorithms whose only upload is
+    ``update`` and whose server averages it); ``aggregator`` and ``server_optimizer`` combine the
+    uploads and step the global model (algorithms without a server rule of their own). Every
+    payload can be quantised: ``uplink`` and ``downlink`` apply to each payload of their direction,
+    ``uplink_payloads`` and ``downlink_payloads`` change fields for one named payload.
     """
 
     name: str = Field(default="fedsense", description="a registered algorithm (geofm list algorithms)")

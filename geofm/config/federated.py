@@ -83,8 +83,8 @@ class LocalTrainConfig(OptimizerConfig):
     )
     optimizer: LocalOptimizerConfig | None = Field(
         default=None,
-        description="the local optimiser; null: the one the algorithm's paper assumes (sgd for scaffold, feddc, "
-        "fednova, fedgloss), else AdamW with this section's base_lr, betas, eps and weight_decay",
+        description="the local optimiser; null: the one the algorithm's paper assumes where it declares one (SGD "
+        "for the drift-correcting methods), else AdamW with this section's base_lr, betas, eps and weight_decay",
     )
     lr_schedule: Literal["constant", "cosine"] = Field(default="constant", description="over rounds, after the warm-up")
     warmup_rounds: int = Field(default=0, ge=0)
