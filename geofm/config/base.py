@@ -39,6 +39,11 @@ def validated(model: type[BaseModel], data: Any, where: str) -> BaseModel:
         raise ValueError(f"{where}{'.' + loc if loc else ''}: {first['msg']}") from None
 
 
+MovedKeys = dict[str, tuple[tuple[str, ...], str, Any]]
+"""Keys a section had before its entries kept their settings in ``options``: each key -> the entries
+that read it, its name in their ``options``, its default then."""
+
+
 def refuse_moved_keys(data: Any, moved: typing.Mapping[str, str], whose: str) -> Any:
     """``data``, a section's raw mapping, unless it sets a key that has moved into the section's
     ``options`` (``moved``: old key -> its name there); ValueError naming each and where it goes.

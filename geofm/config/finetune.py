@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.checkpoints.layouts import EXPORT_SIDECAR, export_architecture
-from geofm.config.base import ProgramConfig, Section, checks_architecture, refuse_moved_keys
+from geofm.config.base import MovedKeys, ProgramConfig, Section, checks_architecture, refuse_moved_keys
 from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.config.sections import BackboneConfig, RunConfig, TrainConfig
 from geofm.errors import ConfigError
@@ -50,7 +50,7 @@ class FinetuneModelConfig(BackboneConfig):
     )
 
 
-FLAT_HEAD_KEYS = {
+FLAT_HEAD_KEYS: MovedKeys = {
     "decoder_channels": (("upernet", "siamese_upernet"), "channels", 256),
     "feature_blocks": (("upernet", "siamese_upernet"), "feature_blocks", None),
     "superres_channels": (("pixel_shuffle",), "channels", 16),

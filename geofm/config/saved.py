@@ -9,31 +9,51 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from geofm.config.base import read_config_tree
+from geofm.config.algorithm import AggregatorConfig, ServerOptimizerConfig
+from geofm.config.base import MovedKeys, read_config_tree
 from geofm.config.finetune import FLAT_HEAD_KEYS
 from geofm.config.sections import LAYOUT_KEYS_MOVED
 from geofm.tasks import TASKS
 
 
-def head_options_from_flat_keys(tree: dict) -> dict:
-    """A finetuning config tree of before ``head.options`` in today's shape (a run's saved config).
+def _into_options(section: dict, moved: MovedKeys, name: str | None) -> dict:
+    """``section`` without its keys of ``moved``; the value of each moves to ``options`` where entry
+    ``name`` read it and it differs from its default then (a run saved every default)."""
+    flat = {key: section[key] for key in moved if key in section}
+    if not flat:
+        return section
+    options = dict(section.get("options") or {})
+    for key, value in flat.items():
+        readers, option, default = moved[key]
+        if name in readers and value != default:
+            options[option] = value
+    return {**{key: value for key, value in section.items() if key not in flat}, "options": options}
 
-    Each key of :data:`FLAT_HEAD_KEYS` leaves ``head``; its value moves to ``head.options`` where
-    the config's head read it and it differs from its default then (a run saved every default).
-    """
+
+def head_options_from_flat_keys(tree: dict) -> dict:
+    """A finetuning config tree of before ``head.options`` in today's shape: :data:`FLAT_HEAD_KEYS`
+    move into the options of the config's head (``head.name``, or the task's own)."""
     head = tree.get("head") if isinstance(tree, dict) else None
-    if not isinstance(head, dict) or not set(FLAT_HEAD_KEYS) & set(head):
+    if not isinstance(head, dict):
         return tree
     task = tree.get("task")
     name = head.get("name") or (TASKS.get(task).default_head if task in TASKS else None)
-    flat = {key: head[key] for key in FLAT_HEAD_KEYS if key in head}
-    options = dict(head.get("options") or {})
-    for key, value in flat.items():
-        heads, option, default = FLAT_HEAD_KEYS[key]
-        if name in heads and value != default:
-            options[option] = value
-    kept = {key: value for key, value in head.items() if key not in flat}
-    return {**tree, "head": {**kept, "options": options}}
+    return {**tree, "head": _into_options(head, FLAT_HEAD_KEYS, name)}
+
+
+def server_rule_options_from_flat_keys(tree: dict) -> dict:
+    """A federated config tree of before the aggregator and the server optimiser kept their settings in
+    ``options`` in today's shape: the keys each section's ``moved`` lists move into its entry's options."""
+    algorithm = tree.get("algorithm") if isinstance(tree, dict) else None
+    if not isinstance(algorithm, dict):
+        return tree
+    sections = {}
+    for key, section in (("aggregator", AggregatorConfig), ("server_optimizer", ServerOptimizerConfig)):
+        given = algorithm.get(key)
+        if isinstance(given, dict):
+            name = given.get("name", section.model_fields["name"].default)
+            sections[key] = _into_options(given, section.moved, name)
+    return {**tree, "algorithm": {**algorithm, **sections}}
 
 
 def source_options_from_flat_keys(tree: dict) -> dict:
@@ -60,7 +80,7 @@ def source_options_from_flat_keys(tree: dict) -> dict:
     return {**tree, "data": {**data, "sources": moved}}
 
 
-MIGRATIONS = (head_options_from_flat_keys, source_options_from_flat_keys)
+MIGRATIONS = (head_options_from_flat_keys, source_options_from_flat_keys, server_rule_options_from_flat_keys)
 """Each takes a saved config tree and returns it in today's shape (unchanged where it already is)."""
 
 
@@ -72,4 +92,10 @@ def read_saved_config(path: str | Path, overrides: Sequence[str] = ()) -> dict:
     return tree
 
 
-__all__ = ["MIGRATIONS", "head_options_from_flat_keys", "read_saved_config", "source_options_from_flat_keys"]
+__all__ = [
+    "MIGRATIONS",
+    "head_options_from_flat_keys",
+    "read_saved_config",
+    "server_rule_options_from_flat_keys",
+    "source_options_from_flat_keys",
+]

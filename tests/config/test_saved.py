@@ -62,3 +62,25 @@ def test_a_run_saved_with_flat_head_keys_reads_back_with_head_options(task, opti
     assert run_config(run_dir) == cfg
     with pytest.raises(ConfigError, match=r"a head's own settings go in head\.options"):
         FinetuneConfig.from_tree(saved)
+
+
+def test_a_federated_run_saved_with_flat_server_rule_keys_reads_back_with_their_options(tmp_path):
+    """Every default of the aggregator and server optimiser was saved flat; only the chosen rule's
+    non-default values move into its options."""
+    from geofm.config.algorithm import AlgorithmConfig
+
+    current = AlgorithmConfig(
+        name="fedavg",
+        server_optimizer={"name": "fedavgm", "lr": 0.5, "options": {"momentum": 0.5}},
+        aggregator={"name": "krum", "options": {"multi_krum": 2}},
+    )
+    today = {"algorithm": config_to_dict(current)}
+    old = {"algorithm": {**today["algorithm"]}}
+    old["algorithm"]["server_optimizer"] = {"name": "fedavgm", "lr": 0.5, "momentum": 0.5}
+    old["algorithm"]["server_optimizer"] |= {"beta1": 0.9, "beta2": 0.99, "tau": 0.001}
+    old["algorithm"]["aggregator"] = {"name": "krum", "trim_fraction": 0.1, "byzantine_clients": 0, "multi_krum": 2}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
+
+    assert read_saved_config(tmp_path / "config.yaml") == today
+    with pytest.raises(ValueError, match=r"momentum, beta1, beta2, tau: the server optimiser's own settings go in"):
+        AlgorithmConfig.model_validate(old["algorithm"])
