@@ -12,7 +12,7 @@ from pathlib import Path
 from geofm.config.algorithm import AggregatorConfig, ServerOptimizerConfig
 from geofm.config.base import MovedKeys, read_config_tree
 from geofm.config.finetune import FLAT_HEAD_KEYS
-from geofm.config.sections import LAYOUT_KEYS_MOVED
+from geofm.data.layouts import LAYOUT_KEYS_MOVED
 from geofm.tasks import TASKS
 
 

@@ -13,7 +13,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.config.base import Section, checks_architecture, refuse_moved_keys
 from geofm.data.bands import UnknownBandError, canonical_bands, rgb_indices, teacher_band_indices
-from geofm.data.layouts import PRODUCT_LAYOUTS
+from geofm.data.layouts import LAYOUT_KEYS_MOVED, PRODUCT_LAYOUTS
 from geofm.data.quality import CONFIDENCE_LEVELS, GENERATIONS, QUALITY_CLASSES, RECORDED_CLASSES
 from geofm.models.backbones import backbone_family, patch_size_of, stage_count_of
 
@@ -173,12 +173,6 @@ class QualityConfig(Section):
                     f"(they record {', '.join(RECORDED_CLASSES[self.generation])})"
                 )
         return self
-
-
-LAYOUT_KEYS_MOVED = {"filename_regex": None, "band_ids": "vocabulary"}
-"""Keys of a source in configs written before each product layout kept its settings in the source's
-``options`` (layout ``band_files``'s), and what a run saved for each where the source left it out
-(null, or the default table); a config that still sets one is told where it went."""
 
 
 class SourceConfig(Section):

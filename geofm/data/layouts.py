@@ -220,6 +220,12 @@ class BandFilesOptions(BaseModel):
     )
 
 
+LAYOUT_KEYS_MOVED = {"filename_regex": None, "band_ids": "vocabulary"}
+"""Keys of a source in configs written before each product layout kept its settings in the source's
+``options`` (layout ``band_files``'s), and what a run saved for each where the source left it out
+(null, or the default table); a config that still sets one is told where it went."""
+
+
 class BandFilesLayout(_ModuleLayout):
     """Single-band files grouped into one product per scene by `options.filename_regex` (groups scene and band)."""
 
@@ -354,4 +360,4 @@ FOLDER_LAYOUTS.register("change", ChangeFolders())
 FOLDER_LAYOUTS.register("superres", SuperresFolders())
 
 
-__all__ = ["FOLDER_LAYOUTS", "PRODUCT_LAYOUTS", "FolderLayout", "ProductLayout", "where"]
+__all__ = ["FOLDER_LAYOUTS", "LAYOUT_KEYS_MOVED", "PRODUCT_LAYOUTS", "FolderLayout", "ProductLayout", "where"]
