@@ -179,8 +179,7 @@ def product_sources(roots: dict[str, Path], chip_size: int, names: list[str]) ->
             folder,
             "band_files",
             [*bands, "water_vapour", "cirrus", "swir16", "swir22"],
-            band_ids="sentinel2",
-            filename_regex=r"(?P<scene>.+)_(?P<band>B\w+)\.jp2",
+            options={"filename_regex": r"(?P<scene>.+)_(?P<band>B\w+)\.jp2", "band_ids": "sentinel2"},
             scale=0.0001,
             nodata=0,
         )

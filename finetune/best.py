@@ -10,13 +10,13 @@ import shutil
 from pathlib import Path
 
 import torch
-import yaml
 from safetensors.torch import load_file, save_file
 
 from finetune.models import FinetuneModel, build_finetune_model
 from geofm.config.base import CONFIG_FILE
 from geofm.config.fedfinetune import check_finetuning_run, read_finetune_config
 from geofm.config.finetune import FinetuneConfig
+from geofm.config.saved import read_saved_config
 from geofm.errors import CheckpointNotFoundError
 
 BEST_DIR = "best"
@@ -102,7 +102,7 @@ def run_config(run_dir: Path) -> FinetuneConfig:
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         raise CheckpointNotFoundError(f"{path.resolve()} does not exist: {run_dir} is not a finetuning run directory")
-    return read_finetune_config(yaml.safe_load(path.read_text()), str(path))
+    return read_finetune_config(read_saved_config(path), str(path))
 
 
 def load_finetuned(run_dir: Path, cfg: FinetuneConfig | None = None) -> tuple[FinetuneModel, FinetuneConfig, dict]:

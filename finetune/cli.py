@@ -100,14 +100,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "predict",
         help="sliding-window inference of a finetuned model over GeoTIFF scenes of any size",
         description="Predict a whole scene with a finetuned run in overlapping, blended tiles and write a GeoTIFF "
-        "with the scene's CRS, transform and nodata: class ids (segmentation), a change mask (change, from "
-        "--before and --after) or a finer image (super-resolution, pixel size / scale factor).",
+        "with the scene's CRS, transform and nodata, holding what the run's task predicts (geofm list tasks): "
+        "class ids, a change mask of two dates (--before and --after) or a finer image (pixel size / scale factor).",
     )
     predict.add_argument("--model", required=True, type=Path, metavar="RUN", help="run directory of geofm finetune")
-    predict.add_argument("--input", type=Path, metavar="SCENE.tif", help="the scene (segmentation, super-resolution)")
-    predict.add_argument("--before", type=Path, metavar="A.tif", help="change detection: the earlier scene")
+    predict.add_argument("--input", type=Path, metavar="SCENE.tif", help="the scene (a task of one image)")
+    predict.add_argument("--before", type=Path, metavar="A.tif", help="a task of two dates: the earlier scene")
     predict.add_argument(
-        "--after", type=Path, metavar="B.tif", help="change detection: the later scene, on the same grid"
+        "--after", type=Path, metavar="B.tif", help="a task of two dates: the later scene, on the same grid"
     )
     predict.add_argument("--output", required=True, type=Path, metavar="OUT.tif", help="GeoTIFF to write")
     predict.add_argument(
@@ -145,6 +145,7 @@ def _eval(args: argparse.Namespace) -> None:
     from geofm.config import read_config_tree
     from geofm.config.base import CONFIG_FILE
     from geofm.config.fedfinetune import check_finetuning_run, read_finetune_config
+    from geofm.config.saved import read_saved_config
     from geofm.errors import ConfigError
 
     settings = {"checkpoint": None, "split": "test"}
@@ -162,7 +163,8 @@ def _eval(args: argparse.Namespace) -> None:
     run_dir = Path(settings["checkpoint"])
     check_finetuning_run(run_dir)
     source = Path(args.config) if args.config else run_dir / CONFIG_FILE
-    cfg = read_finetune_config(read_config_tree(source, overrides), str(source), overrides)
+    tree = read_config_tree(source, overrides) if args.config else read_saved_config(source, overrides)
+    cfg = read_finetune_config(tree, str(source), overrides)
     out = args.out or run_dir / f"eval_{settings['split']}.json"
     check_writable(out, "--out" if args.out else "the record (--out)", folder=False)
     from finetune.evaluate import evaluate_run, write_json  # the training stack, once the config is valid

@@ -6,15 +6,8 @@ Every model keeps the backbone as one plain timm model (its state dict is exactl
 from timm's own ``param_groups_layer_decay``. Heads and decoders match none of the backbone's groups:
 timm puts them in the top group, at the full learning rate.
 
-===================  =============================================================================
-``linear``           timm's own classifier (``reset_classifier``) on pooled features: logits (B, K)
-                     (classification; multilabel: one logit per label)
-``upernet``          UperNet on features at strides 4-32: logits (B, K, H, W) (segmentation)
-``siamese_upernet``  one shared backbone on both dates, per-scale ``|f1 - f2|``, UperNet (change)
-``pixel_shuffle``    SimMIM-style decoder to the input resolution, then a PixelShuffle upsampler to
-                     the high-resolution side's bands, plus the upsampled input bands of the same
-                     names (superres)
-===================  =============================================================================
+Each head's own settings are its ``Options`` model, read from ``head.options`` (``geofm list heads``
+prints every head with them).
 """
 
 from __future__ import annotations
@@ -23,6 +16,7 @@ import math
 from typing import Any, ClassVar
 
 import torch
+from pydantic import BaseModel, Field
 from timm.optim import param_groups_layer_decay
 from torch import Tensor, nn
 
@@ -30,9 +24,11 @@ from finetune.decoders import PYRAMID_STRIDES, SimpleFeaturePyramid, SuperresHea
 from finetune.heads import HEADS
 from geofm.checkpoints import LoadReport, load_backbone_for_bands
 from geofm.checkpoints.convert import model_family
+from geofm.config.base import Section
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune import BandNormaliser
-from geofm.models.backbones import backbone_kwargs, create_backbone, resize_input
+from geofm.models.backbones import arch_info, backbone_kwargs, create_backbone, resize_input
+from geofm.registry import entry_options
 
 BACKBONE = "backbone"
 
@@ -46,12 +42,32 @@ class FinetuneModel(nn.Module):
     """A timm backbone and a task head; a frozen backbone gets no gradients and stays in eval mode.
 
     A subclass registered in :data:`finetune.heads.HEADS` declares the sample keys it is called with
-    (``inputs``), the kind of its output (``output``: logits, dense or image) and builds itself with
-    a classmethod ``from_config(backbone, cfg)``.
+    (``inputs``), the kind of its output (``output``: logits, dense or image), its own settings
+    (``Options``, a pydantic model of ``head.options``; None: it takes none), its rules on a config
+    (:meth:`check`) and builds itself with a classmethod ``from_config(backbone, cfg)``.
     """
 
     inputs: ClassVar[tuple[str, ...]] = ("image",)
     output: ClassVar[str] = "logits"
+    Options: ClassVar[type[BaseModel] | None] = None
+
+    @classmethod
+    def options_of(cls, cfg: FinetuneConfig) -> Any:
+        """The head's own settings: ``head.options`` validated by :attr:`Options` (None: it takes none).
+
+        Raises:
+            ValueError: naming the bad field of ``head.options``.
+        """
+        return entry_options(cfg.head_name, cls.Options, cfg.head.options, "head.options")
+
+    @classmethod
+    def check(cls, cfg: FinetuneConfig) -> None:
+        """The head's rules on a config (run with the architecture checks): its options by default.
+
+        Raises:
+            ValueError: naming the field and what the head expects.
+        """
+        cls.options_of(cfg)
 
     def __init__(self, backbone: nn.Module, frozen: bool) -> None:
         """Initialise a new FinetuneModel instance.
@@ -164,10 +180,38 @@ class DenseFeatures(FinetuneModel):
         return maps if self.neck is None else self.neck(maps)
 
 
+class UperNetOptions(Section):
+    """The settings of the UperNet heads (``upernet``, ``siamese_upernet``): ``head.options``."""
+
+    channels: int = Field(default=256, gt=0, description="UperNet's width")
+    feature_blocks: list[int] | None = Field(
+        default=None,
+        min_length=4,
+        max_length=4,
+        description="with a ViT: the 4 blocks (1-based) feeding strides 4, 8, 16, 32 (default: at 1/4, 1/2, 3/4 and "
+        "all of the depth)",
+    )
+
+
 class Segmenter(DenseFeatures):
     """UperNet on the backbone's multi-scale features: logits (B, num_classes, H, W)."""
 
     output = "dense"
+    Options = UperNetOptions
+
+    @classmethod
+    def check(cls, cfg: FinetuneConfig) -> None:
+        """``feature_blocks`` name blocks of a ViT backbone."""
+        blocks = cls.options_of(cfg).feature_blocks
+        if blocks is None:
+            return
+        info = arch_info(cfg.model.arch, cfg.model.timm_kwargs)
+        if info.family != "vit":
+            raise ValueError("head.options.feature_blocks choose the blocks of a ViT backbone")
+        if sorted(set(blocks)) != blocks or not 1 <= blocks[0] <= blocks[-1] <= info.depth:
+            raise ValueError(
+                f"head.options.feature_blocks must be 4 increasing blocks in [1, {info.depth}], got {blocks}"
+            )
 
     def __init__(
         self,
@@ -182,8 +226,8 @@ class Segmenter(DenseFeatures):
 
     @classmethod
     def from_config(cls, backbone: nn.Module, cfg: FinetuneConfig) -> DenseFeatures:
-        head = cfg.head
-        return cls(backbone, cfg.data.num_classes, cfg.model.frozen, head.feature_blocks, head.decoder_channels)
+        options = cls.options_of(cfg)
+        return cls(backbone, cfg.data.num_classes, cfg.model.frozen, options.feature_blocks, options.channels)
 
     def forward(self, image: Tensor) -> Tensor:
         return self.head(self.features(image))
@@ -225,10 +269,24 @@ def superres_residual(inputs: BandNormaliser, targets: BandNormaliser) -> tuple[
     return weight, bias
 
 
+class PixelShuffleOptions(Section):
+    """The settings of the ``pixel_shuffle`` super-resolution head: ``head.options``."""
+
+    channels: int = Field(default=16, gt=0, description="channels at the input resolution")
+    residual: bool = Field(
+        default=True,
+        description="add the bicubically upsampled input bands to the output bands of the same names, in the "
+        "output's normalisation (learn the residual); output bands that are no input band are learned whole",
+    )
+
+
 class SuperResolver(FinetuneModel):
-    """The backbone's last (normed) features through :class:`~finetune.decoders.SuperresHead`: (B, C', H*s, W*s)."""
+    """A SimMIM-style decoder of the backbone's last (normed) features to the input resolution, then a
+    PixelShuffle upsampler to the high-resolution bands, plus the upsampled input bands of the same
+    names (:class:`~finetune.decoders.SuperresHead`): (B, C', H*s, W*s)."""
 
     output = "image"
+    Options = PixelShuffleOptions
 
     def __init__(
         self,
@@ -255,10 +313,10 @@ class SuperResolver(FinetuneModel):
 
     @classmethod
     def from_config(cls, backbone: nn.Module, cfg: FinetuneConfig) -> SuperResolver:
-        data, head = cfg.data, cfg.head
+        data, options = cfg.data, cls.options_of(cfg)
         targets = BandNormaliser.for_targets(data)
-        residual = superres_residual(BandNormaliser.from_config(data), targets) if head.superres_residual else None
-        return cls(backbone, len(targets.bands), data.scale_factor, head.superres_channels, residual, cfg.model.frozen)
+        residual = superres_residual(BandNormaliser.from_config(data), targets) if options.residual else None
+        return cls(backbone, len(targets.bands), data.scale_factor, options.channels, residual, cfg.model.frozen)
 
     def forward(self, image: Tensor) -> Tensor:
         with self._backbone_grad():

@@ -149,11 +149,22 @@ def _checkpoint_inspect(args: argparse.Namespace) -> None:
 
 
 def _list(args: argparse.Namespace) -> None:
-    """Print a registry's names with their summaries, or without KIND the registries."""
+    """Print a registry's names with their summaries and options, or without KIND the registries."""
+    from geofm.errors import ConfigError
+
     registry = REGISTRIES if args.kind is None else REGISTRIES.get(args.kind)
     width = max(map(len, registry.names()), default=0)
     for name in registry.names():
         print(f"{name:<{width}}  {registry.summary(name)}".rstrip())
+        if args.kind is None:
+            continue
+        try:
+            rows = registry.option_rows(name)
+        except ConfigError as err:  # a plug-in's broken entry: the others are still listed
+            print(f"    options unreadable: {err}")
+            continue
+        for field, kind, default, description in rows:
+            print(f"    {field}: {kind} = {default}  {description}".rstrip())
 
 
 def _installed_version() -> str:
@@ -302,9 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     kinds = commands.add_parser(
         "list",
-        help="what is registered (algorithms, tasks, heads...), one name per line with its summary",
+        help="what is registered under each extension point: its names, summaries and options",
         description="Print the names registered under KIND, built-in and from installed plug-ins, each with the "
-        "first paragraph of its docstring; without KIND, the kinds.",
+        "first paragraph of its docstring and below it each of its options (field: type = default  description); "
+        "without KIND, the kinds.",
         epilog="examples:\n  geofm list\n  geofm list algorithms",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -11,8 +11,13 @@ editing geofm through an entry point of the registry's group::
 
 Only registered names can be loaded: a config names an entry, never an import path, so a node of
 a federation imports only modules its installation registered. An unknown name is an error that
-lists the nearest registered names. ``geofm list KIND`` prints a registry's names with the first
-paragraph of each entry's docstring (:meth:`Registry.summary`), read from the source of a lazy entry.
+lists the nearest registered names.
+
+Every entry has the same shape: its name, its own settings as an ``Options`` pydantic model (an
+attribute of the entry; none where it takes none), read from the ``options`` of the config section
+that names it (:meth:`Registry.options`), and its rules on the rest of the config (a ``check``).
+``geofm list KIND`` prints a registry's names with the first paragraph of each entry's docstring
+(:meth:`Registry.summary`, read from the source of a lazy entry) and each entry's options.
 """
 
 from __future__ import annotations
@@ -22,10 +27,15 @@ import difflib
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Callable, Iterator
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from geofm.errors import ConfigError
 
@@ -62,6 +72,16 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r}: a lazy entry is 'package.module:attribute', got {target!r}")
         self._entries[name] = target
         return target
+
+    def unregister(self, name: str) -> None:
+        """Remove the entry ``name`` (a test's own entry, once the test is done).
+
+        Raises:
+            ConfigError: ``name`` is not registered (listing the nearest names).
+        """
+        if name not in self:
+            raise ConfigError(self.unknown(name))
+        del self._entries[name]
 
     def _read_entry_points(self) -> None:
         if self._entry_points_read:
@@ -115,6 +135,33 @@ class Registry(Generic[T]):
             entry = self._entries[name] = getattr(module, attribute)
         return entry
 
+    def options_model(self, name: str) -> type[BaseModel] | None:
+        """The pydantic model of the entry's own settings (its ``Options`` attribute); None where it takes none.
+
+        Raises:
+            ConfigError: as :meth:`get`.
+        """
+        return getattr(self.get(name), "Options", None)
+
+    def options(self, name: str, given: Mapping[str, Any], where: str) -> BaseModel | None:
+        """The settings ``given`` to entry ``name`` validated by its :meth:`options_model` (see
+        :func:`entry_options`)."""
+        return entry_options(name, self.options_model(name), given, where)
+
+    def option_rows(self, name: str) -> list[tuple[str, str, str, str]]:
+        """The entry's options as (field, type, default, description) rows, for ``geofm list``.
+
+        Raises:
+            ConfigError: as :meth:`get`.
+        """
+        model = self.options_model(name)
+        if model is None:
+            return []
+        return [
+            (field, _type_name(info.annotation), _default_text(info), info.description or "")
+            for field, info in model.model_fields.items()
+        ]
+
     def summary(self, name: str) -> str:
         """The first paragraph of the entry's docstring on one line, literals in single backquotes (empty
         without one).
@@ -130,6 +177,36 @@ class Registry(Generic[T]):
         entry = self._entries[name]
         doc = _source_docstring(entry) if isinstance(entry, str) else inspect.getdoc(entry)
         return " ".join((doc or "").split("\n\n")[0].split()).replace("``", "`")
+
+
+def entry_options(name: str, model: type[BaseModel] | None, given: Mapping[str, Any], where: str) -> BaseModel | None:
+    """``given`` (the ``options`` of a config section) validated by ``model``, the options model of
+    the entry ``name``; None for an entry that takes none and was given none.
+
+    Raises:
+        ValueError: naming ``where`` and the bad field, or the entry that takes no options.
+    """
+    from geofm.config.base import validated  # geofm.config's sections import registries
+
+    if model is None:
+        if given:
+            raise ValueError(f"{where}: {name} takes no options, got {sorted(given)}")
+        return None
+    return validated(model, dict(given), where)
+
+
+def _type_name(annotation: Any) -> str:
+    """A field's type as written in code: ``int``, ``list[int] | None``, ``Literal['a', 'b']``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return "None"
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+
+
+def _default_text(info: FieldInfo) -> str:
+    """A field's default as a config would write it, or ``required``."""
+    return "required" if info.is_required() else repr(info.get_default(call_default_factory=True))
 
 
 def _source_docstring(entry: str) -> str | None:
@@ -174,4 +251,4 @@ REGISTRIES.register("server-optimizers", "geofm.federated.server_optimizers:SERV
 REGISTRIES.register("tasks", "geofm.tasks:TASKS")
 
 
-__all__ = ["REGISTRIES", "Registry"]
+__all__ = ["REGISTRIES", "Registry", "entry_options"]

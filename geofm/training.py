@@ -28,6 +28,7 @@ from geofm import engine as ds
 from geofm.checkpoints.io import LAST_CHECKPOINT, resolve_checkpoint_path
 from geofm.config import OptimizerConfig, RunConfig, Section, SourceConfig, config_to_dict
 from geofm.config.base import CONFIG_FILE
+from geofm.config.saved import read_saved_config
 from geofm.data.products import list_products
 from geofm.errors import ConfigError, GeoFMError
 from geofm.paths import check_writable
@@ -158,7 +159,7 @@ class RunCheckpoints:
 
     def saved_config(self) -> dict | None:
         path = self.run_dir / CONFIG_FILE
-        return yaml.safe_load(path.read_text()) if path.exists() else None
+        return read_saved_config(path) if path.exists() else None
 
     def start(self, cfg: Section) -> None:
         """Create the run directory and write ``config.yaml`` (rank 0), once the run is about to train."""

@@ -52,6 +52,15 @@ def tiny_vit():
     return make
 
 
+TINY_HEAD_OPTIONS = {"segmentation": {"channels": 16}, "change": {"channels": 16}, "superres": {"channels": 4}}
+"""``head.options`` of each task's own head in the tiny test configs (classification's linear head takes none)."""
+
+
+def head_overrides(task: str) -> list[str]:
+    """:data:`TINY_HEAD_OPTIONS` of ``task`` as command-line overrides of a shipped config."""
+    return [f"head.options.{key}={value}" for key, value in TINY_HEAD_OPTIONS.get(task, {}).items()]
+
+
 def _finetune_tree(task: str, output_dir: Path, family: str = "swin", **sections) -> dict:
     """A finetuning config tree of a tiny 32 px Swin (or ViT) on 4 bands, 2 epochs of batch 4."""
     vit = family == "vit"
@@ -82,7 +91,7 @@ def _finetune_tree(task: str, output_dir: Path, family: str = "swin", **sections
         "task": task,
         "run": {"output_dir": str(output_dir), "log_every": 1, "checkpoint_every": 100, "progress": False},
         "model": model,
-        "head": {"decoder_channels": 16, "superres_channels": 4},
+        "head": {"options": dict(TINY_HEAD_OPTIONS.get(task, {}))},
         "data": data,
         "train": {"epochs": 2, "micro_batch_size": 4, "warmup_epochs": 0.5, "base_lr": 1e-3, "lr_reference_batch": 4},
     }

@@ -129,7 +129,7 @@ def test_version_is_the_installed_distributions(capsys):
     assert done.value.code == 0 and capsys.readouterr().out == f"geofm {version('geofm')}\n"
 
 
-def test_list_prints_every_registry_and_each_registered_name_with_its_summary(capsys):
+def test_list_prints_every_registry_and_each_registered_name_with_its_summary_and_options(capsys):
     from geofm.federated.algorithms import ALGORITHMS
     from geofm.registry import REGISTRIES
 
@@ -137,9 +137,20 @@ def test_list_prints_every_registry_and_each_registered_name_with_its_summary(ca
     kinds = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in kinds] == REGISTRIES.names() and all(len(line.split()) > 1 for line in kinds)
     assert main(["list", "algorithms"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == ALGORITHMS.names()
-    assert re.search(r"^fedprox +FedAvg plus the proximal term", "\n".join(lines), re.M), "with its docstring's summary"
+    text = capsys.readouterr().out
+    assert [line.split()[0] for line in text.splitlines() if not line.startswith(" ")] == ALGORITHMS.names()
+    assert re.search(
+        r"^fedprox +FedAvg plus the proximal term.*\n    proximal_beta: float = required  weight", text, re.M
+    ), "each name with its docstring's summary, then each of its options: field, type, default, description"
+    assert re.search(r"^fedavg +.*\nfedbn ", text, re.M), "an entry without options has no options lines"
+    assert main(["list", "heads"]) == 0
+    heads = capsys.readouterr().out
+    assert "\n    channels: int = 256  UperNet's width\n" in heads
+    assert "    feature_blocks: list[int] | None = None  with a ViT" in heads
+    assert main(["list", "product-layouts"]) == 0
+    assert "    band_ids: Literal[" in capsys.readouterr().out
+    assert main(["list", "folder-layouts"]) == 0
+    assert "\n    before: str = 'A'  the before part's name below a split folder\n" in capsys.readouterr().out
     for kind in REGISTRIES:
         assert main(["list", kind]) == 0
         assert all(len(line.split()) > 1 for line in capsys.readouterr().out.splitlines()), f"{kind}: a summary each"

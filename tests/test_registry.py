@@ -115,3 +115,41 @@ def test_every_registry_of_the_project_is_listed():
     for entry in sorted(defined - {"geofm.registry:REGISTRIES"}):
         module, name = entry.split(":")
         assert any(getattr(importlib.import_module(module), name) is registry for registry in listed), entry
+
+
+def test_unregister_removes_an_entry_and_refuses_an_unknown_name():
+    reg = Registry("thing", "geofm.tests-none")
+    reg.register("dumps", "json:dumps")
+    reg.register("loads", "json:loads")
+    reg.unregister("dumps")
+    assert reg.names() == ["loads"]
+    with pytest.raises(ConfigError, match=r"unknown thing 'dumps' \(registered: loads\)"):
+        reg.unregister("dumps")
+
+
+def test_an_entrys_options_are_validated_by_its_options_model_and_listed_field_by_field():
+    from typing import Literal
+
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        width: int = Field(default=8, gt=0, description="how wide")
+        mode: Literal["a", "b"] | None = None
+        seed: int = Field(description="required, no default")
+
+    reg = Registry("thing", "geofm.tests-none")
+    reg.register("optioned", type("Optioned", (), {"Options": Options}))
+    reg.register("plain", "json:dumps")
+    assert reg.options("optioned", {"seed": 1, "width": 3}, "thing.options") == Options(seed=1, width=3)
+    assert reg.options("plain", {}, "thing.options") is None
+    with pytest.raises(ValueError, match=r"thing\.options\.width: Input should be greater than 0"):
+        reg.options("optioned", {"seed": 1, "width": 0}, "thing.options")
+    with pytest.raises(ValueError, match=r"thing\.options: plain takes no options, got \['width'\]"):
+        reg.options("plain", {"width": 3}, "thing.options")
+    assert reg.option_rows("optioned") == [
+        ("width", "int", "8", "how wide"),
+        ("mode", "Literal['a', 'b'] | None", "None", ""),
+        ("seed", "int", "required", "required, no default"),
+    ]
+    assert reg.option_rows("plain") == []

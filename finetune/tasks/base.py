@@ -128,14 +128,13 @@ class FinetuneTask(ABC):
         Raises:
             ValueError: naming the field and what the task expects.
         """
-        if cfg.head.feature_blocks is not None and not cls.dense:
-            raise ValueError("head.feature_blocks choose the ViT blocks of a segmentation or change head")
         head = HEADS.get(cfg.head_name)
         if tuple(head.inputs) != cls.inputs or head.output != cls.output:
             raise ValueError(
                 f"head.name {cfg.head_name!r} takes {list(head.inputs)} and returns {head.output} outputs; task "
                 f"{cfg.task} needs {list(cls.inputs)} -> {cls.output} (its own head: {cls.default_head!r})"
             )
+        head.check(cfg)
 
     @classmethod
     def metric_names(
@@ -221,12 +220,6 @@ class MaskTask(FinetuneTask):
         from geofm.models.backbones import arch_info
 
         info = arch_info(cfg.model.arch, cfg.model.timm_kwargs)
-        blocks = cfg.head.feature_blocks
-        if blocks is not None:
-            if info.family != "vit":
-                raise ValueError("head.feature_blocks choose the ViT blocks of a segmentation or change head")
-            if sorted(set(blocks)) != blocks or not 1 <= blocks[0] <= blocks[-1] <= info.depth:
-                raise ValueError(f"head.feature_blocks must be 4 increasing blocks in [1, {info.depth}], got {blocks}")
         if cfg.train.micro_batch_size < 2:
             raise ValueError(
                 "UperNet's pooling branch normalises over the batch: segmentation and change need train.micro_batch_size >= 2"

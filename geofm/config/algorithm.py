@@ -9,11 +9,11 @@ algorithm's own settings are its ``options``, checked by its ``Options`` model.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from geofm.config.base import Section, checks_architecture
+from geofm.config.base import MovedKeys, Section, checks_architecture, refuse_moved_keys, validated
 
 MOVED_TO_OPTIONS = (
     "perturbation_radius",
@@ -54,95 +54,93 @@ class UplinkConfig(CodecConfig):
     )
 
 
-def _registered(name: str, info: ValidationInfo, registry: str) -> str:
-    """``name`` if the registry ``"module:ATTRIBUTE"`` has it, else ValueError with the nearest names.
-
-    The registries' modules import torch, so names are checked with the architecture (second pass).
-    """
-    if not checks_architecture(info):
-        return name
-    module, attribute = registry.split(":")
-    return getattr(importlib.import_module(module), attribute).check(name)
+def _registry(path: str) -> Any:
+    """The registry ``"module:ATTRIBUTE"`` (its module imports torch)."""
+    module, attribute = path.split(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
-def _foreign_keys(section: Section, used: dict[str, set[str]]) -> None:
-    """Refuse a built-in ``section.name`` given a non-default value of a key only other built-ins use."""
-    if section.name not in used:
-        return
-    defaults = type(section).model_fields
-    keys = set().union(*used.values()) - used[section.name]
-    foreign = sorted(key for key in keys if getattr(section, key) != defaults[key].default)
-    if foreign:
-        owners = sorted(name for name, own in used.items() if set(foreign) & own)
-        raise ValueError(f"{section.name} has no {', '.join(foreign)} (used by {', '.join(owners)})")
+class _RegisteredEntry(Section):
+    """A section naming an entry of a registry whose module imports torch: the name, and the entry's own
+    settings (``options``, checked by its ``Options`` model and its ``check``) with the architecture."""
+
+    registry: ClassVar[str]
+    """The registry, ``"module:ATTRIBUTE"``."""
+    kind: ClassVar[str]
+    """What the entries are, for messages."""
+    moved: ClassVar[MovedKeys] = {}
+    """Keys of configs written before the entries kept their settings in ``options``: the entries that
+    read each, its name in their ``options`` and its default then."""
+
+    name: str
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the entry's own settings, checked by the entry (geofm list ...)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str, info: ValidationInfo) -> str:
+        return _registry(cls.registry).check(name) if checks_architecture(info) else name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_to_options(cls, data: Any) -> Any:
+        moved = {key: option for key, (_, option, _) in cls.moved.items()}
+        return refuse_moved_keys(data, moved, f"the {cls.kind}'s own settings go in its options")
+
+    @model_validator(mode="after")
+    def _check_entry(self, info: ValidationInfo) -> _RegisteredEntry:
+        if checks_architecture(info):
+            registry = _registry(self.registry)
+            registry.options(self.name, self.options, "options")
+            entry = registry.get(self.name)
+            if hasattr(entry, "check"):
+                entry.check(self)
+        return self
+
+    def options_of(self) -> Any:
+        """The entry's own settings: ``options`` validated by its ``Options`` model (None: it takes none)."""
+        return _registry(self.registry).options(self.name, self.options, "options")
 
 
-class ServerOptimizerConfig(Section):
-    """How the round's combined update ``Delta`` moves the global model (Reddi et al. 2021, Algorithm 2).
+class ServerOptimizerConfig(_RegisteredEntry):
+    """How the round's combined update ``Delta`` moves the global model (Reddi et al. 2021, Algorithm 2):
+    a registered server optimiser (``geofm list server-optimizers`` prints each with its options)."""
 
-    ``sgd``: ``x + lr Delta`` (lr 1: FedAvg). ``fedavgm``: server momentum. ``fedadam``, ``fedyogi``:
-    adaptive steps ``lr m / (sqrt(v) + tau)``. A plug-in's optimiser reads the keys it needs.
-    """
+    registry = "geofm.federated.server_optimizers:SERVER_OPTIMIZERS"
+    kind = "server optimiser"
+    moved: ClassVar[MovedKeys] = {
+        "momentum": (("fedavgm",), "momentum", 0.9),
+        "beta1": (("fedadam", "fedyogi"), "beta1", 0.9),
+        "beta2": (("fedadam", "fedyogi"), "beta2", 0.99),
+        "tau": (("fedadam", "fedyogi"), "tau", 1e-3),
+    }
 
     name: str = Field(default="sgd", description="a registered server optimiser (geofm list server-optimizers)")
     lr: float | None = Field(
-        default=None, gt=0.0, description="server learning rate; null: 1.0 (sgd, fedavgm); fedadam and fedyogi need it"
+        default=None, gt=0.0, description="server learning rate; null: the optimiser's default (1.0 for sgd)"
     )
-    momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="fedavgm: server momentum")
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="fedadam, fedyogi: decay of the first moment")
-    beta2: float = Field(default=0.99, ge=0.0, lt=1.0, description="fedadam, fedyogi: decay of the second moment")
-    tau: float = Field(default=1e-3, gt=0.0, description="fedadam, fedyogi: adaptivity, added to sqrt(v)")
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, name: str, info: ValidationInfo) -> str:
-        return _registered(name, info, "geofm.federated.server_optimizers:SERVER_OPTIMIZERS")
-
-    @model_validator(mode="after")
-    def _check_keys(self) -> ServerOptimizerConfig:
-        _foreign_keys(
-            self,
-            {
-                "sgd": set(),
-                "fedavgm": {"momentum"},
-                "fedadam": {"beta1", "beta2", "tau"},
-                "fedyogi": {"beta1", "beta2", "tau"},
-            },
-        )
-        if self.name in ("fedadam", "fedyogi") and self.lr is None:
-            raise ValueError(f"{self.name} needs lr (Reddi et al. tune it between 1e-3 and 1)")
-        return self
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the server optimiser's own settings (geofm list server-optimizers)"
+    )
 
 
-class AggregatorConfig(Section):
-    """How the server combines the accepted client updates: the weighted mean, or a Byzantine-robust rule."""
+class AggregatorConfig(_RegisteredEntry):
+    """How the server combines the accepted client updates: a registered aggregator (``geofm list
+    aggregators`` prints each with its options), the weighted mean by default."""
+
+    registry = "geofm.federated.robust:AGGREGATORS"
+    kind = "aggregator"
+    moved: ClassVar[MovedKeys] = {
+        "trim_fraction": (("trimmed_mean",), "trim_fraction", 0.1),
+        "byzantine_clients": (("krum",), "byzantine_clients", 0),
+        "multi_krum": (("krum",), "multi_krum", None),
+    }
 
     name: str = Field(default="mean", description="a registered aggregator (geofm list aggregators)")
-    trim_fraction: float = Field(
-        default=0.1, ge=0.0, lt=0.5, description="trimmed_mean: share of the values dropped at each end, per coordinate"
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the aggregator's own settings (geofm list aggregators)"
     )
-    byzantine_clients: int = Field(default=0, ge=0, description="krum: f, the assumed number of Byzantine clients")
-    multi_krum: int | None = Field(
-        default=None, gt=0, description="krum: average the m updates of lowest score; null: Krum's single best"
-    )
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, name: str, info: ValidationInfo) -> str:
-        return _registered(name, info, "geofm.federated.robust:AGGREGATORS")
-
-    @model_validator(mode="after")
-    def _check_keys(self) -> AggregatorConfig:
-        _foreign_keys(
-            self,
-            {
-                "mean": set(),
-                "median": set(),
-                "trimmed_mean": {"trim_fraction"},
-                "krum": {"byzantine_clients", "multi_krum"},
-            },
-        )
-        return self
 
 
 class SamConfig(Section):
@@ -190,37 +188,14 @@ class PrivacyConfig(Section):
 class AlgorithmConfig(Section):
     """The federated algorithm: client update rule, server update rule and what travels each way.
 
-    Each algorithm's own settings are ``options``, checked by its ``Options`` model
-    (``geofm list algorithms`` names them). ``fedavg``: local AdamW steps, data-weighted averaging.
-    ``fedprox``: plus the proximal term ``proximal_beta / 2 ||theta - Theta||^2`` (``options``:
-    ``proximal_beta``). ``fedsense``: plus drift-aware perturbed local steps (``perturbation_radius``,
-    server-to-client guidance), the proximal term if ``proximal_beta``, K-means of client models
-    (``clusters``) and similarity distillation on the server's public data (``distill_steps``,
-    ``distill_lr``, ``distill_batch_size``), all in ``options``; these combine the uploads with
-    ``aggregator`` and step the global model with ``server_optimizer``. ``scaffold``: control variates
-    correcting the client drift,
-    the paper's plain means and server step ``options.server_lr``. ``pfedla``: each client trains from its own
-    layer-wise mix of every client's model, weighted by a hypernetwork per client that the server learns
-    from the client's updates (``options``: ``hn_lr``, ``embedding_dim``, ``hidden_dim``, ``layers``);
-    the global model is the data-weighted mean of the clients' models; 32-bit downlink only. ``fedbn``:
-    FedAvg whose normalisation layers (``options.layers``: ``all`` or the paper's ``batchnorm``) stay on
-    each client. ``fednova``: each client's update normalised by its number of local steps, rescaled by
-    their data-weighted mean ``tau_eff``. ``feddc``: a local drift variable per client, its penalty
-    ``options.alpha / 2 ||theta + h - w||^2`` and a gradient correction, the server averaging the
-    drift-corrected models. ``moon``: FedAvg plus the model-contrastive loss on the backbone's pooled
-    features (``options``: ``mu``, ``temperature``). ``swa`` and ``wima``: FedAvg whose server validates and
-    exports an average of its global models: SWA's running average of each cycle's last model under a
-    cyclical server step (``options``: ``start``, ``cycle``, ``lr_max``, ``lr_min``), or the mean of the
-    last ``window`` models (``options``: ``start``, ``window``, ``blocks``). ``fedsam`` and ``fedasam``:
-    FedAvg whose local steps are SAM's or ASAM's (``sam``, with the FedSAM paper's radii by default).
-    ``fedgloss``: SAM on the server along the previous round's update, with an ADMM dual on both sides
-    (``options``: ``rho``, ``beta``, ``warmup_rounds``, ``rho0``) and local SAM. ``fedalign``: FedAvg plus the
-    Lipschitz matching of the backbone's final stage with its MLPs pruned (``options``: ``mu``, ``width``,
-    ``power_iterations``). ``sam`` makes any algorithm's local steps sharpness-aware; ``privacy`` clips and noises
-    the clients' model updates (algorithms whose only upload is ``update`` and whose server averages it).
-    Any registered algorithm (``geofm list algorithms``) takes its own settings from ``options``. Every payload can be
-    quantised: ``uplink`` and ``downlink`` apply to each payload of their direction, ``uplink_payloads``
-    and ``downlink_payloads`` change fields for one named payload.
+    ``name`` picks a registered algorithm (``geofm list algorithms`` prints each with its summary and
+    its options); its own settings are ``options``, checked by its ``Options`` model. What every
+    algorithm shares lives here: ``sam`` makes any algorithm's local steps sharpness-aware;
+    ``privacy`` clips and noises the clients' model updates (algorithms whose only upload is
+    ``update`` and whose server averages it); ``aggregator`` and ``server_optimizer`` combine the
+    uploads and step the global model (algorithms without a server rule of their own). Every
+    payload can be quantised: ``uplink`` and ``downlink`` apply to each payload of their direction,
+    ``uplink_payloads`` and ``downlink_payloads`` change fields for one named payload.
     """
 
     name: str = Field(default="fedsense", description="a registered algorithm (geofm list algorithms)")
@@ -256,8 +231,8 @@ class AlgorithmConfig(Section):
         description="a client's weight counts at most this multiple of the median example count of the "
         "round's other uploads; null: weights as claimed",
     )
-    server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
-    aggregator: AggregatorConfig = AggregatorConfig()
+    server_optimizer: ServerOptimizerConfig = Field(default_factory=ServerOptimizerConfig.model_construct)
+    aggregator: AggregatorConfig = Field(default_factory=AggregatorConfig.model_construct)
     privacy: PrivacyConfig | None = Field(
         default=None, description="client-level differential privacy of the updates; null: off"
     )
@@ -272,13 +247,8 @@ class AlgorithmConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _moved_to_options(cls, data: Any) -> Any:
-        moved = [key for key in MOVED_TO_OPTIONS if isinstance(data, dict) and key in data]
-        if moved:
-            raise ValueError(
-                f"{', '.join(moved)}: an algorithm's own settings go in algorithm.options; write "
-                f"options: {{{', '.join(f'{key}: ...' for key in moved)}}}"
-            )
-        return data
+        moved = {key: key for key in MOVED_TO_OPTIONS}
+        return refuse_moved_keys(data, moved, "an algorithm's own settings go in algorithm.options")
 
     @model_validator(mode="after")
     def _check_components(self) -> AlgorithmConfig:
@@ -300,13 +270,3 @@ class AlgorithmConfig(Section):
 def _merged(section: Section, fields: dict[str, Any], where: str) -> Section:
     """``section`` with ``fields`` replaced and validated (see :func:`validated`)."""
     return validated(type(section), {**section.model_dump(), **fields}, where)
-
-
-def validated(model: type[BaseModel], data: Any, where: str) -> BaseModel:
-    """``data`` validated as ``model``; ValueError naming ``where``, the first bad field and what it expects."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(part) for part in first["loc"])
-        raise ValueError(f"{where}{'.' + loc if loc else ''}: {first['msg']}") from None

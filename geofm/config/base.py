@@ -29,6 +29,36 @@ CONFIG_FILE = "config.yaml"
 """The validated config a run keeps in its directory."""
 
 
+def validated(model: type[BaseModel], data: Any, where: str) -> BaseModel:
+    """``data`` validated as ``model``; ValueError naming ``where``, the first bad field and what it expects."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"{where}{'.' + loc if loc else ''}: {first['msg']}") from None
+
+
+MovedKeys = dict[str, tuple[tuple[str, ...], str, Any]]
+"""Keys a section had before its entries kept their settings in ``options``: each key -> the entries
+that read it, its name in their ``options``, its default then."""
+
+
+def refuse_moved_keys(data: Any, moved: typing.Mapping[str, str], whose: str) -> Any:
+    """``data``, a section's raw mapping, unless it sets a key that has moved into the section's
+    ``options`` (``moved``: old key -> its name there); ValueError naming each and where it goes.
+
+    Args:
+        whose: whose settings they are and where they go (``"an algorithm's own settings go in algorithm.options"``).
+    """
+    keys = [key for key in moved if isinstance(data, dict) and key in data]
+    if keys:
+        raise ValueError(
+            f"{', '.join(keys)}: {whose}; write options: {{{', '.join(f'{moved[key]}: ...' for key in keys)}}}"
+        )
+    return data
+
+
 def checks_architecture(info: ValidationInfo) -> bool:
     """Whether a validator runs its checks that build the backbone's architecture (importing timm and torch).
 

@@ -83,8 +83,8 @@ class LocalTrainConfig(OptimizerConfig):
     )
     optimizer: LocalOptimizerConfig | None = Field(
         default=None,
-        description="the local optimiser; null: the one the algorithm's paper assumes (sgd for scaffold, feddc, "
-        "fednova, fedgloss), else AdamW with this section's base_lr, betas, eps and weight_decay",
+        description="the local optimiser; null: the one the algorithm's paper assumes where it declares one (SGD "
+        "for the drift-correcting methods), else AdamW with this section's base_lr, betas, eps and weight_decay",
     )
     lr_schedule: Literal["constant", "cosine"] = Field(default="constant", description="over rounds, after the warm-up")
     warmup_rounds: int = Field(default=0, ge=0)
@@ -168,11 +168,11 @@ def check_federation(
     undeclared = sorted(set(fed.declared_examples) - set(clients))
     if undeclared:
         raise ValueError(f"federation.declared_examples names {undeclared}, not clients of this run {clients}")
-    krum = algorithm.aggregator
-    if krum.name == "krum" and fed.min_clients <= 2 * krum.byzantine_clients + 2:
+    byzantine = algorithm.aggregator.options.get("byzantine_clients", 0)  # validated by krum's options model
+    if algorithm.aggregator.name == "krum" and isinstance(byzantine, int) and fed.min_clients <= 2 * byzantine + 2:
         raise ValueError(
-            f"algorithm.aggregator krum with byzantine_clients {krum.byzantine_clients} needs "
-            f"federation.min_clients above 2f + 2 = {2 * krum.byzantine_clients + 2}, got {fed.min_clients}"
+            f"algorithm.aggregator krum with byzantine_clients {byzantine} needs "
+            f"federation.min_clients above 2f + 2 = {2 * byzantine + 2}, got {fed.min_clients}"
         )
 
 

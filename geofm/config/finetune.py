@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.checkpoints.layouts import EXPORT_SIDECAR, export_architecture
-from geofm.config.base import ProgramConfig, Section, checks_architecture
+from geofm.config.base import MovedKeys, ProgramConfig, Section, checks_architecture, refuse_moved_keys
 from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.config.sections import BackboneConfig, RunConfig, TrainConfig
 from geofm.errors import ConfigError
@@ -50,27 +50,31 @@ class FinetuneModelConfig(BackboneConfig):
     )
 
 
+FLAT_HEAD_KEYS: MovedKeys = {
+    "decoder_channels": (("upernet", "siamese_upernet"), "channels", 256),
+    "feature_blocks": (("upernet", "siamese_upernet"), "feature_blocks", None),
+    "superres_channels": (("pixel_shuffle",), "channels", 16),
+    "superres_residual": (("pixel_shuffle",), "residual", True),
+}
+"""Keys of ``head`` in configs written before each head kept its own settings in ``head.options``:
+the heads that read each, its name in their ``options`` and its default then."""
+
+
 class HeadConfig(Section):
     """The task head on the backbone's features: a registered head (``geofm list heads`` says what each
-    is), by default the task's own, and the settings of the built-in heads.
+    is and its options), by default the task's own, and the head's own settings (``options``).
     """
 
     name: str | None = Field(default=None, description="a registered head (geofm list heads; default: the task's own)")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the head's own settings, checked by the head (geofm list heads)"
+    )
 
-    decoder_channels: int = Field(default=256, gt=0, description="segmentation, change: UperNet width")
-    feature_blocks: list[int] | None = Field(
-        default=None,
-        min_length=4,
-        max_length=4,
-        description="segmentation, change with a ViT: the 4 blocks (1-based) feeding strides 4, 8, 16, 32 "
-        "(default: at 1/4, 1/2, 3/4 and all of the depth)",
-    )
-    superres_channels: int = Field(default=16, gt=0, description="superres: channels at the input resolution")
-    superres_residual: bool = Field(
-        default=True,
-        description="superres: add the bicubically upsampled input bands to the output bands of the same names, "
-        "in the output's normalisation (learn the residual); output bands that are no input band are learned whole",
-    )
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_to_options(cls, data: Any) -> Any:
+        moved = {key: option for key, (_, option, _) in FLAT_HEAD_KEYS.items()}
+        return refuse_moved_keys(data, moved, "a head's own settings go in head.options (geofm list heads)")
 
 
 class FinetuneOptimConfig(Section):

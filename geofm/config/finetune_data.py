@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from geofm.config.base import Section
 from geofm.config.sections import canonical_band_lists
+from geofm.data.layouts import FOLDER_LAYOUTS
 
 log = logging.getLogger("geofm.config")
 
@@ -111,8 +112,9 @@ class FinetuneDataConfig(Section):
 
     With ``torchgeo`` set, ``root`` and ``kwargs`` go to the class's constructor and ``splits``
     gives the value of its ``split`` argument for each of train/val/test. Without it, ``root``
-    holds one folder per split (named by ``splits``) in the task's folder layout (``geofm list
-    folder-layouts``; ``folders`` renames its parts). ``dataset_bands`` names the bands
+    holds one folder per split (named by ``splits``) in a registered folder layout
+    (``folder_layout``, by default the task's own; ``geofm list folder-layouts``), whose options,
+    ``folders``, rename its parts. ``dataset_bands`` names the bands
     in the order the dataset delivers them; ``bands`` are the model's inputs, taken by name from
     them (names from the band vocabulary of :mod:`geofm.data.bands`, or ``custom_bands``). For
     super-resolution these fields describe the low-resolution side, and ``hr``
@@ -127,10 +129,15 @@ class FinetuneDataConfig(Section):
         description="torchgeo: the class's split argument per split; folders: the sub-folder of root per split; "
         "a split not given keeps its own name ({val: test} changes val only)",
     )
+    folder_layout: str | None = Field(
+        default=None,
+        description="folders: a registered folder layout of the split folders (geofm list folder-layouts), with the "
+        "parts the task reads; default: the task's own",
+    )
     folders: dict[str, str] = Field(
         default_factory=dict,
-        description="folders: names of the parts of a split folder, over the task's defaults, e.g. "
-        "{before: t1, after: t2, mask: mask} for DSIFN-style change data (the parts: geofm list folder-layouts)",
+        description="folders: the folder layout's options, names of the parts of a split folder over its defaults, "
+        "e.g. {before: t1, after: t2, mask: mask} for DSIFN-style change data (the parts: geofm list folder-layouts)",
     )
     suffixes: list[str] = Field(
         default_factory=lambda: [".tif", ".tiff", ".png", ".jpg", ".jpeg"],
@@ -230,6 +237,11 @@ class FinetuneDataConfig(Section):
             data["hr"] = {"scale": data.get("scale", 1.0), **hr}
         return data
 
+    @field_validator("folder_layout")
+    @classmethod
+    def _registered_folder_layout(cls, name: str | None) -> str | None:
+        return name if name is None else FOLDER_LAYOUTS.check(name)
+
     @model_validator(mode="after")
     def _check(self) -> FinetuneDataConfig:
         _check_band_spec("data", self.dataset_bands, self.bands, self.mean, self.std)
@@ -247,8 +259,11 @@ class FinetuneDataConfig(Section):
             raise ValueError(
                 "data.lr_kwargs and data.hr_kwargs configure torchgeo classes; set data.torchgeo or remove them"
             )
-        if self.torchgeo is not None and self.folders:
-            raise ValueError("data.folders names the parts of split folders; a torchgeo class reads its own layout")
+        if self.torchgeo is not None and (self.folders or self.folder_layout is not None):
+            raise ValueError(
+                "data.folder_layout and data.folders name the parts of split folders; a torchgeo class reads its own "
+                "layout"
+            )
         if self.split is not None and self.torchgeo is not None:
             raise ValueError(
                 "data.split cuts the scenes of the user's folders; a torchgeo class has its own (data.splits)"

@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from geofm.config.base import Section, checks_architecture
-from geofm.data.bands import BAND_ID_TABLES, UnknownBandError, canonical_bands, rgb_indices, teacher_band_indices
-from geofm.data.layouts import PRODUCT_LAYOUTS
+from geofm.config.base import Section, checks_architecture, refuse_moved_keys
+from geofm.data.bands import UnknownBandError, canonical_bands, rgb_indices, teacher_band_indices
+from geofm.data.layouts import LAYOUT_KEYS_MOVED, PRODUCT_LAYOUTS
 from geofm.data.quality import CONFIDENCE_LEVELS, GENERATIONS, QUALITY_CLASSES, RECORDED_CLASSES
 from geofm.models.backbones import backbone_family, patch_size_of, stage_count_of
 
@@ -213,15 +213,9 @@ class SourceConfig(Section):
         description="files larger than this (pixels per side) are cut into a grid of chip_size windows, each a sample "
         "read on its own (large scenes are never read whole); every file's header is read when the source is indexed",
     )
-    filename_regex: str | None = Field(
-        default=None,
-        description="band_files: regular expression matched against each file's path below root, with groups "
-        "scene and band, e.g. (?P<scene>.+)_(?P<band>B\\w+)\\.(tif|jp2)",
-    )
-    band_ids: Literal[(*BAND_ID_TABLES, "vocabulary")] | None = Field(  # type: ignore[valid-type]
-        default=None,
-        description="band_files: the table of band ids: sentinel2 (B01..B12, B8A), landsat8 (B1..B11) or "
-        "vocabulary (ids are band names; the default)",
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the layout's own settings, checked by the layout (geofm list product-layouts)",
     )
     quality: QualityConfig | None = Field(
         default=None, description="per-band products: the quality band whose flagged pixels are invalid"
@@ -242,6 +236,12 @@ class SourceConfig(Section):
     def _registered_layout(cls, layout: str) -> str:
         return PRODUCT_LAYOUTS.check(layout)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_to_options(cls, data: Any) -> Any:
+        moved = {key: key for key in LAYOUT_KEYS_MOVED}
+        return refuse_moved_keys(data, moved, "a product layout's own settings go in the source's options")
+
     @model_validator(mode="after")
     def _check_stats(self) -> SourceConfig:
         n = len(self.bands)
@@ -259,6 +259,11 @@ class SourceConfig(Section):
     def _check_layout(self) -> SourceConfig:
         PRODUCT_LAYOUTS.get(self.layout).check(self)
         return self
+
+    @property
+    def layout_options(self) -> Any:
+        """The layout's own settings: ``options`` validated by its ``Options`` model (None: it takes none)."""
+        return PRODUCT_LAYOUTS.get(self.layout).options_of(self)
 
 
 class DataConfig(Section):

@@ -3,7 +3,8 @@ finetuning datasets, two registries users extend.
 
 A source's ``layout`` names an entry of :data:`PRODUCT_LAYOUTS` (``geofm list product-layouts``).
 An entry is a :class:`ProductLayout`: the default ``pattern`` of its files, whether each product's
-own metadata gives its scaling and quality band, the rules its source's fields must follow
+own metadata gives its scaling and quality band, its own settings (``Options``, read from the
+source's ``options``), the rules its source's fields must follow
 (:meth:`ProductLayout.check`, run when the config is validated), and how a source's products are
 listed and opened (:mod:`geofm.data.products` reads them onto one grid). A plug-in adds a layout
 through the ``geofm.product_layouts`` entry-point group, naming an instance::
@@ -11,9 +12,10 @@ through the ``geofm.product_layouts`` entry-point group, naming an instance::
     [project.entry-points."geofm.product_layouts"]
     my_mission = "my_pkg.layout:MY_MISSION"
 
-A finetuning task family's split folder (a dataset without ``data.torchgeo``) has the parts of
-its entry of :data:`FOLDER_LAYOUTS` (``geofm list folder-layouts``, group ``geofm.folder_layouts``):
-a :class:`FolderLayout` naming each part's default folder or file, which ``data.folders`` renames.
+A finetuning dataset's split folder (a dataset without ``data.torchgeo``) has the parts of an entry
+of :data:`FOLDER_LAYOUTS` (``geofm list folder-layouts``, group ``geofm.folder_layouts``):
+``data.folder_layout``, by default the task family's own. An entry is a :class:`FolderLayout`
+naming each part's default folder or file; its options, ``data.folders``, rename them.
 
 This module imports no raster library: a config is checked without one, and the built-in layouts'
 modules are imported when their products are first listed or opened.
@@ -21,15 +23,19 @@ modules are imported when their products are first listed or opened.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from geofm.data.bands import BAND_ID_TABLES
 from geofm.data.quality import GENERATIONS
-from geofm.registry import Registry
+from geofm.registry import Registry, entry_options
 
 if TYPE_CHECKING:
     from geofm.config import SourceConfig
@@ -54,12 +60,23 @@ class ProductLayout:
             "asset"), else None.
         reads: how a sample is read: ``products`` (per-band files onto one grid, by
             :meth:`open_product`), ``files`` (one multi-band raster) or ``chips`` (a chip store's shards).
+        Options: the pydantic model of the layout's own settings, a source's ``options``; None: it
+            takes none.
     """
 
     pattern: str = "**/*"
     metadata: bool = False
     quality_band: str | None = None
     reads: Literal["products", "files", "chips"] = "products"
+    Options: ClassVar[type[BaseModel] | None] = None
+
+    def options_of(self, cfg: SourceConfig) -> Any:
+        """The layout's own settings: the source's ``options`` validated by :attr:`Options`.
+
+        Raises:
+            ValueError: naming the source, its layout and the bad field.
+        """
+        return entry_options(cfg.layout, self.Options, cfg.options, f"{where(cfg)} options")
 
     def defaults(self) -> dict[str, Any]:
         """Values of a source's fields it leaves unset (None) under this layout."""
@@ -71,8 +88,7 @@ class ProductLayout:
         Raises:
             ValueError: naming the source, its layout and the fields.
         """
-        if cfg.filename_regex is not None or cfg.band_ids is not None:
-            raise ValueError(f"{where(cfg)}: filename_regex and band_ids apply to layout band_files only")
+        self.options_of(cfg)
         if self.metadata and (cfg.scale != 1.0 or cfg.offset != 0.0):
             raise ValueError(f"{where(cfg)}: scale and offset come from each product's metadata; leave them out")
         if cfg.quality is not None:
@@ -188,30 +204,47 @@ class StacItemLayout(_ModuleLayout):
     module = "stac"
 
 
+class BandFilesOptions(BaseModel):
+    """The settings of layout ``band_files``: a source's ``options``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    filename_regex: str = Field(
+        description="regular expression matched against each file's path below root, with groups scene and band, "
+        "e.g. (?P<scene>.+)_(?P<band>B\\w+)\\.(tif|jp2)"
+    )
+    band_ids: Literal[(*BAND_ID_TABLES, "vocabulary")] = Field(  # type: ignore[valid-type]
+        default="vocabulary",
+        description="the table of band ids: sentinel2 (B01..B12, B8A), landsat8 (B1..B11) or vocabulary (ids are "
+        "band names)",
+    )
+
+
+LAYOUT_KEYS_MOVED = {"filename_regex": None, "band_ids": "vocabulary"}
+"""Keys of a source in configs written before each product layout kept its settings in the source's
+``options`` (layout ``band_files``'s), and what a run saved for each where the source left it out
+(null, or the default table); a config that still sets one is told where it went."""
+
+
 class BandFilesLayout(_ModuleLayout):
-    """Single-band files grouped into one product per scene by `filename_regex` (groups scene and band)."""
+    """Single-band files grouped into one product per scene by `options.filename_regex` (groups scene and band)."""
 
     quality_band = "band id"
     module = "band_files"
-
-    def defaults(self) -> dict[str, Any]:
-        """Its band ids are band names unless ``band_ids`` names a table."""
-        return {**super().defaults(), "band_ids": "vocabulary"}
+    Options = BandFilesOptions
 
     def check(self, cfg: SourceConfig) -> None:
-        if cfg.filename_regex is None:
-            raise ValueError(f"{where(cfg)}: filename_regex is required, with groups scene and band")
+        super().check(cfg)
+        regex = self.options_of(cfg).filename_regex
         try:
-            groups = re.compile(cfg.filename_regex).groupindex
+            groups = re.compile(regex).groupindex
         except re.error as err:
             raise ValueError(
-                f"{where(cfg)}: filename_regex {cfg.filename_regex!r} is not a regular expression: {err}"
+                f"{where(cfg)}: options.filename_regex {regex!r} is not a regular expression: {err}"
             ) from None
         missing = [g for g in ("scene", "band") if g not in groups]
         if missing:
-            raise ValueError(f"{where(cfg)}: filename_regex {cfg.filename_regex!r} has no group {' or '.join(missing)}")
-        if cfg.quality is not None:
-            self.check_quality(cfg, cfg.quality)
+            raise ValueError(f"{where(cfg)}: options.filename_regex {regex!r} has no group {' or '.join(missing)}")
 
     def check_quality(self, cfg: SourceConfig, quality: QualityConfig) -> None:
         super().check_quality(cfg, quality)
@@ -239,7 +272,7 @@ PRODUCT_LAYOUTS.register("band_files", BandFilesLayout())
 
 
 class FolderLayout:
-    """The parts of a task family's split folder.
+    """The parts of a split folder of finetuning data.
 
     Attributes:
         parts: each part's default name below the split folder (a folder, or a file such as
@@ -247,6 +280,44 @@ class FolderLayout:
     """
 
     parts: Mapping[str, str] = MappingProxyType({})
+
+    @property
+    def Options(self) -> type[BaseModel] | None:
+        """The layout's own settings, ``data.folders``: each part's name (default :attr:`parts`'); None without parts."""
+        return _parts_model(type(self).__name__, tuple(self.parts.items())) if self.parts else None
+
+    def check(self, folders: Mapping[str, str], name: str, needs: Collection[str]) -> None:
+        """Refuse ``data.folders`` naming a part the layout does not have, and a layout without a part the
+        task family reads.
+
+        Args:
+            folders: ``data.folders``.
+            name: the layout's registered name, for messages.
+            needs: the parts the task family's reader reads.
+
+        Raises:
+            ValueError: naming the parts.
+        """
+        unknown = sorted(set(folders) - set(self.parts))
+        if unknown:
+            parts = ", ".join(self.parts) or "none (one sub-folder per class)"
+            raise ValueError(f"data.folders: {unknown} are not parts of a {name} split folder; its parts are {parts}")
+        missing = sorted(set(needs) - set(self.parts))
+        if missing:
+            raise ValueError(
+                f"data.folder_layout {name} has no part {', '.join(missing)}, which the task reads "
+                f"(it has {', '.join(self.parts) or 'none'})"
+            )
+
+
+@functools.cache
+def _parts_model(layout: str, parts: tuple[tuple[str, str], ...]) -> type[BaseModel]:
+    """The options model of a folder layout of ``parts``: one string field per part, its default name as default."""
+    fields: dict[str, Any] = {
+        part: (str, Field(default=default, min_length=1, description=f"the {part} part's name below a split folder"))
+        for part, default in parts
+    }
+    return create_model(f"{layout}Options", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
 
 
 class ClassFolders(FolderLayout):
@@ -289,4 +360,4 @@ FOLDER_LAYOUTS.register("change", ChangeFolders())
 FOLDER_LAYOUTS.register("superres", SuperresFolders())
 
 
-__all__ = ["FOLDER_LAYOUTS", "PRODUCT_LAYOUTS", "FolderLayout", "ProductLayout", "where"]
+__all__ = ["FOLDER_LAYOUTS", "LAYOUT_KEYS_MOVED", "PRODUCT_LAYOUTS", "FolderLayout", "ProductLayout", "where"]

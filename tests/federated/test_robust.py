@@ -14,7 +14,9 @@ from geofm.federated.robust import AGGREGATORS, Krum, TrimmedMean, build_aggrega
 
 def _combine(cfg: dict, rows: list[list[float]], weights: list[float] | None = None) -> list[float]:
     weights = weights or [1.0] * len(rows)
-    return build_aggregator(AggregatorConfig(**cfg)).combine([torch.tensor(r) for r in rows], weights).tolist()
+    options = {key: value for key, value in cfg.items() if key != "name"}
+    aggregator = build_aggregator(AggregatorConfig(name=cfg.get("name", "mean"), options=options))
+    return aggregator.combine([torch.tensor(r) for r in rows], weights).tolist()
 
 
 def test_mean_is_the_weighted_mean() -> None:

@@ -13,7 +13,9 @@ from geofm.federated.server_optimizers import SERVER_OPTIMIZERS, build_server_op
 
 
 def _run(cfg: dict, updates: list[list[float]], model: list[float]) -> list[list[float]]:
-    optimizer = build_server_optimizer(ServerOptimizerConfig(**cfg), len(model))
+    options = {key: value for key, value in cfg.items() if key not in ("name", "lr")}
+    shared = {key: value for key, value in cfg.items() if key in ("name", "lr")}
+    optimizer = build_server_optimizer(ServerOptimizerConfig(**shared, options=options), len(model))
     x, models = torch.tensor(model), []
     for update in updates:
         x = optimizer.step(x, torch.tensor(update))

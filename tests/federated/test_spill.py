@@ -65,7 +65,7 @@ def test_every_registered_aggregator_equals_its_in_memory_result(monkeypatch, tm
         updates = _updates(count)
         uploads = [Upload(f"c{i}", Codec(bits=32).encode(u), 10 + i) for i, u in enumerate(updates)]
         for name, settings in SETTINGS.items():
-            aggregator = build_aggregator(AggregatorConfig(name=name, **settings))
+            aggregator = build_aggregator(AggregatorConfig(name=name, options=settings))
             aggregator.spill_dir = tmp_path
             result = aggregate_uploads(uploads, UploadRules(num_values=N, bits=32), aggregator=aggregator)
             expected = _in_memory(name, updates, result.weights)

@@ -57,7 +57,7 @@ def test_swa_scales_the_server_step_and_averages_each_cycles_last_model():
 def test_the_cyclical_rate_scales_the_server_optimisers_rate():
     # fedavgm: v <- 0.9 v + Delta; x <- x + lr v. A constant rho = 0.5 (lr_max = lr_min, cycle 1) on lr 1
     # moves the model as lr 0.5 does.
-    momentum = {"name": "fedavgm", "lr": 1.0, "momentum": 0.9}
+    momentum = {"name": "fedavgm", "lr": 1.0, "options": {"momentum": 0.9}}
     options = {"start": 1, "cycle": 1, "lr_max": 0.5, "lr_min": 0.5}
     swa = build_algorithm(AlgorithmConfig(name="swa", server_optimizer=momentum, options=options), 2)
     half = build_algorithm(AlgorithmConfig(name="fedavg", server_optimizer={**momentum, "lr": 0.5}), 2)
@@ -71,7 +71,9 @@ def test_the_cyclical_rate_scales_the_server_optimisers_rate():
 
 def test_a_discarded_swa_round_changes_nothing_and_the_state_resumes():
     options = {"start": 1, "cycle": 1, "lr_max": 1.0, "lr_min": 0.5}
-    cfg = AlgorithmConfig(name="swa", server_optimizer={"name": "fedavgm", "momentum": 0.9}, options=options)
+    cfg = AlgorithmConfig(
+        name="swa", server_optimizer={"name": "fedavgm", "options": {"momentum": 0.9}}, options=options
+    )
     server = build_algorithm(cfg, 2, num_rounds=3)
     model = _round(server, 1, torch.zeros(2), [1.0, 1.0]).model
     saved = copy.deepcopy(server.state_dict())  # as the server's checkpoint holds it

@@ -30,6 +30,7 @@ from geofm.federated.algorithms import ALGORITHMS
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR
 from geofm.federated.local_optimizer import LocalOptimizerWarning
+from tests.conftest import head_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -198,7 +199,7 @@ def test_a_shipped_demo_federated_finetune_runs_on_the_demo_archive(task, demo_a
         f"run.output_dir={tmp_path / task}",
         f"data.root={demo_archive / 'finetune' / task}",
         "data.num_workers=0",
-        "head.decoder_channels=16",
+        *head_overrides(task),
         "train.micro_batch_size=4",
         "federation.rounds=2",
         "train.local_epochs=1",

@@ -37,7 +37,7 @@ def test_vit_pyramid_rescales_block_outputs_to_strides_4_to_32():
 
 
 def test_vit_dense_head_taps_the_configured_blocks(make_model):
-    model = make_model("segmentation", "vit", head={"feature_blocks": [1, 2, 3, 4]})
+    model = make_model("segmentation", "vit", head={"options": {"channels": 16, "feature_blocks": [1, 2, 3, 4]}})
     assert model.indices == [0, 1, 2, 3], "feature_blocks are 1-based block numbers"
     deeper = make_model("segmentation", "vit", model={"timm_kwargs": {"embed_dim": 32, "depth": 8, "num_heads": 2}})
     assert deeper.indices == [1, 3, 5, 7], "default: blocks at a quarter, half, three quarters and all of the depth"
@@ -113,7 +113,7 @@ def test_superres_with_one_band_spec_adds_the_upsampled_input_itself(make_model)
     with torch.no_grad():
         out = model(image)
     assert torch.equal(out, F.interpolate(image, scale_factor=2, mode="bicubic", align_corners=False))
-    residual_off = make_model("superres", head={"superres_residual": False})
+    residual_off = make_model("superres", head={"options": {"channels": 4, "residual": False}})
     _learned_part_off(residual_off)
     with torch.no_grad():
         assert torch.equal(residual_off(image), torch.zeros(2, 4, 64, 64))
@@ -164,9 +164,18 @@ def test_frozen_backbone_gets_no_gradients_and_stays_in_eval_mode(make_model):
 
 
 def test_head_settings_are_checked(task_config):
-    with pytest.raises(ConfigError, match=r"head\.feature_blocks choose the ViT blocks"):
-        task_config("segmentation", head={"feature_blocks": [1, 2, 3, 4]})
+    with pytest.raises(ConfigError, match=r"head\.options\.feature_blocks choose the blocks of a ViT"):
+        task_config("segmentation", head={"options": {"feature_blocks": [1, 2, 3, 4]}})
     with pytest.raises(ConfigError, match=r"4 increasing blocks in \[1, 4\]"):
-        task_config("segmentation", family="vit", head={"feature_blocks": [1, 2, 3, 5]})
+        task_config("segmentation", family="vit", head={"options": {"feature_blocks": [1, 2, 3, 5]}})
+    with pytest.raises(ConfigError, match=r"head\.options: linear takes no options, got \['channels'\]"):
+        task_config("classification", head={"options": {"channels": 16}})
+    with pytest.raises(ConfigError, match=r"head\.options\.residual: Input should be a valid boolean"):
+        task_config("superres", head={"options": {"residual": "sometimes"}})
+    with pytest.raises(
+        ConfigError,
+        match=r"decoder_channels: a head.s own settings go in head\.options \(geofm list heads\); write options: \{channels: \.\.\.\}",
+    ):
+        task_config("segmentation", head={"decoder_channels": 16})
     with pytest.raises(ConfigError, match="multiple of 32"):
         task_config("segmentation", family="vit", model={"img_size": 48})

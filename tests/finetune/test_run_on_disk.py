@@ -19,6 +19,7 @@ from geofm.checkpoints import export_backbone
 from geofm.config.finetune import FinetuneConfig, metric_names
 from geofm.data.demo import make_demo_archive
 from geofm.models.backbones import backbone_kwargs, create_backbone
+from tests.conftest import head_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -31,11 +32,10 @@ DEMO_OVERRIDES = [
     "train.warmup_epochs=0.5",
     "train.micro_batch_size=4",
     "data.num_workers=0",
-    "head.decoder_channels=16",
-    "head.superres_channels=4",
     "run.log_every=1",
     "run.progress=false",
 ]
+
 TORCHGEO_RUNS = {
     "classification": ("ucmerced", {"per_split": {"train": 4, "val": 1, "test": 1}}, None),
     "multilabel": ("bigearthnet", {"per_split": {"train": 8, "val": 2, "test": 2}}, RGBN),
@@ -104,7 +104,9 @@ def micro_export(tmp_path_factory) -> Path:
 def test_demo_config_finetunes_a_pretraining_export_on_the_demo_archive(family, demo_archive, micro_export, tmp_path):
     weights = micro_export / "backbone.safetensors"
     overrides = [f"data.root={demo_archive[family]}", f"run.output_dir={tmp_path / family}", f"checkpoint={weights}"]
-    cfg = FinetuneConfig.from_file(CONFIGS / f"demo_{family}__swin_micro.yaml", [*overrides, *DEMO_OVERRIDES])
+    cfg = FinetuneConfig.from_file(
+        CONFIGS / f"demo_{family}__swin_micro.yaml", [*overrides, *DEMO_OVERRIDES, *head_overrides(family)]
+    )
     evaluation = _check_run(finetune(cfg), cfg)
     provenance = evaluation["checkpoint"]
     assert provenance is not None and provenance["path"] == str(weights), f"{family}: checkpoint {provenance}"

@@ -1,8 +1,8 @@
 """What the folder datasets share: the layout of a split folder, and listing and pairing its files.
 
-A split folder ``root/<splits[split]>/`` holds the parts of its task family's folder layout
-(:data:`geofm.data.layouts.FOLDER_LAYOUTS`, ``geofm list folder-layouts``), under default names that
-``data.folders`` overrides.
+A split folder ``root/<splits[split]>/`` holds the parts of a folder layout
+(:data:`geofm.data.layouts.FOLDER_LAYOUTS`, ``geofm list folder-layouts``): ``data.folder_layout``,
+by default its task family's own, under default names that ``data.folders`` overrides.
 """
 
 from __future__ import annotations
@@ -28,19 +28,23 @@ def _some(names: list[str]) -> str:
     return ", ".join(names[:_SHOWN]) + more
 
 
-def folder_layout(cfg: FinetuneDataConfig, task: str) -> dict[str, str]:
-    """The part names of a split folder of ``task``: the defaults with ``data.folders`` over them.
+def folder_layout(cfg: FinetuneDataConfig, family: str) -> dict[str, str]:
+    """The part names of a split folder read by ``family``'s reader: those of ``data.folder_layout`` (default
+    the family's own layout) with its options, ``data.folders``, over them.
 
     Raises:
-        ConfigError: if ``task`` has no registered folder layout, or ``data.folders`` names a part its
-            layout does not have.
+        ConfigError: if the layout is not registered, lacks a part of the family's own layout, or
+            ``data.folders`` names a part it does not have.
     """
-    defaults = FOLDER_LAYOUTS.get(task).parts
-    unknown = sorted(set(cfg.folders) - set(defaults))
-    if unknown:
-        parts = ", ".join(defaults) or "none (one sub-folder per class)"
-        raise ConfigError(f"data.folders: {unknown} are not parts of a {task} split folder; its parts are {parts}")
-    return {**defaults, **cfg.folders}
+    name = cfg.folder_layout or family
+    layout = FOLDER_LAYOUTS.get(name)
+    needs = FOLDER_LAYOUTS.get(family).parts if family in FOLDER_LAYOUTS else {}
+    try:
+        layout.check(cfg.folders, name, needs)
+        options = FOLDER_LAYOUTS.options(name, cfg.folders, "data.folders")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return {} if options is None else options.model_dump()
 
 
 def split_folder(cfg: FinetuneDataConfig, split: Split) -> Path:

@@ -1,6 +1,7 @@
 """Folders of single-band files, grouped into one product per scene by a regular expression.
 
-As torchgeo's ``RasterDataset`` with ``separate_files``: ``filename_regex`` is matched against
+As torchgeo's ``RasterDataset`` with ``separate_files``: ``filename_regex`` (of the source's
+``options``, :class:`~geofm.data.layouts.BandFilesOptions`) is matched against
 each file's path relative to the source's root and names two groups, ``scene`` (which files form
 one product) and ``band`` (the band id, e.g. ``B8A``). ``band_ids`` names the table mapping band
 ids to vocabulary names (:data:`geofm.data.bands.BAND_ID_TABLES`, or ``vocabulary`` where the ids
@@ -30,7 +31,7 @@ def _ids(cfg: SourceConfig, files: list[Path]) -> dict[tuple[Path, str], dict[st
     Raises:
         DataMismatchError: two files of one scene have the same band id.
     """
-    regex = re.compile(cfg.filename_regex)
+    regex = re.compile(cfg.layout_options.filename_regex)
     root = Path(cfg.root)
     scenes: dict[tuple[Path, str], dict[str, Path]] = {}
     for path in files:
@@ -42,7 +43,7 @@ def _ids(cfg: SourceConfig, files: list[Path]) -> dict[tuple[Path, str], dict[st
         if band in scene:
             raise DataMismatchError(
                 f"source {cfg.name!r}: {scene[band]} and {path} are both band {band} of scene {match['scene']!r} "
-                f"(filename_regex {cfg.filename_regex!r})"
+                f"(filename_regex {regex.pattern!r})"
             )
         scene[band] = path
     return scenes
@@ -57,14 +58,15 @@ def list_products(cfg: SourceConfig) -> list[Path]:
     scenes = _ids(cfg, list_images(cfg.root, cfg.pattern))
     if not scenes:
         raise DatasetNotFoundError(
-            f"no file in {Path(cfg.root).resolve()} matching {cfg.pattern!r} matches filename_regex {cfg.filename_regex!r}"
+            f"no file in {Path(cfg.root).resolve()} matching {cfg.pattern!r} matches filename_regex "
+            f"{cfg.layout_options.filename_regex!r}"
         )
     return sorted(min(files.values()) for files in scenes.values())
 
 
 def scene_name(cfg: SourceConfig, first: Path) -> str:
     """The scene id (``filename_regex``'s ``scene`` group) of the scene whose first file is ``first``."""
-    match = re.compile(cfg.filename_regex).fullmatch(first.relative_to(Path(cfg.root)).as_posix())
+    match = re.compile(cfg.layout_options.filename_regex).fullmatch(first.relative_to(Path(cfg.root)).as_posix())
     return first.name if match is None else match["scene"]
 
 
@@ -74,13 +76,14 @@ def open_product(cfg: SourceConfig, first: Path, bands: Collection[str]) -> Prod
     Raises:
         RasterReadError: ``first`` matches no scene, or the configured quality band is missing.
     """
+    options = cfg.layout_options
     scenes = _ids(cfg, sorted(p for p in first.parent.iterdir() if p.is_file()))
     ids = next((files for files in scenes.values() if first in files.values()), None)
     if ids is None:
-        raise RasterReadError(first, f"matches no scene of filename_regex {cfg.filename_regex!r}")
+        raise RasterReadError(first, f"matches no scene of filename_regex {options.filename_regex!r}")
     product_bands = {}
     for band_id, path in ids.items():
-        name = band_of_id(band_id, cfg.band_ids, cfg.bands)
+        name = band_of_id(band_id, options.band_ids, cfg.bands)
         if name is not None and name in bands:
             product_bands[name] = BandFile(path, cfg.scale, cfg.offset)
     quality = None

@@ -53,7 +53,7 @@ import torch
 from pydantic import BaseModel
 from torch import Tensor, nn
 
-from geofm.config.algorithm import AlgorithmConfig, SamConfig, UplinkConfig, validated
+from geofm.config.algorithm import AlgorithmConfig, SamConfig, UplinkConfig
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation import ClientUpload, RoundAggregate, UploadRules, aggregate_payloads
@@ -73,6 +73,7 @@ from geofm.federated.flat import ParameterLayout
 from geofm.federated.privacy import PrivateMean, check_private, noise_generator, privatise
 from geofm.federated.robust import Spilling, build_aggregator
 from geofm.federated.sharpness import SharpnessAscent, asam_scaled
+from geofm.registry import entry_options
 
 # ASAM's offset of T_w = |w| + eta where neither the config nor the algorithm gives one (the ASAM code's default).
 ASAM_ETA = 0.01
@@ -201,11 +202,7 @@ class Algorithm(ABC):
     @classmethod
     def options_of(cls, cfg: AlgorithmConfig) -> BaseModel | None:
         """The algorithm's own settings from ``cfg.options``, validated by :attr:`Options`."""
-        if cls.Options is None:
-            if cfg.options:
-                raise ValueError(f"options: {cls.name} takes no options, got {sorted(cfg.options)}")
-            return None
-        return validated(cls.Options, cfg.options, "options")
+        return entry_options(cls.name, cls.Options, cfg.options, "options")
 
     def is_local(self, name: str) -> bool:
         """Whether parameter ``name`` stays on each client instead of being federated (default: never)."""

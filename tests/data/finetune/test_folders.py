@@ -220,6 +220,36 @@ def test_a_registered_folder_layout_gives_its_parts_which_data_folders_renames(t
         ):
             folder_layout(data_cfg(tmp_path, folders={"masks": "m"}), "scored")
     finally:
-        FOLDER_LAYOUTS._entries.pop("scored")
+        FOLDER_LAYOUTS.unregister("scored")
     with pytest.raises(ConfigError, match="unknown folder layout 'scored'"):
         folder_layout(data_cfg(tmp_path), "scored")
+
+
+class _TilesAndTruth(FolderLayout):
+    """`tiles/` and `truth/`, a mask per tile with the same file stem (a plug-in's segmentation layout)."""
+
+    parts = MappingProxyType({"images": "tiles", "masks": "truth"})
+
+
+@pytest.fixture
+def tiles_and_truth():
+    """The layout registered as a plug-in's entry point would, removed after the test."""
+    FOLDER_LAYOUTS.register("tiles_and_truth", _TilesAndTruth())
+    yield
+    FOLDER_LAYOUTS.unregister("tiles_and_truth")
+
+
+def test_a_registered_folder_layout_is_chosen_by_the_config_and_read_by_the_tasks_reader(
+    tmp_path, tif, data_cfg, tiles_and_truth
+):
+    tif(tmp_path / "val" / "tiles" / "a.tif", np.ones((1, 8, 8), dtype=np.uint8))
+    tif(tmp_path / "val" / "ground" / "a.png", np.ones((1, 8, 8), dtype=np.uint8), crs=None)
+    cfg = data_cfg(tmp_path, num_classes=2, folder_layout="tiles_and_truth", folders={"masks": "ground"})
+    sample = build_finetune_dataset(cfg, "segmentation", "val", 8, train=False)[0]
+    assert sample["image"].shape == (1, 8, 8) and (sample["mask"] == 1).all()
+    with pytest.raises(ConfigError, match=r"data\.folders\.masks: String should have at least 1 character"):
+        folder_layout(data_cfg(tmp_path, folder_layout="tiles_and_truth", folders={"masks": ""}), "segmentation")
+    with pytest.raises(ConfigError, match=r"data\.folder_layout tiles_and_truth has no part after, before, mask"):
+        folder_layout(data_cfg(tmp_path, folder_layout="tiles_and_truth"), "change")
+    with pytest.raises(ValueError, match="unknown folder layout 'tiles_and_trut'; did you mean 'tiles_and_truth'"):
+        data_cfg(tmp_path, folder_layout="tiles_and_trut")
