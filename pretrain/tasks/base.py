@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel
 from torch.utils.data import DataLoader
 
 from geofm import engine as ds
@@ -30,6 +31,7 @@ from geofm.federated.algorithms.context import PublicImages
 from geofm.federated.partition import PARTITIONERS
 from geofm.models.backbones import backbone_kwargs, prefer_fused_attention
 from geofm.models.mim import MaskedImageModel
+from geofm.registry import entry_options
 from geofm.tasks import ClientShare, StepOutput
 from geofm.training import InputPath
 
@@ -182,13 +184,18 @@ class PretrainingTask(ABC):
 
     @classmethod
     def check_config(cls, cfg: PretrainConfig | FederatedConfig) -> None:
-        """The objective's rules on a validated config (with the architecture's checks).
+        """The objective's rules on a validated config (with the architecture's checks): by default,
+        ``task_options`` checked by the class's ``Options`` model (none: no options are taken).
 
         Raises:
             ValueError: naming the field and what the objective expects.
         """
-        if cfg.task_options:
-            raise ValueError(f"task_options: task {cfg.task} takes no options, got {sorted(cfg.task_options)}")
+        cls.options_of(cfg)
+
+    @classmethod
+    def options_of(cls, cfg: PretrainConfig | FederatedConfig) -> BaseModel | None:
+        """``task_options`` validated by the class's ``Options`` model (None for an objective without one)."""
+        return entry_options(cfg.task, getattr(cls, "Options", None), cfg.task_options, "task_options")
 
     # ---- files ------------------------------------------------------------------------------
     def inputs(self) -> list[InputPath]:

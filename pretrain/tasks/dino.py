@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from geofm.checkpoints.build import load_backbone_for_bands
 from geofm.config.base import Section
@@ -82,11 +82,6 @@ class DinoOptions(Section):
         return self
 
 
-def dino_options(cfg: PretrainConfig | FederatedConfig) -> DinoOptions:
-    """The config's ``task_options`` as :class:`DinoOptions` (validated again by :meth:`SelfDistillation.check_config`)."""
-    return DinoOptions.model_validate(cfg.task_options)
-
-
 def local_crop_size(cfg: PretrainConfig | FederatedConfig, options: DinoOptions) -> int:
     """``local_size``, or 3/7 of the model's input (DINO's 96 of 224) rounded to a multiple of 32, at least 32."""
     if options.local_size is not None:
@@ -97,11 +92,12 @@ def local_crop_size(cfg: PretrainConfig | FederatedConfig, options: DinoOptions)
 class SelfDistillation(PretrainingTask):
     """DINO: a student matches an EMA teacher's sharpened, centred outputs across multi-crop views."""
 
+    Options = DinoOptions
     log_keys = ("loss", "teacher_entropy")
 
     def __init__(self, cfg: PretrainConfig | FederatedConfig) -> None:
         super().__init__(cfg)
-        self.options = dino_options(cfg)
+        self.options: DinoOptions = self.options_of(cfg)
         self.teacher: EmaTeacher | None = None
         self.centre: torch.Tensor | None = None
         self.progress = 0.0
@@ -109,12 +105,7 @@ class SelfDistillation(PretrainingTask):
 
     @classmethod
     def check_config(cls, cfg: PretrainConfig | FederatedConfig) -> None:
-        try:
-            options = dino_options(cfg)
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"task_options{'.' + where if where else ''}: {first['msg']}") from None
+        options = cls.options_of(cfg)
         if cfg.teacher is not None:
             raise ValueError(
                 "teacher is masked image modelling's frozen teacher; DINO's teacher is an EMA of the student"
