@@ -12,7 +12,8 @@ A task is what a config's ``task`` names. Every task is a class in one module, r
 What a federated program asks of either on one machine is :class:`FederatedTask`. The built-in tasks
 are registered here lazily by import path, so the library never imports the programs that implement
 them; a third-party package registers another through the ``geofm.tasks`` entry-point group (see
-:mod:`geofm.registry`), and the config class of its federated runs through ``geofm.federated_configs``.
+:mod:`geofm.registry`): one module and one registration. Federated runs of a task are validated with
+the config class of its kind (:data:`FEDERATED_CONFIGS`).
 """
 
 from __future__ import annotations
@@ -43,11 +44,9 @@ TASKS.register("change", "finetune.tasks.change:Change")
 TASKS.register("superres", "finetune.tasks.superres:Superres")
 
 FEDERATED_CONFIGS: Registry = Registry("federated config", "geofm.federated_configs")
-"""The config class of a task's federated runs, by task name (a plug-in task registers its own)."""
-for _pretraining in ("mim", "dino"):
-    FEDERATED_CONFIGS.register(_pretraining, "geofm.config.federated:FederatedConfig")
-for _finetuning in ("classification", "multilabel", "segmentation", "change", "superres"):
-    FEDERATED_CONFIGS.register(_finetuning, "geofm.config.fedfinetune:FederatedFinetuneConfig")
+"""The config class of federated runs by task kind: a new task of a known kind needs no entry here."""
+FEDERATED_CONFIGS.register("pretraining", "geofm.config.federated:FederatedConfig")
+FEDERATED_CONFIGS.register("finetuning", "geofm.config.fedfinetune:FederatedFinetuneConfig")
 
 
 @dataclass

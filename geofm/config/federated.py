@@ -28,7 +28,7 @@ from geofm.config.sections import (
     TeacherConfig,
 )
 from geofm.errors import ConfigError
-from geofm.tasks import FEDERATED_CONFIGS
+from geofm.tasks import FEDERATED_CONFIGS, TASKS
 
 
 class LocalOptimizerConfig(Section):
@@ -247,8 +247,8 @@ class FederatedConfig(ProgramConfig):
 
 
 def read_federated_config(tree: dict, source: str = "<config>", overrides: Sequence[str] = ()) -> Any:
-    """A federated config tree validated with its task's config class (:data:`geofm.tasks.FEDERATED_CONFIGS`):
-    :class:`FederatedConfig` for pretraining, :class:`~geofm.config.fedfinetune.FederatedFinetuneConfig`
+    """A federated config tree validated with the config class of its task's kind (:data:`geofm.tasks.FEDERATED_CONFIGS`):
+    :class:`FederatedConfig` for a pretraining task, :class:`~geofm.config.fedfinetune.FederatedFinetuneConfig`
     for a finetuning task.
 
     Raises:
@@ -256,7 +256,8 @@ def read_federated_config(tree: dict, source: str = "<config>", overrides: Seque
     """
     task = tree.get("task", FederatedConfig.model_fields["task"].default) if isinstance(tree, dict) else None
     try:
-        config_class = FEDERATED_CONFIGS.get(str(task))
+        kind = getattr(TASKS.get(str(task)), "kind", None)
+        config_class = FEDERATED_CONFIGS.get(str(kind))
     except ConfigError as err:
         raise ConfigError(f"{source}: task: {err}") from None
     return config_class.from_tree(tree, source, overrides)
