@@ -156,3 +156,25 @@ def test_a_killed_dino_run_resumes_from_its_last_checkpoint(dino_tree, write_con
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"at step {reached}" in done.stderr
     assert [s for s, _ in _losses(Path(tree["run"]["output_dir"]))] == list(range(1, reached + 4))
+
+
+@pytest.mark.slow
+def test_central_dino_trains_a_vit_on_its_class_token_and_exports_it(dino_tree):
+    import timm
+    from safetensors.torch import load_file
+
+    from pretrain.central import pretrain
+
+    tree = dino_tree("vit")
+    tree["model"] = {
+        "arch": "vit_tiny_patch16_224",
+        "img_size": 32,
+        "timm_kwargs": {"embed_dim": 32, "depth": 2, "num_heads": 2},
+    }
+    tree["train"]["epochs"] = 1
+    run_dir = pretrain(PretrainConfig.from_tree(tree))
+    assert [s for s, _ in _losses(run_dir)] == list(range(1, 7))
+    sidecar = json.loads((run_dir / "backbone.json").read_text())
+    model = timm.create_model(sidecar["arch"], pretrained=False, **sidecar["timm_kwargs"])
+    model.load_state_dict(load_file(run_dir / "backbone.safetensors"))
+    assert "dynamic_img_size" not in sidecar["timm_kwargs"], "the export records the plain backbone's arguments"
