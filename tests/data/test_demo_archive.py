@@ -135,9 +135,12 @@ def test_demo_configs_carry_the_archive_statistics(tmp_path):
         # central ones' data; the real-imagery demo reads data/demo/real/, which this archive does not hold)
         (path, FederatedConfig)
         for path, tree in ((path, read_config_tree(path)) for path in configs.glob("federated/demo_*.yaml"))
-        if tree.get("task", "mim") == "mim" and all(s["name"] in roots for s in tree["data"]["sources"])
+        if tree.get("task", "mim") in ("mim", "dino") and all(s["name"] in roots for s in tree["data"]["sources"])
     ]
     assert sorted(path.name for path, _ in demos) == [
+        "demo_dino_fedavg_swin_micro__3inst.yaml",
+        "demo_dino_fedsense_swin_micro__3inst__1bit_ef.yaml",
+        "demo_dino_swin_micro__img64_win4__4band.yaml",
         "demo_fedsense_swin_micro__3inst__1bit_ef.yaml",
         "demo_fedsense_swin_micro__3inst__1bit_ef__2proc.yaml",
         "demo_gfm_swin_micro__img64_win4__4band.yaml",

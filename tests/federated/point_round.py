@@ -43,10 +43,18 @@ class PointTask:
     def forward(self, engine, target: torch.Tensor) -> StepOutput:
         return StepOutput({"loss": engine(target)})
 
+    def after_step(self, model: Point, progress: float) -> None:
+        pass
+
 
 @dataclass
 class Run:
     seed: int = 0
+
+
+@dataclass
+class Federation:
+    rounds: int = 1
 
 
 @dataclass
@@ -56,6 +64,7 @@ class PointConfig:
     algorithm: AlgorithmConfig
     train: LocalTrainConfig
     run: Run = field(default_factory=Run)
+    federation: Federation = field(default_factory=Federation)
 
 
 def point_round(
