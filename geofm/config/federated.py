@@ -17,15 +17,10 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.config.algorithm import AlgorithmConfig
-from geofm.config.base import ProgramConfig, Section, checks_architecture, config_to_dict
-from geofm.config.pretrain import TASK_FIELD, TASK_OPTIONS_FIELD, check_pretraining_task, registered_task
+from geofm.config.base import Section, checks_architecture, config_to_dict
+from geofm.config.pretrain import PretrainingConfig
 from geofm.config.sections import (
-    DataConfig,
-    MaskingConfig,
     OptimizerConfig,
-    RunConfig,
-    StudentConfig,
-    TeacherConfig,
 )
 from geofm.errors import ConfigError
 from geofm.tasks import FEDERATED_CONFIGS, TASKS
@@ -176,29 +171,16 @@ def check_federation(
         )
 
 
-class FederatedConfig(ProgramConfig):
+class FederatedConfig(PretrainingConfig):
     """Federated continual pretraining: a registered objective on every client (GFM/SimMIM by default, or
     DINO), FedSense or another registered algorithm around it."""
 
-    run: RunConfig
-    model: StudentConfig
-    masking: MaskingConfig = MaskingConfig()
-    teacher: TeacherConfig | None = None
-    data: DataConfig
     train: LocalTrainConfig
     federation: FederationConfig
     algorithm: AlgorithmConfig = AlgorithmConfig()
-    task: str = TASK_FIELD
-    task_options: dict[str, Any] = TASK_OPTIONS_FIELD
-
-    @field_validator("task")
-    @classmethod
-    def _registered_task(cls, name: str) -> str:
-        return registered_task(name)
 
     @model_validator(mode="after")
     def _check_combination(self, info: ValidationInfo) -> FederatedConfig:
-        check_pretraining_task(self, info)
         fed, names = self.federation, [s.name for s in self.data.sources]
         unknown = [n for n in fed.public_sources if n not in names]
         if unknown:

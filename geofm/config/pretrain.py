@@ -10,16 +10,6 @@ from geofm.config.base import ProgramConfig, checks_architecture
 from geofm.config.sections import DataConfig, MaskingConfig, RunConfig, StudentConfig, TeacherConfig, TrainConfig
 from geofm.tasks import TASKS
 
-TASK_FIELD = Field(default="mim", description="the registered pretraining objective (geofm list tasks): mim, dino...")
-TASK_OPTIONS_FIELD = Field(
-    default_factory=dict, description="the objective's own settings, checked by its Options model"
-)
-
-
-def registered_task(name: str) -> str:
-    """``name`` if :data:`~geofm.tasks.TASKS` has it, else ValueError with the nearest names."""
-    return TASKS.check(name)
-
 
 def check_pretraining_task(cfg: Any, info: ValidationInfo) -> None:
     """The pretraining objective's own rules on ``cfg`` (its ``task_options``, the sections it reads),
@@ -36,25 +26,34 @@ def check_pretraining_task(cfg: Any, info: ValidationInfo) -> None:
     task.check_config(cfg)
 
 
-class PretrainConfig(ProgramConfig):
-    """Continual pretraining with a registered objective: masked image modelling (SimMIM, plus GFM
-    distillation when a teacher is set) by default, or self-distillation (``task: dino``)."""
+class PretrainingConfig(ProgramConfig):
+    """The sections every pretraining program reads, central or federated: the run, the student, the
+    data, and the objective (``task``, its ``task_options``; ``masking`` and ``teacher`` are masked
+    image modelling's), checked by the objective itself."""
 
     run: RunConfig
     model: StudentConfig
     masking: MaskingConfig = MaskingConfig()
     teacher: TeacherConfig | None = None
     data: DataConfig
-    train: TrainConfig
-    task: str = TASK_FIELD
-    task_options: dict[str, Any] = TASK_OPTIONS_FIELD
+    task: str = Field(default="mim", description="the registered pretraining objective (geofm list tasks)")
+    task_options: dict[str, Any] = Field(
+        default_factory=dict, description="the objective's own settings, checked by its Options model"
+    )
 
     @field_validator("task")
     @classmethod
     def _registered_task(cls, name: str) -> str:
-        return registered_task(name)
+        return TASKS.check(name)
 
     @model_validator(mode="after")
-    def _check_combination(self, info: ValidationInfo) -> PretrainConfig:
+    def _check_task(self, info: ValidationInfo) -> PretrainingConfig:
         check_pretraining_task(self, info)
         return self
+
+
+class PretrainConfig(PretrainingConfig):
+    """Continual pretraining with a registered objective: masked image modelling (SimMIM, plus GFM
+    distillation when a teacher is set) by default, or self-distillation (``task: dino``)."""
+
+    train: TrainConfig

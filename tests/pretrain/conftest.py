@@ -65,3 +65,36 @@ def wait_for():
     There is no deadline: a loaded machine may take long, and only the event matters.
     """
     return _wait_for
+
+
+@pytest.fixture
+def killed_then_resumed(write_config, child_env, wait_for, tmp_path):
+    """Run ``geofm pretrain`` on ``tree`` in a child process, SIGKILL it once its first checkpoint is
+    written, resume it for ``more`` steps and check that the resumed run continued from that
+    checkpoint and logged every step once; returns the step the checkpoint held."""
+    import json
+    import signal
+    import sys
+
+    def run(tree: dict, more: int) -> int:
+        config = write_config(tree, tmp_path / "killed.yaml")
+        cmd = [sys.executable, "-m", "geofm.cli", "pretrain", "--config", str(config)]
+        proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        run_dir = Path(tree["run"]["output_dir"])
+        last = run_dir / "checkpoints/last"
+        wait_for(proc, last.exists, "writing its first checkpoint")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert proc.returncode == -signal.SIGKILL, "killed, not finished"
+        reached = int(last.resolve().name.split("_")[1])
+        done = subprocess.run(
+            [*cmd, f"run.stop_after_steps={more}"], env=child_env, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "resumed from" in done.stderr and f"at step {reached}" in done.stderr
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        steps = [r["step"] for r in records if "loss" in r]
+        assert steps == list(range(1, reached + more + 1)), "the resumed run logs every step once"
+        return reached
+
+    return run

@@ -104,23 +104,9 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(tiny_tree):
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
-def test_killed_run_resumes_from_last_checkpoint(tiny_tree, write_config, child_env, wait_for, tmp_path):
+def test_killed_run_resumes_from_last_checkpoint(tiny_tree, killed_then_resumed):
     # 240 steps: the run cannot end before the kill that follows its first checkpoint, however fast
-    tree = tiny_tree("killed", train={"epochs": 40})
-    config = write_config(tree, tmp_path / "killed.yaml")
-    cmd = [sys.executable, "-m", "geofm.cli", "pretrain", "--config", str(config)]
-    proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    last = Path(tree["run"]["output_dir"]) / "checkpoints/last"
-    wait_for(proc, last.exists, "writing its first checkpoint")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "killed, not finished"
-    reached = int(last.resolve().name.split("_")[1])
-    done = subprocess.run([*cmd, "run.stop_after_steps=6"], env=child_env, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "resumed from" in done.stderr and f"at step {reached}" in done.stderr
-    steps = [r["step"] for r in _metrics(Path(tree["run"]["output_dir"]))]
-    assert steps == list(range(1, reached + 7)), "the resumed run logs every step once"
+    killed_then_resumed(tiny_tree("killed", train={"epochs": 40}), more=6)
 
 
 def test_sigterm_saves_the_step_reached(tiny_tree, write_config, child_env, wait_for, tmp_path):

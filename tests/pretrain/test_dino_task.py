@@ -136,26 +136,11 @@ def test_central_dino_resumes_as_an_uninterrupted_run_and_exports_the_teacher_to
 
 
 @pytest.mark.slow
-def test_a_killed_dino_run_resumes_from_its_last_checkpoint(dino_tree, write_config, child_env, wait_for, tmp_path):
-    import signal
-    import subprocess
-    import sys
-
+def test_a_killed_dino_run_resumes_from_its_last_checkpoint(dino_tree, killed_then_resumed):
     # 240 steps: the run cannot end before the kill that follows its first checkpoint, however fast
     tree = dino_tree("killed")
     tree["train"]["epochs"] = 60
-    config = write_config(tree, tmp_path / "killed.yaml")
-    cmd = [sys.executable, "-m", "geofm.cli", "pretrain", "--config", str(config)]
-    proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    last = Path(tree["run"]["output_dir"]) / "checkpoints/last"
-    wait_for(proc, last.exists, "writing its first checkpoint")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    reached = int(last.resolve().name.split("_")[1])
-    done = subprocess.run([*cmd, "run.stop_after_steps=3"], env=child_env, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"at step {reached}" in done.stderr
-    assert [s for s, _ in _losses(Path(tree["run"]["output_dir"]))] == list(range(1, reached + 4))
+    killed_then_resumed(tree, more=3)
 
 
 @pytest.mark.slow
