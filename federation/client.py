@@ -20,13 +20,17 @@ from federation.runtime import DATA_ROOT, INSTITUTION, Arrays, Scalars
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
-from geofm.federated import local_optimizer
-from geofm.federated.algorithms import build_algorithm
-from geofm.federated.feedback import UplinkReport
-from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
-from geofm.federated.privacy import noise_generator
+from geofm.federated.algorithms import build_algorithm, local_optimizer
+from geofm.federated.communication.feedback import UplinkReport
+from geofm.federated.parameter_vectors import (
+    RUNNING_STATISTICS,
+    ParameterLayout,
+    load_running_statistics,
+    running_statistics,
+)
+from geofm.federated.privacy.client_level import noise_generator
 from geofm.loop import TrainLoop
-from geofm.training import check_inputs
+from geofm.rundir import check_inputs
 
 LOCAL_STATISTICS = "local_statistics"
 """The client-state key of its own batch-norm running statistics, under ``Algorithm.keeps_local_statistics``."""

@@ -36,8 +36,8 @@ from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune.sampler import EpochSampler
 from geofm.loop import TrainLoop, epoch_steps, step_seed
+from geofm.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress, run_loader, start_run
 from geofm.runlog import MetricsLog, plot_loss_curve, plot_metric_curve
-from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, run_loader, start_run
 
 log = logging.getLogger("geofm.finetune")
 

@@ -29,9 +29,9 @@ from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
 from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels, teacher_dtype
 from geofm.reconstruction import shown_chips, write_reconstruction_figure
+from geofm.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress, leave_cores_to_workers, run_loader, start_run
 from geofm.runlog import LOSS_KEYS, MetricsLog, Phases, final_metrics, plot_loss_curve
 from geofm.tasks import StepOutput
-from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, leave_cores_to_workers, run_loader, start_run
 
 log = logging.getLogger("geofm.pretrain")
 

@@ -26,15 +26,15 @@ from geofm.data.pile import PileSampler, PretrainPile, warn_skipped
 from geofm.data.products import list_products
 from geofm.errors import ConfigError, DatasetNotFoundError
 from geofm.federated.algorithms.context import PublicImages
-from geofm.federated.partition import PARTITIONERS
+from geofm.federated.partitions.files import PARTITIONERS
 from geofm.models.backbones import patch_size_of
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel
 from geofm.models.teacher import FrozenTeacher, build_teacher
 from geofm.reconstruction import shown_chips, write_reconstruction_figure
+from geofm.rundir import InputPath
 from geofm.runlog import LOSS_KEYS
 from geofm.tasks import ClientShare, StepOutput
-from geofm.training import InputPath
 from pretrain.central import RESUME_INVARIANTS, build_student, export_student, prepare_models
 
 log = logging.getLogger("geofm.federated")

@@ -96,7 +96,7 @@ class ServerOptimizerConfig(Section):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str, info: ValidationInfo) -> str:
-        return _registered(name, info, "geofm.federated.server_optimizers:SERVER_OPTIMIZERS")
+        return _registered(name, info, "geofm.federated.aggregation.server_optimizers:SERVER_OPTIMIZERS")
 
     @model_validator(mode="after")
     def _check_keys(self) -> ServerOptimizerConfig:
@@ -129,7 +129,7 @@ class AggregatorConfig(Section):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str, info: ValidationInfo) -> str:
-        return _registered(name, info, "geofm.federated.robust:AGGREGATORS")
+        return _registered(name, info, "geofm.federated.aggregation.robust:AGGREGATORS")
 
     @model_validator(mode="after")
     def _check_keys(self) -> AggregatorConfig:
@@ -148,7 +148,7 @@ class AggregatorConfig(Section):
 class SamConfig(Section):
     """The client optimiser's sharpness-aware step: each local gradient is taken at ``w + e`` and applied
     at ``w``, with ``e = rho g / ||g||`` (SAM) or ``e = rho T_w^2 g / ||T_w g||``, ``T_w = |w| + eta``
-    (``adaptive``: ASAM); see :mod:`geofm.federated.sharpness`. It composes with every algorithm."""
+    (``adaptive``: ASAM); see :mod:`geofm.federated.local.sharpness`. It composes with every algorithm."""
 
     rho: float | None = Field(
         default=None, gt=0.0, description="the ascent's radius; null: the algorithm's (fedsam, fedasam, fedgloss)"
@@ -171,7 +171,7 @@ NOISE_SEED = Field(
 
 
 class PrivacyConfig(Section):
-    """Client-level differential privacy of the model updates (see :mod:`geofm.federated.privacy`).
+    """Client-level differential privacy of the model updates (see :mod:`geofm.federated.privacy.client_level`).
 
     ``central``: the server clips each decoded update to ``clip``, averages them with equal weights
     and adds Gaussian noise of std ``noise_multiplier * clip / m`` (DP-FedAvg). ``local``: each client

@@ -140,7 +140,7 @@ class FederationConfig(Section):
     @field_validator("partition")
     @classmethod
     def _registered_partitioner(cls, name: str) -> str:
-        from geofm.federated.partition import PARTITIONERS  # no deep-learning import: see geofm.federated
+        from geofm.federated.partitions.files import PARTITIONERS  # no deep-learning import: see geofm.federated
 
         return PARTITIONERS.check(name)
 

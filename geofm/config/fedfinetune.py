@@ -4,7 +4,7 @@ Every section of :class:`~geofm.config.finetune.FinetuneConfig` (task, backbone 
 head, data, finetune: layer decay, label mixing, validation split, best metric) keeps its meaning;
 ``train`` is a client's local optimisation each round (:class:`~geofm.config.federated.LocalTrainConfig`),
 ``federation`` says how the train split's samples are dealt to ``federation.clients`` clients (a
-sample partitioner of :mod:`geofm.federated.scenarios`: ``iid`` by default) and how rounds run, and
+sample partitioner of :mod:`geofm.federated.partitions.samples`: ``iid`` by default) and how rounds run, and
 ``algorithm`` is the federated algorithm (FedAvg by default).
 """
 
@@ -43,7 +43,7 @@ class FinetuneFederationConfig(FederationConfig):
     @field_validator("partition")
     @classmethod
     def _registered_partitioner(cls, name: str) -> str:
-        from geofm.federated.scenarios import SAMPLE_PARTITIONERS  # numpy only
+        from geofm.federated.partitions.samples import SAMPLE_PARTITIONERS  # numpy only
 
         return SAMPLE_PARTITIONERS.check(name)
 
@@ -75,7 +75,7 @@ class FederatedFinetuneConfig(FinetuneConfig):
     @property
     def client_names(self) -> list[str]:
         """``client00``, ``client01``, ... (``federation.clients`` of them)."""
-        from geofm.federated.scenarios import client_names
+        from geofm.federated.partitions.samples import client_names
 
         return client_names(self.federation.clients)
 

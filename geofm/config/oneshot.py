@@ -108,7 +108,7 @@ class OneShotConfig(FinetuneConfig):
     @property
     def client_names(self) -> list[str]:
         """``client00``, ``client01``, ... (``federation.clients`` of them)."""
-        from geofm.federated.scenarios import client_names
+        from geofm.federated.partitions.samples import client_names
 
         return client_names(self.federation.clients)
 

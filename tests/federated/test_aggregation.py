@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from geofm.errors import ConfigError, LayoutMismatchError
-from geofm.federated.aggregation import Upload, UploadRules, aggregate_uploads, screen_uploads, weighted_mean
-from geofm.federated.codec import Codec, decode
+from geofm.federated.aggregation.uploads import Upload, UploadRules, aggregate_uploads, screen_uploads, weighted_mean
+from geofm.federated.communication.codec import Codec, decode
 
 N = 300
 

@@ -14,13 +14,12 @@ from geofm import engine as ds
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.config.federated import LocalOptimizerConfig, LocalTrainConfig
 from geofm.errors import ConfigError
-from geofm.federated import local_optimizer
-from geofm.federated.aggregation import ClientUpload
-from geofm.federated.algorithms import build_algorithm
+from geofm.federated.aggregation.uploads import ClientUpload
+from geofm.federated.algorithms import build_algorithm, local_optimizer
 from geofm.federated.algorithms.fednova import aggregation_norm
 from geofm.federated.algorithms.rounds import payload_arrays
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.parameter_vectors import ParameterLayout
 from geofm.tasks import StepOutput
 
 

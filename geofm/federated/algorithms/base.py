@@ -14,7 +14,7 @@ An algorithm is a subclass of :class:`Algorithm` registered in
 * ``personalised``: whether each client's own model is the algorithm's product (FedBN, pFedLA);
   then every client also evaluates the model it trained on its own validation data each round and
   the server logs their mean and spread.
-* ``algorithm.privacy`` (:mod:`~geofm.federated.privacy`): every algorithm whose only upload is
+* ``algorithm.privacy`` (:mod:`~geofm.federated.privacy.client_level`): every algorithm whose only upload is
   ``update`` and whose server steps by the round's combined update takes it: :meth:`~Algorithm.upload`
   clips and noises the update under local privacy, :meth:`~Algorithm.aggregate` clips, averages and
   noises under central privacy.
@@ -56,7 +56,8 @@ from torch import Tensor, nn
 from geofm.config.algorithm import AlgorithmConfig, SamConfig, UplinkConfig, validated
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import ClientUpload, RoundAggregate, UploadRules, aggregate_payloads
+from geofm.federated.aggregation.robust import Spilling, build_aggregator
+from geofm.federated.aggregation.uploads import ClientUpload, RoundAggregate, UploadRules, aggregate_payloads
 from geofm.federated.algorithms import legacy
 from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.algorithms.rounds import (
@@ -67,12 +68,11 @@ from geofm.federated.algorithms.rounds import (
     ServerRound,
     packet_arrays,
 )
-from geofm.federated.codec import Codec, Packet, decode
-from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
-from geofm.federated.flat import ParameterLayout
-from geofm.federated.privacy import PrivateMean, check_private, noise_generator, privatise
-from geofm.federated.robust import Spilling, build_aggregator
-from geofm.federated.sharpness import SharpnessAscent, asam_scaled
+from geofm.federated.communication.codec import Codec, Packet, decode
+from geofm.federated.communication.feedback import ErrorFeedback, FeedbackState, UplinkReport
+from geofm.federated.local.sharpness import SharpnessAscent, asam_scaled
+from geofm.federated.parameter_vectors import ParameterLayout
+from geofm.federated.privacy.client_level import PrivateMean, check_private, noise_generator, privatise
 
 # ASAM's offset of T_w = |w| + eta where neither the config nor the algorithm gives one (the ASAM code's default).
 ASAM_ETA = 0.01
@@ -100,7 +100,7 @@ class Algorithm(ABC):
     local_optimizer: ClassVar[LocalOptimizerConfig | None] = None
     """The local optimiser the algorithm's analysis assumes (its paper's), which clients use while
     ``train.optimizer`` is null; None: no assumption, AdamW with ``train``'s settings. See
-    :mod:`geofm.federated.local_optimizer`."""
+    :mod:`geofm.federated.algorithms.local_optimizer`."""
     local_optimizer_source: ClassVar[str] = ""
     """Where :attr:`local_optimizer` comes from (the paper), named in the warning of an override."""
     default_sam: ClassVar[SamConfig | None] = None
@@ -140,7 +140,7 @@ class Algorithm(ABC):
             p: UploadRules(
                 num_values=self.num_values,
                 bits=up.bits,
-                # Central privacy clips instead of screening norms (see geofm.federated.privacy).
+                # Central privacy clips instead of screening norms (see geofm.federated.privacy.client_level).
                 norm_factor=math.inf if self.privacy and self.privacy.mode == "central" else cfg.norm_factor,
                 examples_factor=cfg.examples_factor,
                 declared_examples=declared_examples or {},
@@ -329,7 +329,7 @@ class Algorithm(ABC):
     def hooks(self, local: LocalRound) -> LocalHooks:
         """What the runtime adds to the local steps: the algorithm's :meth:`local_hooks`, with the
         client-step components every algorithm takes from its config: the SAM ascent of :meth:`local_sam`
-        (inside ``around_gradient``: from FedSense's drift-perturbed point, see :mod:`geofm.federated.sharpness`)."""
+        (inside ``around_gradient``: from FedSense's drift-perturbed point, see :mod:`geofm.federated.local.sharpness`)."""
         hooks = self.local_hooks(local)
         sam = self.local_sam()
         if sam is not None:
@@ -377,7 +377,7 @@ class Algorithm(ABC):
     # ---- server: uplink -------------------------------------------------------------------
     def spill_to(self, folder: Path) -> None:
         """Spill the decoded updates of an aggregator that needs them all at once (median, trimmed mean,
-        Krum: :class:`~geofm.federated.robust.Spilling`) under ``folder`` (the run's), rather than the
+        Krum: :class:`~geofm.federated.aggregation.robust.Spilling`) under ``folder`` (the run's), rather than the
         system's temporary folder."""
         if isinstance(self.aggregator, Spilling):
             self.aggregator.spill_dir = folder
@@ -388,7 +388,7 @@ class Algorithm(ABC):
 
     def aggregate(self, uploads: Sequence[ClientUpload]) -> dict[str, RoundAggregate]:
         """Decode and screen every payload (its own norm history), combine each over the accepted clients
-        with the configured aggregator; under privacy the mean is :class:`~geofm.federated.privacy.PrivateMean`
+        with the configured aggregator; under privacy the mean is :class:`~geofm.federated.privacy.client_level.PrivateMean`
         (its noise drawn for :attr:`round` when ``privacy.seed`` is set)."""
         recent = {p: [n for norms in self.recent_norms[p] for n in norms] for p in self.uplink}
         aggregator = self.aggregator

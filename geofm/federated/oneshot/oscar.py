@@ -7,7 +7,7 @@ per-class counts. The server trains a U-Net conditioned on that encoder's embedd
 (:class:`~geofm.models.diffusion.EmbeddingUNet`) on its public imagery with condition dropout
 (:func:`train_server_model`), or loads one trained earlier, then draws per client and class as many
 samples as the client holds, guided by the uploaded mean embedding (classifier-free guidance),
-into the synthetic classification folder (:mod:`geofm.federated.synthetic`). The program around
+into the synthetic classification folder (:mod:`geofm.federated.oneshot.synthetic`). The program around
 both is :mod:`federation.oscar`.
 """
 
@@ -30,9 +30,9 @@ from geofm.data.finetune.folders import whole
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.readers import WindowReader
 from geofm.errors import CheckpointFormatError, ConfigError
-from geofm.federated.feddiff import COUNTS, Upload
-from geofm.federated.privacy import noise_generator
-from geofm.federated.synthetic import SampleJob, sample_jobs, seeded_generator, write_samples
+from geofm.federated.oneshot.feddiff import COUNTS, Upload
+from geofm.federated.oneshot.synthetic import SampleJob, sample_jobs, seeded_generator, write_samples
+from geofm.federated.privacy.client_level import noise_generator
 from geofm.models.backbones import backbone_kwargs, create_backbone, resize_input
 from geofm.models.diffusion import (
     EmbeddingUNet,
@@ -197,7 +197,7 @@ def server_model(cfg: OscarConfig, encoder: nn.Module, run_dir: Path, device: to
 
 
 def generate(cfg: OscarConfig, uploads: list[Upload], model: EmbeddingUNet, folder: Path) -> list[dict]:
-    """Draw every client's samples into ``folder`` (:func:`~geofm.federated.synthetic.write_samples`): per
+    """Draw every client's samples into ``folder`` (:func:`~geofm.federated.oneshot.synthetic.write_samples`): per
     class it holds, guided by its mean embedding with ``oscar.guidance_scale``, each batch from a generator
     seeded by (``run.seed``, client, class, first index); returns one record per batch."""
     device = next(model.parameters()).device

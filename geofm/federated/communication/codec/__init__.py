@@ -29,8 +29,8 @@ Encoding and decoding work through the vector in cache-sized chunks with reused 
 Python loop over values, and no temporary of the vector's size besides the decoded output.
 """
 
-from geofm.federated.codec.encoder import Codec, decode
-from geofm.federated.codec.packet import (
+from geofm.federated.communication.codec.encoder import Codec, decode
+from geofm.federated.communication.codec.packet import (
     BITS,
     HEADER_BYTES,
     HEADER_FIELDS,

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from geofm.errors import CodecError, ConfigError, LayoutMismatchError
-from geofm.federated.codec import Codec, Packet
+from geofm.federated.communication.codec import Codec, Packet
 
 # Updates and residuals whose norms sum below this encode without overflow in float32 (squares stay
 # below its maximum), so the residual can be rewritten chunk by chunk.
@@ -121,7 +121,7 @@ class ErrorFeedback:
         """Encode a local update with error feedback, updating ``state`` in place.
 
         The residual is updated chunk by chunk while the codec encodes ``G = delta + e`` (see
-        :meth:`~geofm.federated.codec.Codec.encode_chunks`): one pass over the update and the
+        :meth:`~geofm.federated.communication.codec.Codec.encode_chunks`): one pass over the update and the
         residual besides their norms, with no temporary vector of the update's size.
 
         Args:

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from geofm.errors import LayoutMismatchError
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.parameter_vectors import ParameterLayout
 
 
 def small_model(dtype: torch.dtype = torch.float32) -> nn.Module:

@@ -8,8 +8,8 @@ step looks ahead along the drift direction, as a sharpness-aware step would alon
 FedProx instead adds ``beta / 2 * ||theta - Theta||^2`` to the loss.
 
 Parameters and global parameters are passed as sequences of tensors in the same order, e.g. the
-module's trainable parameters from :meth:`geofm.federated.flat.ParameterLayout.parameters` and
-:meth:`~geofm.federated.flat.ParameterLayout.split` of the global vector.
+module's trainable parameters from :meth:`geofm.federated.parameter_vectors.ParameterLayout.parameters` and
+:meth:`~geofm.federated.parameter_vectors.ParameterLayout.split` of the global vector.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ import torch
 from torch import Tensor
 
 from geofm.errors import CodecError
-from geofm.federated.codec.bitpack import BitPacker
-from geofm.federated.codec.packet import num_buckets
+from geofm.federated.communication.codec.bitpack import BitPacker
+from geofm.federated.communication.codec.packet import num_buckets
 
 _CHUNK = 1 << 18  # values per chunk: float32 work buffer of 1 MiB
 _UNIFORM_BITS = 16

@@ -72,7 +72,7 @@ def distill_similarity(
     Args:
         module: the global model; its own parameters are the ones trained.
         group_params: per group, a name -> tensor mapping of the parameters that differ from the
-            module's (e.g. :meth:`~geofm.federated.flat.ParameterLayout.unflatten` of a group
+            module's (e.g. :meth:`~geofm.federated.parameter_vectors.ParameterLayout.unflatten` of a group
             model); never modified.
         group_weights: each group's data weight.
         batches: public image batches, already on the module's device; at least ``steps``.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from geofm.federated.codec.packet import payload_nbytes
+from geofm.federated.communication.codec.packet import payload_nbytes
 
 
 def _lane_mask(bits: int, lane: int) -> int:

@@ -8,7 +8,7 @@ Gaussian noise of std ``z clip`` added to their sum; ``z`` is the smallest noise
 guarantee after ``epochs / q`` steps is within ``epsilon`` for ``delta`` (Opacus's
 ``make_private_with_epsilon``). The Fourier mean is a second Gaussian mechanism (sample rate 1, one
 release) whose noise multiplier spends ``fmf_epsilon`` alone. The reported ``epsilon`` composes both
-in one RDP accountant (Opacus's ``RDPAccountant``, as :mod:`geofm.federated.privacy` uses; Mironov,
+in one RDP accountant (Opacus's ``RDPAccountant``, as :mod:`geofm.federated.privacy.client_level` uses; Mironov,
 CSF 2017), which is tighter than adding the two epsilons.
 
 Refused: a model with layers Opacus computes no per-sample gradients for, or that mix examples in a

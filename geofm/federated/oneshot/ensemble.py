@@ -23,7 +23,7 @@ from geofm.config.oneshot import check_public_images, public_images
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.readers import read_raster
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import weighted_mean
+from geofm.federated.aggregation.uploads import weighted_mean
 
 
 def ensemble_probabilities(logits: Sequence[Tensor], weights: Sequence[float], temperature: float) -> Tensor:

@@ -70,7 +70,7 @@ from torch import Tensor
 
 from geofm.config.algorithm import AlgorithmConfig, PrivacyConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import weighted_mean
+from geofm.federated.aggregation.uploads import weighted_mean
 
 
 def clip_update(update: Tensor, clip: float) -> Tensor:

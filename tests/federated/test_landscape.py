@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from geofm.federated.flatness import flatness
+from geofm.federated.landscape import flatness
 
 
 class Quadratic(nn.Module):

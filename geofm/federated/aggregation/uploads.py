@@ -18,12 +18,12 @@ institution (``declared_examples``), and never more than ``examples_factor`` tim
 count of the round's other accepted uploads, so that one client claiming 10^9 examples cannot take
 the round. Rejected uploads come back with a reason, bounded counts with both numbers, for the
 caller to log. The accepted updates are combined by their weighted mean, or by the configured
-:class:`Aggregator` (:mod:`~geofm.federated.robust`).
+:class:`Aggregator` (:mod:`~geofm.federated.aggregation.robust`).
 
 The server's memory stays flat in the number of clients: screening decodes one upload at a time
 and keeps only its norm, and the accepted uploads keep their encoded update (as it arrived),
 decoded again each time it is taken (:class:`Decoded`). The weighted mean is a running sum over
-them; the rules that need every update at once spill them to disk (:mod:`~geofm.federated.spill`).
+them; the rules that need every update at once spill them to disk (:mod:`~geofm.federated.communication.spill`).
 
 An upload may carry several named payloads (SCAFFOLD sends its model update and its control
 update): :func:`aggregate_payloads` screens each payload on its own rules, with its own history of
@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from geofm.errors import CodecError, ConfigError, LayoutMismatchError
-from geofm.federated.codec import Packet, decode
+from geofm.federated.communication.codec import Packet, decode
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,7 +196,7 @@ class Aggregator(Protocol):
     """Combines equally long update vectors (one per accepted client, with its weight) into one.
 
     The updates come as a :class:`Decoded` sequence: each is decoded when taken, so a rule that
-    takes them one at a time holds one at a time (see :mod:`~geofm.federated.robust`).
+    takes them one at a time holds one at a time (see :mod:`~geofm.federated.aggregation.robust`).
     """
 
     def combine(self, updates: Sequence[Tensor], weights: Sequence[float]) -> Tensor: ...
@@ -407,7 +407,7 @@ def aggregate_uploads(
 ) -> RoundAggregate:
     """Screen a round's uploads and combine the accepted updates, weighted by their bounded example counts.
 
-    ``aggregator`` (see :mod:`~geofm.federated.robust`) combines them; None: the weighted mean. When
+    ``aggregator`` (see :mod:`~geofm.federated.aggregation.robust`) combines them; None: the weighted mean. When
     it finds the round too small (:class:`TooFewUpdates`), every accepted upload is rejected with its
     reason and the round has no update.
     """

@@ -1,7 +1,7 @@
 """Server optimisers: how the round's combined client update moves the global model.
 
 The combined update ``Delta`` (the weighted mean of the accepted client updates, or a robust
-combination of them, see :mod:`~geofm.federated.robust`) is treated as a negative pseudo-gradient,
+combination of them, see :mod:`~geofm.federated.aggregation.robust`) is treated as a negative pseudo-gradient,
 as in Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithm 2:
 
 * ``sgd``: ``x <- x + lr Delta``; lr 1.0 is FedAvg (the default).

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geofm.federated.perturbation import MovedParameters
+from geofm.federated.local.perturbation import MovedParameters
 
 
 @contextmanager

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geofm.federated.privacy import clip_update, gaussian_noise
+from geofm.federated.privacy.client_level import clip_update, gaussian_noise
 
 
 def fourier_magnitude(images: Tensor) -> Tensor:

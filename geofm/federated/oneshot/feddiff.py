@@ -2,11 +2,11 @@
 
 Mendieta, Sun and Chen, "Navigating Heterogeneity and Privacy in One-Shot Federated Learning with
 Diffusion Models", WACV 2025. A client trains a class-conditional DDPM (:mod:`geofm.models.diffusion`)
-on its labelled images, optionally with DP-SGD (:mod:`geofm.federated.dpsgd`), and returns its weights,
+on its labelled images, optionally with DP-SGD (:mod:`geofm.federated.privacy.dpsgd`), and returns its weights,
 its per-class counts and, for Fourier magnitude filtering, its mean Fourier magnitude
-(:mod:`geofm.federated.fmf`). The server samples each client's model per class, writes the samples
+(:mod:`geofm.federated.oneshot.fmf`). The server samples each client's model per class, writes the samples
 as GeoTIFFs of the dataset's bands in raw units into a classification folder (one sub-folder per
-class name), resumably (:mod:`geofm.federated.synthetic`), then keeps per client all but its ``fmf_gamma`` percent farthest from its mean.
+class name), resumably (:mod:`geofm.federated.oneshot.synthetic`), then keeps per client all but its ``fmf_gamma`` percent farthest from its mean.
 The program around both is :mod:`federation.feddiff`.
 """
 
@@ -23,9 +23,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from geofm.config.feddiff import FedDiffConfig
-from geofm.federated import dpsgd, fmf
-from geofm.federated.privacy import noise_generator
-from geofm.federated.synthetic import SampleJob, sample_jobs, seeded_generator, write_samples
+from geofm.federated.oneshot import fmf
+from geofm.federated.oneshot.synthetic import SampleJob, sample_jobs, seeded_generator, write_samples
+from geofm.federated.privacy import dpsgd
+from geofm.federated.privacy.client_level import noise_generator
 from geofm.models.diffusion import build_scheduler, build_unet, diffusion_loss, load_arrays, model_arrays, sample
 
 WEIGHTS = "unet."  # upload keys: the U-Net's state dict under this prefix
@@ -57,7 +58,7 @@ def train_client(
     Returns:
         The upload (:data:`WEIGHTS` keys, :data:`COUNTS`, :data:`FMF_MEAN` when ``fmf_gamma`` > 0) and
         the metrics: ``num_examples``, ``steps``, ``loss`` (the last epoch's mean) and, under privacy,
-        the epsilons of :func:`~geofm.federated.dpsgd.composed_epsilons`.
+        the epsilons of :func:`~geofm.federated.privacy.dpsgd.composed_epsilons`.
     """
     d, privacy = cfg.diffusion, cfg.diffusion.privacy
     image, _ = images[0]
@@ -134,7 +135,7 @@ class Upload:
 
 
 def generate(cfg: FedDiffConfig, uploads: list[Upload], folder: Path, device: torch.device) -> list[dict]:
-    """Draw every client's samples into ``folder`` (:func:`~geofm.federated.synthetic.write_samples`), each
+    """Draw every client's samples into ``folder`` (:func:`~geofm.federated.oneshot.synthetic.write_samples`), each
     batch from a generator seeded by (``run.seed``, client, class, first index) and scored by FMF against
     the client's mean (null without one); returns one record per batch."""
     d, data = cfg.diffusion, cfg.data

@@ -25,7 +25,7 @@ from sklearn.cluster import KMeans
 from torch import Tensor
 
 from geofm.errors import ConfigError, LayoutMismatchError
-from geofm.federated.aggregation import weighted_mean
+from geofm.federated.aggregation.uploads import weighted_mean
 
 _CHUNK = 1 << 20
 
@@ -34,7 +34,7 @@ def count_sketch(vectors: Sequence[Tensor], sketch_dim: int = 4096, seed: int = 
     """Count sketches of equally long vectors (see the module docstring).
 
     Each vector is sketched on its own, with the same hash and signs, so the vectors may be decoded
-    one at a time as they are taken (:class:`~geofm.federated.aggregation.Decoded`).
+    one at a time as they are taken (:class:`~geofm.federated.aggregation.uploads.Decoded`).
 
     Args:
         vectors: 1-D float tensors of one length, on one device.
@@ -109,7 +109,7 @@ def cluster_clients(
     """Group clients by K-means (scikit-learn, seeded) on count sketches of their vectors.
 
     The vectors are taken one at a time: once for the sketches and once more for the group means,
-    which are running sums, so a lazily decoded sequence (:class:`~geofm.federated.aggregation.Decoded`)
+    which are running sums, so a lazily decoded sequence (:class:`~geofm.federated.aggregation.uploads.Decoded`)
     keeps the memory at the ``num_groups`` group models whatever the number of clients. With
     ``num_groups`` at least the number of clients there is no clustering: each client is
     its own group (and its vector a group model). K-means may find fewer groups than asked when clients coincide; empty groups

@@ -1,6 +1,6 @@
 """The synthetic classification split of the one-shot programs: samples per client and class, resumably.
 
-FedDiff (:mod:`geofm.federated.feddiff`) and OSCAR (:mod:`geofm.federated.oscar`) draw, per client
+FedDiff (:mod:`geofm.federated.oneshot.feddiff`) and OSCAR (:mod:`geofm.federated.oneshot.oscar`) draw, per client
 and class, as many samples as the client holds of the class (``diffusion.samples: as_data``) or a
 fixed number, in batches. Each batch is written as float32 GeoTIFFs of the dataset's bands in raw
 units into ``folder/<class name>/<client>_<i>.tif`` and recorded in ``folder/samples.jsonl``, after
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from geofm.config.oneshot import DiffusionOneShotConfig
 from geofm.data.writers import write_geotiff
-from geofm.federated.privacy import noise_generator
+from geofm.federated.privacy.client_level import noise_generator
 from geofm.runlog import progress_bar
 
 SAMPLES_LOG = "samples.jsonl"
@@ -41,7 +41,7 @@ Draw = Callable[[SampleJob], tuple[Tensor, list[float] | None]]
 
 
 def seeded_generator(device: torch.device | str, seed: int | None, *parts: object) -> torch.Generator:
-    """A generator on ``device`` seeded from ``seed`` and ``parts`` as :func:`~geofm.federated.privacy.noise_generator`
+    """A generator on ``device`` seeded from ``seed`` and ``parts`` as :func:`~geofm.federated.privacy.client_level.noise_generator`
     seeds one: the same in every process, from OS entropy when ``seed`` is None."""
     return torch.Generator(device).manual_seed(noise_generator(seed, *parts).initial_seed())
 

@@ -1,4 +1,4 @@
-"""The codec: quantise and pack an update vector into a :class:`~geofm.federated.codec.packet.Packet`, and back."""
+"""The codec: quantise and pack an update vector into a :class:`~geofm.federated.communication.codec.packet.Packet`, and back."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from geofm.errors import CodecError, ConfigError
-from geofm.federated.codec.chunks import ChunkCoder, NonFinite, check_finite, chunks
-from geofm.federated.codec.packet import BITS, HEADER_BYTES, Packet, num_buckets, payload_nbytes
+from geofm.federated.communication.codec.chunks import ChunkCoder, NonFinite, check_finite, chunks
+from geofm.federated.communication.codec.packet import BITS, HEADER_BYTES, Packet, num_buckets, payload_nbytes
 
 
 class CodecSettings(Protocol):
@@ -26,7 +26,7 @@ class CodecSettings(Protocol):
 
 @dataclass(frozen=True)
 class Codec:
-    """Encoder of update vectors into :class:`Packet` objects (see :mod:`geofm.federated.codec`).
+    """Encoder of update vectors into :class:`Packet` objects (see :mod:`geofm.federated.communication.codec`).
 
     Attributes:
         bits: 1, 2, 4, 8, or 32 for no compression.

@@ -1,6 +1,6 @@
 """Decentralisation scenarios: which client holds which sample of a labelled dataset (federated finetuning).
 
-:mod:`geofm.federated.partition` deals pretraining *files* of sources among clients; here the
+:mod:`geofm.federated.partitions.files` deals pretraining *files* of sources among clients; here the
 *samples* of a finetuning split are dealt, from their labels. A partitioner of
 :data:`SAMPLE_PARTITIONERS` takes a :class:`SampleTable` and returns each client's sample indices;
 the same table, client count and seed give the same partition in every process, so every

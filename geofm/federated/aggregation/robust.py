@@ -13,13 +13,13 @@
 
 The mean streams: each update is decoded, added and freed. The median, the trimmed mean and Krum
 need every update at once: they spill the decoded updates to a file under the run's folder and
-read it back by blocks of coordinates (:mod:`~geofm.federated.spill`), so the server's memory stays
+read it back by blocks of coordinates (:mod:`~geofm.federated.communication.spill`), so the server's memory stays
 flat in the number of clients either way.
 
 The robust rules ignore the weights, as in the papers: a Byzantine client claims its example count
-as freely as its update. They run after screening (:mod:`~geofm.federated.aggregation`), which
+as freely as its update. They run after screening (:mod:`~geofm.federated.aggregation.uploads`), which
 already drops malformed and outsized uploads. A round with too few accepted updates for the rule
-raises :class:`TooFewUpdates`; :func:`~geofm.federated.aggregation.aggregate_uploads` then applies
+raises :class:`TooFewUpdates`; :func:`~geofm.federated.aggregation.uploads.aggregate_uploads` then applies
 no update that round.
 
 A plug-in registers a factory ``(cfg: AggregatorConfig) ->`` an object with
@@ -36,8 +36,8 @@ from torch import Tensor
 
 from geofm.config.algorithm import AggregatorConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import Aggregator, TooFewUpdates, weighted_mean
-from geofm.federated.spill import SpilledUpdates
+from geofm.federated.aggregation.uploads import Aggregator, TooFewUpdates, weighted_mean
+from geofm.federated.communication.spill import SpilledUpdates
 from geofm.registry import Registry
 
 AGGREGATORS: Registry = Registry("aggregator", "geofm.aggregators")
@@ -53,7 +53,7 @@ class Mean:
 
 class Spilling:
     """Base of the rules that need every update at once: they read them back from a spill file by blocks
-    of coordinates (:class:`~geofm.federated.spill.SpilledUpdates`) under :attr:`spill_dir` (the run's
+    of coordinates (:class:`~geofm.federated.communication.spill.SpilledUpdates`) under :attr:`spill_dir` (the run's
     spill folder, set by :meth:`~geofm.federated.algorithms.base.Algorithm.spill_to`; None: the
     system's temporary folder)."""
 
