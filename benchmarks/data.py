@@ -237,11 +237,11 @@ class WorkerJob:
 
 class Pipeline:
     """The training step fed by a DataLoader as a run sets it up: persistent workers, one long epoch,
-    and torch's threads leaving a core to each worker (:func:`geofm.rundir.threads_beside_workers`)."""
+    and torch's threads leaving a core to each worker (:func:`geofm.data.loader.threads_beside_workers`)."""
 
     def __init__(self, pile, step, micro: int, workers: int, steps: int) -> None:
+        from geofm.data.loader import threads_beside_workers
         from geofm.data.pile import PileSampler
-        from geofm.rundir import threads_beside_workers
 
         sampler = PileSampler(pile.source_sizes, pile.weights, 10**6, seed=0)
         loader = DataLoader(

@@ -35,8 +35,9 @@ from geofm.checkpoints import LoadReport
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune.sampler import EpochSampler
+from geofm.data.loader import run_loader
 from geofm.loop import TrainLoop, epoch_steps, step_seed
-from geofm.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress, run_loader, start_run
+from geofm.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress, start_run
 from geofm.runlog import MetricsLog, plot_loss_curve, plot_metric_curve
 
 log = logging.getLogger("geofm.finetune")

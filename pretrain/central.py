@@ -22,6 +22,7 @@ from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.checkpoints.provenance import gsd_range
 from geofm.config import PretrainConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
+from geofm.data.loader import leave_cores_to_workers, run_loader
 from geofm.data.pile import PileSampler, PretrainPile, SkippedFiles
 from geofm.loop import Forward, TrainLoop, epoch_steps, step_seed
 from geofm.models.backbones import backbone_kwargs, create_backbone, prefer_fused_attention
@@ -29,7 +30,7 @@ from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
 from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels, teacher_dtype
 from geofm.reconstruction import shown_chips, write_reconstruction_figure
-from geofm.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress, leave_cores_to_workers, run_loader, start_run
+from geofm.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress, start_run
 from geofm.runlog import LOSS_KEYS, MetricsLog, Phases, final_metrics, plot_loss_curve
 from geofm.tasks import StepOutput
 
