@@ -8,7 +8,8 @@ import torch
 from geofm.config.algorithm import AggregatorConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation.robust import AGGREGATORS, Krum, TrimmedMean, build_aggregator
-from geofm.federated.aggregation.uploads import TooFewUpdates, Upload, UploadRules, aggregate_uploads
+from geofm.federated.aggregation.screening import Upload, UploadRules
+from geofm.federated.aggregation.uploads import TooFewUpdates, aggregate_uploads
 from geofm.federated.communication.codec import Codec
 
 

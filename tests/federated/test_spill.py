@@ -9,9 +9,10 @@ import torch
 from sklearn.cluster import KMeans
 
 from geofm.config.algorithm import AggregatorConfig, AlgorithmConfig
-from geofm.federated.aggregation import uploads
+from geofm.federated.aggregation import screening
 from geofm.federated.aggregation.robust import AGGREGATORS, Krum, build_aggregator
-from geofm.federated.aggregation.uploads import ClientUpload, Upload, UploadRules, aggregate_uploads, weighted_mean
+from geofm.federated.aggregation.screening import Upload, UploadRules
+from geofm.federated.aggregation.uploads import ClientUpload, aggregate_uploads, weighted_mean
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.communication import spill
 from geofm.federated.communication.codec import Codec, decode
@@ -55,7 +56,7 @@ def live_decodes(monkeypatch):
         weakref.finalize(update, alive.discard, key)
         return update
 
-    monkeypatch.setattr(uploads, "decode", decoding)
+    monkeypatch.setattr(screening, "decode", decoding)
     return peak
 
 

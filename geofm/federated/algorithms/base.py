@@ -57,7 +57,8 @@ from geofm.config.algorithm import AlgorithmConfig, SamConfig, UplinkConfig, val
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation.robust import Spilling, build_aggregator
-from geofm.federated.aggregation.uploads import ClientUpload, RoundAggregate, UploadRules, aggregate_payloads
+from geofm.federated.aggregation.screening import UploadRules
+from geofm.federated.aggregation.uploads import ClientUpload, RoundAggregate, aggregate_payloads
 from geofm.federated.algorithms import legacy
 from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.algorithms.rounds import (
