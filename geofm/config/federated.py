@@ -19,7 +19,6 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.config.base import ProgramConfig, Section, checks_architecture, config_to_dict
 from geofm.config.sections import (
-    DataConfig,
     MaskingConfig,
     OptimizerConfig,
     RunConfig,
@@ -27,6 +26,7 @@ from geofm.config.sections import (
     TeacherConfig,
     check_masked_pretraining,
 )
+from geofm.config.sources import DataConfig
 from geofm.errors import ConfigError
 from geofm.tasks import FEDERATED_CONFIGS, TASKS
 

@@ -6,7 +6,6 @@ from pydantic import ValidationInfo, model_validator
 
 from geofm.config.base import ProgramConfig, checks_architecture
 from geofm.config.sections import (
-    DataConfig,
     MaskingConfig,
     RunConfig,
     StudentConfig,
@@ -14,6 +13,7 @@ from geofm.config.sections import (
     TrainConfig,
     check_masked_pretraining,
 )
+from geofm.config.sources import DataConfig
 
 
 class PretrainConfig(ProgramConfig):

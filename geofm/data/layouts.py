@@ -33,7 +33,7 @@ from geofm.registry import Registry
 
 if TYPE_CHECKING:
     from geofm.config import SourceConfig
-    from geofm.config.sections import QualityConfig
+    from geofm.config.sources import QualityConfig
     from geofm.data.products import Product
 
 
