@@ -36,7 +36,7 @@ from geofm.tasks import StepOutput
 
 if TYPE_CHECKING:
     from geofm.config import RunConfig
-    from geofm.engine import Schedule
+    from geofm.engine_config import Schedule
     from geofm.rundir import RunStart
 
 log = logging.getLogger("geofm.training")

@@ -28,6 +28,7 @@ from geofm.checkpoints.io import LAST_CHECKPOINT, resolve_checkpoint_path
 from geofm.config import OptimizerConfig, RunConfig, Section, SourceConfig, config_to_dict
 from geofm.config.base import CONFIG_FILE
 from geofm.data.products import list_products
+from geofm.engine_config import zero_stage
 from geofm.errors import ConfigError, GeoFMError
 from geofm.paths import check_writable
 from geofm.runlog import Phases
@@ -115,7 +116,7 @@ class Progress:
             total_steps=total_steps,
             global_batch=ds.global_batch(train, world_size),
             world_size=world_size,
-            zero_stage=ds.zero_stage(train, world_size),
+            zero_stage=zero_stage(train, world_size),
             **extra,
         )
 
@@ -333,7 +334,7 @@ def start_run(
             schedule_keys=schedule_keys,
             global_batch=ds.global_batch(train, world),
             world_size=world,
-            zero_stage=ds.zero_stage(train, world),
+            zero_stage=zero_stage(train, world),
             extend=extend,
         )
     return RunStart(rank, world, ds.device(), checkpoints, progress)
