@@ -37,7 +37,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from benchmarks.common import Report, Target, alternate, current_rss_mib, paired_ratio, summary
-from benchmarks.pretrain_step import build, synthetic_batch
+from benchmarks.gfm_step import build, synthetic_batch
 
 DEFAULTS: dict[str, Any] = {
     "config": "configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml",

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import current_rss_mib, emit, peak_rss_mib, repo_path, synchronizer
-from benchmarks.pretrain_step import PlainStep, count_flops, host_syncs, random_batch
+from benchmarks.gfm_step import PlainStep, count_flops, host_syncs, random_batch
 from geofm.errors import ConfigError
 
 VARIANTS: dict[str, dict[str, Any]] = {
