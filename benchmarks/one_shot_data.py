@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.pretrain_benefit import CLASS_NAMES, INPUT_BANDS, SPLITS, chips_data, prepare_chips
+from benchmarks.benefit_chips import CLASS_NAMES, INPUT_BANDS, SPLITS, chips_data, prepare_chips
 
 DEMO_CLASSES = ["farmland", "forest", "residential", "water"]
 DEMO_BANDS = ["red", "green", "blue"]
