@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from geofm.data.quality import GENERATIONS
+from geofm.errors import DatasetNotFoundError
 from geofm.registry import Registry
 
 if TYPE_CHECKING:
@@ -40,6 +41,28 @@ if TYPE_CHECKING:
 def where(cfg: SourceConfig) -> str:
     """How an error names a source and its layout."""
     return f"source {cfg.name!r} (layout {cfg.layout})"
+
+
+def list_images(root: str | Path, pattern: str) -> list[Path]:
+    """Files below ``root`` that match a glob pattern, sorted.
+
+    Args:
+        root: folder to search.
+        pattern: glob relative to ``root``, e.g. ``"**/*.tif"``.
+
+    Returns:
+        The matching files (folders excluded), in sorted order.
+
+    Raises:
+        DatasetNotFoundError: if ``root`` is not a folder or no file matches.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetNotFoundError(f"image folder {root.resolve()} does not exist (pattern {pattern!r})")
+    files = [p for p in sorted(root.glob(pattern)) if p.is_file()]
+    if not files:
+        raise DatasetNotFoundError(f"no file in {root.resolve()} matches the pattern {pattern!r}")
+    return files
 
 
 class ProductLayout:
@@ -137,8 +160,6 @@ class FileLayout(ProductLayout):
         raise ValueError(f"{where(cfg)}: quality applies to per-band product layouts")
 
     def list_products(self, cfg: SourceConfig) -> list[Path]:
-        from geofm.data.products.base import list_images
-
         return list_images(cfg.root, cfg.pattern)
 
 

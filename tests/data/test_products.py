@@ -12,10 +12,10 @@ import torch
 from torch.utils.data import default_collate
 
 from geofm.config import DataConfig, SourceConfig
-from geofm.data.layouts import PRODUCT_LAYOUTS, ProductLayout
+from geofm.data.layouts import PRODUCT_LAYOUTS, ProductLayout, list_images
 from geofm.data.pile import PileIndex, PretrainPile, SkippedFiles
 from geofm.data.products import list_products
-from geofm.data.products.base import BandFile, Product, folders_of, list_images
+from geofm.data.products.base import BandFile, Product, folders_of
 from geofm.data.products.synthetic import write_band, write_landsat_scene, write_sentinel2_safe, write_stac_item
 from geofm.data.sources import ImageSource
 from geofm.errors import DatasetNotFoundError, InvalidChipError, RasterReadError
