@@ -151,6 +151,7 @@ def run(settings: dict[str, Any]) -> Report:
 
 def _scaling(settings: dict[str, Any]) -> Report:
     from geofm import engine as ds
+    from geofm.checkpoints.teacher import build_teacher
     from geofm.federated.aggregation.uploads import ClientUpload
     from geofm.federated.algorithms import build_algorithm
     from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
@@ -158,7 +159,6 @@ def _scaling(settings: dict[str, Any]) -> Report:
     from geofm.federated.parameter_vectors import ParameterLayout
     from geofm.loop import micro_step
     from geofm.models.masking import MaskGenerator
-    from geofm.models.teacher import build_teacher
     from pretrain.central import build_student, mim_forward, prepare_models
 
     with tempfile.TemporaryDirectory() as tmp:

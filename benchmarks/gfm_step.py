@@ -58,7 +58,7 @@ class OptimisedStep:
 
     def __init__(self, cfg, state: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> None:
         from geofm import engine as ds
-        from geofm.models.teacher import build_teacher
+        from geofm.checkpoints.teacher import build_teacher
         from pretrain.central import build_student, mim_forward, prepare_models
 
         _, world = ds.init_distributed()
@@ -127,9 +127,9 @@ class EagerStep(PlainStep):
 
     def __init__(self, cfg, state: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> None:
         from geofm import engine as ds
+        from geofm.checkpoints.teacher import build_teacher
         from geofm.engine_config import scaled_lr
         from geofm.models.backbones import set_fused_attention
-        from geofm.models.teacher import build_teacher
         from geofm.optim import parameter_groups
         from pretrain.central import build_student
 

@@ -20,6 +20,7 @@ from geofm import engine as ds
 from geofm.checkpoints import export_backbone, load_pretraining_model
 from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.checkpoints.provenance import gsd_range
+from geofm.checkpoints.teacher import build_teacher
 from geofm.config import PretrainConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.loader import leave_cores_to_workers, run_loader
@@ -28,7 +29,7 @@ from geofm.loop import Forward, TrainLoop, epoch_steps, step_seed
 from geofm.models.backbones import backbone_kwargs, create_backbone, prefer_fused_attention
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
-from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels, teacher_dtype
+from geofm.models.teacher import FrozenTeacher, teacher_channels, teacher_dtype
 from geofm.reconstruction import shown_chips, write_reconstruction_figure
 from geofm.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress, start_run
 from geofm.runlog import LOSS_KEYS, MetricsLog, Phases, final_metrics, plot_loss_curve

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from geofm import engine as ds
+from geofm.checkpoints.teacher import build_teacher
 from geofm.config import TeacherConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.data.pile import PileSampler, PretrainPile, warn_skipped
@@ -30,7 +31,7 @@ from geofm.federated.partitions.files import PARTITIONERS
 from geofm.models.backbones import patch_size_of
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel
-from geofm.models.teacher import FrozenTeacher, build_teacher
+from geofm.models.teacher import FrozenTeacher
 from geofm.reconstruction import shown_chips, write_reconstruction_figure
 from geofm.rundir import InputPath
 from geofm.runlog import LOSS_KEYS
