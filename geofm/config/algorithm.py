@@ -8,12 +8,12 @@ algorithm's own settings are its ``options``, checked by its ``Options`` model.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from geofm.config.base import Section, checks_architecture
+from geofm.registry import REGISTRIES
 
 MOVED_TO_OPTIONS = (
     "perturbation_radius",
@@ -55,14 +55,14 @@ class UplinkConfig(CodecConfig):
 
 
 def _registered(name: str, info: ValidationInfo, registry: str) -> str:
-    """``name`` if the registry ``"module:ATTRIBUTE"`` has it, else ValueError with the nearest names.
+    """``name`` if the registry named ``registry`` (:data:`~geofm.registry.REGISTRIES`) has it, else ValueError
+    with the nearest names.
 
     The registries' modules import torch, so names are checked with the architecture (second pass).
     """
     if not checks_architecture(info):
         return name
-    module, attribute = registry.split(":")
-    return getattr(importlib.import_module(module), attribute).check(name)
+    return REGISTRIES.get(registry).check(name)
 
 
 def _foreign_keys(section: Section, used: dict[str, set[str]]) -> None:
@@ -96,7 +96,7 @@ class ServerOptimizerConfig(Section):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str, info: ValidationInfo) -> str:
-        return _registered(name, info, "geofm.federated.aggregation.server_optimizers:SERVER_OPTIMIZERS")
+        return _registered(name, info, "server-optimizers")
 
     @model_validator(mode="after")
     def _check_keys(self) -> ServerOptimizerConfig:
@@ -129,7 +129,7 @@ class AggregatorConfig(Section):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str, info: ValidationInfo) -> str:
-        return _registered(name, info, "geofm.federated.aggregation.robust:AGGREGATORS")
+        return _registered(name, info, "aggregators")
 
     @model_validator(mode="after")
     def _check_keys(self) -> AggregatorConfig:
@@ -265,9 +265,7 @@ class AlgorithmConfig(Section):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str) -> str:
-        from geofm.federated.algorithms import ALGORITHMS  # the registry only: no torch
-
-        return ALGORITHMS.check(name)
+        return REGISTRIES.get("algorithms").check(name)
 
     @model_validator(mode="before")
     @classmethod

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from geofm.config.fedfinetune import client_names
 from geofm.errors import ConfigError
 from geofm.registry import Registry
 
@@ -107,12 +108,6 @@ class SampleTable:
         counts = labels.sum(axis=0)
         rarity = np.where(labels > 0, counts[None, :], np.inf)
         return np.where(labels.any(axis=1), rarity.argmin(axis=1), -1).astype(np.int64)
-
-
-def client_names(count: int) -> list[str]:
-    """``client00``, ``client01``, ... (zero-padded so that names sort as numbers)."""
-    width = max(2, len(str(count - 1)))
-    return [f"client{i:0{width}d}" for i in range(count)]
 
 
 def _checked(partitioner: str, assignment: dict[str, list[int] | np.ndarray]) -> dict[str, np.ndarray]:
@@ -276,7 +271,6 @@ __all__ = [
     "PARTITION_FILE",
     "SAMPLE_PARTITIONERS",
     "SampleTable",
-    "client_names",
     "label_counts",
     "partition_by_field",
     "partition_dirichlet_labels",
