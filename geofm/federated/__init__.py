@@ -19,7 +19,6 @@
   perturbations of a fixed norm.
 * :mod:`~geofm.federated.comparison`: federated runs side by side, scores and costs.
 
-A package imports only the packages listed before it, besides :mod:`~geofm.federated.parameter_vectors`
-(checked by ``tests/test_layering.py``); reading a registry (as config validation does) loads no
-deep-learning package.
+Each imports only those listed before it, and they form no import cycle (``tests/test_layering.py``);
+reading a registry (as config validation does) loads no deep-learning package.
 """
