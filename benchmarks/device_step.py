@@ -6,7 +6,7 @@ safetensors and numpy are installed, so its step is built from geofm's model cod
 file without validating it. Every variant starts from the same seeded random weights (a step's
 speed does not depend on what the weights learnt) and runs its forward passes under bf16 autocast:
 
-* ``plain_bf16``: :class:`benchmarks.pretrain_step.PlainStep` as its ``eager_fp32`` variant builds
+* ``plain_bf16``: :class:`benchmarks.gfm_step.PlainStep` as its ``eager_fp32`` variant builds
   it (explicit attention, torch's default AdamW), in bf16 autocast;
 * ``geofm_bf16``: geofm's choices on a GPU: fused attention (``scaled_dot_product_attention``), the
   teacher's weights in ``teacher.precision: auto`` (bf16 where native), fused AdamW;

