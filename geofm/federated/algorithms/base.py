@@ -1,7 +1,8 @@
 """The algorithm interface: what a federated algorithm decides on either side of a round.
 
 An algorithm is a subclass of :class:`Algorithm` registered in
-:data:`geofm.federated.algorithms.ALGORITHMS`. It declares:
+:data:`geofm.federated.algorithms.ALGORITHMS`. It declares (the class-level declarations and the config rules
+that follow from them are :mod:`~geofm.federated.algorithms.declaration`):
 
 * ``uplink`` and ``downlink``: the named payloads each way (FedAvg: up ``update``, down ``model``),
   each a vector of the shared parameters' length with its own codec (``algorithm.uplink`` and
@@ -46,21 +47,20 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel
 from torch import Tensor, nn
 
-from geofm.config.algorithm import AlgorithmConfig, SamConfig, UplinkConfig, validated
-from geofm.config.federated import LocalOptimizerConfig
+from geofm.config.algorithm import AlgorithmConfig, SamConfig, UplinkConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation.robust import Spilling, build_aggregator
 from geofm.federated.aggregation.screening import UploadRules
 from geofm.federated.aggregation.uploads import ClientUpload, RoundAggregate, aggregate_payloads
 from geofm.federated.algorithms import legacy
 from geofm.federated.algorithms.context import ServerContext
+from geofm.federated.algorithms.declaration import Declaration
 from geofm.federated.algorithms.rounds import (
     Arrays,
     LocalHooks,
@@ -73,13 +73,10 @@ from geofm.federated.communication.codec import Codec, Packet, decode
 from geofm.federated.communication.feedback import ErrorFeedback, FeedbackState, UplinkReport
 from geofm.federated.local.sharpness import SharpnessAscent, asam_scaled
 from geofm.federated.parameter_vectors import ParameterLayout
-from geofm.federated.privacy.client_level import PrivateMean, check_private, noise_generator, privatise
-
-# ASAM's offset of T_w = |w| + eta where neither the config nor the algorithm gives one (the ASAM code's default).
-ASAM_ETA = 0.01
+from geofm.federated.privacy.client_level import PrivateMean, noise_generator, privatise
 
 
-class Algorithm(ABC):
+class Algorithm(Declaration, ABC):
     """Base of every federated algorithm (see the module docstring).
 
     Args:
@@ -89,24 +86,6 @@ class Algorithm(ABC):
         num_clients: the number of clients of the federation (known to the server).
         num_rounds: the run's number of rounds (known to the server).
     """
-
-    name: ClassVar[str]
-    uplink: ClassVar[tuple[str, ...]]
-    downlink: ClassVar[tuple[str, ...]]
-    Options: ClassVar[type[BaseModel] | None] = None
-    own_server_rule: ClassVar[str | None] = None
-    """How the algorithm combines uploads itself, where it takes no ``aggregator`` or ``server_optimizer``."""
-    personalised: ClassVar[bool] = False
-    keeps_local_statistics: ClassVar[bool] = False
-    local_optimizer: ClassVar[LocalOptimizerConfig | None] = None
-    """The local optimiser the algorithm's analysis assumes (its paper's), which clients use while
-    ``train.optimizer`` is null; None: no assumption, AdamW with ``train``'s settings. See
-    :mod:`geofm.federated.algorithms.local_optimizer`."""
-    local_optimizer_source: ClassVar[str] = ""
-    """Where :attr:`local_optimizer` comes from (the paper), named in the warning of an override."""
-    default_sam: ClassVar[SamConfig | None] = None
-    """The local SAM step the algorithm takes when ``algorithm.sam`` is null, and the defaults of the
-    fields that section leaves out (FedSAM: the paper's radius); None: plain steps."""
 
     def __init__(
         self,
@@ -159,60 +138,11 @@ class Algorithm(ABC):
         self.round = 0  # the server's round in progress (begin_round)
         self.context: ServerContext | None = None  # the server's (attach)
 
-    # ---- declarations ---------------------------------------------------------------------
-    @classmethod
-    def check_config(cls, cfg: AlgorithmConfig) -> None:
-        """Check the parts of ``cfg`` only the algorithm knows; ValueError naming the field otherwise."""
-        if "model" not in cls.downlink:
-            raise ValueError(f"downlink: {cls.name} sends no 'model' payload; every algorithm must")
-        for where, named, payloads in (
-            ("uplink_payloads", cfg.uplink_payloads, cls.uplink),
-            ("downlink_payloads", cfg.downlink_payloads, cls.downlink),
-        ):
-            unknown = sorted(set(named) - set(payloads))
-            if unknown:
-                raise ValueError(f"{where} names {unknown}; {cls.name} sends {list(payloads)}")
-        if cls.own_server_rule is not None:
-            for section in ("aggregator", "server_optimizer"):
-                if getattr(cfg, section) != type(getattr(cfg, section))():
-                    raise ValueError(f"{section}: {cls.name} {cls.own_server_rule}; leave {section} at its default")
-        sam = cls.sharpness(cfg)
-        if sam is not None and sam.rho is None:
-            raise ValueError(f"sam.rho: {cls.name} has no default radius; set sam.rho (> 0)")
-        if sam is not None and not sam.adaptive and cfg.sam is not None and cfg.sam.eta is not None:
-            raise ValueError("sam.eta: eta is ASAM's offset; set sam.adaptive: true to use it")
-        check_private(cls.name, cls.uplink, cls.own_server_rule, cfg)
-        cls.options_of(cfg)
-
-    @classmethod
-    def check_public_images(cls, cfg: AlgorithmConfig, available: bool) -> None:
-        """Check that the server holds the public images ``cfg`` needs (``available``: whether the run's
-        config gives it some; default: the algorithm needs none); ValueError naming the field otherwise."""
-        return
-
-    @classmethod
-    def sharpness(cls, cfg: AlgorithmConfig) -> SamConfig | None:
-        """The local SAM step: ``cfg.sam``'s fields over :attr:`default_sam`'s, then SAM (``adaptive``
-        false, ``eta`` 0.01) for those both leave null; None: plain steps."""
-        if cfg.sam is None and cls.default_sam is None:
-            return None
-        given = [part.model_dump(exclude_none=True) for part in (cls.default_sam, cfg.sam) if part is not None]
-        return SamConfig(**{"adaptive": False, "eta": ASAM_ETA, **{k: v for part in given for k, v in part.items()}})
-
-    @classmethod
-    def options_of(cls, cfg: AlgorithmConfig) -> BaseModel | None:
-        """The algorithm's own settings from ``cfg.options``, validated by :attr:`Options`."""
-        if cls.Options is None:
-            if cfg.options:
-                raise ValueError(f"options: {cls.name} takes no options, got {sorted(cfg.options)}")
-            return None
-        return validated(cls.Options, cfg.options, "options")
-
     def is_local(self, name: str) -> bool:
         """Whether parameter ``name`` stays on each client instead of being federated (default: never)."""
         return False
 
-    def start_local(self, values: Tensor) -> None:  # noqa: B027 (optional: most algorithms send no start values)
+    def start_local(self, values: Tensor) -> None:
         """The server model's start values of the local parameters (:attr:`local` order), given once built."""
 
     def server_local(self) -> Tensor | None:
@@ -404,7 +334,7 @@ class Algorithm(ABC):
         State it changes in place rather than through the outcome is restored by :meth:`discard`.
         """
 
-    def discard(self) -> None:  # noqa: B027 (optional: most algorithms change nothing in place)
+    def discard(self) -> None:
         """Undo what the last :meth:`server_update` changed in place: the runtime did not keep its outcome."""
 
     def commit(self, outcome: ServerRound, payloads: Mapping[str, RoundAggregate]) -> None:
