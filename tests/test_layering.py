@@ -136,7 +136,9 @@ def collapse(graph: Mapping[str, Collection[str]], unit: Callable[[str], str | N
 def find_cycle(graph: Mapping[str, Collection[str]]) -> list[str] | None:
     """One cycle of ``graph`` as ``[a, b, ..., a]`` (each imports the next), or None."""
     done: set[str] = set()
-    for start in sorted(set(graph) - done):
+    for start in sorted(graph):
+        if start in done:
+            continue
         path, stack = [start], [iter(sorted(graph[start]))]
         while stack:
             child = next(stack[-1], None)
