@@ -6,7 +6,7 @@ safetensors and numpy are installed, so its step is built from geofm's model cod
 file without validating it. Every variant starts from the same seeded random weights (a step's
 speed does not depend on what the weights learnt) and runs its forward passes under bf16 autocast:
 
-* ``plain_bf16``: :class:`benchmarks.pretrain_step.PlainStep` as its ``eager_fp32`` variant builds
+* ``plain_bf16``: :class:`benchmarks.gfm_step.PlainStep` as its ``eager_fp32`` variant builds
   it (explicit attention, torch's default AdamW), in bf16 autocast;
 * ``geofm_bf16``: geofm's choices on a GPU: fused attention (``scaled_dot_product_attention``), the
   teacher's weights in ``teacher.precision: auto`` (bf16 where native), fused AdamW;
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import current_rss_mib, emit, peak_rss_mib, repo_path, synchronizer
-from benchmarks.pretrain_step import PlainStep, count_flops, host_syncs, random_batch
+from benchmarks.gfm_step import PlainStep, count_flops, host_syncs, random_batch
 from geofm.errors import ConfigError
 
 VARIANTS: dict[str, dict[str, Any]] = {

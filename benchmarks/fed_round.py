@@ -3,7 +3,7 @@ overhead beyond local training, and the bytes each round puts on the wire.
 
 Server, for each M in ``clients`` (the M values alternate from round to round): decoding and
 screening the M uploads and averaging them (:meth:`~geofm.federated.algorithms.FedAvg.screen`),
-K-means of the clients (:func:`~geofm.federated.clustering.cluster_clients`), similarity
+K-means of the clients (:func:`~geofm.federated.aggregation.clustering.cluster_clients`), similarity
 distillation of the global model on public images (timed on its own) and the downlink's encoding,
 all as :meth:`~geofm.federated.algorithms.FedSense.server_update` runs them; a least-squares line
 through the per-M medians gives the cost per client. The uploads are real 1-bit packets of random
@@ -153,12 +153,12 @@ def run(settings: dict[str, Any]) -> Report:
 
 
 def _scaling(settings: dict[str, Any]) -> Report:
-    from geofm.federated.aggregation import ClientUpload
+    from geofm.federated.aggregation.uploads import ClientUpload
     from geofm.federated.algorithms import build_algorithm
     from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
     from geofm.federated.client_round import ClientRound
-    from geofm.federated.codec import Codec
-    from geofm.federated.flat import ParameterLayout
+    from geofm.federated.communication.codec import Codec
+    from geofm.federated.parameter_vectors import ParameterLayout
     from geofm.models.masking import MaskGenerator
     from geofm.tasks import TASKS
     from pretrain.tasks.mim import build_student

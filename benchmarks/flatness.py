@@ -14,7 +14,7 @@ heterogeneous partitions:
   sensor's scenes ``scene_000``-``scene_019`` for training and ``scene_020``-``scene_023`` held out.
   The metric is the global model's MIM loss on the held-out scenes (lower is better).
 
-For each global model the flatness measure (:mod:`geofm.federated.flatness`) is the mean increase of
+For each global model the flatness measure (:mod:`geofm.federated.landscape`) is the mean increase of
 the same validation loss under ``draws`` random perturbations of norm ``radius``, with its spread
 over the draws. Differential privacy: FedAvg with ``algorithm.privacy`` (``privacy`` settings) at each
 of ``noise_multipliers`` on the ``dirichlet`` partition, reporting the metric against the epsilon of
@@ -170,7 +170,7 @@ def held_out_batches(settings: dict, archive: Path) -> list[dict]:
 def global_model(server):
     """The global model as the server validated it last: the algorithm's evaluated model, its local
     parameters and the averaged batch-norm statistics (finetuning's export left the best round's in)."""
-    from geofm.federated.flat import load_running_statistics
+    from geofm.federated.parameter_vectors import load_running_statistics
 
     server.layout.assign(server.model, server.algorithm.evaluated_model(server.global_model))
     local = server.algorithm.server_local()
@@ -188,7 +188,7 @@ def run_method(cfg, settings: dict, sensor_batches: list[dict] | None) -> dict[s
     from federation.roundloop import run_server
     from federation.server import ROUNDS_LOG, FederatedServer
     from finetune.evaluate import eval_loader
-    from geofm.federated.flatness import flatness
+    from geofm.federated.landscape import flatness
 
     shutil.rmtree(cfg.run.output_dir, ignore_errors=True)  # a kept run folder would be resumed, not rerun
     started, cpu = time.perf_counter(), time.process_time()

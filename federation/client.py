@@ -19,7 +19,7 @@ from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
 from geofm.federated.client_round import ClientRound, stable_id
-from geofm.training import check_inputs
+from geofm.rundir import check_inputs
 
 
 class FederatedClient:

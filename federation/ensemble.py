@@ -1,6 +1,6 @@
 """Ensemble distillation as a federated program (registered as ``ensemble``): one round of finetuned models, then a student.
 
-The one-shot baseline of FedDF and of DENSE without its generator (:mod:`geofm.federated.ensemble`); the
+The one-shot baseline of FedDF and of DENSE without its generator (:mod:`geofm.federated.oneshot.ensemble`); the
 config :class:`~geofm.config.ensemble.EnsembleConfig`; what it shares with the other one-shot programs
 :mod:`federation.oneshot`.
 
@@ -35,8 +35,14 @@ from geofm.config.base import CONFIG_FILE, config_to_dict
 from geofm.config.ensemble import EnsembleConfig
 from geofm.config.oneshot import CLASSIFIER
 from geofm.errors import ConfigError, DatasetTooSmallError
-from geofm.federated.ensemble import average_state, distill, ensemble_probabilities, predict_logits, public_tiles
-from geofm.federated.scenarios import PARTITION_FILE, read_partition
+from geofm.federated.oneshot.ensemble import (
+    average_state,
+    distill,
+    ensemble_probabilities,
+    predict_logits,
+    public_tiles,
+)
+from geofm.federated.partitions.samples import PARTITION_FILE, read_partition
 from geofm.runlog import MetricsLog
 from geofm.tasks import TASKS
 

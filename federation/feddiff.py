@@ -1,7 +1,7 @@
 """FedDiff as a federated program (registered as ``feddiff``): one round of diffusion models, then a classifier.
 
 One-shot federated classification after Mendieta, Sun and Chen (WACV 2025); the method's pieces are
-:mod:`geofm.federated.feddiff`, the config :class:`~geofm.config.feddiff.FedDiffConfig`.
+:mod:`geofm.federated.oneshot.feddiff`, the config :class:`~geofm.config.feddiff.FedDiffConfig`.
 
 1. Each client (its share of the train split under ``federation.partition``, or a deployed node's
    whole train split) trains a class-conditional diffusion model on every band of its images and
@@ -27,7 +27,7 @@ from federation.oneshot import OneShotClient, OneShotServer, one_shot_program
 from federation.runtime import Scalars
 from geofm import engine as ds
 from geofm.config.feddiff import FedDiffConfig
-from geofm.federated.feddiff import LabelledImages, filter_samples, generate, train_client
+from geofm.federated.oneshot.feddiff import LabelledImages, filter_samples, generate, train_client
 
 log = logging.getLogger("geofm.federated")
 

@@ -52,7 +52,7 @@ from geofm.errors import FederatedRunError, GeoFMError
 
 if TYPE_CHECKING:  # the store imports torch, which a ClientApp process does without until it trains
     from federation.simulation import SimulationStop
-    from geofm.federated.spill import UploadStore
+    from geofm.federated.communication.spill import UploadStore
 
 ARRAYS = "arrays"
 SCALARS = "scalars"

@@ -24,12 +24,12 @@ from federation.runtime import (
     config_entry,
     program_of,
 )
-from geofm.federated.spill import UploadStore
+from geofm.federated.communication.spill import UploadStore
 
 
 class InProcess:
     """Nodes that are client programs in this process, keyed by node id; with ``uploads``, each ``train``
-    reply's arrays go to that store as Flower's transport puts them (see :mod:`~geofm.federated.spill`)."""
+    reply's arrays go to that store as Flower's transport puts them (see :mod:`~geofm.federated.communication.spill`)."""
 
     def __init__(self, clients: dict[int, ClientProgram], uploads: UploadStore | None = None) -> None:
         self.clients = clients

@@ -27,7 +27,7 @@ from federation.runtime import DATA_ROOT, INSTITUTION, Failure, Program, Reply, 
 from geofm.config.base import CONFIG_FILE, config_to_dict
 from geofm.config.oneshot import OneShotConfig
 from geofm.errors import ConfigError
-from geofm.federated.feddiff import Upload
+from geofm.federated.oneshot.feddiff import Upload
 from geofm.runlog import MetricsLog
 from geofm.tasks import TASKS
 

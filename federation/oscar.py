@@ -1,7 +1,7 @@
 """OSCAR as a federated program (registered as ``oscar``): one round of class embeddings, then a classifier.
 
 One-shot federated classification with a classifier-free diffusion model, after OSCAR (Zaland et
-al., 2025); the method's pieces are :mod:`geofm.federated.oscar`, the config
+al., 2025); the method's pieces are :mod:`geofm.federated.oneshot.oscar`, the config
 :class:`~geofm.config.oscar.OscarConfig`, what it shares with the other one-shot programs
 :mod:`federation.oneshot`.
 
@@ -28,8 +28,8 @@ from federation.runtime import Scalars
 from geofm import engine as ds
 from geofm.config.oscar import OscarConfig
 from geofm.data.finetune import build_finetune_dataset
-from geofm.federated.feddiff import LabelledImages
-from geofm.federated.oscar import build_encoder, class_embeddings, generate, server_model
+from geofm.federated.oneshot.feddiff import LabelledImages
+from geofm.federated.oneshot.oscar import build_encoder, class_embeddings, generate, server_model
 
 log = logging.getLogger("geofm.federated")
 

@@ -27,9 +27,9 @@ import math
 from federation.runtime import DATA_ROOT, INSTITUTION, Program, Scalar, program_config
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig, read_federated_config
-from geofm.federated import local_optimizer
+from geofm.federated.algorithms import local_optimizer
+from geofm.rundir import check_inputs
 from geofm.tasks import TASKS
-from geofm.training import check_inputs
 
 TEACHER = "teacher"  # node config: this machine's copy of the teacher weights
 STATE_DIR = "state-dir"  # node config: where this institution keeps its client state between runs
@@ -81,7 +81,7 @@ def check_simulation_inputs(cfg, source: str) -> None:
 def round_lr(cfg: FederatedConfig, rnd: int) -> float:
     """The clients' learning rate in round ``rnd`` (1-based): warm-up, then constant or cosine to ``min_lr_ratio``,
     from the peak scaled to a client's global batch (``federation.local_processes`` processes), with the
-    base rate of the run's local optimiser (:func:`geofm.federated.local_optimizer.resolve`)."""
+    base rate of the run's local optimiser (:func:`geofm.federated.algorithms.local_optimizer.resolve`)."""
     train, rounds = cfg.train, cfg.federation.rounds
     base_lr = local_optimizer.resolve(train, cfg.algorithm.name).base_lr
     peak = base_lr * ds.global_batch(train, cfg.federation.local_processes) / train.lr_reference_batch

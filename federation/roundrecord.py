@@ -8,7 +8,7 @@ import numpy as np
 
 from federation.program import OWN_VALIDATION
 from federation.runtime import Scalars
-from geofm.federated.aggregation import RoundAggregate
+from geofm.federated.aggregation.uploads import RoundAggregate
 
 
 @dataclass(kw_only=True)

@@ -62,7 +62,7 @@ NUM_PARTITIONS = "num-partitions"
 @dataclass(frozen=True)
 class Reply:
     """What a node sent back: its upload and its metrics (the upload's arrays in memory, or on disk
-    where the transport stored them as they arrived: :class:`~geofm.federated.spill.StoredArrays`)."""
+    where the transport stored them as they arrived: :class:`~geofm.federated.communication.spill.StoredArrays`)."""
 
     node_id: int
     arrays: Mapping[str, np.ndarray]
@@ -86,7 +86,7 @@ class ServerProgram(Protocol):
     ``expected_clients`` (nodes to wait for before the first round). Optional: ``connect_timeout_s``
     (how long to wait for them, default 600), ``round_retries`` (attempts after a round that got
     fewer than ``min_clients`` replies, default 2), ``uploads`` (a
-    :class:`~geofm.federated.spill.UploadStore` the transport writes each ``train`` reply's arrays
+    :class:`~geofm.federated.communication.spill.UploadStore` the transport writes each ``train`` reply's arrays
     to as it arrives, so that the program holds none of them in memory; the program clears it once
     it aggregated the round) and a method ``select(rnd, attempt, node_ids)``
     choosing the round's nodes among the registered ones (default :func:`select_nodes`; a program

@@ -19,20 +19,24 @@ from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
 from geofm.config import config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.errors import GeoFMError
-from geofm.federated import local_optimizer
-from geofm.federated.aggregation import ClientUpload, RoundAggregate
-from geofm.federated.algorithms import build_algorithm
+from geofm.federated.aggregation.uploads import ClientUpload, RoundAggregate
+from geofm.federated.algorithms import build_algorithm, local_optimizer
 from geofm.federated.algorithms.base import Algorithm
 from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.algorithms.rounds import ServerRound, payload_arrays
 from geofm.federated.client_round import stable_id
-from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
-from geofm.federated.privacy import PrivacyAccountant, check_statistics
-from geofm.federated.spill import SPILL_FOLDER, UPLOADS_FOLDER, UploadStore, clear_spill
+from geofm.federated.communication.spill import SPILL_FOLDER, UPLOADS_FOLDER, UploadStore, clear_spill
+from geofm.federated.parameter_vectors import (
+    RUNNING_STATISTICS,
+    ParameterLayout,
+    load_running_statistics,
+    running_statistics,
+)
+from geofm.federated.privacy.client_level import PrivacyAccountant, check_statistics
 from geofm.memory import keep_freed_memory
 from geofm.paths import check_writable
+from geofm.rundir import Progress, RunCheckpoints, check_inputs, check_resume
 from geofm.runlog import MetricsLog, plot_metric_curve, plot_rounds
-from geofm.training import Progress, RunCheckpoints, check_inputs, check_resume
 
 log = logging.getLogger("geofm.federated")
 

@@ -8,7 +8,7 @@ evaluation, the kept best weights (``best/``) and ``eval.json``; so ``geofm eval
 and ``geofm predict`` read a federated run directory as they read a central one.
 
 A client's share is its part of the train split under the configured sample partitioner
-(:mod:`geofm.federated.scenarios`, written to ``partition.json``); a deployed node given its own
+(:mod:`geofm.federated.partitions.samples`, written to ``partition.json``); a deployed node given its own
 ``data-root`` trains on all of its train split instead.
 """
 
@@ -35,15 +35,15 @@ from geofm.checkpoints import LoadReport
 from geofm.config.fedfinetune import FederatedFinetuneConfig
 from geofm.data.finetune import FinetuneDataset
 from geofm.errors import DatasetTooSmallError
-from geofm.federated.scenarios import (
+from geofm.federated.partitions.samples import (
     PARTITION_FILE,
     SAMPLE_PARTITIONERS,
     SampleTable,
     read_metadata,
     write_partition,
 )
+from geofm.rundir import InputPath
 from geofm.tasks import ClientShare, StepOutput
-from geofm.training import InputPath
 
 log = logging.getLogger("geofm.federated")
 
@@ -64,7 +64,7 @@ def _sample_id(source, index: int, root: Path, split: str) -> str:
 def sample_table(dataset, root: Path, split: str, metadata: Path | None = None) -> SampleTable:
     """A split's samples as partitioners see them: their ids (a window of a scene adds its rows and
     columns, ``train/images/a.tif[0:64,64:128]``), labels where cheaply known, and the fields of the
-    ``metadata`` CSV for their scenes (see :func:`~geofm.federated.scenarios.read_metadata`)."""
+    ``metadata`` CSV for their scenes (see :func:`~geofm.federated.partitions.samples.read_metadata`)."""
     if not isinstance(dataset, FinetuneDataset):
         return SampleTable([f"{split}/{i}" for i in range(len(dataset))])
     windows = [dataset.sample_window(i) for i in range(len(dataset))]

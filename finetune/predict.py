@@ -11,7 +11,7 @@ model whose output at a pixel depends on that pixel alone gives exactly that out
 Memory holds a band of rows, never the scene: the scene is read one strip of ``tile`` image rows
 at a time (windowed reads), the tiles' scores are blended in a band of ``tile`` rows, and rows are
 handed to the output as soon as no later tile reaches them; the output writes each completed row
-of 256 x 256 blocks and makes it durable (:class:`~geofm.data.writers.RowStreamWriter`). GDAL's
+of 256 x 256 blocks and makes it durable (:class:`~geofm.data.row_stream.RowStreamWriter`). GDAL's
 block cache is held to a few rows of blocks and freed memory is given back after each row of
 tiles, so resident memory depends on the scene's width, not on its height. A prediction that is
 killed or fails keeps its finished rows in ``OUT.tif.partial`` (counted in
@@ -57,7 +57,8 @@ from torch import Tensor
 from geofm.config.finetune import finetune_task
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.readers import RasterInfo, WindowReader, bounded_block_cache, same_grid, scaled_transform
-from geofm.data.writers import BLOCK, RowStreamWriter, resumable_rows, written_record
+from geofm.data.row_stream import RowStreamWriter, resumable_rows, written_record
+from geofm.data.writers import BLOCK
 from geofm.errors import ConfigError, DataMismatchError
 from geofm.memory import release_freed_memory
 from geofm.runlog import progress_bar

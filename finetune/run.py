@@ -35,8 +35,8 @@ from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune.sampler import EpochSampler
 from geofm.loop import Forward
 from geofm.program import TrainingProgram
+from geofm.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress
 from geofm.runlog import plot_loss_curve, plot_metric_curve
-from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress
 
 log = logging.getLogger("geofm.finetune")
 

@@ -23,7 +23,6 @@ import socket
 import sys
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +40,7 @@ from torch import nn
 
 from geofm.checkpoints.io import load_training_file
 from geofm.config import OptimizerConfig, TrainConfig
+from geofm.engine_config import Schedule, deepspeed_config, global_batch, scaled_groups, scaled_lr, zero_stage
 from geofm.errors import CheckpointNotFoundError, DatasetTooSmallError
 from geofm.memory import keep_freed_memory
 from geofm.optim import parameter_groups
@@ -58,20 +58,6 @@ warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor` is depreca
 DEEPSPEED_RECORDS: dict[str, type] = {
     f"{cls.__module__}.{cls.__qualname__}": cls for cls in (fragment_address, LossScaler, ZeroStageEnum)
 }
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """Step counts of a run, in optimizer steps."""
-
-    steps_per_epoch: int
-    total_steps: int
-    warmup_steps: int
-
-
-def global_batch(train: OptimizerConfig, world_size: int) -> int:
-    """Images per optimizer step: micro-batch x accumulation steps x processes."""
-    return train.micro_batch_size * train.grad_accum_steps * world_size
 
 
 def make_schedule(
@@ -185,81 +171,9 @@ def compute_dtype(train: OptimizerConfig) -> torch.dtype:
     return torch.bfloat16 if use_bf16(train) else torch.float32
 
 
-def zero_stage(train: OptimizerConfig, world_size: int) -> int:
-    """The ZeRO stage a run uses: the configured one across processes, 0 on one process."""
-    return train.zero_stage if world_size > 1 else 0
-
-
-def deepspeed_config(
-    train: OptimizerConfig,
-    world_size: int,
-    schedule: Schedule | None,
-    lr: float | None = None,
-    optimizer: LocalOptimizerConfig | None = None,
-) -> dict[str, Any]:
-    """The DeepSpeed config of a run: AdamW, warmup + cosine, clipping, accumulation, ZeRO, bf16.
-
-    The learning rate scales linearly with the global batch: ``base_lr * batch / lr_reference_batch``.
-    Without a ``schedule`` (a federated client's round) the learning rate is the constant ``lr``.
-    ``optimizer`` (a federated client's, every field set) replaces AdamW by torch's SGD (``sgd``) or
-    sets AdamW's weight decay; its ``base_lr`` is already in ``lr``.
-    """
-    peak = scaled_lr(train, world_size) if lr is None else lr
-    if optimizer is not None and optimizer.name == "sgd":
-        chosen = {
-            "type": "SGD",  # DeepSpeed builds torch.optim.SGD
-            "params": {"lr": peak, "momentum": optimizer.momentum, "weight_decay": optimizer.weight_decay},
-        }
-    else:
-        decay = train.weight_decay if optimizer is None else optimizer.weight_decay
-        chosen = {
-            "type": "AdamW",
-            "params": {
-                "lr": peak,
-                "betas": list(train.betas),
-                "eps": train.eps,
-                "weight_decay": decay,
-                "torch_adam": True,
-                "adam_w_mode": True,
-                "fused": fused_adamw(),
-            },
-        }
-    config: dict[str, Any] = {
-        "train_batch_size": global_batch(train, world_size),
-        "train_micro_batch_size_per_gpu": train.micro_batch_size,
-        "gradient_accumulation_steps": train.grad_accum_steps,
-        "gradient_clipping": train.grad_clip,
-        "zero_optimization": {"stage": zero_stage(train, world_size)},
-        "bf16": {"enabled": use_bf16(train)},
-        # Floating buffers follow the parameters into bf16: DeepSpeed keeps them in fp32 otherwise,
-        # and Swin's fp32 attention mask would promote bf16 attention scores to fp32.
-        **({"data_types": {"buffer_dtype": "bf16"}} if use_bf16(train) else {}),
-        "optimizer": chosen,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-    if schedule is not None:
-        config["scheduler"] = {
-            "type": "WarmupCosineLR",
-            "params": {
-                "total_num_steps": schedule.total_steps,
-                "warmup_num_steps": schedule.warmup_steps,
-                "warmup_min_ratio": train.warmup_start_ratio,
-                "cos_min_ratio": train.min_lr_ratio,
-                "warmup_type": "linear",
-            },
-        }
-    return config
-
-
 def fused_adamw() -> bool:
     """Whether torch's fused AdamW kernel serves this accelerator (CPUs and CUDA GPUs)."""
     return get_accelerator().device_name() in ("cpu", "cuda")
-
-
-def scaled_lr(train: OptimizerConfig, world_size: int) -> float:
-    """Peak learning rate: ``base_lr`` scaled by global batch / ``lr_reference_batch``."""
-    return train.base_lr * global_batch(train, world_size) / train.lr_reference_batch
 
 
 class _SafeCheckpointEngine(TorchCheckpointEngine):
@@ -283,16 +197,6 @@ deepspeed_logger.addFilter(_QuietSchedulerProbe())
 COMPILE_BACKEND: str | None = None
 
 
-def scaled_groups(groups: list[dict], peak_lr: float) -> list[dict]:
-    """Parameter groups with their own peak ``lr``: ``peak_lr`` times each group's ``lr_scale`` (default 1).
-
-    DeepSpeed's WarmupCosineLR records every group's ``lr`` when it is built and multiplies each by
-    the same warmup/cosine ratio at every step, so per-group scales (layer-wise lr decay) hold
-    throughout the schedule, and on resume (the scheduler's state is its step only).
-    """
-    return [{**group, "lr": peak_lr * group.get("lr_scale", 1.0)} for group in groups]
-
-
 def initialize(
     model: nn.Module,
     train: OptimizerConfig,
@@ -312,11 +216,11 @@ def initialize(
         train: the optimisation settings.
         world_size: processes training together.
         schedule: step counts of the run; None keeps the learning rate at ``lr`` (a federated
-            client's round, see :func:`deepspeed_config`).
+            client's round, see :func:`~geofm.engine_config.deepspeed_config`).
         lr: the peak learning rate, default the config's scaled to the global batch.
         param_groups: the program's own AdamW groups (``params``, ``weight_decay``, optional
             ``lr_scale``); default :func:`parameter_groups`, all at the peak learning rate.
-        optimizer: a federated client's local optimiser (see :func:`deepspeed_config`); default AdamW.
+        optimizer: a federated client's local optimiser (see :func:`~geofm.engine_config.deepspeed_config`); default AdamW.
     """
     init_distributed()
     if get_accelerator().device_name() == "cpu":
@@ -328,7 +232,7 @@ def initialize(
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=scaled_groups(groups, scaled_lr(train, world_size) if lr is None else lr),
-        config=deepspeed_config(train, world_size, schedule, lr, optimizer),
+        config=deepspeed_config(train, world_size, schedule, lr, optimizer, bf16=use_bf16(train), fused=fused_adamw()),
     )
     if type(engine.checkpoint_engine) is not TorchCheckpointEngine:
         raise RuntimeError(f"unexpected DeepSpeed checkpoint engine {type(engine.checkpoint_engine).__name__}")

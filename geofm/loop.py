@@ -28,8 +28,8 @@ from geofm.tasks import StepOutput
 
 if TYPE_CHECKING:
     from geofm.config import RunConfig
-    from geofm.engine import Schedule
-    from geofm.training import RunStart
+    from geofm.engine_config import Schedule
+    from geofm.rundir import RunStart
 
 log = logging.getLogger("geofm.training")
 

@@ -3,7 +3,7 @@
 :meth:`TrainingProgram.run` does, in order:
 
 1. **start**: check the inputs and the output folder, join the process group, and check that a run
-   directory with checkpoints would be continued by the same run (:func:`geofm.training.start_run`);
+   directory with checkpoints would be continued by the same run (:func:`geofm.rundir.start_run`);
 2. **build**: the program's model, data and engine (:meth:`~TrainingProgram.build`, the program's own),
    then the run directory and its ``config.yaml``;
 3. **resume**: the engine's state from ``checkpoints/last`` when the run has one
@@ -25,9 +25,10 @@ from typing import Any, ClassVar
 
 from geofm import engine as ds
 from geofm.checkpoints.io import LAST_CHECKPOINT
+from geofm.data.loader import run_loader
 from geofm.loop import Forward, TrainLoop, epoch_steps, step_seed
+from geofm.rundir import InputPath, Progress, start_run
 from geofm.runlog import MetricsLog, Phases
-from geofm.training import InputPath, Progress, run_loader, start_run
 
 log = logging.getLogger("geofm.training")
 
@@ -79,7 +80,7 @@ class TrainingProgram(ABC):
 
     # ---- the template -------------------------------------------------------------------
     def start(self) -> None:
-        """Check the inputs, join the process group, check a resume (:func:`geofm.training.start_run`)."""
+        """Check the inputs, join the process group, check a resume (:func:`geofm.rundir.start_run`)."""
         cfg = self.cfg
         self.started = start_run(
             cfg,
@@ -191,7 +192,7 @@ class TrainingProgram(ABC):
         return False
 
     def progress_entries(self) -> dict[str, Any]:
-        """More fields of a checkpoint's :class:`~geofm.training.Progress` (every process calls it together)."""
+        """More fields of a checkpoint's :class:`~geofm.rundir.Progress` (every process calls it together)."""
         return {}
 
     def client_state(self) -> dict[str, Any]:

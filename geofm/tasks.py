@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # config validation reads the registry without importing torc
 
     from geofm.data.pile import PretrainPile
     from geofm.federated.algorithms.context import PublicImages
-    from geofm.training import InputPath
+    from geofm.rundir import InputPath
 
 TASKS: Registry = Registry("task", "geofm.tasks")
 """What a program trains: data, model and head, loss and metrics (``task`` of a config)."""

@@ -22,12 +22,13 @@ import torch
 
 from geofm import engine as ds
 from geofm.config import PretrainConfig
+from geofm.data.loader import leave_cores_to_workers
 from geofm.data.pile import PileSampler, SkippedFiles
 from geofm.loop import Forward
 from geofm.program import TrainingProgram
+from geofm.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress
 from geofm.runlog import final_metrics, plot_loss_curve
 from geofm.tasks import TASKS, PretrainingTask
-from geofm.training import TRAIN_SCHEDULE_KEYS, InputPath, Progress, leave_cores_to_workers
 
 log = logging.getLogger("geofm.pretrain")
 

@@ -3,7 +3,8 @@ import os
 import pytest
 
 from geofm.config import TrainConfig
-from geofm.engine import deepspeed_config, make_schedule, parameter_groups, scaled_lr
+from geofm.engine import fused_adamw, make_schedule, parameter_groups, use_bf16
+from geofm.engine_config import deepspeed_config, scaled_lr
 from geofm.models.mim import MaskedImageModel
 
 
@@ -25,9 +26,8 @@ def test_schedule_drops_incomplete_batches_and_counts_warmup():
 
 
 def test_deepspeed_config_carries_the_recipe():
-    cfg = deepspeed_config(
-        _train(grad_accum_steps=4, zero_stage=2, precision="fp32"), 2, make_schedule(_train(), 80, 1)
-    )
+    train = _train(grad_accum_steps=4, zero_stage=2, precision="fp32")
+    cfg = deepspeed_config(train, 2, make_schedule(_train(), 80, 1), bf16=use_bf16(train), fused=True)
     assert cfg["train_batch_size"] == 8 * 4 * 2 and cfg["gradient_accumulation_steps"] == 4
     assert cfg["gradient_clipping"] == 5.0 and cfg["zero_optimization"]["stage"] == 2
     assert cfg["bf16"]["enabled"] is False
@@ -37,8 +37,11 @@ def test_deepspeed_config_carries_the_recipe():
 
 def test_one_process_runs_zero_stage_0_whatever_the_config_says():
     schedule = make_schedule(_train(), 80, 1)
-    assert deepspeed_config(_train(zero_stage=1), 1, schedule)["zero_optimization"]["stage"] == 0
-    assert deepspeed_config(_train(zero_stage=1), 2, schedule)["zero_optimization"]["stage"] == 1
+    stages = [
+        deepspeed_config(_train(zero_stage=1), world, schedule, bf16=False, fused=True)["zero_optimization"]["stage"]
+        for world in (1, 2)
+    ]
+    assert stages == [0, 1]
 
 
 def test_no_weight_decay_on_norms_biases_mask_token_and_position_tables(tiny_swin):
@@ -94,7 +97,7 @@ def test_per_group_lr_scales_hold_through_warmup_cosine_and_resume(tmp_path):
 def test_one_process_engine_uses_fused_adamw_and_skips_the_gradient_all_reduce(tiny_swin):
     from geofm.engine import initialize
 
-    assert deepspeed_config(_train(), 1, None, 1e-3)["optimizer"]["params"]["fused"] is True
+    assert fused_adamw() is True
     engine = initialize(MaskedImageModel(tiny_swin(3), in_chans=3), _train(), 1, None, 1e-3)
     assert all(group["fused"] for group in engine.optimizer.param_groups), "AdamW is not the fused kernel"
     assert engine.enable_backward_allreduce is False, "one process still flattens and all-reduces every gradient"

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from geofm.config import RunConfig
-from geofm.engine import Schedule
+from geofm.engine_config import Schedule
 from geofm.errors import LossNotFiniteError
 from geofm.loop import TrainLoop, epoch_steps, micro_step
+from geofm.rundir import RunCheckpoints, RunStart
 from geofm.tasks import StepOutput
-from geofm.training import RunCheckpoints, RunStart
 
 
 class Engine:

@@ -20,13 +20,14 @@ import torch
 from torch import nn
 
 from geofm.checkpoints.card import progress_name
-from geofm.checkpoints.convert import LoadReport, apply_state_dict, backbone_state_dict
+from geofm.checkpoints.convert import apply_state_dict, backbone_state_dict
 from geofm.checkpoints.export import export_backbone
 from geofm.checkpoints.facts import CheckpointFacts, read_checkpoint, source_bands
 from geofm.checkpoints.infer import ArchSpec, infer_architecture
 from geofm.checkpoints.layouts import CHECKPOINT_LAYOUTS
 from geofm.checkpoints.pretraining import PretrainingReport, pretraining_state
 from geofm.checkpoints.provenance import flatten, provenance
+from geofm.checkpoints.report import LoadReport
 from geofm.errors import ConfigError, GeoFMError
 
 

@@ -5,18 +5,15 @@ window size, the resampling of ViT position embeddings and patch kernels are tim
 ``checkpoint_filter_fn`` (of ``swin_transformer``, ``vision_transformer`` or ``beit``); this module
 picks the backbone out of the checkpoint, drops what a headless backbone does not hold, renames a
 ViT stored in BEiT/SimMIM names into timm's ``VisionTransformer`` names, and places the
-checkpoint's patch-embedding kernels into the bands of the model (RGB into an N-band model, or
-band by band by name).
+checkpoint's patch-embedding kernels into the bands of the model (:mod:`geofm.checkpoints.patch_bands`);
+what happened to each tensor is a :class:`~geofm.checkpoints.report.LoadReport`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,74 +29,16 @@ from geofm.checkpoints.layouts import (
     read_export_sidecar,
     relative_position_bias,
 )
-from geofm.errors import CheckpointFormatError, ConfigError
+from geofm.checkpoints.patch_bands import PATCH_EMBED_WEIGHT, map_bands, place_rgb
+from geofm.checkpoints.report import LoadReport, summarise_keys
+from geofm.errors import CheckpointFormatError
 
-PATCH_EMBED_WEIGHT = "patch_embed.proj.weight"
 REL_POS_TABLE = "relative_position_bias_table"
 BACKBONE_KWARGS_OF_FIELDS = ("num_classes", "in_chans", "img_size", "window_size")
 """The ``timm.create_model`` kwargs a config sets through fields of their own, not ``timm_kwargs``."""
 # Entries of Swin/ViT checkpoints that a headless timm backbone never holds: buffers rebuilt at
 # construction (Microsoft's checkpoints store them) and SimMIM's mask token.
 NON_BACKBONE_NAMES = ("relative_position_index", "attn_mask", "mask_token")
-_BLOCK_INDEX = re.compile(r"(?<=\.)\d+(?=\.)")  # the 0 and 1 of "layers.0.blocks.1.attn"
-
-
-@dataclass
-class LoadReport:
-    """What happened to each tensor when a checkpoint was turned into backbone weights.
-
-    Attributes:
-        layout: the detected layout (see :data:`~geofm.checkpoints.layouts.CHECKPOINT_LAYOUTS`).
-        used: model keys that receive weights from the checkpoint.
-        dropped: checkpoint keys left out on purpose (other modules, classifier, buffers, mask token).
-        missing: model keys the checkpoint does not provide.
-        unexpected: converted keys the model does not have.
-        adapted: notes on tensors that were changed to fit the model.
-        path: the file the weights came from, when loaded from a file.
-        fresh_bands: model bands the checkpoint has no kernel for (matched by name), left at their
-            fresh initialisation.
-    """
-
-    layout: str
-    used: list[str] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-    adapted: list[str] = field(default_factory=list)
-    path: str | None = None
-    fresh_bands: list[str] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        source = f" from {self.path}" if self.path else ""
-        lines = [f"{self.layout} checkpoint{source}: {len(self.used)} tensors loaded"]
-        for name in ("dropped", "missing", "unexpected"):
-            keys = getattr(self, name)
-            if keys:
-                lines.append(f"  {name} {len(keys)}: {summarise_keys(keys)}")
-        notes: dict[str, int] = defaultdict(int)
-        for note in self.adapted:  # one line for the same change in every block
-            notes[_BLOCK_INDEX.sub("*", note)] += 1
-        lines += [f"  adapted {note}" + (f" (x{n})" if n > 1 else "") for note, n in notes.items()]
-        if self.fresh_bands:
-            lines.append(f"  fresh bands (not in the checkpoint, newly initialised): {', '.join(self.fresh_bands)}")
-        return "\n".join(lines)
-
-
-def summarise_keys(keys: Sequence[str], per_prefix: int = 4) -> str:
-    """Compact listing: block indices become ``*``; a prefix with many patterns becomes ``prefix.*``."""
-    patterns: dict[str, list[str]] = defaultdict(list)
-    for key in keys:
-        patterns[_BLOCK_INDEX.sub("*", key)].append(key)
-    by_prefix: dict[str, list[str]] = defaultdict(list)
-    for pattern in patterns:
-        by_prefix[pattern.split(".", 1)[0]].append(pattern)
-    parts = []
-    for prefix, group in by_prefix.items():
-        if len(group) > per_prefix:
-            parts.append(f"{prefix}.* ({sum(len(patterns[p]) for p in group)})")
-        else:
-            parts += [patterns[p][0] if len(patterns[p]) == 1 else f"{p} ({len(patterns[p])})" for p in group]
-    return ", ".join(parts)
 
 
 # timm's model class and checkpoint filter of each backbone family.
@@ -186,9 +125,9 @@ def backbone_state_dict(
 
     _check_shapes(converted, target, source, model, path, where)
     if band_sources is not None:
-        _map_bands(converted, target, band_sources, report, where)
+        map_bands(converted, target, band_sources, report, where)
     else:
-        _place_rgb(converted, target, rgb_positions, report, where)
+        place_rgb(converted, target, rgb_positions, report, where)
     report.used = [k for k in converted if k in target]
     report.missing = [k for k in target if k not in converted]
     report.unexpected = [k for k in converted if k not in target]
@@ -349,74 +288,3 @@ def _table_side(rows: int) -> int:
     """Side of a relative-position table: (2w-1)^2 rows (Swin), or (2w-1)^2 + 3 (BEiT, cls-token entries)."""
     side = math.isqrt(rows)
     return side if side * side == rows else math.isqrt(rows - 3)
-
-
-def _map_bands(
-    state: dict[str, Tensor],
-    target: dict[str, Tensor],
-    band_sources: Sequence[int | None],
-    report: LoadReport,
-    where: str,
-    note: str | None = None,
-) -> None:
-    """Rebuild the patch kernel band by band: checkpoint band ``band_sources[i]`` into model band ``i`` (in place).
-
-    Model bands whose source is None keep the model's fresh initialisation.
-    """
-    if PATCH_EMBED_WEIGHT not in state or PATCH_EMBED_WEIGHT not in target:
-        return
-    weight, fresh = state[PATCH_EMBED_WEIGHT], target[PATCH_EMBED_WEIGHT]
-    have, want = weight.shape[1], fresh.shape[1]
-    sources = list(band_sources)
-    if len(sources) != want or not all(s is None or 0 <= int(s) < have for s in sources):
-        raise ConfigError(
-            f"{where}band_sources {sources} must give, for each of the model's {want} bands, a checkpoint band "
-            f"index in [0, {have}) or None"
-        )
-    if sources == list(range(have)):
-        return
-    adapted = fresh.detach().to("cpu", weight.dtype, copy=True)
-    for band, source in enumerate(sources):
-        if source is not None:
-            adapted[:, band] = weight[:, int(source)]
-    state[PATCH_EMBED_WEIGHT] = adapted
-    report.adapted.append(f"{PATCH_EMBED_WEIGHT}: {have} -> {want} bands, {note or f'from checkpoint bands {sources}'}")
-
-
-def _place_rgb(
-    state: dict[str, Tensor],
-    target: dict[str, Tensor],
-    rgb_positions: Sequence[int] | None,
-    report: LoadReport,
-    where: str,
-) -> None:
-    """Put a 3-band patch embedding into the RGB bands of an N-band model (in place)."""
-    if PATCH_EMBED_WEIGHT not in state or PATCH_EMBED_WEIGHT not in target:
-        return
-    have, want = state[PATCH_EMBED_WEIGHT].shape[1], target[PATCH_EMBED_WEIGHT].shape[1]
-    if have == want:
-        return
-    if have != 3:
-        raise CheckpointFormatError(
-            f"{where}the checkpoint's patch embedding takes {have} bands and the model {want}: only 3-band "
-            "(RGB) checkpoints can be placed into a model with another band count"
-        )
-    positions = _check_rgb_positions(rgb_positions, want)
-    sources: list[int | None] = [None] * want
-    for rgb, position in enumerate(positions):
-        sources[position] = rgb
-    _map_bands(state, target, sources, report, where, note=f"RGB into {positions}")
-
-
-def _check_rgb_positions(rgb_positions: Sequence[int] | None, bands: int) -> list[int]:
-    if rgb_positions is None:
-        raise ConfigError(
-            f"the checkpoint is RGB (3 bands) and the model takes {bands}: rgb_positions must say which "
-            "model bands receive red, green and blue (e.g. data.bands naming red, green and blue)"
-        )
-    positions = [int(p) for p in rgb_positions]
-    if len(positions) != 3 or len(set(positions)) != 3 or not all(0 <= p < bands for p in positions):
-        raise ConfigError(
-            f"rgb_positions {list(rgb_positions)} must be 3 distinct band indices in [0, {bands}) for red, green, blue"
-        )
-    return positions

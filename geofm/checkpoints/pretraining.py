@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from geofm.checkpoints.convert import PATCH_EMBED_WEIGHT, LoadReport
 from geofm.checkpoints.layouts import BackboneSource
+from geofm.checkpoints.patch_bands import PATCH_EMBED_WEIGHT
+from geofm.checkpoints.report import LoadReport
 
 MASK_TOKEN = "mask_token"
 DECODER = ("decoder.0.weight", "decoder.0.bias")

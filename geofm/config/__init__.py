@@ -10,15 +10,14 @@ from geofm.config.base import ProgramConfig, Section, config_to_dict, parse_over
 from geofm.config.pretrain import PretrainConfig
 from geofm.config.sections import (
     BackboneConfig,
-    DataConfig,
     MaskingConfig,
     OptimizerConfig,
     RunConfig,
-    SourceConfig,
     StudentConfig,
     TeacherConfig,
     TrainConfig,
 )
+from geofm.config.sources import DataConfig, SourceConfig
 from geofm.data.bands import RGB
 
 __all__ = [

@@ -8,12 +8,12 @@ algorithm's own settings are its ``options``, checked by its ``Options`` model.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.config.base import MovedKeys, Section, checks_architecture, refuse_moved_keys, validated
+from geofm.registry import REGISTRIES
 
 MOVED_TO_OPTIONS = (
     "perturbation_radius",
@@ -54,18 +54,12 @@ class UplinkConfig(CodecConfig):
     )
 
 
-def _registry(path: str) -> Any:
-    """The registry ``"module:ATTRIBUTE"`` (its module imports torch)."""
-    module, attribute = path.split(":")
-    return getattr(importlib.import_module(module), attribute)
-
-
 class _RegisteredEntry(Section):
     """A section naming an entry of a registry whose module imports torch: the name, and the entry's own
     settings (``options``, checked by its ``Options`` model and its ``check``) with the architecture."""
 
     registry: ClassVar[str]
-    """The registry, ``"module:ATTRIBUTE"``."""
+    """The registry's name in :data:`~geofm.registry.REGISTRIES` (its module imports torch)."""
     kind: ClassVar[str]
     """What the entries are, for messages."""
     moved: ClassVar[MovedKeys] = {}
@@ -80,7 +74,7 @@ class _RegisteredEntry(Section):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str, info: ValidationInfo) -> str:
-        return _registry(cls.registry).check(name) if checks_architecture(info) else name
+        return REGISTRIES.get(cls.registry).check(name) if checks_architecture(info) else name
 
     @model_validator(mode="before")
     @classmethod
@@ -91,7 +85,7 @@ class _RegisteredEntry(Section):
     @model_validator(mode="after")
     def _check_entry(self, info: ValidationInfo) -> _RegisteredEntry:
         if checks_architecture(info):
-            registry = _registry(self.registry)
+            registry = REGISTRIES.get(self.registry)
             registry.options(self.name, self.options, "options")
             entry = registry.get(self.name)
             if hasattr(entry, "check"):
@@ -100,14 +94,14 @@ class _RegisteredEntry(Section):
 
     def options_of(self) -> Any:
         """The entry's own settings: ``options`` validated by its ``Options`` model (None: it takes none)."""
-        return _registry(self.registry).options(self.name, self.options, "options")
+        return REGISTRIES.get(self.registry).options(self.name, self.options, "options")
 
 
 class ServerOptimizerConfig(_RegisteredEntry):
     """How the round's combined update ``Delta`` moves the global model (Reddi et al. 2021, Algorithm 2):
     a registered server optimiser (``geofm list server-optimizers`` prints each with its options)."""
 
-    registry = "geofm.federated.server_optimizers:SERVER_OPTIMIZERS"
+    registry = "server-optimizers"
     kind = "server optimiser"
     moved: ClassVar[MovedKeys] = {
         "momentum": (("fedavgm",), "momentum", 0.9),
@@ -129,7 +123,7 @@ class AggregatorConfig(_RegisteredEntry):
     """How the server combines the accepted client updates: a registered aggregator (``geofm list
     aggregators`` prints each with its options), the weighted mean by default."""
 
-    registry = "geofm.federated.robust:AGGREGATORS"
+    registry = "aggregators"
     kind = "aggregator"
     moved: ClassVar[MovedKeys] = {
         "trim_fraction": (("trimmed_mean",), "trim_fraction", 0.1),
@@ -146,7 +140,7 @@ class AggregatorConfig(_RegisteredEntry):
 class SamConfig(Section):
     """The client optimiser's sharpness-aware step: each local gradient is taken at ``w + e`` and applied
     at ``w``, with ``e = rho g / ||g||`` (SAM) or ``e = rho T_w^2 g / ||T_w g||``, ``T_w = |w| + eta``
-    (``adaptive``: ASAM); see :mod:`geofm.federated.sharpness`. It composes with every algorithm."""
+    (``adaptive``: ASAM); see :mod:`geofm.federated.local.sharpness`. It composes with every algorithm."""
 
     rho: float | None = Field(
         default=None, gt=0.0, description="the ascent's radius; null: the algorithm's (fedsam, fedasam, fedgloss)"
@@ -169,7 +163,7 @@ NOISE_SEED = Field(
 
 
 class PrivacyConfig(Section):
-    """Client-level differential privacy of the model updates (see :mod:`geofm.federated.privacy`).
+    """Client-level differential privacy of the model updates (see :mod:`geofm.federated.privacy.client_level`).
 
     ``central``: the server clips each decoded update to ``clip``, averages them with equal weights
     and adds Gaussian noise of std ``noise_multiplier * clip / m`` (DP-FedAvg). ``local``: each client
@@ -240,9 +234,7 @@ class AlgorithmConfig(Section):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str) -> str:
-        from geofm.federated.algorithms import ALGORITHMS  # the registry only: no torch
-
-        return ALGORITHMS.check(name)
+        return REGISTRIES.get("algorithms").check(name)
 
     @model_validator(mode="before")
     @classmethod

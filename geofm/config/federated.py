@@ -23,6 +23,7 @@ from geofm.config.sections import (
     OptimizerConfig,
 )
 from geofm.errors import ConfigError
+from geofm.registry import REGISTRIES
 from geofm.tasks import FEDERATED_CONFIGS, TASKS
 
 
@@ -135,9 +136,7 @@ class FederationConfig(Section):
     @field_validator("partition")
     @classmethod
     def _registered_partitioner(cls, name: str) -> str:
-        from geofm.federated.partition import PARTITIONERS  # no deep-learning import: see geofm.federated
-
-        return PARTITIONERS.check(name)
+        return REGISTRIES.get("partitioners").check(name)
 
 
 def check_federation(
@@ -151,11 +150,10 @@ def check_federation(
         ValueError: naming the field.
     """
     if checks_architecture(info):
-        from geofm.federated.algorithms import ALGORITHMS
-
+        algorithm_class = REGISTRIES.get("algorithms").get(algorithm.name)
         try:
-            ALGORITHMS.get(algorithm.name).check_config(algorithm)
-            ALGORITHMS.get(algorithm.name).check_public_images(algorithm, public_images)
+            algorithm_class.check_config(algorithm)
+            algorithm_class.check_public_images(algorithm, public_images)
         except ValueError as err:
             raise ValueError(f"algorithm.{err}") from None
     if fed.min_clients > len(clients):

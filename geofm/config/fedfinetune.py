@@ -4,7 +4,7 @@ Every section of :class:`~geofm.config.finetune.FinetuneConfig` (task, backbone 
 head, data, finetune: layer decay, label mixing, validation split, best metric) keeps its meaning;
 ``train`` is a client's local optimisation each round (:class:`~geofm.config.federated.LocalTrainConfig`),
 ``federation`` says how the train split's samples are dealt to ``federation.clients`` clients (a
-sample partitioner of :mod:`geofm.federated.scenarios`: ``iid`` by default) and how rounds run, and
+sample partitioner of :mod:`geofm.federated.partitions.samples`: ``iid`` by default) and how rounds run, and
 ``algorithm`` is the federated algorithm (FedAvg by default).
 """
 
@@ -20,6 +20,13 @@ from geofm.config.base import CONFIG_FILE, read_config_tree
 from geofm.config.federated import FederationConfig, LocalTrainConfig, check_federation
 from geofm.config.finetune import FinetuneConfig
 from geofm.errors import ConfigError
+from geofm.registry import REGISTRIES
+
+
+def client_names(count: int) -> list[str]:
+    """``client00``, ``client01``, ... (zero-padded so that names sort as numbers)."""
+    width = max(2, len(str(count - 1)))
+    return [f"client{i:0{width}d}" for i in range(count)]
 
 
 class FinetuneFederationConfig(FederationConfig):
@@ -43,9 +50,7 @@ class FinetuneFederationConfig(FederationConfig):
     @field_validator("partition")
     @classmethod
     def _registered_partitioner(cls, name: str) -> str:
-        from geofm.federated.scenarios import SAMPLE_PARTITIONERS  # numpy only
-
-        return SAMPLE_PARTITIONERS.check(name)
+        return REGISTRIES.get("sample-partitioners").check(name)
 
 
 class FederatedFinetuneConfig(FinetuneConfig):
@@ -75,8 +80,6 @@ class FederatedFinetuneConfig(FinetuneConfig):
     @property
     def client_names(self) -> list[str]:
         """``client00``, ``client01``, ... (``federation.clients`` of them)."""
-        from geofm.federated.scenarios import client_names
-
         return client_names(self.federation.clients)
 
     @property

@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from geofm.config.base import Section
-from geofm.config.sections import canonical_band_lists
+from geofm.config.sources import canonical_band_lists
 from geofm.data.layouts import FOLDER_LAYOUTS
 
 log = logging.getLogger("geofm.config")

@@ -18,7 +18,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from geofm.config.base import Section
-from geofm.config.fedfinetune import FinetuneFederationConfig
+from geofm.config.fedfinetune import FinetuneFederationConfig, client_names
 from geofm.config.finetune import FinetuneConfig
 from geofm.errors import ConfigError
 
@@ -108,8 +108,6 @@ class OneShotConfig(FinetuneConfig):
     @property
     def client_names(self) -> list[str]:
         """``client00``, ``client01``, ... (``federation.clients`` of them)."""
-        from geofm.federated.scenarios import client_names
-
         return client_names(self.federation.clients)
 
     def for_node(self, institution: str, data_root: str | None, teacher: str | None) -> OneShotConfig:

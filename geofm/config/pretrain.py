@@ -7,7 +7,8 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.config.base import ProgramConfig, checks_architecture
-from geofm.config.sections import DataConfig, MaskingConfig, RunConfig, StudentConfig, TeacherConfig, TrainConfig
+from geofm.config.sections import MaskingConfig, RunConfig, StudentConfig, TeacherConfig, TrainConfig
+from geofm.config.sources import DataConfig
 from geofm.tasks import TASKS
 
 

@@ -35,17 +35,40 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from geofm.data.bands import BAND_ID_TABLES
 from geofm.data.quality import GENERATIONS
+from geofm.errors import DatasetNotFoundError
 from geofm.registry import Registry, entry_options
 
 if TYPE_CHECKING:
     from geofm.config import SourceConfig
-    from geofm.config.sections import QualityConfig
+    from geofm.config.sources import QualityConfig
     from geofm.data.products import Product
 
 
 def where(cfg: SourceConfig) -> str:
     """How an error names a source and its layout."""
     return f"source {cfg.name!r} (layout {cfg.layout})"
+
+
+def list_images(root: str | Path, pattern: str) -> list[Path]:
+    """Files below ``root`` that match a glob pattern, sorted.
+
+    Args:
+        root: folder to search.
+        pattern: glob relative to ``root``, e.g. ``"**/*.tif"``.
+
+    Returns:
+        The matching files (folders excluded), in sorted order.
+
+    Raises:
+        DatasetNotFoundError: if ``root`` is not a folder or no file matches.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetNotFoundError(f"image folder {root.resolve()} does not exist (pattern {pattern!r})")
+    files = [p for p in sorted(root.glob(pattern)) if p.is_file()]
+    if not files:
+        raise DatasetNotFoundError(f"no file in {root.resolve()} matches the pattern {pattern!r}")
+    return files
 
 
 class ProductLayout:
@@ -153,8 +176,6 @@ class FileLayout(ProductLayout):
         raise ValueError(f"{where(cfg)}: quality applies to per-band product layouts")
 
     def list_products(self, cfg: SourceConfig) -> list[Path]:
-        from geofm.data.products.base import list_images
-
         return list_images(cfg.root, cfg.pattern)
 
 

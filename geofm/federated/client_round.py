@@ -23,12 +23,16 @@ import numpy as np
 import torch
 
 from geofm import engine as ds
-from geofm.federated import local_optimizer
-from geofm.federated.algorithms import build_algorithm
+from geofm.federated.algorithms import build_algorithm, local_optimizer
 from geofm.federated.algorithms.rounds import Arrays, LocalUpdate
-from geofm.federated.feedback import UplinkReport
-from geofm.federated.flat import RUNNING_STATISTICS, ParameterLayout, load_running_statistics, running_statistics
-from geofm.federated.privacy import noise_generator
+from geofm.federated.communication.feedback import UplinkReport
+from geofm.federated.parameter_vectors import (
+    RUNNING_STATISTICS,
+    ParameterLayout,
+    load_running_statistics,
+    running_statistics,
+)
+from geofm.federated.privacy.client_level import noise_generator
 from geofm.loop import TrainLoop
 
 LOCAL_STATISTICS = "local_statistics"

@@ -16,7 +16,7 @@ OSCAR's server model is the same U-Net conditioned on an encoder's embedding ins
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,7 +24,8 @@ from diffusers import DDPMScheduler, UNet2DModel
 from diffusers.models.unets.unet_2d import UNet2DOutput
 from torch import Tensor, nn
 
-from geofm.config.oneshot import DDPMConfig
+if TYPE_CHECKING:  # the config schema stays out of the model code's imports, as for the teacher
+    from geofm.config.oneshot import DDPMConfig
 
 
 def _unet(cfg: DDPMConfig, bands: int, size: int, **conditioning: object) -> UNet2DModel:

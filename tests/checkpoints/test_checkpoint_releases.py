@@ -18,10 +18,10 @@ from safetensors.torch import load_file
 
 from finetune.models import build_finetune_model
 from geofm.checkpoints import build_backbone, export_backbone, load_backbone_for_bands, read_export_sidecar
+from geofm.checkpoints.teacher import build_teacher
 from geofm.cli import main
 from geofm.config import PretrainConfig, TeacherConfig
 from geofm.errors import CheckpointFormatError
-from geofm.models.teacher import build_teacher
 from pretrain.tasks.mim import build_student
 
 BANDS = ["red", "green", "blue", "nir"]
@@ -161,7 +161,7 @@ def test_a_geofm_training_checkpoint_restores_the_whole_pretraining_module(kit, 
 
 def test_gfm_file_as_teacher_loads_teacher_keys_not_the_student(kit, gfm_file, caplog):
     path, _, _, teacher = gfm_file
-    with caplog.at_level(logging.INFO, logger="geofm.models"):
+    with caplog.at_level(logging.INFO, logger="geofm.checkpoints"):
         frozen = build_teacher(TeacherConfig.model_validate(_swin_teacher(kit, path)), [0, 1, 2])
     expected = teacher.state_dict()
     loaded = frozen.backbone.state_dict()

@@ -21,7 +21,7 @@ from geofm.data.prepare import prepare_store
 from geofm.data.products.synthetic import write_band, write_sentinel2_safe
 from geofm.data.sources import ImageSource
 from geofm.errors import DataMismatchError, DatasetNotFoundError, InvalidChipError, RasterReadError
-from geofm.federated.partition import share_dirichlet
+from geofm.federated.partitions.files import share_dirichlet
 
 REPO = Path(__file__).parents[2]
 

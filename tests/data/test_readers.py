@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from geofm.data.readers import WindowReader, raster_info, read_bounds_lonlat, read_raster, same_grid, scaled_transform
-from geofm.data.writers import GeoTiffWriter, RowStreamWriter, resumable_rows, write_geotiff, written_record
+from geofm.data.row_stream import RowStreamWriter, resumable_rows, written_record
+from geofm.data.writers import GeoTiffWriter, write_geotiff
 from geofm.errors import OutputPathError, RasterReadError
 
 

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from geofm.errors import ConfigError, LayoutMismatchError
-from geofm.federated.aggregation import Upload, UploadRules, aggregate_uploads, screen_uploads, weighted_mean
-from geofm.federated.codec import Codec, decode
+from geofm.federated.aggregation.screening import Upload, UploadRules, screen_uploads
+from geofm.federated.aggregation.uploads import aggregate_uploads, weighted_mean
+from geofm.federated.communication.codec import Codec, decode
 
 N = 300
 

@@ -8,12 +8,12 @@ from torch import nn
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import ClientUpload
+from geofm.federated.aggregation.uploads import ClientUpload
 from geofm.federated.algorithms import ALGORITHMS, build_algorithm
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.rounds import LocalUpdate, ServerRound, payload_arrays
-from geofm.federated.codec import Codec, Packet, decode
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.communication.codec import Codec, Packet, decode
+from geofm.federated.parameter_vectors import ParameterLayout
 
 
 class FedNormLocal(FedAvg):

@@ -4,13 +4,13 @@ import torch
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import ClientUpload
+from geofm.federated.aggregation.uploads import ClientUpload
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.fedprox import FedProx
 from geofm.federated.algorithms.fedsense import FedSense
 from geofm.federated.algorithms.rounds import LocalRound, LocalUpdate, payload_arrays
-from geofm.federated.codec import Codec, Packet, decode
+from geofm.federated.communication.codec import Codec, Packet, decode
 
 
 def _config(**fields) -> AlgorithmConfig:

@@ -6,8 +6,8 @@ import torch
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.rounds import payload_arrays
-from geofm.federated.codec import Packet, decode
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.communication.codec import Packet, decode
+from geofm.federated.parameter_vectors import ParameterLayout
 from tests.federated.point_round import Point, point_round
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from geofm.errors import ConfigError, LayoutMismatchError
-from geofm.federated.clustering import cluster_clients, count_sketch
+from geofm.federated.aggregation.clustering import cluster_clients, count_sketch
 
 N = 20_000
 

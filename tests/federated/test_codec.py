@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from geofm.errors import CodecError, ConfigError
-from geofm.federated.codec import BITS, HEADER_BYTES, Codec, Packet, decode
+from geofm.federated.communication.codec import BITS, HEADER_BYTES, Codec, Packet, decode
 
 
 def bucket_view(values: torch.Tensor, bucket: int) -> list[torch.Tensor]:

@@ -16,7 +16,7 @@ from geofm.config.ensemble import EnsembleConfig
 from geofm.config.finetune_data import FinetuneDataConfig
 from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError
-from geofm.federated.ensemble import (
+from geofm.federated.oneshot.ensemble import (
     average_state,
     distill,
     distillation_loss,

@@ -11,7 +11,7 @@ from torch import nn
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import ClientUpload
+from geofm.federated.aggregation.uploads import ClientUpload
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.fedalign import (
     feature_map,
@@ -21,7 +21,7 @@ from geofm.federated.algorithms.fedalign import (
     transmitting_matrix,
 )
 from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.parameter_vectors import ParameterLayout
 from geofm.models.mim import Tap, embed_tokens, run_backbone
 from geofm.tasks import StepOutput
 

@@ -8,11 +8,11 @@ from torch import nn
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import ClientUpload
+from geofm.federated.aggregation.uploads import ClientUpload
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.rounds import payload_arrays
-from geofm.federated.codec import Codec, Packet, decode
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.communication.codec import Codec, Packet, decode
+from geofm.federated.parameter_vectors import ParameterLayout
 
 
 class LinearNorm(nn.Module):

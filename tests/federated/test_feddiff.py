@@ -12,9 +12,10 @@ from opacus.accountants.utils import get_noise_multiplier
 
 from geofm.config.feddiff import DiffusionConfig, DiffusionPrivacyConfig, FedDiffConfig
 from geofm.errors import ConfigError
-from geofm.federated import dpsgd, fmf
-from geofm.federated.feddiff import COUNTS, FMF_MEAN, WEIGHTS, LabelledImages, train_client
-from geofm.federated.privacy import gaussian_noise
+from geofm.federated.oneshot import fmf
+from geofm.federated.oneshot.feddiff import COUNTS, FMF_MEAN, WEIGHTS, LabelledImages, train_client
+from geofm.federated.privacy import dpsgd
+from geofm.federated.privacy.client_level import gaussian_noise
 from geofm.models.diffusion import build_scheduler, build_unet, diffusion_loss, load_arrays, model_arrays, sample
 
 TINY = DiffusionConfig(unet={"channels": [4, 8], "norm_groups": 2}, timesteps=20, sampling_steps=4)

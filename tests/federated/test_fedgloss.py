@@ -7,12 +7,12 @@ from torch import nn
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import ClientUpload
+from geofm.federated.aggregation.uploads import ClientUpload
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.fedgloss import FedGloSSOptions, scheduled_radius
 from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
-from geofm.federated.codec import Packet, decode
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.communication.codec import Packet, decode
+from geofm.federated.parameter_vectors import ParameterLayout
 from geofm.loop import micro_step
 from geofm.tasks import StepOutput
 

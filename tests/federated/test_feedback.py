@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from geofm.errors import CodecError, ConfigError, LayoutMismatchError
-from geofm.federated.codec import Codec, decode
-from geofm.federated.feedback import ErrorFeedback, FeedbackState
+from geofm.federated.communication.codec import Codec, decode
+from geofm.federated.communication.feedback import ErrorFeedback, FeedbackState
 
 N = 1000
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from geofm.federated.codec import Codec, decode
-from geofm.federated.feedback import ErrorFeedback, FeedbackState
+from geofm.federated.communication.codec import Codec, decode
+from geofm.federated.communication.feedback import ErrorFeedback, FeedbackState
 
 pytestmark = pytest.mark.slow
 

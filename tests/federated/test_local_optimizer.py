@@ -13,14 +13,14 @@ from torch import nn
 from geofm import engine as ds
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.config.federated import LocalOptimizerConfig, LocalTrainConfig
+from geofm.engine_config import deepspeed_config
 from geofm.errors import ConfigError
-from geofm.federated import local_optimizer
-from geofm.federated.aggregation import ClientUpload
-from geofm.federated.algorithms import build_algorithm
+from geofm.federated.aggregation.uploads import ClientUpload
+from geofm.federated.algorithms import build_algorithm, local_optimizer
 from geofm.federated.algorithms.fednova import aggregation_norm
 from geofm.federated.algorithms.rounds import payload_arrays
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.parameter_vectors import ParameterLayout
 from geofm.tasks import StepOutput
 
 
@@ -95,7 +95,8 @@ def test_the_engine_builds_the_chosen_optimiser_with_its_weight_decay():
         (0.2, 0.5, 1e-3),
         (0.2, 0.5, 0.0),
     ]
-    config = ds.deepspeed_config(_train(), 1, None, 0.2, LocalOptimizerConfig(name="adamw", base_lr=1, weight_decay=0))
+    adamw = LocalOptimizerConfig(name="adamw", base_lr=1, weight_decay=0)
+    config = deepspeed_config(_train(), 1, None, 0.2, adamw, bf16=False, fused=True)
     assert config["optimizer"]["type"] == "AdamW" and config["optimizer"]["params"]["weight_decay"] == 0
 
 

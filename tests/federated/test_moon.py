@@ -9,12 +9,12 @@ from torch import nn
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import ClientUpload
+from geofm.federated.aggregation.uploads import ClientUpload
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.moon import PREVIOUS, model_contrastive_loss, pooled, representation
 from geofm.federated.algorithms.rounds import payload_arrays
-from geofm.federated.codec import Codec, Packet, decode
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.communication.codec import Codec, Packet, decode
+from geofm.federated.parameter_vectors import ParameterLayout
 from geofm.models.mim import Tap, embed_tokens, run_backbone
 from geofm.tasks import StepOutput
 

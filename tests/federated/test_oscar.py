@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from geofm.config.oneshot import DDPMConfig
-from geofm.federated.feddiff import COUNTS, LabelledImages
-from geofm.federated.oscar import EMBEDDINGS, class_embeddings
+from geofm.federated.oneshot.feddiff import COUNTS, LabelledImages
+from geofm.federated.oneshot.oscar import EMBEDDINGS, class_embeddings
 from geofm.models.diffusion import build_embedding_unet, build_scheduler, drop_conditions, guided_noise, sample
 
 TINY = DDPMConfig(unet={"channels": [4, 8], "norm_groups": 2}, timesteps=20, sampling_steps=4)

@@ -7,7 +7,7 @@ import pytest
 
 from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError
-from geofm.federated.partition import (
+from geofm.federated.partitions.files import (
     PARTITIONERS,
     ClientFile,
     partition_by_region,

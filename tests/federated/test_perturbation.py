@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from geofm.errors import LayoutMismatchError
-from geofm.federated.flat import ParameterLayout
-from geofm.federated.perturbation import Perturbation, drift_norm, perturbed, proximal_term
+from geofm.federated.local.perturbation import Perturbation, drift_norm, perturbed, proximal_term
+from geofm.federated.parameter_vectors import ParameterLayout
 
 
 def model_and_anchor(dtype: torch.dtype = torch.float32) -> tuple[nn.Module, list[torch.Tensor]]:

@@ -7,12 +7,12 @@ from torch import nn
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import ClientUpload
+from geofm.federated.aggregation.uploads import ClientUpload
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.pfedla import layer_names
 from geofm.federated.algorithms.rounds import LocalRound, payload_arrays
-from geofm.federated.codec import Codec, Packet, decode
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.communication.codec import Codec, Packet, decode
+from geofm.federated.parameter_vectors import ParameterLayout
 
 
 class TwoLayers(nn.Module):

@@ -10,11 +10,11 @@ from opacus.accountants import RDPAccountant
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import ClientUpload
+from geofm.federated.aggregation.uploads import ClientUpload
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
-from geofm.federated.codec import Packet, decode
-from geofm.federated.privacy import (
+from geofm.federated.communication.codec import Packet, decode
+from geofm.federated.privacy.client_level import (
     PrivacyAccountant,
     PrivateMean,
     check_statistics,

@@ -7,9 +7,10 @@ import torch
 
 from geofm.config.algorithm import AggregatorConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import TooFewUpdates, Upload, UploadRules, aggregate_uploads
-from geofm.federated.codec import Codec
-from geofm.federated.robust import AGGREGATORS, Krum, TrimmedMean, build_aggregator
+from geofm.federated.aggregation.robust import AGGREGATORS, Krum, TrimmedMean, build_aggregator
+from geofm.federated.aggregation.screening import Upload, UploadRules
+from geofm.federated.aggregation.uploads import TooFewUpdates, aggregate_uploads
+from geofm.federated.communication.codec import Codec
 
 
 def _combine(cfg: dict, rows: list[list[float]], weights: list[float] | None = None) -> list[float]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from geofm.errors import ConfigError
-from geofm.federated.scenarios import (
+from geofm.federated.partitions.samples import (
     SAMPLE_PARTITIONERS,
     SampleTable,
     read_metadata,

@@ -10,14 +10,14 @@ from torch import nn
 from federation.resume import algorithm_state, comparable_algorithm
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import ClientUpload
+from geofm.federated.aggregation.clustering import cluster_clients
+from geofm.federated.aggregation.similarity import distill_similarity
+from geofm.federated.aggregation.uploads import ClientUpload
 from geofm.federated.algorithms import build_algorithm
 from geofm.federated.algorithms.context import PublicImages, ServerContext
 from geofm.federated.algorithms.fedsense import DISTILL_OPTIMIZER
-from geofm.federated.clustering import cluster_clients
-from geofm.federated.codec import Codec
-from geofm.federated.flat import ParameterLayout
-from geofm.federated.similarity import distill_similarity
+from geofm.federated.communication.codec import Codec
+from geofm.federated.parameter_vectors import ParameterLayout
 
 
 class _Tiny(nn.Module):

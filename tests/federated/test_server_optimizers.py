@@ -9,7 +9,7 @@ import torch
 
 from geofm.config.algorithm import ServerOptimizerConfig
 from geofm.errors import ConfigError
-from geofm.federated.server_optimizers import SERVER_OPTIMIZERS, build_server_optimizer
+from geofm.federated.aggregation.server_optimizers import SERVER_OPTIMIZERS, build_server_optimizer
 
 
 def _run(cfg: dict, updates: list[list[float]], model: list[float]) -> list[list[float]]:

@@ -13,8 +13,8 @@ from geofm.config.algorithm import AlgorithmConfig
 from geofm.config.federated import LocalTrainConfig
 from geofm.errors import ConfigError
 from geofm.federated.algorithms import build_algorithm
-from geofm.federated.flat import ParameterLayout
-from geofm.federated.sharpness import SharpnessAscent, asam_scaled
+from geofm.federated.local.sharpness import SharpnessAscent, asam_scaled
+from geofm.federated.parameter_vectors import ParameterLayout
 from geofm.loop import TrainLoop, micro_step
 from geofm.tasks import StepOutput
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from geofm.federated.flat import ParameterLayout
-from geofm.federated.similarity import (
+from geofm.federated.aggregation.similarity import (
     consensus_similarity,
     distill_similarity,
     similarity_loss,
     similarity_matrix,
 )
+from geofm.federated.parameter_vectors import ParameterLayout
 
 
 def test_formulas_against_a_hand_computation() -> None:

@@ -9,12 +9,14 @@ import torch
 from sklearn.cluster import KMeans
 
 from geofm.config.algorithm import AggregatorConfig, AlgorithmConfig
-from geofm.federated import aggregation, spill
-from geofm.federated.aggregation import ClientUpload, Upload, UploadRules, aggregate_uploads, weighted_mean
+from geofm.federated.aggregation import screening
+from geofm.federated.aggregation.robust import AGGREGATORS, Krum, build_aggregator
+from geofm.federated.aggregation.screening import Upload, UploadRules
+from geofm.federated.aggregation.uploads import ClientUpload, aggregate_uploads, weighted_mean
 from geofm.federated.algorithms import build_algorithm
-from geofm.federated.codec import Codec, decode
-from geofm.federated.robust import AGGREGATORS, Krum, build_aggregator
-from geofm.federated.spill import SpilledUpdates, clear_spill
+from geofm.federated.communication import spill
+from geofm.federated.communication.codec import Codec, decode
+from geofm.federated.communication.spill import SpilledUpdates, clear_spill
 
 N = 1000
 SETTINGS = {"mean": {}, "median": {}, "trimmed_mean": {"trim_fraction": 0.2}, "krum": {"byzantine_clients": 1}}
@@ -54,7 +56,7 @@ def live_decodes(monkeypatch):
         weakref.finalize(update, alive.discard, key)
         return update
 
-    monkeypatch.setattr(aggregation, "decode", decoding)
+    monkeypatch.setattr(screening, "decode", decoding)
     return peak
 
 

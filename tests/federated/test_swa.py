@@ -7,9 +7,9 @@ import torch
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import ClientUpload
+from geofm.federated.aggregation.uploads import ClientUpload
 from geofm.federated.algorithms import build_algorithm
-from geofm.federated.codec import Codec
+from geofm.federated.communication.codec import Codec
 
 
 def _round(server, rnd: int, model: torch.Tensor, delta: list[float], keep: bool = True):

@@ -315,7 +315,7 @@ def _marked_by_any(marker: str, tmp: Path) -> set[int]:
 def test_train_replies_go_to_the_upload_store_as_they_arrive(monkeypatch, tmp_path):
     from flwr.supercore.task_identity import TaskIdentity
 
-    from geofm.federated.spill import StoredArrays, UploadStore
+    from geofm.federated.communication.spill import StoredArrays, UploadStore
 
     for key, value in {"_run_id": 7, "_task_id": 1, "_node_id": 1}.items():
         monkeypatch.setattr(TaskIdentity, key, value)

@@ -26,7 +26,7 @@ from geofm.checkpoints import inspect_checkpoint
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError, DatasetNotFoundError, FederatedRunError
-from geofm.federated.codec import Codec
+from geofm.federated.communication.codec import Codec
 from geofm.reconstruction import SHOWN_CHIPS, figure_size
 from geofm.tasks import TASKS
 from pretrain.tasks.base import client_shares

@@ -28,8 +28,8 @@ from geofm.config.federated import read_federated_config
 from geofm.errors import ConfigError, DatasetNotFoundError
 from geofm.federated.algorithms import ALGORITHMS
 from geofm.federated.algorithms.fedavg import FedAvg
+from geofm.federated.algorithms.local_optimizer import LocalOptimizerWarning
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR
-from geofm.federated.local_optimizer import LocalOptimizerWarning
 from tests.conftest import head_overrides
 
 pytestmark = pytest.mark.slow

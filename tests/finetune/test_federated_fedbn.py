@@ -14,7 +14,7 @@ import federation.client
 from federation.program import build_task
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
 from geofm.config.federated import read_federated_config
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.parameter_vectors import ParameterLayout
 from tests.finetune.test_federated import _federated, _resumes_like_unbroken, _rounds, _run
 
 pytestmark = pytest.mark.slow

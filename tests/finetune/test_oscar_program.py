@@ -16,7 +16,7 @@ from federation.roundloop import run_server
 from federation.runtime import INSTITUTIONS
 from geofm.config.oscar import OscarConfig
 from geofm.errors import ConfigError
-from geofm.federated import oscar
+from geofm.federated.oneshot import oscar
 from geofm.models.diffusion import build_embedding_unet, model_arrays
 
 CLASSES = ["field", "forest", "water"]  # the class folders of tests/finetune/conftest.py

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from finetune.predict import blend_weights, predict_scene, tile_origins
 from geofm.data.finetune import BandNormaliser
 from geofm.data.readers import WindowReader, read_raster
-from geofm.data.writers import RowStreamWriter, write_geotiff, written_record
+from geofm.data.row_stream import RowStreamWriter, written_record
+from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError, DataMismatchError
 
 TRANSFORM = (10.0, 0.0, 600_000.0, 0.0, -10.0, 4_000_000.0)

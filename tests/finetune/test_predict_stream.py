@@ -20,7 +20,8 @@ import torch
 from finetune.predict import _tile, add_tile, blend_weights, predict_scene, tile_origins
 from geofm.data.finetune import BandNormaliser
 from geofm.data.readers import read_raster
-from geofm.data.writers import write_geotiff, written_record
+from geofm.data.row_stream import written_record
+from geofm.data.writers import write_geotiff
 
 pytestmark = pytest.mark.slow
 

@@ -62,8 +62,8 @@ def test_tiny_gfm_run_end_to_end(tiny_tree, caplog):
 
 def test_teacher_never_changes_and_gets_no_optimizer_state(tiny_tree):
     from geofm import engine as ds
+    from geofm.checkpoints.teacher import build_teacher
     from geofm.models.masking import MaskGenerator
-    from geofm.models.teacher import build_teacher
     from pretrain.tasks.mim import build_student
 
     cfg = PretrainConfig.from_tree(tiny_tree())

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from geofm import engine as ds
+from geofm.checkpoints.teacher import build_teacher
 from geofm.config import PretrainConfig
 from geofm.loop import micro_step
 from geofm.models.backbones import set_fused_attention
 from geofm.models.masking import MaskGenerator
-from geofm.models.teacher import build_teacher
 from pretrain.tasks.mim import build_student, mim_forward, prepare_models
 
 LR = 1e-3

@@ -21,9 +21,9 @@ import numpy as np
 
 from geofm.config import SourceConfig
 from geofm.data.grid import GridError, PixelGrid, common_grid
-from geofm.data.layouts import PRODUCT_LAYOUTS
+from geofm.data.layouts import PRODUCT_LAYOUTS, list_images
 from geofm.data.pixels import RawPixels
-from geofm.data.products.base import BandFile, Product, QualityFiles, list_images
+from geofm.data.products.base import BandFile, Product, QualityFiles
 from geofm.data.quality import RECORDED_CLASSES, invalid_pixels
 from geofm.data.readers import BandFiles
 from geofm.errors import InvalidChipError, RasterReadError

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from geofm.config import SourceConfig
 from geofm.data.bands import band_of_id
-from geofm.data.products.base import BandFile, Product, QualityFiles, list_images
+from geofm.data.layouts import list_images
+from geofm.data.products.base import BandFile, Product, QualityFiles
 from geofm.errors import DataMismatchError, DatasetNotFoundError, RasterReadError
 
 RADSAT_ID = "QA_RADSAT"

@@ -6,29 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geofm.errors import DatasetNotFoundError, RasterReadError
-
-
-def list_images(root: str | Path, pattern: str) -> list[Path]:
-    """Files below ``root`` that match a glob pattern, sorted.
-
-    Args:
-        root: folder to search.
-        pattern: glob relative to ``root``, e.g. ``"**/*.tif"``.
-
-    Returns:
-        The matching files (folders excluded), in sorted order.
-
-    Raises:
-        DatasetNotFoundError: if ``root`` is not a folder or no file matches.
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise DatasetNotFoundError(f"image folder {root.resolve()} does not exist (pattern {pattern!r})")
-    files = [p for p in sorted(root.glob(pattern)) if p.is_file()]
-    if not files:
-        raise DatasetNotFoundError(f"no file in {root.resolve()} matches the pattern {pattern!r}")
-    return files
+from geofm.errors import RasterReadError
 
 
 def folders_of(files: list[Path]) -> list[Path]:

@@ -22,7 +22,8 @@ from typing import Any
 
 from geofm.config import SourceConfig
 from geofm.data.bands import BAND_ID_TABLES
-from geofm.data.products.base import BandFile, Product, QualityFiles, folders_of, list_images
+from geofm.data.layouts import list_images
+from geofm.data.products.base import BandFile, Product, QualityFiles, folders_of
 from geofm.errors import RasterReadError
 
 METADATA_SUFFIXES = ("_MTL.txt", "_MTL.json", "_MTL.xml")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from geofm.config import SourceConfig
 from geofm.data.bands import BAND_ID_TABLES
-from geofm.data.products.base import BandFile, Product, QualityFiles, folders_of, list_images
+from geofm.data.layouts import list_images
+from geofm.data.products.base import BandFile, Product, QualityFiles, folders_of
 from geofm.errors import RasterReadError
 
 METADATA = {"MTD_MSIL1C.xml": "L1C", "MTD_MSIL2A.xml": "L2A"}

@@ -20,7 +20,8 @@ from urllib.parse import urlparse
 
 from geofm.config import SourceConfig
 from geofm.data.bands import UnknownBandError, canonical_band
-from geofm.data.products.base import BandFile, Product, QualityFiles, list_images
+from geofm.data.layouts import list_images
+from geofm.data.products.base import BandFile, Product, QualityFiles
 from geofm.errors import RasterReadError
 
 COLLECTIONS = {"01": "landsat_c1", "02": "landsat_c2"}

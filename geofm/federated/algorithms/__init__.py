@@ -19,7 +19,7 @@ from geofm.registry import Registry
 if TYPE_CHECKING:
     from geofm.config.algorithm import AlgorithmConfig
     from geofm.federated.algorithms.base import Algorithm
-    from geofm.federated.flat import ParameterLayout
+    from geofm.federated.parameter_vectors import ParameterLayout
 
 ALGORITHMS: Registry = Registry("algorithm", "geofm.algorithms")
 """Federated algorithms: client and server update rules and what travels each way (``algorithm.name``)."""

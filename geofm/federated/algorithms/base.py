@@ -1,7 +1,8 @@
 """The algorithm interface: what a federated algorithm decides on either side of a round.
 
 An algorithm is a subclass of :class:`Algorithm` registered in
-:data:`geofm.federated.algorithms.ALGORITHMS`. It declares:
+:data:`geofm.federated.algorithms.ALGORITHMS`. It declares (the class-level declarations and the config rules
+that follow from them are :mod:`~geofm.federated.algorithms.declaration`):
 
 * ``uplink`` and ``downlink``: the named payloads each way (FedAvg: up ``update``, down ``model``),
   each a vector of the shared parameters' length with its own codec (``algorithm.uplink`` and
@@ -14,7 +15,7 @@ An algorithm is a subclass of :class:`Algorithm` registered in
 * ``personalised``: whether each client's own model is the algorithm's product (FedBN, pFedLA);
   then every client also evaluates the model it trained on its own validation data each round and
   the server logs their mean and spread.
-* ``algorithm.privacy`` (:mod:`~geofm.federated.privacy`): every algorithm whose only upload is
+* ``algorithm.privacy`` (:mod:`~geofm.federated.privacy.client_level`): every algorithm whose only upload is
   ``update`` and whose server steps by the round's combined update takes it: :meth:`~Algorithm.upload`
   clips and noises the update under local privacy, :meth:`~Algorithm.aggregate` clips, averages and
   noises under central privacy.
@@ -46,19 +47,20 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel
 from torch import Tensor, nn
 
 from geofm.config.algorithm import AlgorithmConfig, SamConfig, UplinkConfig
-from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import ClientUpload, RoundAggregate, UploadRules, aggregate_payloads
+from geofm.federated.aggregation.robust import Spilling, build_aggregator
+from geofm.federated.aggregation.screening import UploadRules
+from geofm.federated.aggregation.uploads import ClientUpload, RoundAggregate, aggregate_payloads
 from geofm.federated.algorithms import legacy
 from geofm.federated.algorithms.context import ServerContext
+from geofm.federated.algorithms.declaration import Declaration
 from geofm.federated.algorithms.rounds import (
     Arrays,
     LocalHooks,
@@ -67,19 +69,14 @@ from geofm.federated.algorithms.rounds import (
     ServerRound,
     packet_arrays,
 )
-from geofm.federated.codec import Codec, Packet, decode
-from geofm.federated.feedback import ErrorFeedback, FeedbackState, UplinkReport
-from geofm.federated.flat import ParameterLayout
-from geofm.federated.privacy import PrivateMean, check_private, noise_generator, privatise
-from geofm.federated.robust import Spilling, build_aggregator
-from geofm.federated.sharpness import SharpnessAscent, asam_scaled
-from geofm.registry import entry_options
-
-# ASAM's offset of T_w = |w| + eta where neither the config nor the algorithm gives one (the ASAM code's default).
-ASAM_ETA = 0.01
+from geofm.federated.communication.codec import Codec, Packet, decode
+from geofm.federated.communication.feedback import ErrorFeedback, FeedbackState, UplinkReport
+from geofm.federated.local.sharpness import SharpnessAscent, asam_scaled
+from geofm.federated.parameter_vectors import ParameterLayout
+from geofm.federated.privacy.client_level import PrivateMean, noise_generator, privatise
 
 
-class Algorithm(ABC):
+class Algorithm(Declaration, ABC):
     """Base of every federated algorithm (see the module docstring).
 
     Args:
@@ -89,24 +86,6 @@ class Algorithm(ABC):
         num_clients: the number of clients of the federation (known to the server).
         num_rounds: the run's number of rounds (known to the server).
     """
-
-    name: ClassVar[str]
-    uplink: ClassVar[tuple[str, ...]]
-    downlink: ClassVar[tuple[str, ...]]
-    Options: ClassVar[type[BaseModel] | None] = None
-    own_server_rule: ClassVar[str | None] = None
-    """How the algorithm combines uploads itself, where it takes no ``aggregator`` or ``server_optimizer``."""
-    personalised: ClassVar[bool] = False
-    keeps_local_statistics: ClassVar[bool] = False
-    local_optimizer: ClassVar[LocalOptimizerConfig | None] = None
-    """The local optimiser the algorithm's analysis assumes (its paper's), which clients use while
-    ``train.optimizer`` is null; None: no assumption, AdamW with ``train``'s settings. See
-    :mod:`geofm.federated.local_optimizer`."""
-    local_optimizer_source: ClassVar[str] = ""
-    """Where :attr:`local_optimizer` comes from (the paper), named in the warning of an override."""
-    default_sam: ClassVar[SamConfig | None] = None
-    """The local SAM step the algorithm takes when ``algorithm.sam`` is null, and the defaults of the
-    fields that section leaves out (FedSAM: the paper's radius); None: plain steps."""
 
     def __init__(
         self,
@@ -141,7 +120,7 @@ class Algorithm(ABC):
             p: UploadRules(
                 num_values=self.num_values,
                 bits=up.bits,
-                # Central privacy clips instead of screening norms (see geofm.federated.privacy).
+                # Central privacy clips instead of screening norms (see geofm.federated.privacy.client_level).
                 norm_factor=math.inf if self.privacy and self.privacy.mode == "central" else cfg.norm_factor,
                 examples_factor=cfg.examples_factor,
                 declared_examples=declared_examples or {},
@@ -159,56 +138,11 @@ class Algorithm(ABC):
         self.round = 0  # the server's round in progress (begin_round)
         self.context: ServerContext | None = None  # the server's (attach)
 
-    # ---- declarations ---------------------------------------------------------------------
-    @classmethod
-    def check_config(cls, cfg: AlgorithmConfig) -> None:
-        """Check the parts of ``cfg`` only the algorithm knows; ValueError naming the field otherwise."""
-        if "model" not in cls.downlink:
-            raise ValueError(f"downlink: {cls.name} sends no 'model' payload; every algorithm must")
-        for where, named, payloads in (
-            ("uplink_payloads", cfg.uplink_payloads, cls.uplink),
-            ("downlink_payloads", cfg.downlink_payloads, cls.downlink),
-        ):
-            unknown = sorted(set(named) - set(payloads))
-            if unknown:
-                raise ValueError(f"{where} names {unknown}; {cls.name} sends {list(payloads)}")
-        if cls.own_server_rule is not None:
-            for section in ("aggregator", "server_optimizer"):
-                if getattr(cfg, section) != type(getattr(cfg, section))():
-                    raise ValueError(f"{section}: {cls.name} {cls.own_server_rule}; leave {section} at its default")
-        sam = cls.sharpness(cfg)
-        if sam is not None and sam.rho is None:
-            raise ValueError(f"sam.rho: {cls.name} has no default radius; set sam.rho (> 0)")
-        if sam is not None and not sam.adaptive and cfg.sam is not None and cfg.sam.eta is not None:
-            raise ValueError("sam.eta: eta is ASAM's offset; set sam.adaptive: true to use it")
-        check_private(cls.name, cls.uplink, cls.own_server_rule, cfg)
-        cls.options_of(cfg)
-
-    @classmethod
-    def check_public_images(cls, cfg: AlgorithmConfig, available: bool) -> None:
-        """Check that the server holds the public images ``cfg`` needs (``available``: whether the run's
-        config gives it some; default: the algorithm needs none); ValueError naming the field otherwise."""
-        return
-
-    @classmethod
-    def sharpness(cls, cfg: AlgorithmConfig) -> SamConfig | None:
-        """The local SAM step: ``cfg.sam``'s fields over :attr:`default_sam`'s, then SAM (``adaptive``
-        false, ``eta`` 0.01) for those both leave null; None: plain steps."""
-        if cfg.sam is None and cls.default_sam is None:
-            return None
-        given = [part.model_dump(exclude_none=True) for part in (cls.default_sam, cfg.sam) if part is not None]
-        return SamConfig(**{"adaptive": False, "eta": ASAM_ETA, **{k: v for part in given for k, v in part.items()}})
-
-    @classmethod
-    def options_of(cls, cfg: AlgorithmConfig) -> BaseModel | None:
-        """The algorithm's own settings from ``cfg.options``, validated by :attr:`Options`."""
-        return entry_options(cls.name, cls.Options, cfg.options, "options")
-
     def is_local(self, name: str) -> bool:
         """Whether parameter ``name`` stays on each client instead of being federated (default: never)."""
         return False
 
-    def start_local(self, values: Tensor) -> None:  # noqa: B027 (optional: most algorithms send no start values)
+    def start_local(self, values: Tensor) -> None:
         """The server model's start values of the local parameters (:attr:`local` order), given once built."""
 
     def server_local(self) -> Tensor | None:
@@ -326,7 +260,7 @@ class Algorithm(ABC):
     def hooks(self, local: LocalRound) -> LocalHooks:
         """What the runtime adds to the local steps: the algorithm's :meth:`local_hooks`, with the
         client-step components every algorithm takes from its config: the SAM ascent of :meth:`local_sam`
-        (inside ``around_gradient``: from FedSense's drift-perturbed point, see :mod:`geofm.federated.sharpness`)."""
+        (inside ``around_gradient``: from FedSense's drift-perturbed point, see :mod:`geofm.federated.local.sharpness`)."""
         hooks = self.local_hooks(local)
         sam = self.local_sam()
         if sam is not None:
@@ -374,7 +308,7 @@ class Algorithm(ABC):
     # ---- server: uplink -------------------------------------------------------------------
     def spill_to(self, folder: Path) -> None:
         """Spill the decoded updates of an aggregator that needs them all at once (median, trimmed mean,
-        Krum: :class:`~geofm.federated.robust.Spilling`) under ``folder`` (the run's), rather than the
+        Krum: :class:`~geofm.federated.aggregation.robust.Spilling`) under ``folder`` (the run's), rather than the
         system's temporary folder."""
         if isinstance(self.aggregator, Spilling):
             self.aggregator.spill_dir = folder
@@ -385,7 +319,7 @@ class Algorithm(ABC):
 
     def aggregate(self, uploads: Sequence[ClientUpload]) -> dict[str, RoundAggregate]:
         """Decode and screen every payload (its own norm history), combine each over the accepted clients
-        with the configured aggregator; under privacy the mean is :class:`~geofm.federated.privacy.PrivateMean`
+        with the configured aggregator; under privacy the mean is :class:`~geofm.federated.privacy.client_level.PrivateMean`
         (its noise drawn for :attr:`round` when ``privacy.seed`` is set)."""
         recent = {p: [n for norms in self.recent_norms[p] for n in norms] for p in self.uplink}
         aggregator = self.aggregator
@@ -400,7 +334,7 @@ class Algorithm(ABC):
         State it changes in place rather than through the outcome is restored by :meth:`discard`.
         """
 
-    def discard(self) -> None:  # noqa: B027 (optional: most algorithms change nothing in place)
+    def discard(self) -> None:
         """Undo what the last :meth:`server_update` changed in place: the runtime did not keep its outcome."""
 
     def commit(self, outcome: ServerRound, payloads: Mapping[str, RoundAggregate]) -> None:

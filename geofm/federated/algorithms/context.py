@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.parameter_vectors import ParameterLayout
 
 
 @dataclass(frozen=True)

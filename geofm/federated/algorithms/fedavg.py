@@ -9,10 +9,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from geofm.federated.aggregation import RoundAggregate
+from geofm.federated.aggregation.server_optimizers import build_server_optimizer
+from geofm.federated.aggregation.uploads import RoundAggregate
 from geofm.federated.algorithms.base import Algorithm
 from geofm.federated.algorithms.rounds import LocalRound, LocalUpdate, ServerRound
-from geofm.federated.server_optimizers import build_server_optimizer
 
 
 class FedAvg(Algorithm):

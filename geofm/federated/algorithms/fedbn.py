@@ -56,10 +56,10 @@ from torch import Tensor, nn
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import RoundAggregate
+from geofm.federated.aggregation.uploads import RoundAggregate
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.rounds import Arrays, LocalRound, LocalUpdate, ServerRound
-from geofm.federated.flat import NORM_KINDS, ParameterLayout
+from geofm.federated.parameter_vectors import NORM_KINDS, ParameterLayout
 
 
 @dataclass(eq=False)

@@ -51,7 +51,7 @@ from geofm.config.algorithm import AlgorithmConfig, SamConfig
 from geofm.config.base import Section
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import RoundAggregate, weighted_mean
+from geofm.federated.aggregation.uploads import RoundAggregate, weighted_mean
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.rounds import Arrays, LocalHooks, LocalRound, LocalUpdate, ServerRound
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR

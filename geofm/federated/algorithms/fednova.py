@@ -38,7 +38,8 @@ from torch import Tensor
 
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import FederatedRunError
-from geofm.federated.aggregation import Accepted, RoundAggregate
+from geofm.federated.aggregation.screening import Accepted
+from geofm.federated.aggregation.uploads import RoundAggregate
 from geofm.federated.algorithms.base import Algorithm
 from geofm.federated.algorithms.rounds import LocalRound, LocalUpdate, ServerRound
 from geofm.federated.algorithms.scaffold import SGD_BASE_LR

@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.rounds import LocalHooks, LocalRound
-from geofm.federated.perturbation import proximal_term
+from geofm.federated.local.perturbation import proximal_term
 
 
 class FedProxOptions(BaseModel):

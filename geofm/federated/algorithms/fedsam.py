@@ -8,7 +8,7 @@ ICML 2021) instead of plain steps; the server is FedAvg's (``aggregator``, ``ser
     e = rho T_w^2 g / ||T_w g||,  T_w = |w| + eta on the weights      (ASAM)
     w <- w - lr * grad L(w + e)            (the client optimiser's step, AdamW here)
 
-The ascent itself is :class:`geofm.federated.sharpness.SharpnessAscent`, applied by
+The ascent itself is :class:`geofm.federated.local.sharpness.SharpnessAscent`, applied by
 :meth:`~geofm.federated.algorithms.base.Algorithm.hooks` from ``algorithm.sam`` to every algorithm;
 these two names give FedAvg the paper's radii when ``sam`` leaves them out: SAM ``rho = 0.1``, ASAM
 ``rho = 0.7, eta = 0.2``, the values of the official code's CIFAR-10 experiments

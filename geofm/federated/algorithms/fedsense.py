@@ -10,13 +10,13 @@ from torch import Tensor
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import RoundAggregate
+from geofm.federated.aggregation.clustering import cluster_clients
+from geofm.federated.aggregation.similarity import distill_similarity
+from geofm.federated.aggregation.uploads import RoundAggregate
 from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.algorithms.fedprox import FedProx
 from geofm.federated.algorithms.rounds import LocalHooks, LocalRound, ServerRound
-from geofm.federated.clustering import cluster_clients
-from geofm.federated.perturbation import Perturbation
-from geofm.federated.similarity import distill_similarity
+from geofm.federated.local.perturbation import Perturbation
 
 DISTILL_OPTIMIZER = "distill_optimizer"  # the distillation optimiser's state in the algorithm's state_dict
 
@@ -40,7 +40,7 @@ class FedSenseOptions(BaseModel):
 
 class SimilarityDistillation:
     """FedSense's server step: the new global model trained towards its groups' consensus of how the
-    server's public images relate (:func:`~geofm.federated.similarity.distill_similarity`), with an
+    server's public images relate (:func:`~geofm.federated.aggregation.similarity.distill_similarity`), with an
     optimiser of its own over the task's trainable parameters that lives as long as the run."""
 
     def __init__(self, context: ServerContext, steps: int, lr: float, batch_size: int) -> None:

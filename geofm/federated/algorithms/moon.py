@@ -72,7 +72,7 @@ from geofm.errors import ConfigError
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.representation import final_stage, representation_module
 from geofm.federated.algorithms.rounds import Arrays, LocalHooks, LocalRound, LocalUpdate
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.parameter_vectors import ParameterLayout
 
 PREVIOUS = "moon.previous"
 """The client-state key of the client's previous trained backbone (a flat vector)."""

@@ -71,11 +71,11 @@ from torch import Tensor
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import RoundAggregate, weighted_mean
+from geofm.federated.aggregation.uploads import RoundAggregate, weighted_mean
 from geofm.federated.algorithms.base import Algorithm
 from geofm.federated.algorithms.rounds import Arrays, LocalRound, LocalUpdate, ServerRound
-from geofm.federated.codec import Codec
-from geofm.federated.flat import ParameterLayout
+from geofm.federated.communication.codec import Codec
+from geofm.federated.parameter_vectors import ParameterLayout
 
 MLP_DEPTH = 3
 _INDEX = re.compile(r"\.\d+(?=\.|$)")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor, nn
 
-from geofm.federated.codec import Packet
+from geofm.federated.communication.codec import Packet
 from geofm.tasks import StepOutput
 
 Arrays = dict[str, np.ndarray]
@@ -95,7 +95,7 @@ def packet_arrays(packets: Mapping[str, Packet]) -> Arrays:
 
 class _Payload(Mapping[str, np.ndarray]):
     """One payload's packet arrays, each taken from the flat arrays that travelled when it is read (a
-    stored upload's are read from disk then, and not kept: :mod:`~geofm.federated.spill`)."""
+    stored upload's are read from disk then, and not kept: :mod:`~geofm.federated.communication.spill`)."""
 
     def __init__(self, arrays: Mapping[str, np.ndarray], payload: str, parts: list[str]) -> None:
         self._arrays, self._payload, self._parts = arrays, payload, parts

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from geofm.config.federated import LocalOptimizerConfig
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import RoundAggregate, weighted_mean
+from geofm.federated.aggregation.uploads import RoundAggregate, weighted_mean
 from geofm.federated.algorithms.base import Algorithm
 from geofm.federated.algorithms.rounds import LocalHooks, LocalRound, LocalUpdate, ServerRound
 

@@ -85,7 +85,7 @@ from torch.optim.swa_utils import get_swa_avg_fn
 
 from geofm.config.base import Section
 from geofm.errors import ConfigError
-from geofm.federated.aggregation import RoundAggregate
+from geofm.federated.aggregation.uploads import RoundAggregate
 from geofm.federated.algorithms.fedavg import FedAvg
 from geofm.federated.algorithms.rounds import ServerRound
 
