@@ -34,7 +34,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from geofm.errors import ConfigError
@@ -179,6 +179,16 @@ class Registry(Generic[T]):
         return " ".join((doc or "").split("\n\n")[0].split()).replace("``", "`")
 
 
+def validated(model: type[BaseModel], data: Any, where: str) -> BaseModel:
+    """``data`` validated as ``model``; ValueError naming ``where``, the first bad field and what it expects."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"{where}{'.' + loc if loc else ''}: {first['msg']}") from None
+
+
 def entry_options(name: str, model: type[BaseModel] | None, given: Mapping[str, Any], where: str) -> BaseModel | None:
     """``given`` (the ``options`` of a config section) validated by ``model``, the options model of
     the entry ``name``; None for an entry that takes none and was given none.
@@ -186,8 +196,6 @@ def entry_options(name: str, model: type[BaseModel] | None, given: Mapping[str, 
     Raises:
         ValueError: naming ``where`` and the bad field, or the entry that takes no options.
     """
-    from geofm.config.base import validated  # geofm.config's sections import registries
-
     if model is None:
         if given:
             raise ValueError(f"{where}: {name} takes no options, got {sorted(given)}")

@@ -12,8 +12,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from geofm.config.base import MovedKeys, Section, checks_architecture, refuse_moved_keys, validated
-from geofm.registry import REGISTRIES
+from geofm.config.base import MovedKeys, Section, checks_architecture, refuse_moved_keys
+from geofm.registry import REGISTRIES, validated
 
 MOVED_TO_OPTIONS = (
     "perturbation_radius",

@@ -29,16 +29,6 @@ CONFIG_FILE = "config.yaml"
 """The validated config a run keeps in its directory."""
 
 
-def validated(model: type[BaseModel], data: Any, where: str) -> BaseModel:
-    """``data`` validated as ``model``; ValueError naming ``where``, the first bad field and what it expects."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(part) for part in first["loc"])
-        raise ValueError(f"{where}{'.' + loc if loc else ''}: {first['msg']}") from None
-
-
 MovedKeys = dict[str, tuple[tuple[str, ...], str, Any]]
 """Keys a section had before its entries kept their settings in ``options``: each key -> the entries
 that read it, its name in their ``options``, its default then."""

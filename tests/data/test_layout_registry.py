@@ -8,9 +8,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from geofm.config import DataConfig, SourceConfig
-from geofm.data.layouts import PRODUCT_LAYOUTS, ProductLayout
+from geofm.data.layouts import PRODUCT_LAYOUTS, ProductLayout, list_images
 from geofm.data.products import list_products
-from geofm.data.products.base import BandFile, Product, folders_of, list_images
+from geofm.data.products.base import BandFile, Product, folders_of
 from geofm.data.products.synthetic import write_band
 from geofm.data.sources import ImageSource
 from tests.data.test_products import _source
