@@ -23,7 +23,7 @@ from geofm.checkpoints import export_backbone
 from geofm.checkpoints.provenance import gsd_range
 from geofm.config import config_to_dict
 from geofm.config.federated import FederatedConfig
-from geofm.config.pretrain import PretrainConfig
+from geofm.config.pretrain import PretrainingConfig
 from geofm.data.pile import PileSampler, PretrainPile, warn_skipped
 from geofm.data.products import list_products
 from geofm.errors import ConfigError, DatasetNotFoundError
@@ -44,7 +44,7 @@ EPOCH_STRIDE = 100_003
 """A sampler's epoch in round ``rnd`` is ``rnd * EPOCH_STRIDE + epoch``: every round draws its own order."""
 
 
-def student_kwargs(cfg: PretrainConfig | FederatedConfig) -> dict:
+def student_kwargs(cfg: PretrainingConfig) -> dict:
     """timm kwargs of the student backbone (recorded in the exported sidecar)."""
     m = cfg.model
     return backbone_kwargs(
@@ -53,7 +53,7 @@ def student_kwargs(cfg: PretrainConfig | FederatedConfig) -> dict:
 
 
 def export_pretrained(
-    cfg: PretrainConfig | FederatedConfig,
+    cfg: PretrainingConfig,
     encoder: torch.nn.Module,
     run_dir: Path,
     step: int,
@@ -90,9 +90,7 @@ def export_pretrained(
     return path
 
 
-def share_pile(
-    cfg: PretrainConfig | FederatedConfig, shares: list[list[Path]] | None, mask_fn=None, views=None
-) -> PretrainPile:
+def share_pile(cfg: PretrainingConfig, shares: list[list[Path]] | None, mask_fn=None, views=None) -> PretrainPile:
     """A pile over the sources that have files in ``shares``, with only those files (None: every
     source with every file); ``mask_fn`` and ``views`` as :class:`~geofm.data.pile.PretrainPile` takes them."""
     if shares is None:
@@ -172,7 +170,7 @@ class PretrainingTask(ABC):
     log_keys: tuple[str, ...] = ("loss",)
     resume_invariants: tuple[str, ...] = RESUME_INVARIANTS
 
-    def __init__(self, cfg: PretrainConfig | FederatedConfig) -> None:
+    def __init__(self, cfg: PretrainingConfig) -> None:
         self.cfg = cfg
         self.device, self.dtype = ds.device(), ds.compute_dtype(cfg.train)
         self.warned: set[str] = set()  # the unreadable files warned of (data.on_bad_file: skip), each once
@@ -183,7 +181,7 @@ class PretrainingTask(ABC):
         return cls(cfg)
 
     @classmethod
-    def check_config(cls, cfg: PretrainConfig | FederatedConfig) -> None:
+    def check_config(cls, cfg: PretrainingConfig) -> None:
         """The objective's rules on a validated config (with the architecture's checks): by default,
         ``task_options`` checked by the class's ``Options`` model (none: no options are taken).
 
@@ -193,7 +191,7 @@ class PretrainingTask(ABC):
         cls.options_of(cfg)
 
     @classmethod
-    def options_of(cls, cfg: PretrainConfig | FederatedConfig) -> BaseModel | None:
+    def options_of(cls, cfg: PretrainingConfig) -> BaseModel | None:
         """``task_options`` validated by the class's ``Options`` model (None for an objective without one)."""
         return entry_options(cfg.task, getattr(cls, "Options", None), cfg.task_options, "task_options")
 

@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 from geofm.checkpoints.build import load_backbone_for_bands
 from geofm.config.base import Section
 from geofm.config.federated import FederatedConfig
-from geofm.config.pretrain import PretrainConfig
+from geofm.config.pretrain import PretrainingConfig
 from geofm.data.multicrop import MultiCrop
 from geofm.data.pile import PretrainPile
 from geofm.engine import mean_across_ranks
@@ -82,7 +82,7 @@ class DinoOptions(Section):
         return self
 
 
-def local_crop_size(cfg: PretrainConfig | FederatedConfig, options: DinoOptions) -> int:
+def local_crop_size(cfg: PretrainingConfig, options: DinoOptions) -> int:
     """``local_size``, or 3/7 of the model's input (DINO's 96 of 224) rounded to a multiple of 32, at least 32."""
     if options.local_size is not None:
         return options.local_size
@@ -95,7 +95,7 @@ class SelfDistillation(PretrainingTask):
     Options = DinoOptions
     log_keys = ("loss", "teacher_entropy")
 
-    def __init__(self, cfg: PretrainConfig | FederatedConfig) -> None:
+    def __init__(self, cfg: PretrainingConfig) -> None:
         super().__init__(cfg)
         self.options: DinoOptions = self.options_of(cfg)
         self.teacher: EmaTeacher | None = None
@@ -104,7 +104,7 @@ class SelfDistillation(PretrainingTask):
         self._teacher_means: list[torch.Tensor] = []
 
     @classmethod
-    def check_config(cls, cfg: PretrainConfig | FederatedConfig) -> None:
+    def check_config(cls, cfg: PretrainingConfig) -> None:
         options = cls.options_of(cfg)
         if cfg.teacher is not None:
             raise ValueError(

@@ -19,7 +19,7 @@ from geofm.checkpoints import load_pretraining_model
 from geofm.checkpoints.teacher import build_teacher
 from geofm.config import TeacherConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
-from geofm.config.pretrain import PretrainConfig
+from geofm.config.pretrain import PretrainingConfig
 from geofm.config.sections import check_masked_pretraining
 from geofm.data.pile import PretrainPile
 from geofm.loop import Forward
@@ -40,7 +40,7 @@ RESUME_INVARIANTS = ("model", "masking", "teacher", "data.bands", "data.custom_b
 """What a resumed masked-image-modelling run must share with the run that wrote its checkpoints."""
 
 
-def build_student(cfg: PretrainConfig | FederatedConfig) -> MaskedImageModel:
+def build_student(cfg: PretrainingConfig) -> MaskedImageModel:
     """Student backbone with mask token, decoder and, with a teacher, the projector onto the teacher's
     feature width: random, or from ``model.init_checkpoint`` (all of these the file holds: a GFM,
     SimMIM or geofm pretraining checkpoint continues where it stopped)."""
@@ -67,7 +67,7 @@ def build_student(cfg: PretrainConfig | FederatedConfig) -> MaskedImageModel:
 
 
 def prepare_models(
-    model: MaskedImageModel, teacher: FrozenTeacher | None, cfg: PretrainConfig | FederatedConfig, dev: torch.device
+    model: MaskedImageModel, teacher: FrozenTeacher | None, cfg: PretrainingConfig, dev: torch.device
 ) -> None:
     """The device's choices for the step: the attention kernel, and the teacher's device and precision."""
     prefer_fused_attention(model, dev)
@@ -90,7 +90,7 @@ def mim_forward(engine, teacher: FrozenTeacher | None, dev: torch.device, dtype:
 
 
 def export_student(
-    cfg: PretrainConfig | FederatedConfig,
+    cfg: PretrainingConfig,
     model: MaskedImageModel,
     run_dir: Path,
     step: int,
@@ -108,7 +108,7 @@ def _teacher(teacher_json: str, bands_json: str) -> FrozenTeacher:
     return build_teacher(TeacherConfig.model_validate(json.loads(teacher_json)), json.loads(bands_json))
 
 
-def frozen_teacher(cfg: FederatedConfig) -> FrozenTeacher | None:
+def frozen_teacher(cfg: PretrainingConfig) -> FrozenTeacher | None:
     """The run's frozen teacher (None for plain SimMIM), loaded from this machine's weights file."""
     if cfg.teacher is None:
         return None
@@ -124,12 +124,12 @@ class MaskedImageModelling(PretrainingTask):
     log_keys = LOSS_KEYS
     resume_invariants = RESUME_INVARIANTS
 
-    def __init__(self, cfg: PretrainConfig | FederatedConfig) -> None:
+    def __init__(self, cfg: PretrainingConfig) -> None:
         super().__init__(cfg)
         self.teacher: FrozenTeacher | None = None
 
     @classmethod
-    def check_config(cls, cfg: PretrainConfig | FederatedConfig) -> None:
+    def check_config(cls, cfg: PretrainingConfig) -> None:
         super().check_config(cfg)
         check_masked_pretraining(cfg.model, cfg.masking, cfg.teacher, cfg.data)
 
