@@ -135,8 +135,10 @@ class PretrainingTask(FederatedTask, Protocol):
     kind: ClassVar[str]
 
     @classmethod
-    def check_config(cls, cfg: Any) -> None:
-        """The objective's rules on a config; ValueError naming the field."""
+    def check_config(cls, cfg: Any, architecture: bool = True) -> None:
+        """The objective's rules on a config (with ``architecture``, those that build the backbone);
+        ValueError naming the field. The task's module imports torch in its methods only: a config is
+        checked before the deep-learning stack loads."""
 
     def pile(self, shares: list[list[Path]] | None = None) -> PretrainPile:
         """The samples of ``shares`` (files per source) in the objective's form; None: every file."""

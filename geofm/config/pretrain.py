@@ -13,18 +13,16 @@ from geofm.tasks import TASKS
 
 
 def check_pretraining_task(cfg: Any, info: ValidationInfo) -> None:
-    """The pretraining objective's own rules on ``cfg`` (its ``task_options``, the sections it reads),
-    with the architecture's checks: the task's module imports torch.
+    """The pretraining objective's own rules on ``cfg`` (its ``task_options``, the sections it reads);
+    the checks that build the architecture with the second pass.
 
     Raises:
         ValueError: a finetuning task, or naming the field the objective refuses.
     """
-    if not checks_architecture(info):
-        return
     task = TASKS.get(cfg.task)
     if getattr(task, "kind", None) != "pretraining":
         raise ValueError(f"task {cfg.task!r} is not a pretraining objective; geofm finetune runs finetuning tasks")
-    task.check_config(cfg)
+    task.check_config(cfg, architecture=checks_architecture(info))
 
 
 class PretrainingConfig(ProgramConfig):

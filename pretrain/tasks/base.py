@@ -13,27 +13,26 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import BaseModel
-from torch.utils.data import DataLoader
 
-from geofm import engine as ds
-from geofm.checkpoints import export_backbone
-from geofm.checkpoints.provenance import gsd_range
 from geofm.config import config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.config.pretrain import PretrainingConfig
-from geofm.data.pile import PileSampler, PretrainPile, warn_skipped
-from geofm.data.products import list_products
 from geofm.errors import ConfigError, DatasetNotFoundError
-from geofm.federated.algorithms.context import PublicImages
 from geofm.federated.partitions.files import PARTITIONERS
 from geofm.models.backbones import backbone_kwargs, prefer_fused_attention
-from geofm.models.mim import MaskedImageModel
 from geofm.registry import entry_options
-from geofm.rundir import InputPath
 from geofm.tasks import ClientShare, StepOutput
+
+if TYPE_CHECKING:  # a config names its task while it is validated: this module imports torch in its methods only
+    import torch
+
+    from geofm.data.pile import PretrainPile
+    from geofm.federated.algorithms.context import PublicImages
+    from geofm.models.mim import MaskedImageModel
+    from geofm.rundir import InputPath
 
 log = logging.getLogger("geofm.pretrain")
 
@@ -67,6 +66,9 @@ def export_pretrained(
     ``method`` names the objective in the sidecar (``gfm``, ``simmim``, ``dino``); ``extra`` adds
     sidecar entries (a federated run's ``federation`` record).
     """
+    from geofm.checkpoints import export_backbone
+    from geofm.checkpoints.provenance import gsd_range
+
     metadata = {
         "method": method,
         "bands": list(cfg.data.bands),
@@ -93,6 +95,8 @@ def export_pretrained(
 def share_pile(cfg: PretrainingConfig, shares: list[list[Path]] | None, mask_fn=None, views=None) -> PretrainPile:
     """A pile over the sources that have files in ``shares``, with only those files (None: every
     source with every file); ``mask_fn`` and ``views`` as :class:`~geofm.data.pile.PretrainPile` takes them."""
+    from geofm.data.pile import PretrainPile
+
     if shares is None:
         return PretrainPile(cfg.data, cfg.model.img_size, mask_fn=mask_fn, views=views)
     keep = [i for i, files in enumerate(shares) if files]
@@ -117,6 +121,8 @@ class _ListedSources(Sequence):
         return len(self.sources)
 
     def __getitem__(self, index: int) -> list[Path]:
+        from geofm.data.products import list_products
+
         if index not in self.listed:
             self.listed[index] = list_products(self.sources[index])
         return self.listed[index]
@@ -171,6 +177,8 @@ class PretrainingTask(ABC):
     resume_invariants: tuple[str, ...] = RESUME_INVARIANTS
 
     def __init__(self, cfg: PretrainingConfig) -> None:
+        from geofm import engine as ds
+
         self.cfg = cfg
         self.device, self.dtype = ds.device(), ds.compute_dtype(cfg.train)
         self.warned: set[str] = set()  # the unreadable files warned of (data.on_bad_file: skip), each once
@@ -181,9 +189,10 @@ class PretrainingTask(ABC):
         return cls(cfg)
 
     @classmethod
-    def check_config(cls, cfg: PretrainingConfig) -> None:
-        """The objective's rules on a validated config (with the architecture's checks): by default,
-        ``task_options`` checked by the class's ``Options`` model (none: no options are taken).
+    def check_config(cls, cfg: PretrainingConfig, architecture: bool = True) -> None:
+        """The objective's rules on a config, with the checks that build the architecture (importing
+        timm) where ``architecture``: by default, ``task_options`` checked by the class's ``Options``
+        model (none: no options are taken).
 
         Raises:
             ValueError: naming the field and what the objective expects.
@@ -202,6 +211,8 @@ class PretrainingTask(ABC):
 
     def server_inputs(self) -> list[InputPath]:
         """The paths the server itself reads: its public sources (clients check their own data)."""
+        from geofm.rundir import InputPath
+
         return [
             InputPath.of_source(f"data.sources.{i}.root ({s.name}, public)", s)
             for i, s in enumerate(self.cfg.data.sources)
@@ -211,6 +222,8 @@ class PretrainingTask(ABC):
     def client_inputs(self) -> list[InputPath]:
         """The folders of the clients' imagery, each named with who reads it (checked before a simulation,
         where every institution's data is on this machine)."""
+        from geofm.rundir import InputPath
+
         fed = self.cfg.federation
         return [
             InputPath.of_source(
@@ -286,6 +299,11 @@ class PretrainingTask(ABC):
         of the order: a step's micro-batches over all processes hold the images of one process's step
         at the same global batch.
         """
+        from torch.utils.data import DataLoader
+
+        from geofm import engine as ds
+        from geofm.data.pile import PileSampler, warn_skipped
+
         cfg = self.cfg
         pile = self.pile(shares)
         rank, world_size = ds.data_parallel_rank()
@@ -313,12 +331,18 @@ class PretrainingTask(ABC):
     def public_images(self) -> PublicImages | None:
         """The server's public sources for a server-side step (FedSense's distillation): batches of their
         images, the encoder's pooled features, the encoder's parameters; None without a public source."""
+        from geofm.federated.algorithms.context import PublicImages
+
         if not self.cfg.federation.public_sources:
             return None
         return PublicImages(self._public_batches, pooled_features, lambda model: model.encoder.parameters())
 
     def _public_batches(self, rnd: int, batch_size: int) -> Iterator[torch.Tensor]:
         """Endless batches of the server's public images (plain crops), reshuffled per round."""
+        from torch.utils.data import DataLoader
+
+        from geofm.data.pile import PileSampler, warn_skipped
+
         cfg = self.cfg
         pile = share_pile(cfg, self._public_shares())
         sampler = PileSampler(
@@ -334,6 +358,8 @@ class PretrainingTask(ABC):
 
     def _public_shares(self) -> list[list[Path]]:
         """Every file of the server's public sources, per source of ``cfg.data.sources`` (empty lists for the others)."""
+        from geofm.data.products import list_products
+
         public = self.cfg.federation.public_sources
         return [list_products(s) if s.name in public else [] for s in self.cfg.data.sources]
 

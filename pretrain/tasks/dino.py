@@ -19,23 +19,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import Field, model_validator
 
-from geofm.checkpoints.build import load_backbone_for_bands
 from geofm.config.base import Section
 from geofm.config.federated import FederatedConfig
 from geofm.config.pretrain import PretrainingConfig
-from geofm.data.multicrop import MultiCrop
-from geofm.data.pile import PretrainPile
-from geofm.engine import mean_across_ranks
 from geofm.models.backbones import arch_info, create_backbone, prefer_fused_attention
-from geofm.models.dino import DinoStudent, EmaTeacher, ProjectionHead
-from geofm.selfdistill import dino_loss, entropy, teacher_momentum, teacher_temperature, updated_centre
 from geofm.tasks import StepOutput
 from pretrain.tasks.base import PretrainingTask, export_pretrained, share_pile, student_kwargs
+
+if TYPE_CHECKING:  # a config names its task while it is validated: torch is imported by the methods
+    import torch
+
+    from geofm.data.pile import PretrainPile
+    from geofm.models.dino import DinoStudent, EmaTeacher
 
 log = logging.getLogger("geofm.pretrain")
 
@@ -104,7 +103,7 @@ class SelfDistillation(PretrainingTask):
         self._teacher_means: list[torch.Tensor] = []
 
     @classmethod
-    def check_config(cls, cfg: PretrainingConfig) -> None:
+    def check_config(cls, cfg: PretrainingConfig, architecture: bool = True) -> None:
         options = cls.options_of(cfg)
         if cfg.teacher is not None:
             raise ValueError(
@@ -114,6 +113,8 @@ class SelfDistillation(PretrainingTask):
             raise ValueError("masking applies to task mim; DINO masks nothing (leave the section out)")
         if cfg.model.distill_block is not None:
             raise ValueError("model.distill_block taps a ViT for GFM's distillation; DINO reads no tap")
+        if not architecture:
+            return
         patch = arch_info(cfg.model.arch, cfg.model.timm_kwargs).patch_size
         local = local_crop_size(cfg, options)
         if local % patch or cfg.model.img_size % patch:
@@ -126,6 +127,9 @@ class SelfDistillation(PretrainingTask):
     def build_model(self, initial_weights: bool = True) -> DinoStudent:
         """The student: a backbone taking any input size (``dynamic_img_size``) and the projection head;
         with ``initial_weights`` and ``model.init_checkpoint``, the backbone starts from that file."""
+        from geofm.checkpoints.build import load_backbone_for_bands
+        from geofm.models.dino import DinoStudent, ProjectionHead
+
         cfg, options = self.cfg, self.options
         encoder = create_backbone(
             cfg.model.arch, {**student_kwargs(cfg), "dynamic_img_size": True}, drop_path_rate=cfg.model.drop_path_rate
@@ -147,6 +151,10 @@ class SelfDistillation(PretrainingTask):
     def prepare(self, model: DinoStudent) -> None:
         """The teacher starts as a copy of ``model`` (a client: of the global student it received), the
         centre at zero; both on this machine's device."""
+        import torch
+
+        from geofm.models.dino import EmaTeacher
+
         prefer_fused_attention(model, self.device)
         self.teacher = EmaTeacher(model).to(self.device)
         prefer_fused_attention(self.teacher, self.device)
@@ -155,6 +163,8 @@ class SelfDistillation(PretrainingTask):
 
     def pile(self, shares: list[list[Path]] | None = None) -> PretrainPile:
         """Samples with their ``global`` and ``local`` views."""
+        from geofm.data.multicrop import MultiCrop
+
         cfg, options = self.cfg, self.options
         views = MultiCrop(
             cfg.model.img_size,
@@ -176,6 +186,8 @@ class SelfDistillation(PretrainingTask):
     # ---- a step -------------------------------------------------------------------------------
     def forward(self, model, batch: dict) -> StepOutput:
         """The DINO loss of one micro-batch, with the teacher's entropy (a collapse shows as 0 or log K)."""
+        from geofm.selfdistill import dino_loss, entropy, teacher_temperature
+
         options = self.options
         global_views = batch["global"].to(self.device, self.dtype, non_blocking=True).unbind(1)
         views = list(global_views)
@@ -194,6 +206,11 @@ class SelfDistillation(PretrainingTask):
     def after_step(self, model: DinoStudent, progress: float) -> None:
         """The teacher's EMA step towards the student, the centre's towards this step's teacher outputs
         (their mean over micro-batches and processes)."""
+        import torch
+
+        from geofm.engine import mean_across_ranks
+        from geofm.selfdistill import teacher_momentum, updated_centre
+
         self.teacher.update(model, teacher_momentum(progress, self.options.teacher_momentum))
         if self._teacher_means:
             mean = mean_across_ranks(torch.stack(self._teacher_means).mean(dim=0))

@@ -12,26 +12,26 @@ import functools
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from geofm.checkpoints import load_pretraining_model
-from geofm.checkpoints.teacher import build_teacher
 from geofm.config import TeacherConfig, config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.config.pretrain import PretrainingConfig
 from geofm.config.sections import check_masked_pretraining
-from geofm.data.pile import PretrainPile
-from geofm.loop import Forward
 from geofm.models.backbones import create_backbone, patch_size_of, prefer_fused_attention
-from geofm.models.masking import MaskGenerator
-from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
-from geofm.models.teacher import FrozenTeacher, teacher_channels, teacher_dtype
-from geofm.reconstruction import shown_chips, write_reconstruction_figure
-from geofm.rundir import InputPath
 from geofm.runlog import LOSS_KEYS
 from geofm.tasks import StepOutput
 from pretrain.tasks.base import PretrainingTask, export_pretrained, share_pile, student_kwargs
+
+if TYPE_CHECKING:  # a config names its task while it is validated: torch is imported by the functions
+    import torch
+
+    from geofm.data.pile import PretrainPile
+    from geofm.loop import Forward
+    from geofm.models.masking import MaskGenerator
+    from geofm.models.mim import MaskedImageModel
+    from geofm.models.teacher import FrozenTeacher
+    from geofm.rundir import InputPath
 
 log = logging.getLogger("geofm.pretrain")
 
@@ -44,6 +44,10 @@ def build_student(cfg: PretrainingConfig) -> MaskedImageModel:
     """Student backbone with mask token, decoder and, with a teacher, the projector onto the teacher's
     feature width: random, or from ``model.init_checkpoint`` (all of these the file holds: a GFM,
     SimMIM or geofm pretraining checkpoint continues where it stopped)."""
+    from geofm.checkpoints import load_pretraining_model
+    from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
+    from geofm.models.teacher import teacher_channels
+
     encoder = create_backbone(cfg.model.arch, student_kwargs(cfg), drop_path_rate=cfg.model.drop_path_rate)
     if cfg.teacher is None:
         model = MaskedImageModel(encoder, len(cfg.data.bands))
@@ -70,6 +74,8 @@ def prepare_models(
     model: MaskedImageModel, teacher: FrozenTeacher | None, cfg: PretrainingConfig, dev: torch.device
 ) -> None:
     """The device's choices for the step: the attention kernel, and the teacher's device and precision."""
+    from geofm.models.teacher import teacher_dtype
+
     prefer_fused_attention(model, dev)
     if teacher is not None:
         prefer_fused_attention(teacher, dev)
@@ -105,6 +111,8 @@ def export_student(
 @functools.cache
 def _teacher(teacher_json: str, bands_json: str) -> FrozenTeacher:
     """The frozen teacher, built once per process (clients sharing a simulation worker share it)."""
+    from geofm.checkpoints.teacher import build_teacher
+
     return build_teacher(TeacherConfig.model_validate(json.loads(teacher_json)), json.loads(bands_json))
 
 
@@ -129,12 +137,14 @@ class MaskedImageModelling(PretrainingTask):
         self.teacher: FrozenTeacher | None = None
 
     @classmethod
-    def check_config(cls, cfg: PretrainingConfig) -> None:
-        super().check_config(cfg)
-        check_masked_pretraining(cfg.model, cfg.masking, cfg.teacher, cfg.data)
+    def check_config(cls, cfg: PretrainingConfig, architecture: bool = True) -> None:
+        super().check_config(cfg, architecture)
+        check_masked_pretraining(cfg.model, cfg.masking, cfg.teacher, cfg.data, architecture=architecture)
 
     def inputs(self) -> list[InputPath]:
         """The teacher's weights."""
+        from geofm.rundir import InputPath
+
         return [InputPath("teacher.checkpoint", self.cfg.teacher.checkpoint)] if self.cfg.teacher else []
 
     def build_model(self, initial_weights: bool = True) -> MaskedImageModel:
@@ -159,6 +169,8 @@ class MaskedImageModelling(PretrainingTask):
 
     def figures(self, model: MaskedImageModel, pile: PretrainPile, run_dir: Path) -> None:
         """The reconstruction figure of a few fixed chips of ``pile``."""
+        from geofm.reconstruction import shown_chips, write_reconstruction_figure
+
         write_reconstruction_figure(model, pile, shown_chips(pile, self.cfg.run.seed), self.cfg.data.bands, run_dir)
 
     def export(self, model: MaskedImageModel, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
@@ -175,6 +187,8 @@ class MaskedImageModelling(PretrainingTask):
 
     def _masks(self) -> MaskGenerator:
         """The run's SimMIM masks at the student's token grid."""
+        from geofm.models.masking import MaskGenerator
+
         cfg = self.cfg
         patch = patch_size_of(cfg.model.arch, cfg.model.timm_kwargs)
         return MaskGenerator(cfg.model.img_size, cfg.masking.mask_patch_size, patch, cfg.masking.mask_ratio)

@@ -92,7 +92,7 @@ def test_a_federated_finetuning_config_is_checked_like_a_finetuning_one(finetune
         ConfigError, match=r"federation\.partition_field and federation\.where need federation\.metadata"
     ):
         read_federated_config({**tree, "federation": {**tree["federation"], "partition_field": "majority"}})
-    with pytest.raises(ConfigError, match="task: unknown federated config 'classifcation'"):
+    with pytest.raises(ConfigError, match="task: unknown task 'classifcation'; did you mean 'classification'"):
         read_federated_config({**tree, "task": "classifcation"})
 
 
