@@ -149,16 +149,14 @@ class SelfDistillation(PretrainingTask):
         return model
 
     def prepare(self, model: DinoStudent) -> None:
-        """The teacher starts as a copy of ``model`` (a client: of the global student it received), the
-        centre at zero; both on this machine's device."""
-        import torch
-
+        """The teacher starts as a copy of ``model`` (a client: of the global student it received), on
+        this machine's device; the centre, as the teacher's mean output on the first batch."""
         from geofm.models.dino import EmaTeacher
 
         prefer_fused_attention(model, self.device)
         self.teacher = EmaTeacher(model).to(self.device)
         prefer_fused_attention(self.teacher, self.device)
-        self.centre = torch.zeros(self.options.out_dim, device=self.device)
+        self.centre = None
         self._teacher_means = []
 
     def pile(self, shares: list[list[Path]] | None = None) -> PretrainPile:
@@ -186,6 +184,7 @@ class SelfDistillation(PretrainingTask):
     # ---- a step -------------------------------------------------------------------------------
     def forward(self, model, batch: dict) -> StepOutput:
         """The DINO loss of one micro-batch, with the teacher's entropy (a collapse shows as 0 or log K)."""
+        from geofm.engine import mean_across_ranks
         from geofm.selfdistill import dino_loss, entropy, teacher_temperature
 
         options = self.options
@@ -195,6 +194,8 @@ class SelfDistillation(PretrainingTask):
             views += batch["local"].to(self.device, self.dtype, non_blocking=True).unbind(1)
         teacher_logits = self.teacher(global_views)
         self._teacher_means.append(teacher_logits.mean(dim=0))
+        if self.centre is None:  # a run's (or a federated round's) first batch: centred from its first step
+            self.centre = mean_across_ranks(self._teacher_means[0])
         temperature = teacher_temperature(
             self.progress, options.warmup_teacher_temp, options.teacher_temp, options.teacher_temp_warmup
         )
