@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from torchvision.transforms import v2
 
-from geofm.data.transforms import random_flips
+from geofm.data.transforms import crop_and_flips
 
 BLUR_SIGMA = (0.1, 2.0)
 
@@ -45,8 +45,7 @@ class MultiCrop:
         vflip: bool = True,
     ) -> None:
         def view(side: int, scale: tuple[float, float], blur: float) -> v2.Compose:
-            crop = v2.RandomResizedCrop(side, scale=scale, interpolation=v2.InterpolationMode.BILINEAR, antialias=True)
-            return v2.Compose([crop, *random_flips(hflip, vflip), *_blur(side, blur)])
+            return v2.Compose([*crop_and_flips(side, scale, hflip, vflip), *_blur(side, blur)])
 
         blurs = [1.0, 0.1] + [0.5] * max(0, global_views - 2)
         self.global_views = [view(size, global_scale, blurs[i]) for i in range(global_views)]

@@ -12,6 +12,12 @@ def random_flips(hflip: bool, vflip: bool) -> list[v2.Transform]:
     return ([v2.RandomHorizontalFlip()] if hflip else []) + ([v2.RandomVerticalFlip()] if vflip else [])
 
 
+def crop_and_flips(size: int, scale: tuple[float, float], hflip: bool, vflip: bool) -> list[v2.Transform]:
+    """A random resized crop to ``size`` (bilinear, antialiased) of ``scale`` of the area, then the flips."""
+    crop = v2.RandomResizedCrop(size, scale=scale, interpolation=v2.InterpolationMode.BILINEAR, antialias=True)
+    return [crop, *random_flips(hflip, vflip)]
+
+
 class PretrainAugmentation:
     """Random resized crop and flips, applied with the same geometry to an image and its valid mask.
 
@@ -34,8 +40,7 @@ class PretrainAugmentation:
             hflip: flip left-right with probability 0.5.
             vflip: flip top-bottom with probability 0.5.
         """
-        crop = v2.RandomResizedCrop(size, scale=scale, interpolation=v2.InterpolationMode.BILINEAR, antialias=True)
-        self.transform = v2.Compose([crop, *random_flips(hflip, vflip)])
+        self.transform = v2.Compose(crop_and_flips(size, scale, hflip, vflip))
 
     def __call__(self, image: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
         """Transform an image and its valid mask.
