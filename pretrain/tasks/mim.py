@@ -135,6 +135,7 @@ class MaskedImageModelling(PretrainingTask):
     def __init__(self, cfg: PretrainingConfig) -> None:
         super().__init__(cfg)
         self.teacher: FrozenTeacher | None = None
+        self._shown: tuple[PretrainPile, dict] | None = None  # the figure's pile and its chips, read once
 
     @classmethod
     def check_config(cls, cfg: PretrainingConfig, architecture: bool = True) -> None:
@@ -168,10 +169,13 @@ class MaskedImageModelling(PretrainingTask):
         return mim_forward(model, self.teacher, self.device, self.dtype)(batch)
 
     def figures(self, model: MaskedImageModel, pile: PretrainPile, run_dir: Path) -> None:
-        """The reconstruction figure of a few fixed chips of ``pile``."""
+        """The reconstruction figure of a few fixed chips of ``pile``, read from disk once per pile
+        (a central run redraws it at every checkpoint)."""
         from geofm.reconstruction import shown_chips, write_reconstruction_figure
 
-        write_reconstruction_figure(model, pile, shown_chips(pile, self.cfg.run.seed), self.cfg.data.bands, run_dir)
+        if self._shown is None or self._shown[0] is not pile:
+            self._shown = (pile, shown_chips(pile, self.cfg.run.seed))
+        write_reconstruction_figure(model, pile, self._shown[1], self.cfg.data.bands, run_dir)
 
     def export(self, model: MaskedImageModel, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
         """Write the student's backbone like a central run's, with ``extra`` in its sidecar; a federated
