@@ -114,11 +114,9 @@ class EmaTeacher(nn.Module):
 
     @torch.no_grad()
     def forward(self, views: Sequence[Tensor]) -> Tensor:
-        device = views[0].device
-        dtype = views[0].dtype
-        if dtype == torch.float32:
-            return self.network([v.float() for v in views])
-        with torch.autocast(device.type, dtype=dtype):
+        """The logits of ``views`` (float32), computed in the views' dtype."""
+        first = views[0]
+        with torch.autocast(first.device.type, dtype=first.dtype, enabled=first.dtype != torch.float32):
             return self.network(list(views)).float()
 
 
