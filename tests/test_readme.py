@@ -1,0 +1,34 @@
+"""The README's statements about the test suite match what pytest collects."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+@pytest.mark.slow
+def test_the_readme_states_the_suites_current_test_counts():
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not slow"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    fast, total = (int(n) for n in re.search(r"^(\d+)/(\d+) tests collected", collected, re.MULTILINE).groups())
+    readme = (REPO / "README.md").read_text()
+    stated_totals = [_number(n) for n in re.findall(r"\b([\d,]+) tests\b(?! not marked slow)", readme)]
+    stated_fast = [_number(n) for n in re.findall(r"\b([\d,]+) tests not marked slow", readme)]
+    assert stated_totals, "the README states the suite's size"
+    assert set(stated_totals) == {total}, f"the README states {stated_totals} tests; pytest collects {total}"
+    assert set(stated_fast) == {fast}, f"the README states {stated_fast} fast tests; pytest collects {fast}"
