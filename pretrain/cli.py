@@ -46,8 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> None:
     from geofm.config import PretrainConfig
+    from geofm.paths import check_writable
 
     cfg = PretrainConfig.from_file(args.config, args.overrides)
+    check_writable(cfg.run.output_dir, "run.output_dir", folder=True)
     from geofm.reconstruction import print_reconstruction_figure
     from pretrain.central import pretrain  # loads torch: only once the config is valid
 
