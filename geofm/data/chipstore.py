@@ -192,9 +192,11 @@ class ChipStore:
 
 class ChipWriter:
     """Writes a store shard by shard; opened on a store a killed run left, it continues after its last shard.
+    The folder is created with the first shard (or an empty store's index), so that a prepare failing
+    before leaves none behind.
 
     Args:
-        root: the store's folder (created).
+        root: the store's folder.
         bands: band names of the chips, in order.
         size: side of the chips, in pixels.
         chips_per_shard: chips of each shard (the last may hold fewer).
@@ -208,7 +210,6 @@ class ChipWriter:
         self, root: str | Path, bands: Sequence[str], size: int, chips_per_shard: int, source: dict[str, Any]
     ) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
         self.tree: dict[str, Any] = {
             "format": FORMAT,
             "version": VERSION,
@@ -264,6 +265,7 @@ class ChipWriter:
         """Write the chips added since the last shard as one shard, then the index."""
         if not self._buffer:
             return
+        self.root.mkdir(parents=True, exist_ok=True)
         samples, pixels, valid, scale, offset = zip(*self._buffer, strict=True)
         name = f"{len(self.tree['shards']):05d}"
         records = np.zeros(len(samples), dtype=_records(len(self.tree["bands"])))
@@ -282,6 +284,7 @@ class ChipWriter:
     def finish(self) -> Path:
         """Write the last shard and mark the store complete; returns its folder."""
         self.flush()
+        self.root.mkdir(parents=True, exist_ok=True)
         self.tree["complete"] = True
         _write_json(self.root / INDEX, self.tree)
         return self.root
