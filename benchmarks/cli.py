@@ -107,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``geofm bench NAME`` to the geofm command line (the benchmarks are imported only when run)."""
     parser = subparsers.add_parser(
         "bench",
-        help="benchmarks: pretraining step, start-up, data pipeline, codec, federated round",
+        help=f"benchmarks: {', '.join(BENCHMARKS)}",
         description="Measure one part of geofm, print a table and write a JSON result. Benchmarks never gate "
         "anything: they measure, compare variants side by side and say which targets are met.",
         epilog=EPILOG,

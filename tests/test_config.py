@@ -232,6 +232,16 @@ def test_base_files_and_overrides_combine_mappings_alike_and_replace_only_when_t
     assert type(tree["data"]["kwargs"]) is dict, "the marker is gone once the tree is read"
 
 
+def test_replace_on_a_list_or_a_value_replaces_as_without_it(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("data: {bands: [red, green, blue, nir], num_workers: 2}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("base: base.yaml\ndata: {bands: !replace [red, green], num_workers: !replace 0}\n")
+    assert read_config_tree(child)["data"] == {"bands": ["red", "green"], "num_workers": 0}
+    overridden = read_config_tree(base, ["data.bands=!replace [nir]", "data.num_workers=!replace null"])
+    assert overridden["data"] == {"bands": ["nir"], "num_workers": None}
+
+
 def test_malformed_override_and_missing_file(demo_tree):
     path, _ = demo_tree
     with pytest.raises(ConfigError, match=r"key.path=value"):

@@ -109,10 +109,18 @@ class _ConfigLoader(yaml.SafeLoader):
     """YAML's safe loader plus the ``!replace`` tag."""
 
 
-_ConfigLoader.add_constructor(
-    "!replace",
-    lambda loader, node: Replace(loader.construct_mapping(node, deep=True)),  # type: ignore[arg-type]
-)
+def _replace(loader: _ConfigLoader, node: yaml.Node) -> Any:
+    """A value written ``!replace``: a mapping as :class:`Replace`; a list or a scalar as it is, as it
+    replaces whatever is beneath it anyway (:func:`_merged`)."""
+    if isinstance(node, yaml.MappingNode):
+        return Replace(loader.construct_mapping(node, deep=True))
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node, deep=True)
+    untagged = loader.resolve(yaml.ScalarNode, node.value, (True, False))
+    return loader.construct_object(yaml.ScalarNode(untagged, node.value, node.start_mark, node.end_mark), deep=True)
+
+
+_ConfigLoader.add_constructor("!replace", _replace)
 
 
 def load_yaml(text: str) -> Any:
@@ -239,8 +247,8 @@ BASE_KEY = "base"
 def _merged(base: Any, override: Any) -> Any:
     """``override`` on top of ``base``, as both ``base:`` files and command-line overrides combine.
 
-    Mappings merge key by key; anything else (lists too) is replaced, and so is a mapping written
-    ``!replace {...}`` (an empty mapping ``{}`` clears the one beneath it).
+    Mappings merge key by key; anything else (lists too, with or without ``!replace``) is replaced, and so
+    is a mapping written ``!replace {...}`` (an empty mapping ``{}`` clears the one beneath it).
     """
     if not (isinstance(override, dict) and override and isinstance(base, dict)) or isinstance(override, Replace):
         return _plain(override)
