@@ -100,9 +100,12 @@ class ChipStore:
         tree = _read_index(self.root)
         self.index_path = self.root / INDEX
         if not tree.get("complete"):
+            name = tree["source"].get("name") if isinstance(tree.get("source"), dict) else None
             raise DatasetNotFoundError(
-                f"{self.index_path.resolve()}: the store is incomplete (its geofm data prepare stopped after "
-                f"{len(tree['shards'])} shards); run the same geofm data prepare again to finish it"
+                f"{self.root.resolve()}: the chip store is unfinished: its geofm data prepare stopped after "
+                f"{len(tree['shards'])} shard(s); finish it by running that geofm data prepare again (--config and "
+                f"overrides as before, --source {name} --chip-size {tree['size']} --out {self.root.resolve()}), "
+                "which continues after its last shard"
             )
         self.bands: list[str] = list(tree["bands"])
         self.size: int = int(tree["size"])
