@@ -55,7 +55,9 @@ def test_a_folder_refusing_writes_is_named_though_os_access_says_yes(tmp_path, m
 
 @pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="a Linux /sys")
 def test_sys_is_refused_even_to_root():
-    with pytest.raises(OutputPathError, match=r"^run\.output_dir /sys/geofm-run cannot be written: /sys is not writable"):
+    with pytest.raises(
+        OutputPathError, match=r"^run\.output_dir /sys/geofm-run cannot be written: /sys is not writable"
+    ):
         check_writable("/sys/geofm-run", "run.output_dir", folder=True)
 
 
