@@ -19,6 +19,7 @@ from typing import Any
 
 from geofm.config.base import parse_overrides
 from geofm.errors import ConfigError, GeoFMError
+from geofm.paths import check_writable
 
 BENCHMARKS = {
     "pretrain-step": (
@@ -66,6 +67,9 @@ BENCHMARKS = {
     ),
 }
 
+OUTPUT_SETTINGS = {"work_dir", "output_dir"}
+"""Settings of a benchmark that name a folder it writes (checked before it runs, as ``--out`` is)."""
+
 EPILOG = """\
 examples:
   geofm bench pretrain-step                       # Swin-B 192 px GFM step: optimised vs eager fp32
@@ -103,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``geofm bench NAME`` to the geofm command line (the benchmarks are imported only when run)."""
     parser = subparsers.add_parser(
         "bench",
-        help="benchmarks: pretraining step, start-up, data pipeline, codec, federated round",
+        help=f"benchmarks: {', '.join(BENCHMARKS)}",
         description="Measure one part of geofm, print a table and write a JSON result. Benchmarks never gate "
         "anything: they measure, compare variants side by side and say which targets are met.",
         epilog=EPILOG,
@@ -131,13 +135,17 @@ def _run(args: argparse.Namespace) -> None:
 
     bench = module(args.name)
     settings = settings_of(bench, args.quick, args.settings)
+    out = args.out or Path("runs/bench") / f"{args.name}.json"
+    check_writable(out, "--out", folder=False)
+    for key in OUTPUT_SETTINGS & settings.keys():
+        if settings[key] is not None:
+            check_writable(settings[key], key, folder=True)
     if args.threads:
         torch.set_num_threads(args.threads)
     started, before = time.perf_counter(), machine()
     report = bench.run(settings)
     command = " ".join(["geofm bench", args.name, *(["--quick"] if args.quick else []), *args.settings])
     record = result_record(args.name, command, settings, report, started, before)
-    out = args.out or Path("runs/bench") / f"{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     if args.json:

@@ -307,6 +307,7 @@ def _print_commands(out: Path, args: argparse.Namespace) -> None:
 
 
 def _certs(args: argparse.Namespace) -> None:
+    check_writable(args.deployment, "--deployment", folder=True)
     files = write_deployment_files(
         args.deployment,
         args.institutions,

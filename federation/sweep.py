@@ -41,6 +41,7 @@ from pydantic import Field, field_validator
 from geofm.config.base import ProgramConfig, read_config_tree, set_dotted
 from geofm.errors import ConfigError, GeoFMError
 from geofm.federated.comparison import SWEEP_LABELS, write_comparison
+from geofm.paths import check_writable
 
 log = logging.getLogger("geofm.federated")
 
@@ -164,6 +165,7 @@ def run_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = (), sim
         GeoFMError: a cell failed (the others still ran); rerunning the sweep resumes it.
     """
     cfg, cells = read_sweep(path, overrides)
+    check_writable(cfg.output_dir, f"{path}: output_dir", folder=True)
     configs = cfg.output_dir / "configs"
     configs.mkdir(parents=True, exist_ok=True)
     status = _status(cfg.output_dir)

@@ -134,7 +134,8 @@ def _finetune(args: argparse.Namespace) -> None:
     from geofm.config.finetune import FinetuneConfig
 
     cfg = FinetuneConfig.from_file(args.config, args.overrides)
-    from finetune.run import finetune  # loads torch: only once the config is valid
+    check_writable(cfg.run.output_dir, "run.output_dir", folder=True)
+    from finetune.run import finetune  # loads torch: only once the config and its output are
 
     run_dir = finetune(cfg, source=str(args.config))
     if int(os.environ.get("RANK", "0")) == 0:

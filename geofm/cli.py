@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from geofm import PROJECT_LOGGERS, __version__
 from geofm.errors import GeoFMError
+from geofm.paths import output_write_error
 from geofm.registry import REGISTRIES
 
 if TYPE_CHECKING:
@@ -92,23 +93,35 @@ def _folder_stats(args: argparse.Namespace) -> BandStats:
 
 
 def _data_prepare(args: argparse.Namespace) -> None:
-    import json
-
-    from geofm.data.prepare import prepare_store
-    from geofm.data.stats import configured_source
+    from geofm.data.stats import configured_data, source_named
     from geofm.errors import ConfigError
+    from geofm.paths import check_writable
 
-    source = configured_source(args.config, args.source)
+    data = configured_data(args.config, args.overrides)
+    source = source_named(data, args.source, args.config)
     size = args.chip_size or source.chip_size
     if size is None:
         raise ConfigError(f"source {source.name!r} has no chip_size: give the chips' size with --chip-size")
-    summary = prepare_store(source, args.out, size, args.chips_per_shard, args.workers, progress=not args.no_progress)
+    check_writable(args.out, "--out", folder=True)
+    from geofm.data.prepare import prepare_store  # loads torch: only once the store can be written
+
+    summary = prepare_store(
+        source,
+        args.out,
+        size,
+        args.chips_per_shard,
+        args.workers,
+        progress=not args.no_progress,
+        on_bad_file=data.on_bad_file,
+    )
     print(json.dumps(summary))
 
 
 def _data_bigearthnet_metadata(args: argparse.Namespace) -> None:
     from geofm.data.finetune.bigearthnet import write_bigearthnet_metadata
+    from geofm.paths import check_writable
 
+    check_writable(args.out, "--out", folder=False)
     print(f"wrote {write_bigearthnet_metadata(args.root, args.out)}")
 
 
@@ -240,7 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read every sample of a config's source (any layout, quality band and nodata included), cut "
         "into chips of --chip-size px, and write them as shards of raw pixels with their valid masks and scaling: "
         "a chip store, which a source with layout: chips and root: OUT reads back many times faster. Run again "
-        "with the same arguments, a killed prepare continues after its last finished shard. Prints a JSON summary.",
+        "with the same arguments, a killed prepare continues after its last finished shard; a prepare that fails before "
+        "its first shard leaves no folder behind. Files that cannot be read stop it, or with data.on_bad_file: skip "
+        "their chips are left out with one warning per file. Prints a JSON summary.",
         epilog="example:\n  geofm data prepare --config configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml "
         "--source satellite_4band --chip-size 64 --out data/chips/satellite_4band",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -252,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--chips-per-shard", type=int, default=256, help="chips per shard file (default 256)")
     prepare.add_argument("--workers", type=int, default=0, help="processes reading the source beside the writer")
     prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
+    prepare.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key.path=value",
+        help="override config values (YAML values), e.g. data.on_bad_file=skip",
+    )
     prepare.set_defaults(handler=_data_prepare)
     ben = data.add_parser(
         "bigearthnet-metadata",
@@ -352,6 +373,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose and exc.worker_traceback:
             print(exc.worker_traceback, file=sys.stderr)
         print(f"geofm: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a write refused or failed mid-run (full disk, lost mount) on a checked output
+        error = output_write_error(exc)
+        if error is None:
+            raise
+        print(f"geofm: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # where a program has no stop handling of its own (imports, checks, set-up)
         print(

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from geofm.errors import ConfigError
+from geofm.schema import unknown_key
 
 T = TypeVar("T")
 
@@ -180,13 +181,16 @@ class Registry(Generic[T]):
 
 
 def validated(model: type[BaseModel], data: Any, where: str) -> BaseModel:
-    """``data`` validated as ``model``; ValueError naming ``where``, the first bad field and what it expects."""
+    """``data`` validated as ``model``; ValueError naming ``where``, the first bad field and what it expects
+    (an unknown key: the keys it may have meant)."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
+        # An unknown key first: a misspelt required key is "missing" too, and the typo is the cause.
+        first = min(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
         loc = ".".join(str(part) for part in first["loc"])
-        raise ValueError(f"{where}{'.' + loc if loc else ''}: {first['msg']}") from None
+        message = unknown_key(model, first["loc"]) if first["type"] == "extra_forbidden" else first["msg"]
+        raise ValueError(f"{where}{'.' + loc if loc else ''}: {message}") from None
 
 
 def entry_options(name: str, model: type[BaseModel] | None, given: Mapping[str, Any], where: str) -> BaseModel | None:

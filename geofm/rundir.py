@@ -75,13 +75,14 @@ def check_inputs(paths: Iterable[InputPath], source: str = "the config") -> None
     """Check every input path of a config before anything is built, and report all problems at once.
 
     Raises:
-        ConfigError: listing each missing folder, empty folder or missing checkpoint with its absolute path.
+        ConfigError: listing each missing folder, empty folder, unfinished chip store or missing checkpoint
+            with its absolute path.
     """
     problems = [p for p in (item.problem() for item in paths) if p is not None]
     if problems:
         listed = "\n".join(f"  - {p}" for p in problems)
         raise ConfigError(
-            f"{source}: {len(problems)} input(s) missing (relative paths are resolved against the working "
+            f"{source}: {len(problems)} input(s) cannot be read (relative paths are resolved against the working "
             f"directory {Path.cwd()}):\n{listed}"
         )
 

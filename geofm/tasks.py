@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from geofm.errors import ConfigError
 from geofm.registry import Registry
 
 if TYPE_CHECKING:  # config validation reads the registry without importing torch
@@ -42,6 +43,21 @@ TASKS.register("multilabel", "finetune.tasks.multilabel:Multilabel")
 TASKS.register("segmentation", "finetune.tasks.segmentation:Segmentation")
 TASKS.register("change", "finetune.tasks.change:Change")
 TASKS.register("superres", "finetune.tasks.superres:Superres")
+
+
+def pretraining_objectives() -> dict[str, str]:
+    """The registered pretraining objectives, each name with its summary (for help texts); an entry whose
+    module cannot be imported (a broken plug-in) is left out, as ``geofm list tasks`` reports it."""
+    objectives = {}
+    for name in TASKS:
+        try:
+            kind = getattr(TASKS.get(name), "kind", None)
+        except ConfigError:
+            continue
+        if kind == "pretraining":
+            objectives[name] = TASKS.summary(name)
+    return objectives
+
 
 FEDERATED_CONFIGS: Registry = Registry("federated config", "geofm.federated_configs")
 """The config class of federated runs by task kind: a new task of a known kind needs no entry here."""
@@ -153,4 +169,12 @@ class PretrainingTask(FederatedTask, Protocol):
         """Redraw the objective's figures at a checkpoint (the reconstruction figure)."""
 
 
-__all__ = ["FEDERATED_CONFIGS", "TASKS", "ClientShare", "FederatedTask", "PretrainingTask", "StepOutput"]
+__all__ = [
+    "FEDERATED_CONFIGS",
+    "TASKS",
+    "ClientShare",
+    "FederatedTask",
+    "PretrainingTask",
+    "StepOutput",
+    "pretraining_objectives",
+]

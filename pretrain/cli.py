@@ -18,11 +18,17 @@ learning-rate schedule. Relative paths in the config are resolved against the wo
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from geofm.tasks import pretraining_objectives  # imports no torch
+
+    objectives = pretraining_objectives()
+    width = max(map(len, objectives), default=0)
     parser = subparsers.add_parser(
         "pretrain",
-        help="continual pretraining (SimMIM, GFM with a teacher) on the DeepSpeed engine",
-        description="Pretrain a backbone as configured (SimMIM; GFM distillation when the config has a teacher). "
-        "Every input path is checked before anything is built; the run directory is created once training starts.",
+        help=f"continual pretraining with a registered objective ({', '.join(objectives)}) on the DeepSpeed engine",
+        description="Pretrain a backbone with the objective its config names (task, default mim; its own settings "
+        "in task_options; geofm list tasks):\n"
+        + "".join(f"  {name:<{width}}  {summary}\n" for name, summary in objectives.items())
+        + "Every input path is checked before anything is built; the run directory is created once training starts.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -46,8 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> None:
     from geofm.config import PretrainConfig
+    from geofm.paths import check_writable
 
     cfg = PretrainConfig.from_file(args.config, args.overrides)
+    check_writable(cfg.run.output_dir, "run.output_dir", folder=True)
     from geofm.reconstruction import print_reconstruction_figure
     from pretrain.central import pretrain  # loads torch: only once the config is valid
 

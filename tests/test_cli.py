@@ -178,6 +178,33 @@ def test_help_texts_list_registered_algorithms_and_give_each_command_its_own_exa
     assert "--deployment DIR" in _help(capsys, "fed", "certs") and "--out" not in _help(capsys, "fed", "commands")
 
 
+def test_pretrain_and_bench_help_describe_what_is_registered(capsys):
+    """Each pretraining objective of the task registry, a plug-in's too, and every benchmark."""
+    from benchmarks.cli import BENCHMARKS
+    from geofm.tasks import TASKS
+
+    class Contrast:
+        """A plug-in's contrastive objective."""
+
+        kind = "pretraining"
+
+    TASKS.register("contrast", Contrast)
+    try:
+        pretrain = " ".join(_help(capsys, "pretrain").split())
+        overview = " ".join(_help(capsys).split())
+    finally:
+        TASKS.unregister("contrast")
+    for name, summary in (
+        ("contrast", "A plug-in's contrastive objective."),
+        ("dino", "DINO: a student"),
+        ("mim", "SimMIM"),
+    ):
+        assert f"{name} {summary}" in pretrain
+    assert "continual pretraining with a registered objective (contrast, dino, mim)" in overview
+    assert "segmentation" not in pretrain, "finetuning tasks are geofm finetune's"
+    assert f"benchmarks: {', '.join(BENCHMARKS)}" in " ".join(overview.replace("- ", "-").split())
+
+
 def _module_logger_names() -> dict[str, str]:
     """Each module's logger (a module-level ``NAME = logging.getLogger(...)``) -> the module, for every package."""
     import ast

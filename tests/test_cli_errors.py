@@ -209,37 +209,128 @@ def test_an_unknown_benchmark_setting(capsys):
 FEDERATED_DEMO = Path(__file__).parents[1] / "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml"
 
 
-def _output_commands(tmp_path, task_tree) -> dict[str, tuple[list[str], str]]:
-    """Each command that writes, with its output below ``tmp_path/afile`` (a regular file): args, the option named."""
-    blocked = tmp_path / "afile" / "out"
+def _output_commands(tmp_path, task_tree, blocked: Path) -> dict[str, tuple[list[str], str]]:
+    """Each command that writes, with its output at ``blocked``: its args and the option it names."""
     finetune = tmp_path / "finetune.yaml"
     finetune.write_text(yaml.safe_dump(task_tree("classification")))
+    pretrain = _pretrain_config(tmp_path, images=4, micro_batch_size=2)
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        yaml.safe_dump({"config": str(FEDERATED_DEMO), "output_dir": str(blocked), "algorithms": {"fedavg": {}}})
+    )
     output_dir = f"run.output_dir={blocked}"
     return {
-        "pretrain": (
-            ["pretrain", "--config", _pretrain_config(tmp_path, images=4, micro_batch_size=2), output_dir],
-            "run.output_dir",
-        ),
+        "pretrain": (["pretrain", "--config", pretrain, output_dir], "run.output_dir"),
         "finetune": (["finetune", "--config", str(finetune), output_dir], "run.output_dir"),
         "fed simulate": (["fed", "simulate", "--config", str(FEDERATED_DEMO), output_dir], "run.output_dir"),
+        "fed certs": (
+            ["fed", "certs", "--deployment", str(blocked), "--institutions", "a,b", "--host", "h"],
+            "--deployment",
+        ),
+        "fed sweep": (["fed", "sweep", "--config", str(sweep)], f"{sweep}: output_dir"),
         "predict": (["predict", "--model", "run", "--input", "a.tif", "--output", f"{blocked}.tif"], "--output"),
         "demo-data": (["demo-data", "--out", str(blocked)], "--out"),
+        "data prepare": (
+            ["data", "prepare", "--config", pretrain, "--source", "rgb", "--chip-size", "32", "--out", str(blocked)],
+            "--out",
+        ),
+        "data bigearthnet-metadata": (["data", "bigearthnet-metadata", "ben", "--out", f"{blocked}.csv"], "--out"),
         "checkpoint convert": (["checkpoint", "convert", "weights.pth", str(blocked)], "dst"),
         "eval": (["eval", "--config", str(finetune), "--out", f"{blocked}.json", "checkpoint=run"], "--out"),
         "report": (["report", "a.json", "--baseline", "b.json", "--out", str(blocked)], "--out"),
+        "bench": (["bench", "codec", "--out", f"{blocked}.json"], "--out"),
+        "bench work_dir": (["bench", "fed-benefit", f"work_dir={blocked}"], "work_dir"),
     }
 
 
-@pytest.mark.parametrize(
-    "command",
-    ["pretrain", "finetune", "fed simulate", "predict", "demo-data", "checkpoint convert", "eval", "report"],
-)
+COMMANDS = [
+    "pretrain",
+    "finetune",
+    "fed simulate",
+    "fed certs",
+    "fed sweep",
+    "predict",
+    "demo-data",
+    "data prepare",
+    "data bigearthnet-metadata",
+    "checkpoint convert",
+    "eval",
+    "report",
+    "bench",
+    "bench work_dir",
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_an_output_below_a_file_is_refused_before_anything_is_built(tmp_path, capsys, task_tree, command):
     (tmp_path / "afile").write_text("")
-    args, option = _output_commands(tmp_path, task_tree)[command]
+    args, option = _output_commands(tmp_path, task_tree, tmp_path / "afile" / "out")[command]
     err = _error(capsys, args)
     assert f"geofm: error: {option} {tmp_path / 'afile' / 'out'}" in err
     assert f"cannot be written: {tmp_path / 'afile'} is a file, not a folder; choose another path" in err
+
+
+@pytest.fixture
+def refused(tmp_path, monkeypatch) -> Path:
+    """A folder that refuses new files, as /sys or a read-only mount does even to root (whom ``os.access``
+    tells yes): its write probe fails."""
+    import tempfile
+
+    folder = tmp_path / "refused"
+    folder.mkdir()
+    probe = tempfile.NamedTemporaryFile
+
+    def refusing(*args, **kwargs):
+        if Path(kwargs.get("dir", "")) == folder:
+            raise PermissionError(1, "Operation not permitted", str(folder / ".probe"))
+        return probe(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refusing)
+    return folder
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_output_in_a_folder_that_refuses_writes_is_refused_before_anything_is_built(
+    tmp_path, capsys, task_tree, refused, command
+):
+    args, option = _output_commands(tmp_path, task_tree, refused / "out")[command]
+    err = _error(capsys, args)
+    assert f"geofm: error: {option} {refused / 'out'}" in err
+    assert f"cannot be written: {refused} is not writable (Operation not permitted); choose another path" in err
+    assert not (refused / "out").exists()
+
+
+def test_a_write_refused_during_a_run_names_the_option_and_path(tmp_path, capsys, monkeypatch):
+    """A store's shard that cannot be written (a full disk) once prepare has started; a library naming the
+    path only in its message (rasterio) is recognised too."""
+    import geofm.data.prepare
+
+    out = tmp_path / "store"
+    shard = out / "00000.pixels.npy.tmp"
+    args = ["data", "prepare", "--config", _pretrain_config(tmp_path, images=1), "--source", "rgb"]
+    args += ["--chip-size", "32", "--out", str(out), "--no-progress"]
+    elsewhere = OSError(5, "Input/output error", "/elsewhere")  # not an output: a traceback, as any bug's
+    for error in (
+        OSError(28, "No space left on device", str(shard)),
+        OSError(f"Attempt to create new tiff file '{out}.tmp' failed: Permission denied"),
+        elsewhere,
+    ):
+
+        def failing(*_, error=error, **__):
+            raise error
+
+        monkeypatch.setattr(geofm.data.prepare, "prepare_store", failing)
+        if error is elsewhere:
+            with pytest.raises(OSError, match="Input/output error"):
+                main(args)
+            continue
+        err = _error(capsys, args)
+        if error.filename:
+            assert err == (
+                f"geofm: error: --out {out} cannot be written ({shard}): No space left on device; choose another path\n"
+            )
+        else:
+            assert err.startswith(f"geofm: error: --out {out} cannot be written: Attempt to create new tiff file")
 
 
 def test_an_override_typo_is_named_by_every_command_that_reads_a_config(tmp_path, capsys, task_tree):

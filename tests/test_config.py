@@ -93,6 +93,37 @@ def test_an_override_is_named_where_it_set_the_wrong_value(demo_tree):
     )
 
 
+DINO = Path(__file__).parents[1] / "configs/pretrain/demo_dino_swin_micro__img64_win4__4band.yaml"
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("task_options.teacher_tmp=0.1", "  override task_options.teacher_tmp=0.1: unknown key (did you mean"),
+        (
+            "task_options={teacher_tmp: 0.1}",
+            "  override task_options={teacher_tmp: 0.1}: task_options.teacher_tmp: unknown key (did you mean",
+        ),
+        ("algorithm.x=1", "  override algorithm.x=1: algorithm: unknown key"),
+    ],
+)
+def test_a_misspelt_option_given_on_the_command_line_is_named_as_the_override(override, line):
+    with pytest.raises(ConfigError) as info:
+        PretrainConfig.from_file(DINO, [override])
+    assert str(info.value).startswith(f"the overrides of {DINO} are invalid\n{line}")
+    assert "teacher_temp" in str(info.value) or "algorithm" in override
+
+
+def test_a_misspelt_option_in_the_file_is_named_by_its_field(tmp_path):
+    tree = yaml.safe_load(DINO.read_text())
+    tree["task_options"]["teacher_tmp"] = 0.1
+    with pytest.raises(ConfigError) as info:
+        PretrainConfig.from_file(_write(tmp_path, tree))
+    assert (
+        str(info.value).splitlines()[1].startswith("  task_options.teacher_tmp: unknown key (did you mean teacher_temp")
+    )
+
+
 def test_a_missing_section_names_the_values_it_needs_and_the_file(demo_tree, tmp_path):
     _, tree = demo_tree
     del tree["run"]
@@ -199,6 +230,16 @@ def test_base_files_and_overrides_combine_mappings_alike_and_replace_only_when_t
     assert read_config_tree(base, ["model=null"])["model"] is None, "anything but a mapping replaces"
     tree = read_config_tree(replacing)
     assert type(tree["data"]["kwargs"]) is dict, "the marker is gone once the tree is read"
+
+
+def test_replace_on_a_list_or_a_value_replaces_as_without_it(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("data: {bands: [red, green, blue, nir], num_workers: 2}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("base: base.yaml\ndata: {bands: !replace [red, green], num_workers: !replace 0}\n")
+    assert read_config_tree(child)["data"] == {"bands": ["red", "green"], "num_workers": 0}
+    overridden = read_config_tree(base, ["data.bands=!replace [nir]", "data.num_workers=!replace null"])
+    assert overridden["data"] == {"bands": ["nir"], "num_workers": None}
 
 
 def test_malformed_override_and_missing_file(demo_tree):

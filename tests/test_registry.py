@@ -153,3 +153,24 @@ def test_an_entrys_options_are_validated_by_its_options_model_and_listed_field_b
         ("seed", "int", "required", "required, no default"),
     ]
     assert reg.option_rows("plain") == []
+
+
+@pytest.mark.slow  # imports every registered entry (torch, timm, the task and algorithm modules)
+def test_a_misspelt_option_of_any_entry_gets_the_keys_it_may_have_meant():
+    from geofm.registry import REGISTRIES
+
+    checked = []
+    for kind in REGISTRIES:
+        registry = REGISTRIES.get(kind)
+        for name in registry:
+            model = registry.options_model(name)
+            if not isinstance(model, type) or not model.model_fields:
+                continue
+            field = next(iter(model.model_fields))
+            with pytest.raises(
+                ValueError, match=rf"^x\.options\.{field}z: unknown key \(did you mean [\w ]*\b{field}\b"
+            ):
+                registry.options(name, {f"{field}z": 1}, "x.options")
+            checked.append(f"{kind}:{name}")
+    kinds = {entry.split(":")[0] for entry in checked}
+    assert {"tasks", "algorithms", "heads", "aggregators", "server-optimizers", "product-layouts"} <= kinds, checked

@@ -11,8 +11,6 @@ written to be run from the repository root); errors about paths show the resolve
 
 from __future__ import annotations
 
-import collections.abc
-import difflib
 import re
 import typing
 from collections.abc import Sequence
@@ -23,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
 
 from geofm.errors import ConfigError
+from geofm.schema import section_at, unknown_key
 
 _FORM_ONLY = {"check_architecture": False}
 CONFIG_FILE = "config.yaml"
@@ -110,10 +109,18 @@ class _ConfigLoader(yaml.SafeLoader):
     """YAML's safe loader plus the ``!replace`` tag."""
 
 
-_ConfigLoader.add_constructor(
-    "!replace",
-    lambda loader, node: Replace(loader.construct_mapping(node, deep=True)),  # type: ignore[arg-type]
-)
+def _replace(loader: _ConfigLoader, node: yaml.Node) -> Any:
+    """A value written ``!replace``: a mapping as :class:`Replace`; a list or a scalar as it is, as it
+    replaces whatever is beneath it anyway (:func:`_merged`)."""
+    if isinstance(node, yaml.MappingNode):
+        return Replace(loader.construct_mapping(node, deep=True))
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node, deep=True)
+    untagged = loader.resolve(yaml.ScalarNode, node.value, (True, False))
+    return loader.construct_object(yaml.ScalarNode(untagged, node.value, node.start_mark, node.end_mark), deep=True)
+
+
+_ConfigLoader.add_constructor("!replace", _replace)
 
 
 def load_yaml(text: str) -> Any:
@@ -137,26 +144,6 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, A
         except yaml.YAMLError as exc:
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from None
     return pairs
-
-
-def _section_of(annotation: Any) -> type[BaseModel] | None:
-    """The config section a field holds, itself or as the items of a list or an optional value."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (dict, collections.abc.Mapping):
-        return None
-    return next(filter(None, map(_section_of, typing.get_args(annotation))), None)
-
-
-def _section_at(schema: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    """The section at ``loc``; None when the path leaves plain sections and lists."""
-    section: type[BaseModel] | None = schema
-    for part in loc:
-        if isinstance(part, int):  # an index into a list of sections
-            continue
-        field = section.model_fields.get(part) if section is not None else None
-        section = _section_of(field.annotation) if field is not None else None
-    return section
 
 
 def _required_leaves(section: type[BaseModel], where: str) -> list[str]:
@@ -188,30 +175,40 @@ def _problems(err: ValidationError, schema: type[BaseModel]) -> list[_Problem]:
         where = ".".join(str(p) for p in loc) or "config"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "missing":
-            parent = _section_at(schema, loc[:-1])
+            parent = section_at(schema, loc[:-1])
             field = parent.model_fields.get(str(loc[-1])) if parent is not None and loc else None
             missing = field.annotation if field is not None else None
             if isinstance(missing, type) and issubclass(missing, BaseModel):
                 problems += [_Problem(leaf, "", msg) for leaf in _required_leaves(missing, where)]
                 continue
         elif e["type"] == "extra_forbidden":
-            section = _section_at(schema, loc[:-1])
-            keys = list(section.model_fields) if section is not None else []
-            near = difflib.get_close_matches(str(loc[-1]), keys, n=2, cutoff=0.6)
-            msg = f"unknown key (did you mean {' or '.join(near)}?)" if near else "unknown key"
+            msg = unknown_key(schema, loc)
         elif not isinstance(e.get("input"), dict):
             msg = f"{msg} (got {e.get('input')!r})"
-        # A section's check may name the field itself ("data.bands: ..."): that path, not the section's.
-        named = re.match(rf"({re.escape(where)}\.[\w.]+)((?: \([^)]*\))?): (.*)", msg, re.DOTALL)
-        problems.append(_Problem(named[1], named[2], named[3]) if named else _Problem(where, "", msg))
+        problems.append(_named_field(msg, loc, schema) or _Problem(where, "", msg))
     return problems
+
+
+def _named_field(msg: str, loc: tuple, schema: type[BaseModel]) -> _Problem | None:
+    """The problem a section's check at ``loc`` names by its field, whole (``data.bands: ...``) or below
+    the section (``options.teacher_tmp: ...`` in ``algorithm``'s check), rather than the section itself."""
+    named = re.match(r"([\w.]+)((?: \([^)]*\))?): (.*)", msg, re.DOTALL)
+    if named is None:
+        return None
+    where, path = ".".join(map(str, loc)), named[1]
+    section = section_at(schema, loc)
+    if not path.startswith(f"{where}.") or not loc:
+        if section is None or path.split(".")[0] not in section.model_fields:
+            return None
+        path = f"{where}.{path}" if loc else path
+    return _Problem(path, named[2], named[3])
 
 
 def _override_of(field: str, overrides: Sequence[str]) -> tuple[str, str] | None:
     """The command-line override that set ``field`` (the last, as it wins) and its key; None when the file did."""
     for item, (key, value) in reversed(list(zip(overrides, parse_overrides(overrides), strict=True))):
         below = field.removeprefix(f"{key}.")
-        if field == key or (below != field and _holds(value, below.split("."))):
+        if field == key or key.startswith(f"{field}.") or (below != field and _holds(value, below.split("."))):
             return item, key
     return None
 
@@ -250,8 +247,8 @@ BASE_KEY = "base"
 def _merged(base: Any, override: Any) -> Any:
     """``override`` on top of ``base``, as both ``base:`` files and command-line overrides combine.
 
-    Mappings merge key by key; anything else (lists too) is replaced, and so is a mapping written
-    ``!replace {...}`` (an empty mapping ``{}`` clears the one beneath it).
+    Mappings merge key by key; anything else (lists too, with or without ``!replace``) is replaced, and so
+    is a mapping written ``!replace {...}`` (an empty mapping ``{}`` clears the one beneath it).
     """
     if not (isinstance(override, dict) and override and isinstance(base, dict)) or isinstance(override, Replace):
         return _plain(override)

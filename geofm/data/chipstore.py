@@ -100,9 +100,12 @@ class ChipStore:
         tree = _read_index(self.root)
         self.index_path = self.root / INDEX
         if not tree.get("complete"):
+            name = tree["source"].get("name") if isinstance(tree.get("source"), dict) else None
             raise DatasetNotFoundError(
-                f"{self.index_path.resolve()}: the store is incomplete (its geofm data prepare stopped after "
-                f"{len(tree['shards'])} shards); run the same geofm data prepare again to finish it"
+                f"{self.root.resolve()}: the chip store is unfinished: its geofm data prepare stopped after "
+                f"{len(tree['shards'])} shard(s); finish it by running that geofm data prepare again (--config and "
+                f"overrides as before, --source {name} --chip-size {tree['size']} --out {self.root.resolve()}), "
+                "which continues after its last shard"
             )
         self.bands: list[str] = list(tree["bands"])
         self.size: int = int(tree["size"])
@@ -192,9 +195,11 @@ class ChipStore:
 
 class ChipWriter:
     """Writes a store shard by shard; opened on a store a killed run left, it continues after its last shard.
+    The folder is created with the first shard (or an empty store's index), so that a prepare failing
+    before leaves none behind.
 
     Args:
-        root: the store's folder (created).
+        root: the store's folder.
         bands: band names of the chips, in order.
         size: side of the chips, in pixels.
         chips_per_shard: chips of each shard (the last may hold fewer).
@@ -208,7 +213,6 @@ class ChipWriter:
         self, root: str | Path, bands: Sequence[str], size: int, chips_per_shard: int, source: dict[str, Any]
     ) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
         self.tree: dict[str, Any] = {
             "format": FORMAT,
             "version": VERSION,
@@ -264,6 +268,7 @@ class ChipWriter:
         """Write the chips added since the last shard as one shard, then the index."""
         if not self._buffer:
             return
+        self.root.mkdir(parents=True, exist_ok=True)
         samples, pixels, valid, scale, offset = zip(*self._buffer, strict=True)
         name = f"{len(self.tree['shards']):05d}"
         records = np.zeros(len(samples), dtype=_records(len(self.tree["bands"])))
@@ -282,6 +287,7 @@ class ChipWriter:
     def finish(self) -> Path:
         """Write the last shard and mark the store complete; returns its folder."""
         self.flush()
+        self.root.mkdir(parents=True, exist_ok=True)
         self.tree["complete"] = True
         _write_json(self.root / INDEX, self.tree)
         return self.root

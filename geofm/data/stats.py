@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,14 +170,15 @@ class _DataSection(ProgramConfig):
     data: DataConfig
 
 
-def configured_source(config: str | Path, name: str) -> SourceConfig:
-    """Source ``name`` of a config file's ``data.sources`` (after its ``base``), validated with its band
-    names resolved; its ``mean`` and ``std`` may be left out, being what the statistics are for.
+def configured_data(config: str | Path, overrides: Sequence[str] = ()) -> DataConfig:
+    """The ``data`` section of a config file (after its ``base`` and the ``key.path=value`` overrides),
+    validated with its band names resolved; its sources' ``mean`` and ``std`` may be left out, being what
+    the statistics are for.
 
     Raises:
-        ConfigError: if the file or its data section is invalid, or it has no source ``name``.
+        ConfigError: if the file, an override or its data section is invalid.
     """
-    tree = read_config_tree(config)
+    tree = read_config_tree(config, overrides)
     data = tree.get("data")
     sources = data.get("sources") if isinstance(data, dict) else None
     if not isinstance(sources, list):
@@ -187,11 +189,28 @@ def configured_source(config: str | Path, name: str) -> SourceConfig:
             n = len(source["bands"])
             source = {"mean": [0.0] * n, "std": [1.0] * n, **source}
         filled.append(source)
-    section = _DataSection.from_tree({"data": {**data, "sources": filled}}, str(config)).data
-    names = [s.name for s in section.sources]
+    return _DataSection.from_tree({"data": {**data, "sources": filled}}, str(config), overrides).data
+
+
+def source_named(data: DataConfig, name: str, config: str | Path) -> SourceConfig:
+    """Source ``name`` of ``data``, the data section of file ``config``.
+
+    Raises:
+        ConfigError: it has no source ``name``.
+    """
+    names = [s.name for s in data.sources]
     if name not in names:
         raise ConfigError(f"{config}: data.sources has no source named {name!r}; its sources are {names}")
-    return section.sources[names.index(name)]
+    return data.sources[names.index(name)]
+
+
+def configured_source(config: str | Path, name: str) -> SourceConfig:
+    """Source ``name`` of a config file's ``data.sources`` (see :func:`configured_data`).
+
+    Raises:
+        ConfigError: if the file or its data section is invalid, or it has no source ``name``.
+    """
+    return source_named(configured_data(config), name, config)
 
 
 def _yaml_float(value: float) -> str:

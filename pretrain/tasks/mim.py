@@ -126,8 +126,10 @@ def frozen_teacher(cfg: PretrainingConfig) -> FrozenTeacher | None:
 
 
 class MaskedImageModelling(PretrainingTask):
-    """The GFM/SimMIM objective: the student reconstructs masked patches and, with a frozen teacher,
-    matches the teacher's features (:func:`geofm.objective.gfm_loss`)."""
+    """SimMIM, and GFM with a teacher: the student reconstructs masked patches and, with a frozen teacher,
+    matches the teacher's features.
+
+    The loss is :func:`geofm.objective.gfm_loss`."""
 
     log_keys = LOSS_KEYS
     resume_invariants = RESUME_INVARIANTS

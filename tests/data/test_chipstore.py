@@ -169,7 +169,9 @@ def test_a_killed_prepare_continues_after_its_last_finished_shard(tmp_path, writ
         prepare_store(cfg, tmp_path / "store", size=8, chips_per_shard=3, progress=False)
     index = json.loads((tmp_path / "store" / INDEX).read_text())
     assert not index["complete"] and [s["chips"] for s in index["shards"]] == [3, 3]
-    with pytest.raises(DatasetNotFoundError, match=r"incomplete .* run the same geofm data prepare again"):
+    with pytest.raises(
+        DatasetNotFoundError, match=r"store is unfinished: its geofm data prepare stopped after 2 shard"
+    ):
         ChipStore(tmp_path / "store")
 
     (tmp_path / "store" / "00002.pixels.npy").write_bytes(b"a shard the index never listed")  # killed mid-shard
@@ -325,3 +327,44 @@ def test_the_chip_store_module_imports_no_raster_or_config_stack():
     probe = "import sys, geofm.data.chipstore; print(sorted(m for m in ('rasterio', 'pydantic', 'geofm.config') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_cli_prepare_skips_unreadable_files_as_a_run_would_and_takes_overrides(tmp_path, write_tif, capsys, caplog):
+    """A truncated GeoTIFF (its header reads, its pixels do not) is left out, 9 chips of 8 px, one warning."""
+    cfg = _file_source(tmp_path / "tifs", write_tif)
+    corrupt = write_tif(tmp_path / "tifs" / "d.tif", np.ones((3, 20, 20), dtype=np.uint16), nodata=0)
+    corrupt.write_bytes(corrupt.read_bytes()[: corrupt.stat().st_size // 2])
+    config = tmp_path / "pile.yaml"
+    config.write_text(yaml.safe_dump({"data": {"bands": cfg.bands, "sources": [cfg.model_dump(mode="json")]}}))
+    args = ["data", "prepare", "--config", str(config), "--source", "tifs", "--chip-size", "8", "--no-progress"]
+
+    assert main([*args, "--out", str(tmp_path / "failed")]) == 2
+    assert capsys.readouterr().err.startswith(f"geofm: error: {tmp_path / 'tifs' / 'd.tif'}")
+    assert not (tmp_path / "failed").exists(), "a prepare that wrote nothing leaves no folder"
+
+    assert main([*args, "--out", str(tmp_path / "store"), "data.on_bad_file=skip"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["chips"] == 20 and summary["left_out_unreadable"] == 9
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"source 'tifs': skipping {corrupt}: ")
+    assert len(ChipStore(tmp_path / "store").shard_paths()) == 1
+
+    assert main([*args, "--out", str(tmp_path / "x"), "data.on_bad_fil=skip"]) == 2
+    assert "override data.on_bad_fil=skip: unknown key (did you mean on_bad_file?)" in capsys.readouterr().err
+
+
+def test_an_unfinished_store_is_named_unfinished_with_the_prepare_that_finishes_it(tmp_path, write_tif):
+    from geofm.errors import ConfigError
+    from geofm.rundir import InputPath, check_inputs
+
+    cfg = _file_source(tmp_path / "tifs", write_tif)
+    store = tmp_path / "store"
+    prepare_store(cfg, store, size=8, chips_per_shard=8, progress=False)
+    index = json.loads((store / INDEX).read_text())
+    (store / INDEX).write_text(json.dumps({**index, "complete": False}))
+    with pytest.raises(ConfigError) as info:
+        check_inputs([InputPath.of_source("data.sources.0.root", _store_source(cfg, store))], "my.yaml")
+    message = str(info.value)
+    assert message.startswith("my.yaml: 1 input(s) cannot be read") and "missing" not in message
+    assert f"{store}: the chip store is unfinished: its geofm data prepare stopped after 3 shard(s)" in message
+    assert f"--source tifs --chip-size 8 --out {store}), which continues after its last shard" in message

@@ -121,7 +121,10 @@ def test_both_radii_warm_up_linearly_from_rho0():
 
 @pytest.mark.parametrize(
     ("options", "match"),
-    [({"beta": 0}, r"options\.beta: .*greater than 0"), ({"rho_s": 0.1}, r"options\.rho_s: .*Extra inputs")],
+    [
+        ({"beta": 0}, r"options\.beta: .*greater than 0"),
+        ({"rho_s": 0.1}, r"options\.rho_s: unknown key \(did you mean rho or rho0\?\)"),
+    ],
 )
 def test_bad_fedgloss_options_name_the_field(options, match):
     with pytest.raises(ConfigError, match=match):

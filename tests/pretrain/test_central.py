@@ -141,7 +141,7 @@ def test_every_missing_input_is_reported_at_once_and_no_run_directory_is_left(ti
     with pytest.raises(ConfigError) as info:
         pretrain(PretrainConfig.from_tree(tree), source="my.yaml")
     message = str(info.value)
-    assert message.startswith("my.yaml: 4 input(s) missing"), message
+    assert message.startswith("my.yaml: 4 input(s) cannot be read"), message
     for expected in (
         f"data.sources.0.root (aerial_rgb): image folder {tmp_path / 'data/nowhere'} does not exist",
         f"data.sources.1.root (satellite_4band): no file in {empty} matches",

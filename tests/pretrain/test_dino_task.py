@@ -36,7 +36,7 @@ def shrunk(path: Path, archive: dict[str, Path], out: Path) -> dict:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"task_options": {"out_dims": 8}}, "task_options.out_dims: Extra inputs are not permitted"),
+        ({"task_options": {"out_dims": 8}}, "task_options.out_dims: unknown key (did you mean out_dim?)"),
         ({"task_options": {"global_views": 1, "local_views": 0}}, "global_views + local_views must be at least 2"),
         ({"task_options": {"local_scale": [0.5, 0.1]}}, "local_scale [0.5, 0.1] must be 0 < low <= high <= 1"),
         ({"task_options": {"local_size": 30}}, "must be multiples of the backbone's patch size 4"),
