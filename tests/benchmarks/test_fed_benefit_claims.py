@@ -58,7 +58,9 @@ def test_the_claims_of_the_arms_that_ran() -> None:
     assert found["fedsense above alone:s2"]["holds"] is True
     assert found["fedsense_continual above released"]["holds"] is True
     assert found["fedsense_continual above fedsense"]["holds"] is True
-    assert found["fedsense above fedsense_no_scg"]["n"] == 1 and found["fedsense above fedsense_no_scg"]["holds"] is None
+    assert (
+        found["fedsense above fedsense_no_scg"]["n"] == 1 and found["fedsense above fedsense_no_scg"]["holds"] is None
+    )
     assert "released above random" not in found, "no pretraining seeds: nothing to pair"
     assert not any("fedavg" in claim for claim in found), "an arm that did not run makes no claim"
     assert set(next(iter(found.values()))) == {"claim", "test", "n", "estimate", "margin", "ci", "p", "holds"}
