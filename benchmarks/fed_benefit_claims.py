@@ -26,6 +26,12 @@ FEDERATED = ("fedavg", "fedsense")
 ABLATIONS = ("fedavg", "fedavg_1bit", "fedsense_no_scg", "fedsense_no_csg", "fedsense_no_distill")
 
 
+def paired_gain(values: list[float], reference: list[float]) -> tuple[float, float]:
+    """Mean and standard deviation of the per-seed gains ``values - reference`` (seeds in the same order)."""
+    gains = [v - r for v, r in zip(values, reference, strict=True)]
+    return statistics.fmean(gains), statistics.stdev(gains) if len(gains) > 1 else 0.0
+
+
 def differences(arm: dict[str, Any], reference: dict[str, Any]) -> list[float]:
     """``arm``'s score minus ``reference``'s, per pretraining seed both ran (an unpretrained reference: its one score)."""
     if not reference["pretrain_seeds"]:

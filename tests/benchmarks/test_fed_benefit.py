@@ -17,12 +17,11 @@ from benchmarks.fed_benefit import (
     arm_names,
     arm_tree,
     central_tree,
-    cut_columns,
     federated_tree,
-    institutions,
     pretrain_seeds,
     summarise,
 )
+from benchmarks.fed_benefit_institutions import cut_columns, institutions
 from geofm.config import PretrainConfig
 from geofm.config.federated import read_federated_config
 from geofm.data.readers import raster_info, read_raster
