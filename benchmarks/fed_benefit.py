@@ -105,11 +105,11 @@ DEFAULTS: dict[str, Any] = {
             "layer_decay",
             "finetune_batch",
             "decoder_channels",
-            "seeds",
         )
     },
+    "seeds": [0, 1, 2, 3, 4],  # finetuning draws of each backbone (labelled chips, head), paired across arms
     "pretrain_seeds": [0, 1, 2, 3, 4],  # each pretrained arm runs once per seed: the unit of the claims
-    "ablation_pretrain_seeds": None,  # the ablation arms' seeds (None: pretrain_seeds)
+    "ablation_pretrain_seeds": [0, 1, 2],  # the ablation arms' seeds (None: pretrain_seeds)
     "mixes": list(MIXES),  # central's data mix, one central arm each (see the module's docstring)
     "margin": 0.02,  # "as good as": within this share of the reference's mean (two one-sided tests)
     "alpha": 0.05,  # each one-sided test's level; intervals are 1 - 2 alpha
@@ -124,7 +124,7 @@ DEFAULTS: dict[str, Any] = {
     "work_dir": "runs/bench/fed-benefit-work",  # keeps finished parts (None: a temporary folder)
 }
 QUICK: dict[str, Any] = {
-    "extent": 320,
+    "extent": 256,
     "chip_size": 32,
     "embed_dim": 16,
     "budgets": [4],
