@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,8 @@ CONTINUAL_ARMS = ["central_continual", "fedavg_continual", "fedsense_continual"]
 ARMS = ["random", "released", "alone", "central", *FEDERATED_ARMS, *CONTINUAL_ARMS]
 ABLATION_ARMS = ("fedavg_1bit", "fedsense_no_scg", "fedsense_no_csg", "fedsense_no_distill")
 MIXES = ("pooled", "federated")
+NO_TRAFFIC = {"uplink_bytes": 0, "downlink_bytes": 0, "client_seconds": 0.0}
+"""The traffic of an arm without pretraining (``random``, ``released``)."""
 
 DEFAULTS: dict[str, Any] = {
     **{
@@ -271,7 +274,7 @@ class Bench:
     def __init__(self, settings: dict[str, Any], work: Path, chips: dict[str, Any], released: Path | None) -> None:
         self.settings, self.work, self.parts, self.chips, self.released = settings, work, Parts(work), chips, released
 
-    def part(self, key: str, pretrain: Any) -> dict[str, Any]:
+    def part(self, key: str, pretrain: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """The part ``key``: its traffic (``pretrain()`` gives it and the checkpoint, once) and its test mIoU
         per protocol and finetuning seed, each finetuning kept as it finishes."""
         part = self.parts.get(key)
@@ -368,9 +371,6 @@ def run(settings: dict[str, Any]) -> Report:
         f"{time.perf_counter() - started:.0f} s; work folder {work if settings['work_dir'] else '(temporary)'}"
     )
     return Report(results=results, targets=targets, rows=[arm_row(a) for a in arms_out], notes=notes)
-
-
-NO_TRAFFIC = {"uplink_bytes": 0, "downlink_bytes": 0, "client_seconds": 0.0}
 
 
 def _pretraining(bench: Bench, sources, public, arm: str, budget: int, regions: int, seed: int):
