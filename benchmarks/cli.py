@@ -76,6 +76,7 @@ examples:
   geofm bench pretrain-step --quick               # a micro Swin, under a minute on a CPU
   geofm bench codec bits=[1,8] numel=28000000     # settings as key=value (YAML values)
   geofm bench fed-round --json > fed.json         # the JSON result on stdout instead of the table
+  geofm bench report docs/results/fed-benefit.json  # a result's Markdown tables, as the docs show them
 
 Every run writes its JSON result (machine, library versions, settings, figures, targets) to --out.
 Variants are timed side by side in alternating rounds; comparisons are medians of per-round ratios.
@@ -126,6 +127,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         bench.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
         bench.add_argument("settings", nargs="*", metavar="key=value", help="benchmark settings (YAML values)")
         bench.set_defaults(handler=_run)
+    reporting = names.add_parser(
+        "report",
+        help="print the Markdown tables (and claims) of a results file",
+        description="Print the Markdown tables of a benchmark's JSON result (fed-benefit, one-shot): the docs' "
+        "tables are this output verbatim.",
+    )
+    reporting.add_argument("results", type=Path, help="a JSON result written by geofm bench NAME --out")
+    reporting.set_defaults(handler=_report)
+
+
+def _report(args: argparse.Namespace) -> None:
+    from benchmarks.report import report_file
+
+    print(report_file(args.results), end="")
 
 
 def _run(args: argparse.Namespace) -> None:

