@@ -14,7 +14,6 @@ import math
 import os
 import platform
 import queue
-import resource
 import signal
 import statistics
 import subprocess
@@ -27,6 +26,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from geofm.memory import peak_resident_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -90,10 +91,11 @@ def libraries() -> dict[str, str | None]:
     return versions
 
 
-def peak_rss_mib() -> float:
-    """Peak resident memory of this process so far, in MiB."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+def peak_rss_mib() -> float | None:
+    """This process's own peak resident memory so far, in MiB (:func:`geofm.memory.peak_resident_bytes`;
+    None where the system does not tell it)."""
+    peak = peak_resident_bytes()
+    return None if peak is None else peak / 2**20
 
 
 def current_rss_mib() -> float | None:

@@ -6,7 +6,8 @@ kinds of upload are made from random updates of the size of the configured model
 :class:`~geofm.federated.communication.spill.UploadStore` as Flower's transport writes each reply on arrival;
 the ``max(flat_clients)`` clients upload them in turn (their files hard links to their kind's, so
 that making 40 Swin-B uploads takes seconds, not minutes on a loaded machine).
-Each M then runs in a fresh process, so that its peak resident memory is the round's alone: the
+Each M then runs in a fresh process, so that its own peak resident memory (``VmHWM``, not the
+``ru_maxrss`` it would inherit from this process) is the round's alone: the
 server's global model, decoding and screening the M uploads, combining them and its update rule
 (FedSense's: K-means of the count sketches and the group models; the similarity distillation
 that follows, whose cost and memory do not depend on M, is timed by the other rows and left out
@@ -121,8 +122,8 @@ def run_flat(settings: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
         targets.append(Target(f"{label}: server peak at {ms[-1]} clients / at {ms[0]}", ratio, "<=", PEAK_RATIO, "x"))
     notes = [
         f"flat server: {settings['flat_config']} student, {values:,} values ({values * 4 / 2**20:.0f} MiB in fp32); "
-        "uploads stored on disk as they arrive; each M in a fresh process (peak = that process's peak resident "
-        "memory, torch included); decode + screen + combine + server update, FedSense's distillation left out"
+        "uploads stored on disk as they arrive; each M in a fresh process (peak = that process's own peak resident "
+        "memory, VmHWM, torch included); decode + screen + combine + server update, FedSense's distillation left out"
     ]
     return results, rows, targets, notes
 

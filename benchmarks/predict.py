@@ -4,7 +4,7 @@ Each size is a generated ``size`` x ``size`` uint16 GeoTIFF of ``bands`` bands (
 reflectance, as ``geofm bench data``'s large scene), predicted in a fresh process by the config's
 segmentation model with random weights (the demo model: what it computes, not what it knows,
 sets the speed), tiled as ``geofm predict`` tiles by default. Each process reports its peak
-resident memory (``ru_maxrss``: the interpreter, torch, the model and the prediction), its
+resident memory (its own ``VmHWM``: the interpreter, torch, the model and the prediction), its
 resident memory before predicting, and tiles/s. A prediction whose memory does not grow with the
 scene has the same peak at both sizes: the target is the larger scene's peak within 1.2x of the
 smaller's.

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from geofm.config.algorithm import MOVED_TO_OPTIONS, AlgorithmConfig
 from geofm.config.federated import FederatedConfig
 from geofm.federated.algorithms import ALGORITHMS
 from geofm.federated.algorithms.fedsense import DISTILL_OPTIMIZER
+
+log = logging.getLogger("geofm.federated")
 
 
 def comparable_algorithm(tree: dict | None) -> dict | None:
@@ -41,4 +45,24 @@ def algorithm_state(server: dict) -> dict:
     return state
 
 
-__all__ = ["algorithm_state", "comparable_algorithm", "saved_config"]
+def note_file_weights(last_round: dict | None, task_kind: str | None, rounds_log: str) -> bool:
+    """Warn, when a pretraining run resumes from rounds written before each round recorded its clients'
+    ``examples``, that those rounds weighted a client by its files and the rounds from here on weigh it
+    by its samples. Returns whether it warned."""
+    if last_round is None or "examples" in last_round or task_kind != "pretraining":
+        return False
+    rnd = last_round.get("round", "?")
+    log.warning(
+        "%s: rounds up to %s weighted each client by its number of files; from round %s on a client is weighted "
+        "by its training samples (a scene with chip_size counts its chips, a chip store its chips, any other file "
+        "one), and train.local_epochs counts those samples. Where a client has chip_size scenes or a chip store its "
+        "weight and local steps change; otherwise nothing does. Start a new run.output_dir to train with one "
+        "weighting throughout",
+        rounds_log,
+        rnd,
+        rnd + 1 if isinstance(rnd, int) else "the next",
+    )
+    return True
+
+
+__all__ = ["algorithm_state", "comparable_algorithm", "note_file_weights", "saved_config"]

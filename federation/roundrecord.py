@@ -19,6 +19,7 @@ class RoundRecord:
         rnd: the round (1-based).
         log_keys: the task's losses, each the accepted clients' mean weighted as the aggregate weighs them.
         metrics: the reply metrics of each accepted client (none when the round's update was discarded).
+        examples: each accepted client's training samples, as it registered them (its weight before the bounds).
         weights: each accepted client's weight in the aggregate.
         aggregate: the screening of the uploads (rejections, bounded example counts).
         server_metrics: what the algorithm's server rule logs.
@@ -36,6 +37,7 @@ class RoundRecord:
     rnd: int
     log_keys: tuple[str, ...]
     metrics: dict[str, Scalars]
+    examples: dict[str, int]
     weights: dict[str, float]
     aggregate: RoundAggregate
     server_metrics: dict[str, float]
@@ -73,6 +75,7 @@ class RoundRecord:
         return {
             "round": self.rnd,
             "clients": self.clients,
+            "examples": self.examples,
             **self.losses(),
             **self.server_metrics,
             **self.privacy,

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from federation.program import build_task, round_lr
-from federation.resume import algorithm_state, comparable_algorithm, saved_config
+from federation.resume import algorithm_state, comparable_algorithm, note_file_weights, saved_config
 from federation.roundrecord import RoundRecord
 from federation.runtime import Arrays, Failure, Reply, Scalars
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
@@ -187,6 +187,7 @@ class FederatedServer:
             rnd=rnd,
             log_keys=self.task.log_keys,
             metrics=metrics,
+            examples={u.client: u.num_examples for u in uploads if u.client in metrics},
             weights=weights,
             aggregate=aggregate,
             server_metrics=server_metrics,
@@ -361,6 +362,7 @@ class FederatedServer:
         lines = rounds_log.read_text().splitlines() if rounds_log.exists() else []
         last_round = json.loads(lines[-1]) if lines else None
         local_optimizer.check_resumed(last_round, self.local_optimizer, self.cfg.algorithm.name, str(rounds_log))
+        note_file_weights(last_round, getattr(self.task, "kind", None), str(rounds_log))
         saved = load_training_file(self.checkpoints.latest() / DEEPSPEED_MODEL_STATES, "cpu", {})
         self.model.load_state_dict(saved["module"])
         self.global_model = self.layout.flatten_module(self.model)

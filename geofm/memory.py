@@ -1,12 +1,37 @@
-"""The C library's heap: keep freed memory for the next step, or hand it back to the system (glibc only)."""
+"""A process's memory: its own peak, and the C library's heap (keep freed memory for the next step, or hand
+it back to the system; glibc only)."""
 
 from __future__ import annotations
 
 import ctypes
 import platform
+from pathlib import Path
 
 # glibc mallopt parameters
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def peak_resident_bytes() -> int | None:
+    """This process's own peak resident memory: ``VmHWM`` of ``/proc/self/status`` (Linux), else psutil's
+    peak working set (Windows); None where neither tells it.
+
+    Not ``ru_maxrss``: Linux carries it across ``exec``, so a child started by ``subprocess`` or a
+    spawn pool reads at least its parent's peak (a parent at 2,318 MiB, its fresh child 2,318 MiB
+    where its own ``VmHWM`` is 29 MiB).
+    """
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        status = ""
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024  # kB
+    try:
+        import psutil
+    except ImportError:
+        return None
+    peak = getattr(psutil.Process().memory_info(), "peak_wset", None)
+    return None if peak is None else int(peak)
 
 
 def keep_freed_memory() -> bool:
@@ -52,4 +77,4 @@ def _glibc() -> ctypes.CDLL | None:
         return None
 
 
-__all__ = ["keep_freed_memory", "release_freed_memory"]
+__all__ = ["keep_freed_memory", "peak_resident_bytes", "release_freed_memory"]

@@ -12,7 +12,6 @@ reply.
 
 from __future__ import annotations
 
-import resource
 import time
 import zlib
 from collections.abc import Iterable
@@ -34,6 +33,7 @@ from geofm.federated.parameter_vectors import (
 )
 from geofm.federated.privacy.client_level import noise_generator
 from geofm.loop import TrainLoop
+from geofm.memory import peak_resident_bytes
 
 LOCAL_STATISTICS = "local_statistics"
 """The client-state key of its own batch-norm running statistics, under ``Algorithm.keeps_local_statistics``."""
@@ -185,10 +185,11 @@ class ClientRound:
 
 def peak_memory_bytes(device: torch.device) -> int:
     """The most memory the local round took: allocated CUDA memory since the round began on a GPU, else
-    the peak resident size of this client's process (in a simulation, a worker that ran several clients)."""
+    the peak resident size of this client's own process (in a simulation, a worker that ran several
+    clients); 0 where the system does not tell it."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return peak_resident_bytes() or 0
 
 
 def uplink_metrics(reports: dict[str, UplinkReport]) -> dict[str, float | str]:

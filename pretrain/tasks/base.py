@@ -238,9 +238,11 @@ class PretrainingTask(ABC):
 
     def client_share(self, name: str, own_data: bool) -> ClientShare:
         """Client ``name``'s files per source, from the configured partitioner (its own folder with
-        ``by_source``, which ``own_data`` changes nothing of: a node's data root is its source's root)."""
+        ``by_source``, which ``own_data`` changes nothing of: a node's data root is its source's root),
+        weighted by the samples of its pile (a file is one, a scene with ``chip_size`` its chips, a chip
+        store's shard its chips; from the headers and the store's index, no pixels read)."""
         shares = client_shares(self.cfg, name)
-        return ClientShare(sum(len(files) for files in shares), shares)
+        return ClientShare(sum(share_pile(self.cfg, shares).source_sizes), shares)
 
     # ---- the objective ------------------------------------------------------------------------
     @abstractmethod

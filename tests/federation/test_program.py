@@ -53,6 +53,7 @@ def test_a_fedsense_run_logs_every_round_and_exports_the_global_backbone(fed_tre
     rounds = _rounds(run_dir)
     assert [r["round"] for r in rounds] == [1, 2, 3]
     assert all(r["clients"] == ["aerial_rgb", "satellite_4band", "uav_rgbn"] for r in rounds)
+    assert all(r["examples"] == {"aerial_rgb": 24, "satellite_4band": 24, "uav_rgbn": 24} for r in rounds)
     for key in ("loss", "loss_mim", "loss_distill", "loss_similarity", "uplink_bytes", "downlink_bytes", "seconds"):
         assert all(key in r for r in rounds), f"rounds.jsonl lacks {key}"
     cfg = FederatedConfig.from_tree(fed_tree())
