@@ -40,6 +40,7 @@ ALGORITHMS.register("fedgloss", "geofm.federated.algorithms.fedgloss:FedGloSS")
 ALGORITHMS.register("fedalign", "geofm.federated.algorithms.fedalign:FedAlign")
 ALGORITHMS.register("fedema", "geofm.federated.algorithms.fedema:FedEMA")
 ALGORITHMS.register("ldawa", "geofm.federated.algorithms.ldawa:LDAWA")
+ALGORITHMS.register("fedu2", "geofm.federated.algorithms.fedu2:FedU2")
 
 
 def build_algorithm(
