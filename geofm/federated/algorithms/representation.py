@@ -67,6 +67,7 @@ class Capture:
     """Hooks on a model's representation network that keep, for each of its calls in a forward (DINO's
     global and local views are two calls), its input images and its final stage's output; a forward
     pre-hook on ``patch_embed`` and a forward hook on :func:`final_stage`, the parts every forward path runs.
+    A copy of the network taken after :meth:`attach` carries the hooks: copy it before.
 
     Attributes:
         prefix: the network's name in the model (``backbone`` or ``encoder``).
