@@ -76,3 +76,17 @@ def test_the_start_agrees_with_the_official_codes_ema_of_the_global_model():
     beta = 1.0 - min(1.0, scaler * divergence)
     official = beta * global_model + (1.0 - beta) * previous
     assert torch.allclose(ema_start(previous, global_model, ema_decay(scaler, divergence)), official, atol=1e-6)
+
+
+def test_the_server_logs_the_clients_mean_decay():
+    from geofm.federated.aggregation.uploads import ClientUpload
+    from geofm.federated.communication.codec import Codec
+
+    server = build_algorithm(AlgorithmConfig(name="fedema"), 1, num_clients=2)
+    encode = Codec(bits=32).encode
+    uploads = [
+        ClientUpload("a", {"update": encode(torch.tensor([1.0]))}, 1, {"ema_mu": 0.2}),
+        ClientUpload("b", {"update": encode(torch.tensor([3.0]))}, 3, {"ema_mu": 0.6}),
+    ]
+    outcome = server.server_update(torch.zeros(1), server.aggregate(uploads))
+    assert outcome.model.tolist() == [2.5] and outcome.metrics == pytest.approx({"ema_mu": 0.5})

@@ -49,6 +49,7 @@ def test_the_alignment_is_two_minus_twice_the_cosine():
     assert float(both) == pytest.approx(1.0, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_the_distillation_moves_the_student_towards_its_teachers():
     torch.manual_seed(0)
     student = nn.Linear(4, 3, bias=False)
@@ -82,11 +83,12 @@ def test_a_client_starts_from_its_own_model_from_its_second_round():
     assert module.weight.tolist() == [[4.0, 4.0]]
 
 
+@pytest.mark.slow
 def test_the_anchor_is_the_received_global_backbone_and_the_upload_its_change(tiny_swin):
     """A client whose own model is not the global one: L_anchor compares its representation to the frozen global
     one's, is 0 once they agree, and the upload is the trained model minus the global one."""
     module = nn.Module()
-    module.encoder = tiny_swin(in_chans=3, img_size=64).eval()
+    module.encoder = tiny_swin(in_chans=3, img_size=32).eval()
     algorithm = build_algorithm(
         AlgorithmConfig(name="fedmkd", options={"anchor_weight": 2.0}), ParameterLayout.of(module)
     )
@@ -95,7 +97,7 @@ def test_the_anchor_is_the_received_global_backbone_and_the_upload_its_change(ti
     state = {}
     local = algorithm.local_round("a", received, module, state, 0.1)
     regulariser = algorithm.local_hooks(local).regulariser
-    images = torch.randn(2, 3, 64, 64)
+    images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         module.encoder.forward_features(images)
         z = local.capture.outputs[0].float().mean((1, 2))
@@ -107,3 +109,11 @@ def test_the_anchor_is_the_received_global_backbone_and_the_upload_its_change(ti
     update = algorithm.finish_local(local, own, steps=1)
     assert torch.allclose(update.payloads["update"], own - received["model"]) and state[OWN].tolist() == own.tolist()
     assert not local.capture.handles, "the hooks are removed with the round"
+
+
+def test_a_run_without_public_images_is_refused():
+    from geofm.federated.algorithms.fedmkd import FedMKD
+
+    with pytest.raises(ValueError, match=r"name: FedMKD distils the client models .* on the server's public images"):
+        FedMKD.check_public_images(AlgorithmConfig(name="fedmkd"), available=False)
+    FedMKD.check_public_images(AlgorithmConfig(name="fedmkd"), available=True)

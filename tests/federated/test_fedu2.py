@@ -81,7 +81,7 @@ def test_the_min_norm_weights_of_three_vectors_are_the_smallest_point_of_their_h
     gram = vectors @ vectors.T
     alpha = min_norm_weights(gram)
     grid = [
-        torch.tensor([a, b, 1 - a - b]) for a, b in itertools.product(np.linspace(0, 1, 201), repeat=2) if a + b <= 1
+        torch.tensor([a, b, 1 - a - b]) for a, b in itertools.product(np.linspace(0, 1, 101), repeat=2) if a + b <= 1
     ]
     best = min(float(w.double() @ gram.double() @ w.double()) for w in grid)
     assert float(alpha.sum()) == pytest.approx(1.0) and float(alpha.min()) >= 0.0

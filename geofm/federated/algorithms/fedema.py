@@ -26,19 +26,24 @@ method writes it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 from pydantic import Field
 from torch import Tensor, nn
 
 from geofm.config.base import Section
+from geofm.federated.aggregation.uploads import RoundAggregate
 from geofm.federated.algorithms.fedavg import FedAvg
-from geofm.federated.algorithms.rounds import Arrays, LocalRound, LocalUpdate
+from geofm.federated.algorithms.rounds import Arrays, LocalRound, LocalUpdate, ServerRound
 
 PREVIOUS = "fedema.previous"
 """The client-state key of the online network the client trained last round (a flat vector)."""
 SCALER = "fedema.scaler"
 """The client-state key of its autoscaled ``lambda_k``."""
+EMA_MU = "ema_mu"
+"""The name of a client's ``mu`` in its metadata and of the clients' mean in ``rounds.jsonl``."""
 
 
 def ema_decay(scaler: float, divergence: float) -> float:
@@ -97,8 +102,16 @@ class FedEMA(FedAvg):
         local.state[PREVIOUS] = trained.numpy().copy()
         update = super().finish_local(local, trained, steps)
         if self.mu is not None:
-            update.metadata["ema_mu"] = self.mu
+            update.metadata[EMA_MU] = self.mu
         return update
 
+    def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
+        """FedAvg's step; ``rounds.jsonl`` logs the clients' weighted mean ``mu`` (from the second round)."""
+        outcome = super().server_update(model, payloads)
+        mu = payloads["update"].reported_mean(EMA_MU)
+        if mu is not None:
+            outcome.metrics[EMA_MU] = mu
+        return outcome
 
-__all__ = ["PREVIOUS", "SCALER", "FedEMA", "FedEMAOptions", "autoscaler", "ema_decay", "ema_start"]
+
+__all__ = ["EMA_MU", "PREVIOUS", "SCALER", "FedEMA", "FedEMAOptions", "autoscaler", "ema_decay", "ema_start"]

@@ -54,11 +54,12 @@ from geofm.federated.algorithms.rounds import Arrays, LocalHooks, LocalUpdate, S
 
 
 def sphere_log(base: Tensor, points: Tensor) -> Tensor:
-    """The logarithmic map of the unit sphere at ``base`` (d,) of unit ``points`` (n, d): tangent vectors."""
-    cos = (points @ base).clamp(-1.0, 1.0)
+    """The logarithmic map of the unit sphere at ``base`` (d,) of unit ``points`` (n, d): tangent vectors. The
+    cosines stay 1e-6 inside [-1, 1], where ``arccos``'s gradient is finite (geoopt's sphere clamps alike)."""
+    cos = points @ base
     direction = points - cos[:, None] * base
     norm = torch.linalg.vector_norm(direction, dim=1, keepdim=True).clamp_min(1e-12)
-    return direction * torch.arccos(cos)[:, None] / norm
+    return direction * torch.arccos(cos.clamp(-1.0 + 1e-6, 1.0 - 1e-6))[:, None] / norm
 
 
 def sliced_wasserstein(a: Tensor, b: Tensor, directions: Tensor) -> Tensor:
