@@ -1,4 +1,5 @@
-"""DINO as a pretraining task: its config rules, and federated runs of the shipped configs with FedAvg and FedSense."""
+"""DINO as a pretraining task: its config rules, and federated runs of the shipped configs with FedAvg, FedSense
+and the federated self-supervised baselines (FedEMA, L-DAWA, FedU², FedMKD)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ REPO = Path(__file__).parents[2]
 CENTRAL = REPO / "configs/pretrain/demo_dino_swin_micro__img64_win4__4band.yaml"
 FEDAVG = REPO / "configs/federated/demo_dino_fedavg_swin_micro__3inst.yaml"
 FEDSENSE = REPO / "configs/federated/demo_dino_fedsense_swin_micro__3inst__1bit_ef.yaml"
+BASELINES = {
+    name: REPO / f"configs/federated/demo_dino_{name}_swin_micro__3inst.yaml"
+    for name in ("fedema", "ldawa", "fedu2", "fedmkd")
+}
+"""Each baseline's metric in ``rounds.jsonl`` in round 2, the sign that its own part ran."""
+BASELINE_METRICS = {"fedema": "ema_mu", "ldawa": "layer_cosine", "fedu2": "uniformity_loss", "fedmkd": "loss_distill"}
 TINY_SWIN = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [1, 2, 4, 8]}
 TINY_HEAD = {"out_dim": 64, "hidden_dim": 32, "bottleneck_dim": 16, "local_views": 2, "local_size": 16}
 
@@ -86,6 +93,25 @@ def test_federated_dino_trains_exports_and_its_backbone_loads_in_timm(config, ar
     assert sidecar["method"] == "dino" and sidecar["teacher"] is None
     model = timm.create_model(sidecar["arch"], pretrained=False, **sidecar["timm_kwargs"])
     model.load_state_dict(load_file(run_dir / "backbone.safetensors"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(BASELINES))
+def test_each_federated_self_supervised_baseline_runs_its_dino_demo_for_two_rounds(name, archive, tmp_path):
+    from federation.inprocess import run_in_process
+
+    tree = shrunk(BASELINES[name], archive, tmp_path / "run")
+    tree["train"].update(local_epochs=None, local_steps=2)
+    tree["federation"]["rounds"] = 2
+    if name == "fedmkd":
+        tree["algorithm"]["options"].update(distill_steps=1, distill_batch_size=4)
+    run_dir = run_in_process(read_federated_config(tree, BASELINES[name].name))
+
+    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and r["loss"] > 0 for r in rounds)
+    assert math.isfinite(rounds[-1][BASELINE_METRICS[name]])
+    assert (run_dir / "backbone.safetensors").is_file()
 
 
 @pytest.fixture

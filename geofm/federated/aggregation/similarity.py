@@ -41,7 +41,7 @@ def similarity_loss(global_similarity: Tensor, consensus: Tensor) -> Tensor:
     return (global_similarity - consensus).pow(2).sum() / p**2
 
 
-class _Features(nn.Module):
+class Features(nn.Module):
     """A module whose forward is ``features_fn(module, images)``, so functional_call can swap its parameters."""
 
     def __init__(self, module: nn.Module, features_fn: Callable[[nn.Module, Tensor], Tensor]) -> None:
@@ -93,7 +93,7 @@ def distill_similarity(
         raise ValueError(
             f"expected one weight per group and at least one group, got {len(group_params)} and {len(group_weights)}"
         )
-    wrapped = _Features(module, features_fn)
+    wrapped = Features(module, features_fn)
     batch_iter = iter(batches)
     losses = []
     for step in range(steps):

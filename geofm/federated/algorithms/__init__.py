@@ -38,6 +38,10 @@ ALGORITHMS.register("fedsam", "geofm.federated.algorithms.fedsam:FedSAM")
 ALGORITHMS.register("fedasam", "geofm.federated.algorithms.fedsam:FedASAM")
 ALGORITHMS.register("fedgloss", "geofm.federated.algorithms.fedgloss:FedGloSS")
 ALGORITHMS.register("fedalign", "geofm.federated.algorithms.fedalign:FedAlign")
+ALGORITHMS.register("fedema", "geofm.federated.algorithms.fedema:FedEMA")
+ALGORITHMS.register("ldawa", "geofm.federated.algorithms.ldawa:LDAWA")
+ALGORITHMS.register("fedu2", "geofm.federated.algorithms.fedu2:FedU2")
+ALGORITHMS.register("fedmkd", "geofm.federated.algorithms.fedmkd:FedMKD")
 
 
 def build_algorithm(

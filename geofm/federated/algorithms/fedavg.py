@@ -40,7 +40,10 @@ class FedAvg(Algorithm):
     def server_update(self, model: Tensor, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
         """The next global model: the server optimiser's step by the combined update."""
         self._optimizer_before = copy.deepcopy(self.server_optimizer.state_dict())
-        outcome = ServerRound(self.server_optimizer.step(model, payloads["update"].update))
+        return self.reporting(ServerRound(self.server_optimizer.step(model, payloads["update"].update)), payloads)
+
+    def reporting(self, outcome: ServerRound, payloads: Mapping[str, RoundAggregate]) -> ServerRound:
+        """``outcome`` with the clients' mean :attr:`reported_loss` among its metrics, where they report one."""
         reported = payloads["update"].reported_mean(self.reported_loss) if self.reported_loss else None
         if reported is not None:
             outcome.metrics[self.reported_loss] = reported

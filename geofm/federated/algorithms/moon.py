@@ -70,20 +70,12 @@ from torch.utils.hooks import RemovableHandle
 from geofm.config.base import Section
 from geofm.errors import ConfigError
 from geofm.federated.algorithms.fedavg import FedAvg
-from geofm.federated.algorithms.representation import final_stage, representation_module
+from geofm.federated.algorithms.representation import final_stage, pooled, representation_module
 from geofm.federated.algorithms.rounds import Arrays, LocalHooks, LocalRound, LocalUpdate
 from geofm.federated.parameter_vectors import ParameterLayout
 
 PREVIOUS = "moon.previous"
 """The client-state key of the client's previous trained backbone (a flat vector)."""
-
-
-def pooled(features: Tensor, prefix_tokens: int = 0) -> Tensor:
-    """One float32 vector per sample: the mean over a Swin stage's (B, H, W, C) positions or over a
-    ViT's (B, N, C) patch tokens (the first ``prefix_tokens``, class and register tokens, left out)."""
-    if features.ndim == 4:
-        return features.float().mean((1, 2))
-    return features[:, prefix_tokens:].float().mean(1)
 
 
 def representation(backbone: nn.Module, images: Tensor) -> Tensor:
