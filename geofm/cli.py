@@ -127,6 +127,7 @@ def _checkpoint_convert(args: argparse.Namespace) -> None:
         bands=args.bands,
         rgb_positions=args.rgb_positions,
         timm_kwargs=args.timm_kwargs,
+        metadata={"licence": args.licence} if args.licence else None,
     )
     print(f"{info['arch']} {json.dumps(info['timm_kwargs'])} (architecture from {info['inferred_from']})")
     print(report)
@@ -294,6 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=_json_object,
         metavar="JSON",
         help="more timm.create_model kwargs, e.g. '{\"num_heads\": 12}'",
+    )
+    convert.add_argument(
+        "--licence",
+        help="the weights' licence for the sidecar and model card, e.g. CC-BY-4.0 (a released model's "
+        "layout gives its own)",
     )
     convert.add_argument(
         "--verbose", dest="list_keys", action="store_true", help="list every used/dropped/missing/unexpected key"
