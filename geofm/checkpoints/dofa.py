@@ -6,8 +6,9 @@ band tokens (``patch_embed.weight_generator``) gives the convolution kernel of e
 both depending on the whole set of bands. Run once for a band list (by central wavelength, from
 :data:`geofm.data.bands.CENTRAL_WAVELENGTHS_UM`), it gives the ``patch_embed.proj`` of a timm ViT;
 the blocks, ``cls_token``, ``pos_embed`` and ``fc_norm`` are timm's names already. DOFA mean-pools
-the patch tokens through ``fc_norm`` (timm ``global_pool="avg"``); a release without its final norm
-becomes a ViT without one (``final_norm=False``).
+the patch tokens through ``fc_norm`` (timm ``global_pool="avg"``), or with ``global_pool=False`` takes
+the cls token after ``norm``; a release without its final norm becomes a ViT without one
+(``final_norm=False``).
 
 DOFA's convolution pads one pixel (``padding=1``), so its patches start one pixel up and left of
 timm's: the timm ViT's features for an image are DOFA's for the image shifted one pixel down and
@@ -64,15 +65,16 @@ class DofaCheckpoint(CheckpointLayout):
         backbone = {k[len(prefix) :]: v for k, v in weights.items() if isinstance(k, str) and k.startswith(prefix)}
         dropped = [k for k in weights if not (isinstance(k, str) and k.startswith(prefix))]
         dropped += [prefix + k for k in backbone if k.startswith(_EMBED)]
-        names = list(bands) if bands is not None else list(RGB)
         try:
-            wavelengths = central_wavelengths(canonical_bands(names), where="bands")
+            names = canonical_bands(list(bands) if bands is not None else list(RGB))
+            wavelengths = central_wavelengths(names, where="bands")
         except UnknownBandError as err:
             raise ConfigError(f"{path or 'checkpoint'}: DOFA makes its patch kernel from wavelengths: {err}") from err
         converted = {k: v for k, v in backbone.items() if not k.startswith(_EMBED)}
         converted["patch_embed.proj.weight"], converted["patch_embed.proj.bias"] = patch_kernel(backbone, wavelengths)
         width = int(converted["patch_embed.proj.weight"].shape[0])
-        structure: dict[str, Any] = {"global_pool": "avg"}
+        # DOFA pools its patch tokens (global_pool=True, fc_norm) unless it holds a final norm for its cls token
+        structure: dict[str, Any] = {"global_pool": "token" if "norm.weight" in converted else "avg"}
         if width in VIT_HEADS:
             structure["num_heads"] = VIT_HEADS[width]
         notes = [

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from geofm.checkpoints.layouts import BackboneSource, CheckpointLayout, weights_mapping
+from geofm.data.bands import BAND_ID_TABLES
 
 _PATCH = "features.0.0.weight"
 _BLOCK = re.compile(r"^features\.(\d+)\.(\d+)\.(.+)$")
@@ -30,6 +31,14 @@ SATLAS = {
     "licence": "ODC-BY-1.0 (Satlas' weights; torchvision's own ImageNet swin_v2_* weights: BSD-3-Clause)",
     "publication": "https://arxiv.org/abs/2211.15660",
     "repo": "https://github.com/allenai/satlas",
+}
+_S2 = BAND_ID_TABLES["sentinel2"]
+# Satlas' input bands by count (torchgeo's Swin_V2_B_Weights meta): Sentinel-2 multispectral (TCI first),
+# Landsat 8/9 B01-B11, Sentinel-1; 3 bands are red, green, blue as for any unnamed RGB checkpoint.
+SATLAS_BANDS = {
+    9: tuple(_S2[b] for b in ("B04", "B03", "B02", "B05", "B06", "B07", "B08", "B11", "B12")),
+    11: tuple(BAND_ID_TABLES["landsat8"].values()),
+    2: ("vh", "vv"),
 }
 _BUFFERS = ("relative_position_index",)  # rebuilt by timm; relative_coords_table stays to tell the window
 
@@ -59,9 +68,12 @@ class TorchvisionSwinCheckpoint(CheckpointLayout):
                 renamed[name.replace("qkv.bias", "v_bias")] = v
             else:
                 renamed[name] = value
-        note = "torchvision Swin names -> timm" + (
-            ": attn.qkv.bias -> attn.q_bias, attn.v_bias (k bias 0)" if v2 else ""
-        )
+        notes = [
+            "torchvision Swin names -> timm" + (": attn.qkv.bias -> attn.q_bias, attn.v_bias (k bias 0)" if v2 else "")
+        ]
+        bands = SATLAS_BANDS.get(int(renamed["patch_embed.proj.weight"].shape[1])) if v2 else None
+        if bands:
+            notes.append(f"bands taken as Satlas' for {len(bands)}-band inputs: {', '.join(bands)}")
         return BackboneSource(
             "torchvision_swin",
             renamed,
@@ -69,7 +81,8 @@ class TorchvisionSwinCheckpoint(CheckpointLayout):
             "swinv2" if v2 else "swin",
             False,
             dropped=tuple(dropped),
-            notes=(note,),
+            bands=bands,
+            notes=tuple(notes),
             release=SATLAS if v2 else None,
         )
 

@@ -137,6 +137,18 @@ def test_torchgeo_dofa_small_loads_in_timm_without_missing_keys(tmp_path, save):
     assert _dofa_equal(reference, model.eval(), 224) < 1e-4
 
 
+def test_a_dofa_release_without_its_final_norm_is_a_vit_without_one(save):
+    """DOFA's released files hold no fc_norm (torchgeo adds it at random): the ViT pools without a norm."""
+    reference, _ = _dofa_file(save)
+    release = {k: v for k, v in reference.state_dict().items() if not k.startswith(("fc_norm", "head"))}
+    path = save(release, "dofa_release.pth")
+
+    _, report, info = build_backbone(path, bands=BANDS, timm_kwargs={"num_heads": 4})
+
+    assert info["timm_kwargs"]["final_norm"] is False and info["timm_kwargs"]["global_pool"] == "avg"
+    assert not report.missing and not report.unexpected
+
+
 def test_dofa_band_without_a_wavelength_is_one_clear_error(save):
     _, path = _dofa_file(save)
     with pytest.raises(ConfigError, match=r"dofa.pth: DOFA makes its patch kernel from wavelengths: bands: vv has no"):
@@ -300,3 +312,18 @@ def test_inspect_recognises_each_released_layout(save):
     assert found["satlas"]["arch"] == "swinv2_tiny_window8_256" and found["satlas"]["tensors"]["missing"] == 0
     assert found["dofa"]["bands"] == ["red", "green", "blue"]
     assert found["prithvi"]["bands"] == ["blue", "green", "red", "nir08", "swir16", "swir22"]
+
+
+def test_satlas_multispectral_bands_are_selected_by_name(save):
+    torch.manual_seed(0)
+    reference = SwinTransformer(
+        [4, 4], 16, [2, 2, 2, 1], [1, 2, 4, 8], [4, 4], block=SwinTransformerBlockV2, downsample_layer=PatchMergingV2
+    )
+    reference.features[0][0] = torch.nn.Conv2d(9, 16, 4, 4)  # Satlas' Sentinel-2 models take 9 bands
+    path = save({f"backbone.backbone.{k}": v for k, v in reference.state_dict().items()}, "satlas_ms.pth")
+
+    model, _, info = build_backbone(path, bands=BANDS)
+
+    assert info["source_bands"][:3] == ["red", "green", "blue"] and info["source_bands"][6] == "nir"
+    kernel = reference.features[0][0].weight
+    assert torch.equal(model.patch_embed.proj.weight, kernel[:, [0, 1, 2, 6]])
