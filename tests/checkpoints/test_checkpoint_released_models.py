@@ -311,6 +311,7 @@ def test_inspect_recognises_each_released_layout(save):
     }
     assert found["satlas"]["arch"] == "swinv2_tiny_window8_256" and found["satlas"]["tensors"]["missing"] == 0
     assert found["dofa"]["bands"] == ["red", "green", "blue"]
+    assert all(r["layout_description"].startswith("A ") for r in found.values()), "geofm list checkpoint-layouts"
     assert found["prithvi"]["bands"] == ["blue", "green", "red", "nir08", "swir16", "swir22"]
 
 
