@@ -65,7 +65,7 @@ def test_satlas_torchvision_swin_converts_to_timm_with_the_same_final_features(t
     satlas["intermediates.0.conv.weight"] = torch.zeros(8, 16, 1, 1)
     path = save(satlas, "satlas.pth")
 
-    _convert(path, tmp_path / "export")
+    _convert(path, tmp_path / "export", "--arch", "swinv2_tiny_window8_256" if v2 else "swin_tiny_patch4_window7_224")
 
     meta = read_export_sidecar(tmp_path / "export")
     assert meta["arch"].startswith("swinv2_" if v2 else "swin_") and meta["timm_kwargs"]["window_size"] == 4
@@ -114,10 +114,20 @@ def _dofa_equal(reference: DOFA, model: torch.nn.Module, img: int) -> float:
 def test_dofa_converts_for_named_bands_to_a_timm_vit_with_dofas_features(tmp_path, save):
     reference, path = _dofa_file(save, num_classes=0)
 
-    _convert(path, tmp_path / "export", "--bands", *BANDS, "--timm-kwargs", '{"num_heads": 4}')
+    _convert(
+        path,
+        tmp_path / "export",
+        "--bands",
+        *BANDS,
+        "--arch",
+        "vit_small_patch16_224",
+        "--timm-kwargs",
+        '{"num_heads": 4}',
+    )
 
     meta = read_export_sidecar(tmp_path / "export")
     assert meta["bands"] == BANDS and meta["timm_kwargs"]["in_chans"] == 4
+    assert meta["converted_from"]["layout"] == "dofa"
     assert meta["release"]["licence"] == "CC-BY-4.0"
     assert _dofa_equal(reference, _timm_export(tmp_path / "export"), 32) < 1e-4
 
@@ -235,7 +245,7 @@ def test_prithvi_encoder_converts_to_a_timm_vit_for_one_time_step(tmp_path, save
 
     meta = read_export_sidecar(tmp_path / "export")
     assert meta["bands"] == ["blue", "green", "red", "nir08", "swir16", "swir22"] and meta["img_size"] == 32
-    assert meta["release"]["licence"] == "Apache-2.0"
+    assert meta["release"]["licence"] == "Apache-2.0" and meta["converted_from"]["layout"] == "prithvi"
     notes = " ".join(meta["converted_from"]["notes"] + meta["converted_from"]["adapted"])
     assert "first of 2 frames" in notes and "MAE decoder is dropped" in notes
     images = torch.randn(2, 6, 32, 32)
@@ -295,6 +305,7 @@ def test_ssl4eo_vit_bands_are_selected_by_name(tmp_path, save):
 # inspect names each layout.
 
 
+@pytest.mark.slow  # names each architecture from the candidates of its family, built on the meta device
 def test_inspect_recognises_each_released_layout(save):
     _, dofa = _dofa_file(save)
     satlas = save({f"backbone.backbone.{k}": v for k, v in _tiny_torchvision_swin().state_dict().items()}, "satlas.pth")
