@@ -292,20 +292,12 @@ def _run_with(tiny_tree, name: str, model: dict, teacher: dict) -> Path:
     return run_dir
 
 
-def test_satlas_swin_v2_is_the_student_and_the_teacher_of_a_central_run(tiny_tree, tmp_path):
+def test_satlas_swin_v2_is_the_student_and_the_teacher_of_a_central_run(tiny_tree, satlas_file):
     """A Satlas file (torchvision's Swin-v2) starts the student and, unconverted, is the frozen teacher."""
-    from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
-
-    torch.manual_seed(0)
-    tiny = SwinTransformer(
-        [4, 4], 16, [1, 1, 2, 1], [1, 2, 4, 8], [2, 2], block=SwinTransformerBlockV2, downsample_layer=PatchMergingV2
-    )
-    satlas = tmp_path / "satlas.pth"
-    torch.save({f"backbone.backbone.{k}": v for k, v in tiny.state_dict().items()}, satlas)
     swinv2 = {"arch": "swinv2_tiny_window8_256", "window_size": 2}
 
     run_dir = _run_with(
-        tiny_tree, "satlas", {**swinv2, "init_checkpoint": str(satlas)}, {**swinv2, "checkpoint": str(satlas)}
+        tiny_tree, "satlas", {**swinv2, "init_checkpoint": str(satlas_file)}, {**swinv2, "checkpoint": str(satlas_file)}
     )
 
     sidecar = json.loads((run_dir / "backbone.json").read_text())
