@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torchgeo.models.dofa import DOFAEmbedding, position_embedding
 
 from geofm.checkpoints.layouts import BackboneSource, CheckpointLayout, weights_mapping
 from geofm.checkpoints.structure import VIT_HEADS
@@ -106,6 +105,8 @@ def patch_kernel(
     Runs torchgeo's :class:`~torchgeo.models.dofa.DOFAEmbedding` modules on the checkpoint's
     ``patch_embed.*`` tensors, as its forward does before the convolution.
     """
+    from torchgeo.models.dofa import DOFAEmbedding, position_embedding  # imported once a DOFA file is read
+
     embed = {k[len(_EMBED) :]: v for k, v in weights.items() if k.startswith(_EMBED)}
     width = int(embed["weight_generator.fc_bias.weight"].shape[0])
     kernel_area = int(embed["weight_generator.fc_weight.weight"].shape[0]) // width

@@ -19,7 +19,7 @@ from torchvision.models.swin_transformer import (
     SwinTransformerBlockV2,
 )
 
-from geofm.checkpoints import build_backbone, inspect_checkpoint, read_export_sidecar
+from geofm.checkpoints import build_backbone, inspect_checkpoint, read_export_sidecar, torchgeo_weights
 from geofm.cli import main
 from geofm.errors import ConfigError
 
@@ -128,7 +128,10 @@ def test_dofa_converts_for_named_bands_to_a_timm_vit_with_dofas_features(tmp_pat
     meta = read_export_sidecar(tmp_path / "export")
     assert meta["bands"] == BANDS and meta["timm_kwargs"]["in_chans"] == 4
     assert meta["converted_from"]["layout"] == "dofa"
-    assert meta["release"]["licence"] == "CC-BY-4.0"
+    assert (
+        meta["release"]["licence"] == "CC-BY-4.0" and "CC-BY-4.0" in (tmp_path / "export" / "MODEL_CARD.md").read_text()
+    )
+    assert torchgeo_weights(tmp_path / "export").meta["publication"] == "https://arxiv.org/abs/2403.15356"
     assert _dofa_equal(reference, _timm_export(tmp_path / "export"), 32) < 1e-4
 
 
