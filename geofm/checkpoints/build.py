@@ -83,7 +83,7 @@ def build_backbone(
 
     have = int(facts.weights["patch_embed.proj.weight"].shape[1])
     named, note = source_bands(facts, have)
-    notes = list(spec.notes) + list(facts.source.notes) + ([note] if note else [])
+    notes = list(spec.notes) + ([note] if note else [])
     target = list(bands) if bands is not None else named
     if bands is not None:
         kwargs["in_chans"] = len(bands)

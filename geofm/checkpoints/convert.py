@@ -111,9 +111,8 @@ def backbone_state_dict(
             report.dropped.append(key)
 
     if source.microsoft_names:
-        report.adapted.append(
-            f"Microsoft {'Swin-v2' if family == 'swinv2' else 'Swin'} names -> timm: layers.N.downsample moved to layers.N+1.downsample"
-        )
+        swin = "Swin-v2" if family == "swinv2" else "Swin"
+        report.adapted.append(f"Microsoft {swin} names -> timm: layers.N.downsample moved to layers.N+1.downsample")
     filter_options = {}
     if family == "vit" and source.beit_names:
         state = _fuse_qv_biases(state)

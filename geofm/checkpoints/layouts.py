@@ -68,7 +68,7 @@ class BackboneSource:
         dropped: keys of the file left out of ``weights`` by a layout that renamed the backbone.
         bands: the band names of the patch embedding, where the layout defines them.
         structure: architecture facts the layout knows and the weights do not tell (a ViT's ``num_heads``...).
-        notes: what the layout assumed or left out on the way.
+        notes: what the layout assumed, adapted or left out on the way (a load report's ``adapted``).
         release: the released model the file is (``name``, ``licence``, ``publication``, ``repo``), where
             the layout tells it; its licence travels into exports and their model card.
     """
