@@ -30,9 +30,20 @@ from geofm.errors import CheckpointFormatError
 _KERNEL = "patch_embed.proj.weight"
 # Harmonized Landsat Sentinel-2 bands Prithvi was pretrained on (B02, B03, B04, B8A/B05, B11/B06, B12/B07).
 HLS_BANDS = ("blue", "green", "red", "nir08", "swir16", "swir22")
-PUBLICATION = {
-    "publication": "https://arxiv.org/abs/2412.02732",
-    "repo": "https://github.com/NASA-IMPACT/Prithvi-EO-2.0",
+# The releases by version: EO-2.0 nests the encoder under `encoder.`, 1.0 keeps it at the top.
+RELEASES = {
+    "encoder.": {
+        "name": "Prithvi-EO-2.0",
+        "licence": "Apache-2.0",
+        "publication": "https://arxiv.org/abs/2412.02732",
+        "repo": "https://github.com/NASA-IMPACT/Prithvi-EO-2.0",
+    },
+    "": {
+        "name": "Prithvi-EO-1.0 (Prithvi-100M)",
+        "licence": "Apache-2.0",
+        "publication": "https://arxiv.org/abs/2310.18660",
+        "repo": "https://github.com/NASA-IMPACT/hls-foundation-os",
+    },
 }
 _ENCODER_PARTS = ("patch_embed.", "cls_token", "pos_embed", "blocks.", "norm.")
 
@@ -51,7 +62,7 @@ class PrithviCheckpoint(CheckpointLayout):
             (
                 k[: -len(_KERNEL)]
                 for k, v in weights.items()
-                if isinstance(k, str) and k.endswith(_KERNEL) and v.ndim == 5
+                if isinstance(k, str) and k.endswith(_KERNEL) and getattr(v, "ndim", 0) == 5
             ),
             None,
         )
@@ -71,7 +82,7 @@ class PrithviCheckpoint(CheckpointLayout):
         converted["pos_embed"], frames = first_frame(converted["pos_embed"])
         if frames > 1:
             notes.append(f"pos_embed: the first of {frames} frames' positions kept")
-        if any(k[len(prefix) :].startswith(("temporal_embed_enc", "location_embed_enc")) for k in weights):
+        if any(k.startswith(("temporal_embed_enc", "location_embed_enc")) for k in encoder):
             notes.append("time and location encodings dropped (a timm ViT takes no dates or coordinates)")
         if any("decoder" in k for k in dropped):
             notes.append("the MAE decoder is dropped: geofm's masked image modelling has no counterpart of it")
@@ -86,7 +97,7 @@ class PrithviCheckpoint(CheckpointLayout):
             bands=HLS_BANDS if kernel.shape[1] == len(HLS_BANDS) else None,
             structure={"num_heads": VIT_HEADS[width]} if width in VIT_HEADS else {},
             notes=tuple(notes),
-            release={"name": "Prithvi-EO-2.0" if prefix else "Prithvi-EO-1.0", "licence": "Apache-2.0", **PUBLICATION},
+            release=RELEASES.get(prefix),
         )
 
 

@@ -168,7 +168,8 @@ def test_dofa_band_without_a_wavelength_is_one_clear_error(save):
         build_backbone(path, bands=["red", "vv"], timm_kwargs={"num_heads": 4})
 
 
-# Prithvi-EO-2.0: PrithviMAE's keys and shapes (encoder.* with a Conv3d patch embedding, decoder.*).
+# Prithvi: PrithviMAE's keys and shapes (EO-2.0: encoder.* with a Conv3d patch embedding, decoder.*; 1.0: the encoder
+# at the top, decoder_* and mask_token beside it).
 
 
 def _sincos(dim: int, positions: torch.Tensor) -> torch.Tensor:
@@ -188,8 +189,8 @@ def _prithvi_pos_embed(dim: int, frames: int, side: int) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dim), torch.cat(parts, dim=1)]).float()[None]
 
 
-def _prithvi_file(save, frames: int = 2, side: int = 4, patch: int = 8, dim: int = 64):
-    """A PrithviMAE state dict: the encoder from a timm ViT's blocks, a Conv3d kernel (D, 6, 1, p, p), the MAE decoder."""
+def _prithvi_file(save, prefix: str = "encoder.", frames: int = 2, side: int = 4, patch: int = 8, dim: int = 64):
+    """A Prithvi state dict: the encoder from a timm ViT's blocks, a Conv3d kernel (D, 6, 1, p, p), the MAE decoder."""
     torch.manual_seed(0)
     vit = _perturbed(
         timm.create_model(
@@ -209,51 +210,47 @@ def _prithvi_file(save, frames: int = 2, side: int = 4, patch: int = 8, dim: int
     encoder["pos_embed"] = _prithvi_pos_embed(dim, frames, side)
     encoder["temporal_embed_enc.scale"] = torch.ones(1)
     decoder = {
-        "decoder.mask_token": torch.zeros(1, 1, 32),
-        "decoder.decoder_embed.weight": torch.randn(32, dim),
-        "decoder.decoder_embed.bias": torch.zeros(32),
-        "decoder.decoder_pos_embed": torch.zeros(1, 1 + frames * side * side, 32),
-        "decoder.decoder_blocks.0.attn.qkv.weight": torch.randn(96, 32),
-        "decoder.decoder_norm.weight": torch.ones(32),
-        "decoder.decoder_pred.weight": torch.randn(patch * patch * 6, 32),
+        "mask_token": torch.zeros(1, 1, 32),
+        "decoder_embed.weight": torch.randn(32, dim),
+        "decoder_embed.bias": torch.zeros(32),
+        "decoder_pos_embed": torch.zeros(1, 1 + frames * side * side, 32),
+        "decoder_blocks.0.attn.qkv.weight": torch.randn(96, 32),
+        "decoder_norm.weight": torch.ones(32),
+        "decoder_pred.weight": torch.randn(patch * patch * 6, 32),
     }
-    state = {**{f"encoder.{k}": v for k, v in encoder.items()}, **decoder}
+    decoder_prefix = "decoder." if prefix else ""
+    state = {**{prefix + k: v for k, v in encoder.items()}, **{decoder_prefix + k: v for k, v in decoder.items()}}
     return vit, state, save(state, "prithvi.pt")
 
 
-def _prithvi_single_frame(vit, state: dict, images: torch.Tensor) -> torch.Tensor:
+def _prithvi_single_frame(vit, state: dict, prefix: str, images: torch.Tensor) -> torch.Tensor:
     """Prithvi's encoder on one frame: Conv3d over (B, C, 1, H, W), the first frame's positions, the blocks, norm."""
-    tokens = (
-        F.conv3d(
-            images[:, :, None],
-            state["encoder.patch_embed.proj.weight"],
-            state["encoder.patch_embed.proj.bias"],
-            stride=state["encoder.patch_embed.proj.weight"].shape[2:],
-        )
-        .flatten(2)
-        .transpose(1, 2)
-    )
-    pos = state["encoder.pos_embed"]
+    kernel = state[prefix + "patch_embed.proj.weight"]
+    tokens = F.conv3d(images[:, :, None], kernel, state[prefix + "patch_embed.proj.bias"], stride=kernel.shape[2:])
+    tokens = tokens.flatten(2).transpose(1, 2)
+    pos = state[prefix + "pos_embed"]
     tokens = tokens + pos[:, 1 : 1 + tokens.shape[1]]
-    x = torch.cat([(state["encoder.cls_token"] + pos[:, :1]).expand(len(images), -1, -1), tokens], dim=1)
+    x = torch.cat([(state[prefix + "cls_token"] + pos[:, :1]).expand(len(images), -1, -1), tokens], dim=1)
     for block in vit.blocks:
         x = block(x)
     return vit.norm(x)
 
 
-def test_prithvi_encoder_converts_to_a_timm_vit_for_one_time_step(tmp_path, save):
-    vit, state, path = _prithvi_file(save)
+@pytest.mark.parametrize(("prefix", "release"), [("encoder.", "Prithvi-EO-2.0"), ("", "Prithvi-EO-1.0 (Prithvi-100M)")])
+def test_prithvi_encoder_converts_to_a_timm_vit_for_one_time_step(tmp_path, save, prefix, release):
+    vit, state, path = _prithvi_file(save, prefix)
 
     _convert(path, tmp_path / "export", "--timm-kwargs", '{"num_heads": 4}')
 
     meta = read_export_sidecar(tmp_path / "export")
     assert meta["bands"] == ["blue", "green", "red", "nir08", "swir16", "swir22"] and meta["img_size"] == 32
-    assert meta["release"]["licence"] == "Apache-2.0" and meta["converted_from"]["layout"] == "prithvi"
+    assert meta["release"]["name"] == release and meta["release"]["licence"] == "Apache-2.0"
+    assert meta["converted_from"]["layout"] == "prithvi"
     notes = " ".join(meta["converted_from"]["notes"] + meta["converted_from"]["adapted"])
     assert "first of 2 frames" in notes and "MAE decoder is dropped" in notes
     images = torch.randn(2, 6, 32, 32)
     with torch.no_grad():
-        expected = _prithvi_single_frame(vit, state, images)
+        expected = _prithvi_single_frame(vit, state, prefix, images)
         assert (_timm_export(tmp_path / "export").forward_features(images) - expected).abs().max() < 1e-4
 
 
