@@ -127,6 +127,7 @@ def _checkpoint_convert(args: argparse.Namespace) -> None:
         bands=args.bands,
         rgb_positions=args.rgb_positions,
         timm_kwargs=args.timm_kwargs,
+        checkpoint_bands=args.checkpoint_bands,
         metadata={"licence": args.licence} if args.licence else None,
     )
     print(f"{info['arch']} {json.dumps(info['timm_kwargs'])} (architecture from {info['inferred_from']})")
@@ -283,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--img-size", type=int, help="model input size (resamples ViT position embeddings)")
     convert.add_argument("--window-size", type=int, help="Swin window size (resizes relative-position tables)")
     convert.add_argument("--bands", nargs="+", help="the model's bands in order; kernels follow band names")
+    convert.add_argument(
+        "--checkpoint-bands",
+        nargs="+",
+        metavar="BAND",
+        help="the checkpoint's bands in its order, for a file that does not name them (e.g. vv vh for a Sentinel-1 ViT)",
+    )
     convert.add_argument(
         "--rgb-positions",
         nargs=3,

@@ -41,6 +41,7 @@ def build_backbone(
     rgb_positions: Sequence[int] | None = None,
     timm_kwargs: dict[str, Any] | None = None,
     strict: bool = True,
+    checkpoint_bands: Sequence[str] | None = None,
 ) -> tuple[nn.Module, LoadReport, dict[str, Any]]:
     """Build the timm backbone a checkpoint holds and load its weights, in any known layout.
 
@@ -59,6 +60,7 @@ def build_backbone(
             checkpoint, when ``bands`` do not name red, green and blue.
         timm_kwargs: further ``timm.create_model`` kwargs (``num_heads`` of a ViT without config...).
         strict: fail when the model has tensors the checkpoint lacks, or the reverse.
+        checkpoint_bands: the checkpoint's bands in its order, for a file that does not name them.
 
     Returns:
         The model (eval mode), the load report, and what was inferred: ``arch``, ``timm_kwargs``,
@@ -82,7 +84,7 @@ def build_backbone(
         kwargs["window_size"] = int(window_size)
 
     have = int(facts.weights["patch_embed.proj.weight"].shape[1])
-    named, note = source_bands(facts, have)
+    named, note = source_bands(facts, have, checkpoint_bands)
     notes = list(spec.notes) + ([note] if note else [])
     target = list(bands) if bands is not None else named
     if bands is not None:
@@ -260,7 +262,7 @@ def convert_checkpoint(
         dst: the export folder.
         metadata: sidecar entries added to (or replacing) what is derived from the checkpoint.
         build_options: ``arch``, ``img_size``, ``window_size``, ``bands``, ``rgb_positions``,
-            ``timm_kwargs``, ``strict``: see :func:`build_backbone`.
+            ``timm_kwargs``, ``strict``, ``checkpoint_bands``: see :func:`build_backbone`.
 
     Returns:
         The safetensors path, the load report and the inferred facts.

@@ -12,7 +12,8 @@ from torch import Tensor
 
 from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
 from geofm.checkpoints.layouts import CHECKPOINT_LAYOUTS, BackboneSource, locate_backbone, read_export_sidecar
-from geofm.data.bands import BAND_ID_TABLES
+from geofm.data.bands import BAND_ID_TABLES, UnknownBandError, canonical_bands
+from geofm.errors import ConfigError
 
 RGB_BANDS = ["red", "green", "blue"]
 # Sentinel-2's 13 bands in band order: the input of torchgeo's SSL4EO-S12 and other Sentinel-2 L1C weights.
@@ -107,8 +108,30 @@ def _read_yaml(path: Path) -> dict[str, Any] | None:
     return tree if isinstance(tree, dict) else None
 
 
-def source_bands(facts: CheckpointFacts, in_chans: int) -> tuple[list[str] | None, str | None]:
-    """The checkpoint's band names in order, and a note when they are assumed."""
+def source_bands(
+    facts: CheckpointFacts, in_chans: int, given: Sequence[str] | None = None
+) -> tuple[list[str] | None, str | None]:
+    """The checkpoint's band names in order, and a note when they are assumed.
+
+    Args:
+        facts: the checkpoint.
+        in_chans: its patch embedding's band count.
+        given: the names a user gives for a file that does not say them (torchgeo's Landsat or
+            Sentinel-1 ViT weights...), in the file's band order.
+
+    Raises:
+        ConfigError: ``given`` names unknown bands or another count than ``in_chans``.
+    """
+    if given is not None:
+        try:
+            names = canonical_bands(given, where="checkpoint bands")
+        except UnknownBandError as err:
+            raise ConfigError(f"{facts.path}: {err}") from err
+        if len(names) != in_chans:
+            raise ConfigError(
+                f"{facts.path}: checkpoint bands name {len(names)} bands, its patch embedding takes {in_chans}"
+            )
+        return names, None
     if facts.source.bands:
         return list(facts.source.bands), None
     if facts.sidecar is not None and facts.sidecar.get("bands"):

@@ -339,3 +339,20 @@ def test_satlas_multispectral_bands_are_selected_by_name(save):
     assert info["source_bands"][:3] == ["red", "green", "blue"] and info["source_bands"][6] == "nir"
     kernel = reference.features[0][0].weight
     assert torch.equal(model.patch_embed.proj.weight, kernel[:, [0, 1, 2, 6]])
+
+
+def test_torchgeo_vit_bands_the_file_does_not_name_are_given_in_its_order(tmp_path, save):
+    """torchgeo's Sentinel-1 ViT weights take VV, VH: named at conversion, the kernels follow the model's bands."""
+    torch.manual_seed(0)
+    reference = timm.create_model("vit_small_patch16_224", in_chans=2, img_size=32, embed_dim=32, depth=2, num_heads=2)
+    path = save(reference.state_dict(), "s1.pth")
+    options = ["--arch", "vit_small_patch16_224", "--timm-kwargs", '{"num_heads": 2}']
+
+    _convert(path, tmp_path / "export", "--checkpoint-bands", "VV", "VH", "--bands", "vh", "vv", *options)
+
+    meta = read_export_sidecar(tmp_path / "export")
+    assert meta["bands"] == ["vh", "vv"] and meta["converted_from"]["source_bands"] == ["vv", "vh"]
+    kernel = load_file(tmp_path / "export" / "backbone.safetensors")["patch_embed.proj.weight"]
+    assert torch.equal(kernel, reference.patch_embed.proj.weight.detach()[:, [1, 0]])
+    with pytest.raises(ConfigError, match=r"s1.pth: checkpoint bands name 3 bands, its patch embedding takes 2"):
+        build_backbone(path, checkpoint_bands=["vv", "vh", "hh"], arch="vit_small_patch16_224")
