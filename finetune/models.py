@@ -23,11 +23,10 @@ from torch import Tensor, nn
 from finetune.decoders import PYRAMID_STRIDES, SimpleFeaturePyramid, SuperresHead, UperNetHead
 from finetune.heads import HEADS
 from geofm.checkpoints import LoadReport, load_backbone_for_bands
-from geofm.checkpoints.convert import model_family
 from geofm.config.base import Section
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune import BandNormaliser
-from geofm.models.backbones import arch_info, backbone_kwargs, create_backbone, resize_input
+from geofm.models.backbones import arch_info, backbone_kwargs, create_backbone, is_swin, resize_input
 from geofm.registry import entry_options
 
 BACKBONE = "backbone"
@@ -157,7 +156,7 @@ class DenseFeatures(FinetuneModel):
     def __init__(self, backbone: nn.Module, frozen: bool, feature_blocks: list[int] | None) -> None:
         super().__init__(backbone, frozen)
         info = backbone.feature_info
-        if model_family(backbone) == "swin":
+        if is_swin(backbone):
             self.indices, self.neck = None, None
             self.channels = [f["num_chs"] for f in info]
             self.first_stride = info[0]["reduction"]

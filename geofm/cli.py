@@ -140,6 +140,8 @@ def _checkpoint_convert(args: argparse.Namespace) -> None:
         bands=args.bands,
         rgb_positions=args.rgb_positions,
         timm_kwargs=args.timm_kwargs,
+        checkpoint_bands=args.checkpoint_bands,
+        metadata={"licence": args.licence} if args.licence else None,
     )
     print(f"{info['arch']} {json.dumps(info['timm_kwargs'])} (architecture from {info['inferred_from']})")
     print(report)
@@ -304,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--window-size", type=int, help="Swin window size (resizes relative-position tables)")
     convert.add_argument("--bands", nargs="+", help="the model's bands in order; kernels follow band names")
     convert.add_argument(
+        "--checkpoint-bands",
+        nargs="+",
+        metavar="BAND",
+        help="the checkpoint's bands in its order, for a file that does not name them (e.g. vv vh for a Sentinel-1 ViT)",
+    )
+    convert.add_argument(
         "--rgb-positions",
         nargs=3,
         type=int,
@@ -315,6 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=_json_object,
         metavar="JSON",
         help="more timm.create_model kwargs, e.g. '{\"num_heads\": 12}'",
+    )
+    convert.add_argument(
+        "--licence",
+        help="the weights' licence for the sidecar and model card, e.g. CC-BY-4.0 (a released model's "
+        "layout gives its own)",
     )
     convert.add_argument(
         "--verbose", dest="list_keys", action="store_true", help="list every used/dropped/missing/unexpected key"

@@ -223,7 +223,8 @@ def _default_text(info: FieldInfo) -> str:
 
 def _source_docstring(entry: str) -> str | None:
     """The docstring of a lazy entry's class or function, or of its variable (the string after the
-    assignment), read from the module's source; None where there is none or no source."""
+    assignment, else, for an instance of a class of the module, that class's, as ``inspect.getdoc``
+    gives once it is imported), read from the module's source; None where there is none or no source."""
     module_name, attribute = entry.split(":")
     try:
         spec = importlib.util.find_spec(module_name)
@@ -242,7 +243,12 @@ def _source_docstring(entry: str) -> str | None:
                 if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
                 else None
             )
-            return inspect.cleandoc(text) if isinstance(text, str) else None
+            if isinstance(text, str):
+                return inspect.cleandoc(text)
+            value = getattr(node, "value", None)
+            called = value.func.id if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) else None
+            classes = [n for n in body if isinstance(n, ast.ClassDef) and n.name == called]
+            return ast.get_docstring(classes[0]) if classes else None
     return None
 
 

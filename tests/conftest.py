@@ -365,6 +365,22 @@ def teacher_file(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def satlas_file(tmp_path_factory) -> Path:
+    """A random tiny torchvision Swin-v2 (window 2) saved as a Satlas release: ``backbone.backbone.*`` beside its FPN."""
+    import torch
+    from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
+
+    torch.manual_seed(7)
+    tiny = SwinTransformer(
+        [4, 4], 16, [1, 1, 2, 1], [1, 2, 4, 8], [2, 2], block=SwinTransformerBlockV2, downsample_layer=PatchMergingV2
+    )
+    state = {f"backbone.backbone.{k}": v for k, v in tiny.state_dict().items()}
+    path = tmp_path_factory.mktemp("satlas") / "satlas_swinv2.pth"
+    torch.save({**state, "intermediates.0.conv.weight": torch.zeros(8, 16, 1, 1)}, path)
+    return path
+
+
 @pytest.fixture
 def child_env() -> dict[str, str]:
     """Environment for a child geofm process: CPU accelerator, without this process's own process-group variables."""

@@ -73,11 +73,11 @@ def test_installed_plugin_registers_through_its_entry_point(tmp_path, monkeypatc
 def test_summary_reads_a_lazy_entrys_docstring_without_importing_it(tmp_path, monkeypatch):
     (tmp_path / "geofm_summary_demo.py").write_text(
         'class Fancy:\n    """A fancy thing:\n    two lines.\n\n    Details.\n    """\n\n\n'
-        'MADE = Fancy()\n"""The made one."""\nBARE = 1\n'
+        'MADE = Fancy()\n"""The made one."""\nBARE = 1\nPLAIN = Fancy()\n'
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     reg = Registry("thing", "geofm.tests-none")
-    for name in ("Fancy", "MADE", "BARE"):
+    for name in ("Fancy", "MADE", "BARE", "PLAIN"):
         reg.register(name.lower(), f"geofm_summary_demo:{name}")
 
     @reg.register("coded")
@@ -89,6 +89,7 @@ def test_summary_reads_a_lazy_entrys_docstring_without_importing_it(tmp_path, mo
         "fancy": "A fancy thing: two lines.",
         "made": "The made one.",
         "bare": "",
+        "plain": "A fancy thing: two lines.",  # an instance without its own docstring: its class's, as once imported
         "coded": "Registered in code.",
     }
     assert "geofm_summary_demo" not in sys.modules, "listing imports no entry"

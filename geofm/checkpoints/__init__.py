@@ -1,7 +1,8 @@
 """Checkpoint loading, layout conversion, architecture inference and backbone export.
 
 Load weights in any registered layout (``geofm list checkpoint-layouts``: timm and Microsoft Swin
-state dicts, GFM and SimMIM checkpoints, geofm training files and exports) into a timm backbone, without saying which layout or architecture it is, and publish a
+state dicts, GFM and SimMIM checkpoints, geofm training files and exports, Satlas' torchvision Swin-v2, DOFA and
+Prithvi) into a timm backbone, without saying which layout or architecture it is, and publish a
 backbone that plain timm and torchgeo load::
 
     model, report, info = build_backbone("gfm.pth", bands=["red", "green", "blue", "nir"])

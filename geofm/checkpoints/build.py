@@ -24,7 +24,7 @@ from geofm.checkpoints.convert import apply_state_dict, backbone_state_dict
 from geofm.checkpoints.export import export_backbone
 from geofm.checkpoints.facts import CheckpointFacts, read_checkpoint, source_bands
 from geofm.checkpoints.infer import ArchSpec, infer_architecture
-from geofm.checkpoints.layouts import CHECKPOINT_LAYOUTS
+from geofm.checkpoints.layouts import CHECKPOINT_LAYOUTS, SWIN_FAMILIES
 from geofm.checkpoints.pretraining import PretrainingReport, pretraining_state
 from geofm.checkpoints.provenance import flatten, provenance
 from geofm.checkpoints.report import LoadReport
@@ -41,6 +41,7 @@ def build_backbone(
     rgb_positions: Sequence[int] | None = None,
     timm_kwargs: dict[str, Any] | None = None,
     strict: bool = True,
+    checkpoint_bands: Sequence[str] | None = None,
 ) -> tuple[nn.Module, LoadReport, dict[str, Any]]:
     """Build the timm backbone a checkpoint holds and load its weights, in any known layout.
 
@@ -59,6 +60,7 @@ def build_backbone(
             checkpoint, when ``bands`` do not name red, green and blue.
         timm_kwargs: further ``timm.create_model`` kwargs (``num_heads`` of a ViT without config...).
         strict: fail when the model has tensors the checkpoint lacks, or the reverse.
+        checkpoint_bands: the checkpoint's bands in its order, for a file that does not name them.
 
     Returns:
         The model (eval mode), the load report, and what was inferred: ``arch``, ``timm_kwargs``,
@@ -71,18 +73,18 @@ def build_backbone(
             not fit.
         ConfigError: arguments that cannot apply (window size of a ViT, bands that cannot be mapped...).
     """
-    facts = read_checkpoint(path)
+    facts = read_checkpoint(path, bands=bands)
     spec = infer_architecture(facts, arch=arch, timm_kwargs=timm_kwargs)
     kwargs = dict(spec.kwargs)
     if img_size is not None:
         kwargs["img_size"] = int(img_size)
     if window_size is not None:
-        if spec.family != "swin":
+        if spec.family not in SWIN_FAMILIES:
             raise ConfigError(f"window_size applies to Swin backbones only; the checkpoint holds a {spec.family}")
         kwargs["window_size"] = int(window_size)
 
     have = int(facts.weights["patch_embed.proj.weight"].shape[1])
-    named, note = source_bands(facts, have)
+    named, note = source_bands(facts, have, checkpoint_bands)
     notes = list(spec.notes) + ([note] if note else [])
     target = list(bands) if bands is not None else named
     if bands is not None:
@@ -100,6 +102,7 @@ def build_backbone(
         rgb_positions=list(rgb_positions) if rgb_positions is not None else None,
         band_sources=band_sources,
         path=facts.path,
+        source=facts.source,
     )
     apply_state_dict(model, state, report, strict=strict)
     report.fresh_bands = _fresh_bands(target, band_sources)
@@ -137,9 +140,11 @@ def load_backbone_for_bands(
         strict: fail when the model has tensors the checkpoint lacks, or the reverse.
         teacher: load a GFM file's teacher (``teacher.*``) rather than its student.
     """
-    facts = read_checkpoint(path, teacher=teacher)
+    facts = read_checkpoint(path, teacher=teacher, bands=bands)
     band_sources = _named_band_sources(facts, bands)
-    state, report = backbone_state_dict(facts.raw, model, band_sources=band_sources, path=facts.path, teacher=teacher)
+    state, report = backbone_state_dict(
+        facts.raw, model, band_sources=band_sources, path=facts.path, teacher=teacher, source=facts.source
+    )
     apply_state_dict(model, state, report, strict=strict)
     report.fresh_bands = _fresh_bands(list(bands), band_sources)
     return report
@@ -157,9 +162,11 @@ def load_pretraining_model(model: nn.Module, path: str | Path, bands: Sequence[s
     Raises:
         CheckpointNotFoundError, CheckpointFormatError, ConfigError: as :func:`load_backbone_for_bands`.
     """
-    facts = read_checkpoint(path)
+    facts = read_checkpoint(path, bands=bands)
     band_sources = _named_band_sources(facts, bands)
-    encoder_state, backbone = backbone_state_dict(facts.raw, model.encoder, band_sources=band_sources, path=facts.path)
+    encoder_state, backbone = backbone_state_dict(
+        facts.raw, model.encoder, band_sources=band_sources, path=facts.path, source=facts.source
+    )
     state, used, report = pretraining_state(facts.source, model.state_dict(), list(bands), band_sources)
     apply_state_dict(model.encoder, encoder_state, backbone)
     model.load_state_dict(state, strict=False)
@@ -225,7 +232,7 @@ def export_metadata(info: dict[str, Any], report: LoadReport) -> dict[str, Any]:
         "method": origin.get("method"),
         "data": origin.get("data"),
     }
-    for key in ("teacher", "steps", "epoch", "metrics", "config"):
+    for key in ("teacher", "steps", "epoch", "metrics", "release", "releases", "licence", "config"):
         if origin.get(key) is not None:
             metadata[key] = origin[key]
     metadata["converted_from"] = {
@@ -255,7 +262,7 @@ def convert_checkpoint(
         dst: the export folder.
         metadata: sidecar entries added to (or replacing) what is derived from the checkpoint.
         build_options: ``arch``, ``img_size``, ``window_size``, ``bands``, ``rgb_positions``,
-            ``timm_kwargs``, ``strict``: see :func:`build_backbone`.
+            ``timm_kwargs``, ``strict``, ``checkpoint_bands``: see :func:`build_backbone`.
 
     Returns:
         The safetensors path, the load report and the inferred facts.
@@ -292,7 +299,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         "img_size": None,
         "window_size": None,
         "tensors": None,
-        "notes": [note] if note else [],
+        "notes": list(facts.source.notes) + ([note] if note else []),
         "provenance": provenance(facts),
     }
     try:
@@ -309,7 +316,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
 def _check_on_meta(facts: CheckpointFacts, spec: ArchSpec) -> dict[str, Any]:
     with torch.device("meta"):
         model = create_model(spec.arch, spec.kwargs)
-    _, report = backbone_state_dict(facts.raw, model, path=facts.path)
+    _, report = backbone_state_dict(facts.raw, model, path=facts.path, source=facts.source)
     return {
         "arch": spec.arch,
         "timm_kwargs": spec.kwargs,
@@ -350,7 +357,7 @@ def format_inspection(result: dict[str, Any]) -> str:
         ("bands", ", ".join(result["bands"]) if result["bands"] else f"{result['in_chans']} unnamed"),
         ("image size", _text(result["img_size"], none="unknown")),
     ]
-    if result["family"] == "swin":
+    if result["family"] in SWIN_FAMILIES:
         rows.append(("window size", _text(result["window_size"], none="unknown")))
     origin = result["provenance"]
     for key, value in sorted(origin.items(), key=lambda item: item[0] == "config"):

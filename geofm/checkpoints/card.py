@@ -84,6 +84,7 @@ def model_card(sidecar: Mapping[str, Any], weights_file: str = "backbone.safeten
             "| --- | --- |",
         ]
         lines += [f"| {k} | {_value(v)} |" for k, v in federation.items()]
+    lines += ["", "## Licence", "", *_licence(sidecar)]
     lines += ["", "## Metrics", ""]
     metrics = sidecar.get("metrics")
     if metrics:
@@ -92,6 +93,24 @@ def model_card(sidecar: Mapping[str, Any], weights_file: str = "backbone.safeten
         lines.append("No metrics recorded.")
     lines += ["", "## Loading", "", *_loading(weights_file, sidecar)]
     return "\n".join(lines) + "\n"
+
+
+def _licence(sidecar: Mapping[str, Any]) -> list[str]:
+    """The licence of the weights: the one given at conversion, else the released model's; a pretraining
+    run's released student initialisation and teacher (``releases``, by role) with theirs."""
+    release = sidecar.get("release") or {}
+    licence = sidecar.get("licence") or release.get("licence")
+    lines = [f"Licence: {licence}." if licence else "Licence: not recorded."]
+    if release:
+        lines.append(f"Converted from the released model {_release(release)}.")
+    for role, used in (sidecar.get("releases") or {}).items():
+        lines.append(f"- `{role}`: the released model {_release(used)}, licence {used.get('licence')}")
+    return lines
+
+
+def _release(release: Mapping[str, Any]) -> str:
+    source = ", ".join(str(release[k]) for k in ("publication", "repo") if release.get(k))
+    return f"{release.get('name')}" + (f" ({source})" if source else "")
 
 
 def _gsd(gsd: Any) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from timm.models import beit, swin_transformer, vision_transformer
+from timm.models import beit, swin_transformer, swin_transformer_v2, vision_transformer
 from torch import Tensor, nn
 
 from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
@@ -37,24 +37,25 @@ REL_POS_TABLE = "relative_position_bias_table"
 BACKBONE_KWARGS_OF_FIELDS = ("num_classes", "in_chans", "img_size", "window_size")
 """The ``timm.create_model`` kwargs a config sets through fields of their own, not ``timm_kwargs``."""
 # Entries of Swin/ViT checkpoints that a headless timm backbone never holds: buffers rebuilt at
-# construction (Microsoft's checkpoints store them) and SimMIM's mask token.
-NON_BACKBONE_NAMES = ("relative_position_index", "attn_mask", "mask_token")
+# construction (Microsoft's and torchvision's checkpoints store them) and SimMIM's mask token.
+NON_BACKBONE_NAMES = ("relative_position_index", "relative_coords_table", "attn_mask", "mask_token")
 
 
 # timm's model class and checkpoint filter of each backbone family.
 FAMILY_CLASSES = {
     "swin": (swin_transformer.SwinTransformer, swin_transformer.checkpoint_filter_fn),
+    "swinv2": (swin_transformer_v2.SwinTransformerV2, swin_transformer_v2.checkpoint_filter_fn),
     "vit": (vision_transformer.VisionTransformer, vision_transformer.checkpoint_filter_fn),
     "beit": (beit.Beit, beit.checkpoint_filter_fn),
 }
 
 
 def model_family(model: nn.Module) -> str:
-    """``"swin"``, ``"vit"`` or ``"beit"`` for a timm Swin (v1), ViT or BEiT model."""
+    """``"swin"``, ``"swinv2"``, ``"vit"`` or ``"beit"`` for a timm Swin, Swin-v2, ViT or BEiT model."""
     for family, (cls, _) in FAMILY_CLASSES.items():
         if isinstance(model, cls):
             return family
-    raise TypeError(f"expected a timm SwinTransformer, VisionTransformer or Beit, got {type(model).__name__}")
+    raise TypeError(f"expected a timm SwinTransformer(V2), VisionTransformer or Beit, got {type(model).__name__}")
 
 
 def backbone_state_dict(
@@ -65,6 +66,7 @@ def backbone_state_dict(
     band_sources: Sequence[int | None] | None = None,
     path: str | Path | None = None,
     teacher: bool = False,
+    source: BackboneSource | None = None,
 ) -> tuple[dict[str, Tensor], LoadReport]:
     """Extract the backbone from a loaded checkpoint in any known layout, in ``model``'s timm names.
 
@@ -80,6 +82,8 @@ def backbone_state_dict(
             by name: reordered, dropped or added).
         path: the file ``raw`` came from: recognises an export by its sidecar, names the file in errors.
         teacher: take a GFM file's teacher (``teacher.*``) rather than its student.
+        source: where the backbone sits in ``raw``, made for the model's bands
+            (:attr:`~geofm.checkpoints.facts.CheckpointFacts.source`); default: located in ``raw``.
 
     Returns:
         The converted state dict (the model's keys plus any ``unexpected`` ones) and a report.
@@ -91,11 +95,12 @@ def backbone_state_dict(
         ConfigError: if ``rgb_positions`` is needed but missing or invalid.
     """
     where = f"{path}: " if path else ""
-    source = locate_backbone(raw, path=path, teacher=teacher)
+    source = source or locate_backbone(raw, path=path, teacher=teacher)
     family = model_family(model)
     _check_family(source, family, model, where)
     target = model.state_dict()
     report = LoadReport(layout=source.layout, dropped=source.other_keys(), path=str(path) if path else None)
+    report.adapted += source.notes
 
     state: dict[str, Tensor] = {}
     for key in source.backbone_keys():
@@ -106,7 +111,8 @@ def backbone_state_dict(
             report.dropped.append(key)
 
     if source.microsoft_names:
-        report.adapted.append("Microsoft Swin names -> timm: layers.N.downsample moved to layers.N+1.downsample")
+        swin = "Swin-v2" if family == "swinv2" else "Swin"
+        report.adapted.append(f"Microsoft {swin} names -> timm: layers.N.downsample moved to layers.N+1.downsample")
     filter_options = {}
     if family == "vit" and source.beit_names:
         state = _fuse_qv_biases(state)

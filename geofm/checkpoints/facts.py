@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,9 +11,13 @@ import yaml
 from torch import Tensor
 
 from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
-from geofm.checkpoints.layouts import BackboneSource, locate_backbone, read_export_sidecar
+from geofm.checkpoints.layouts import CHECKPOINT_LAYOUTS, BackboneSource, locate_backbone, read_export_sidecar
+from geofm.data.bands import BAND_ID_TABLES, UnknownBandError, canonical_bands
+from geofm.errors import ConfigError
 
 RGB_BANDS = ["red", "green", "blue"]
+# Sentinel-2's 13 bands in band order: the input of torchgeo's SSL4EO-S12 and other Sentinel-2 L1C weights.
+SENTINEL2_BANDS = list(BAND_ID_TABLES["sentinel2"].values())
 RUN_CONFIG = "config.yaml"
 
 
@@ -50,12 +54,14 @@ class CheckpointFacts:
         return self.source.family
 
 
-def read_checkpoint(path: str | Path, *, teacher: bool = False) -> CheckpointFacts:
+def read_checkpoint(path: str | Path, *, teacher: bool = False, bands: Sequence[str] | None = None) -> CheckpointFacts:
     """Load a checkpoint (file or folder) and gather its sidecar, run config or pickled config.
 
     Args:
         path: a weights file or a folder (export, run directory, DeepSpeed checkpoint).
         teacher: the backbone wanted is a GFM file's teacher (``teacher.*``) rather than its student.
+        bands: the input bands of the model the weights are for: a wavelength-conditioned layout
+            (DOFA) makes its patch kernel for them (see :meth:`~geofm.checkpoints.layouts.CheckpointLayout.for_bands`).
 
     Raises:
         CheckpointNotFoundError: nothing at ``path``.
@@ -64,6 +70,7 @@ def read_checkpoint(path: str | Path, *, teacher: bool = False) -> CheckpointFac
     resolved = resolve_checkpoint_path(path)
     raw = load_checkpoint_file(resolved)
     source = locate_backbone(raw, path=resolved, teacher=teacher)
+    source = CHECKPOINT_LAYOUTS.get(source.layout).for_bands(raw, source, bands, path=resolved)
     weights = {k[len(source.prefix) :]: v for k, v in source.weights.items() if k.startswith(source.prefix)}
     facts = CheckpointFacts(resolved, raw, source, weights)
     if source.layout == "geofm_export":
@@ -101,8 +108,32 @@ def _read_yaml(path: Path) -> dict[str, Any] | None:
     return tree if isinstance(tree, dict) else None
 
 
-def source_bands(facts: CheckpointFacts, in_chans: int) -> tuple[list[str] | None, str | None]:
-    """The checkpoint's band names in order, and a note when they are assumed."""
+def source_bands(
+    facts: CheckpointFacts, in_chans: int, given: Sequence[str] | None = None
+) -> tuple[list[str] | None, str | None]:
+    """The checkpoint's band names in order, and a note when they are assumed.
+
+    Args:
+        facts: the checkpoint.
+        in_chans: its patch embedding's band count.
+        given: the names a user gives for a file that does not say them (torchgeo's Landsat or
+            Sentinel-1 ViT weights...), in the file's band order.
+
+    Raises:
+        ConfigError: ``given`` names unknown bands or another count than ``in_chans``.
+    """
+    if given is not None:
+        try:
+            names = canonical_bands(given, where="checkpoint bands")
+        except UnknownBandError as err:
+            raise ConfigError(f"{facts.path}: {err}") from err
+        if len(names) != in_chans:
+            raise ConfigError(
+                f"{facts.path}: checkpoint bands name {len(names)} bands, its patch embedding takes {in_chans}"
+            )
+        return names, None
+    if facts.source.bands:
+        return list(facts.source.bands), None
     if facts.sidecar is not None and facts.sidecar.get("bands"):
         return list(facts.sidecar["bands"]), None
     if facts.run_config is not None:
@@ -111,4 +142,9 @@ def source_bands(facts: CheckpointFacts, in_chans: int) -> tuple[list[str] | Non
             return list(bands), None
     if in_chans == 3:
         return list(RGB_BANDS), "a 3-band checkpoint without band names: taken as red, green, blue"
+    if in_chans == len(SENTINEL2_BANDS):
+        return list(SENTINEL2_BANDS), (
+            "a 13-band checkpoint without band names: taken as Sentinel-2's bands in band order, B01-B08, B8A, "
+            "B09-B12 (torchgeo's SSL4EO-S12 weights)"
+        )
     return None, None

@@ -30,6 +30,7 @@ import torch
 
 from geofm.checkpoints.convert import model_family
 from geofm.checkpoints.facts import CheckpointFacts
+from geofm.checkpoints.layouts import SWIN_FAMILIES
 from geofm.checkpoints.structure import apply_source_config, structure_from_weights
 from geofm.errors import CheckpointFormatError, ConfigError
 from geofm.models.backbones import backbone_kwargs
@@ -37,6 +38,7 @@ from geofm.models.backbones import backbone_kwargs
 # Registered names tried, in order, when naming an architecture found in a checkpoint.
 CANDIDATES = {
     "swin": [f"swin_{size}_patch4_window7_224" for size in ("tiny", "small", "base", "large")],
+    "swinv2": [f"swinv2_{size}_window8_256" for size in ("tiny", "small", "base")] + ["swinv2_large_window12_192"],
     "vit": [f"vit_{size}_patch16_224" for size in ("tiny", "small", "base", "large")] + ["vit_huge_patch14_224"],
     "beit": ["beit_base_patch16_224", "beit_large_patch16_224"],
 }
@@ -44,6 +46,7 @@ CANDIDATES = {
 # window_size) are always written out.
 STRUCTURE_KEYS = {
     "swin": ("patch_size", "embed_dim", "depths", "num_heads", "mlp_ratio", "qkv_bias"),
+    "swinv2": ("patch_size", "embed_dim", "depths", "num_heads", "mlp_ratio", "qkv_bias"),
     "vit": (
         "patch_size",
         "embed_dim",
@@ -57,6 +60,7 @@ STRUCTURE_KEYS = {
         "init_values",
         "pre_norm",
         "global_pool",
+        "final_norm",
     ),
     "beit": (
         "patch_size",
@@ -80,7 +84,7 @@ class ArchSpec:
     """A timm architecture: registered name plus ``timm.create_model`` kwargs.
 
     Attributes:
-        family: ``"swin"``, ``"vit"`` or ``"beit"``.
+        family: ``"swin"``, ``"swinv2"``, ``"vit"`` or ``"beit"``.
         arch: registered timm name.
         kwargs: ``timm.create_model`` kwargs of a headless backbone (``num_classes=0``, ``in_chans``,
             ``img_size``, Swin ``window_size``, and structure kwargs differing from ``arch``'s defaults).
@@ -137,6 +141,9 @@ def _infer(facts: CheckpointFacts, arch: str | None, hints: dict[str, Any]) -> A
     else:
         structure, notes = structure_from_weights(facts.family, facts.weights)
         sources = ["weights"]
+        if facts.source.structure:
+            structure.update(facts.source.structure)
+            sources.append(f"{facts.layout} layout")
         config = facts.source_config
         if config is not None and apply_source_config(facts.family, config, structure, notes):
             sources.append("checkpoint config")
@@ -210,7 +217,7 @@ def name_architecture(
     kwargs = backbone_kwargs(
         in_chans=int(structure["in_chans"]),
         img_size=int(structure["img_size"]),
-        window_size=structure.get("window_size") if family == "swin" else None,
+        window_size=structure.get("window_size") if family in SWIN_FAMILIES else None,
         timm_kwargs=differing,
     )
     return ArchSpec(family, name, kwargs, inferred_from, structure, notes)
@@ -228,7 +235,9 @@ def _arch_defaults_json(arch: str) -> str:
     except TypeError as err:
         raise ConfigError(f"{arch} is not a timm Swin, ViT or BEiT architecture ({type(model).__name__})") from err
     structure, _ = structure_from_weights(family, model.state_dict())
-    if family != "swin":
+    if family in SWIN_FAMILIES:  # a Swin-v2 holds no table that tells its window
+        structure["window_size"] = max(max(stage.blocks[0].window_size) for stage in model.layers)
+    else:
         structure["num_heads"] = int(model.blocks[0].attn.num_heads)
     return json.dumps({"family": family, **structure})
 

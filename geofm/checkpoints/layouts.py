@@ -8,7 +8,7 @@ layouts apart by one decision tree over the keys, in a fixed order (a geofm trai
 layout (entry-point group ``geofm.checkpoint_layouts``) is tried after them, by its
 :meth:`CheckpointLayout.detect`.
 
-Backbone families: ``swin`` (timm's ``SwinTransformer``), ``vit`` (timm's ``VisionTransformer``)
+Backbone families: ``swin`` (timm's ``SwinTransformer``), ``swinv2`` (timm's ``SwinTransformerV2``), ``vit`` (timm's ``VisionTransformer``)
 and ``beit`` (timm's ``Beit``: a ViT with relative position bias, per block or one table shared by
 all blocks). SimMIM's and BEiT's ViT code names a ViT's weights its own way (``q_bias``/``v_bias``
 next to a bias-free ``qkv``, ``gamma_1``/``gamma_2`` layer scales): such a ViT without relative
@@ -16,13 +16,18 @@ position bias is a ``vit`` in BEiT names (:attr:`BackboneSource.beit_names`), wi
 
 A GFM file holds two backbones, the student (``encoder.*``) and its teacher (``teacher.*``); the
 other layouts one. ``locate_backbone(raw, teacher=True)`` picks the teacher of a GFM file.
+
+The released models of other code bases (torchvision's Swin as in Satlas, DOFA, Prithvi) are
+layouts of their own modules (:mod:`~geofm.checkpoints.torchvision_swin`, :mod:`~geofm.checkpoints.dofa`,
+:mod:`~geofm.checkpoints.prithvi`): their :meth:`CheckpointLayout.detect` renames the backbone into
+timm's names, so everything downstream reads a timm backbone.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,9 @@ _BEIT_NAMES = (".attn.q_bias", ".gamma_1")
 # Relative position bias of a ViT: a table per block, or one shared by all blocks.
 _BLOCK_REL_POS = ".attn.relative_position_bias_table"
 _SHARED_REL_POS = "rel_pos_bias.relative_position_bias_table"
+# Key ending of Swin-v2's attention (learned temperature), which Swin v1 lacks.
+_SWIN_V2 = ".attn.logit_scale"
+SWIN_FAMILIES = ("swin", "swinv2")
 # Keys a training script stores next to the weights (SimMIM/Swin `save_checkpoint`).
 _TRAINING_STATE = ("optimizer", "lr_scheduler", "epoch", "config", "max_accuracy")
 
@@ -54,9 +62,15 @@ class BackboneSource:
         layout: a name of :data:`CHECKPOINT_LAYOUTS`.
         weights: the mapping holding the backbone keys (maybe next to other modules' keys).
         prefix: prefix of the backbone keys in ``weights`` (``"encoder."`` or ``""``).
-        family: ``"swin"``, ``"vit"`` or ``"beit"``.
+        family: ``"swin"``, ``"swinv2"``, ``"vit"`` or ``"beit"``.
         microsoft_names: the keys follow Microsoft's Swin names rather than timm's.
         beit_names: a ViT's keys follow BEiT/SimMIM names (``q_bias``/``v_bias``, ``gamma_1``/``gamma_2``).
+        dropped: keys of the file left out of ``weights`` by a layout that renamed the backbone.
+        bands: the band names of the patch embedding, where the layout defines them.
+        structure: architecture facts the layout knows and the weights do not tell (a ViT's ``num_heads``...).
+        notes: what the layout assumed, adapted or left out on the way (a load report's ``adapted``).
+        release: the released model the file is (``name``, ``licence``, ``publication``, ``repo``), where
+            the layout tells it; its licence travels into exports and their model card.
     """
 
     layout: str
@@ -65,12 +79,17 @@ class BackboneSource:
     family: str
     microsoft_names: bool
     beit_names: bool = False
+    dropped: tuple[str, ...] = ()
+    bands: tuple[str, ...] | None = None
+    structure: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    release: Mapping[str, str] | None = None
 
     def backbone_keys(self) -> list[str]:
         return [k for k in self.weights if k.startswith(self.prefix)]
 
     def other_keys(self) -> list[str]:
-        return [k for k in self.weights if not k.startswith(self.prefix)]
+        return [*self.dropped, *(k for k in self.weights if not k.startswith(self.prefix))]
 
 
 class CheckpointLayout:
@@ -84,6 +103,19 @@ class CheckpointLayout:
         The built-in layouts return None: :func:`locate_backbone` tells them apart before it asks the others.
         """
         return None
+
+    def for_bands(
+        self,
+        raw: Mapping[str, Any],
+        source: BackboneSource,
+        bands: Sequence[str] | None,
+        *,
+        path: str | Path | None = None,
+    ) -> BackboneSource:
+        """The backbone of ``raw`` (found as ``source``) made for the input ``bands`` (None: none asked
+        for): ``source`` itself where the patch embedding has fixed bands; a wavelength-conditioned
+        layout (DOFA) makes its patch kernel here."""
+        return source
 
 
 class TimmCheckpoint(CheckpointLayout):
@@ -124,6 +156,9 @@ CHECKPOINT_LAYOUTS.register("gfm", GfmCheckpoint())
 CHECKPOINT_LAYOUTS.register("simmim", SimmimCheckpoint())
 CHECKPOINT_LAYOUTS.register("geofm_train", GeofmTrainCheckpoint())
 CHECKPOINT_LAYOUTS.register("geofm_export", GeofmExportCheckpoint())
+CHECKPOINT_LAYOUTS.register("torchvision_swin", "geofm.checkpoints.torchvision_swin:TORCHVISION_SWIN")
+CHECKPOINT_LAYOUTS.register("dofa", "geofm.checkpoints.dofa:DOFA")
+CHECKPOINT_LAYOUTS.register("prithvi", "geofm.checkpoints.prithvi:PRITHVI")
 
 
 def export_sidecar_path(weights_path: str | Path) -> Path:
@@ -209,7 +244,7 @@ def locate_backbone(raw: Mapping[str, Any], *, path: str | Path | None = None, t
         if family is not None:
             return _source("geofm_train", module, "encoder.", family)
 
-    weights, container = _weights_mapping(raw)
+    weights, container = weights_mapping(raw)
     if weights is not None:
         encoder = _family(weights, "encoder.") if _has_prefix(weights, "encoder.") else None
         if encoder is not None:
@@ -240,8 +275,8 @@ def locate_backbone(raw: Mapping[str, Any], *, path: str | Path | None = None, t
 
 
 def _source(layout: str, weights: Mapping[str, Any], prefix: str, family: str) -> BackboneSource:
-    microsoft = family == "swin" and prefix + _MICROSOFT_SWIN in weights
-    beit_names = family != "swin" and any(
+    microsoft = family in SWIN_FAMILIES and prefix + _MICROSOFT_SWIN in weights
+    beit_names = family not in SWIN_FAMILIES and any(
         isinstance(k, str) and k.startswith(prefix + "blocks.") and k.endswith(_BEIT_NAMES) for k in weights
     )
     return BackboneSource(layout, weights, prefix, family, microsoft, beit_names)
@@ -258,7 +293,7 @@ def _gfm_teacher(weights: Mapping[str, Any], path: str | Path | None) -> Backbon
     return _source("gfm", weights, "teacher.", family)
 
 
-def _weights_mapping(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str | None]:
+def weights_mapping(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str | None]:
     """The mapping of names to tensors: under ``model`` or ``state_dict``, or ``raw`` itself."""
     for container in ("model", "state_dict"):
         inner = raw.get(container)
@@ -276,11 +311,15 @@ def _has_prefix(weights: Mapping[str, Any], prefix: str) -> bool:
 
 
 def _family(weights: Mapping[str, Any], prefix: str) -> str | None:
-    """``"swin"``, ``"vit"`` or ``"beit"`` when ``weights`` holds a patch embedding and Swin stages or ViT blocks."""
-    if prefix + _PATCH_EMBED not in weights:
+    """``"swin"``, ``"swinv2"``, ``"vit"`` or ``"beit"`` when ``weights`` holds a 2-D patch embedding and Swin
+    stages or ViT blocks (a 3-D patch embedding over time, as Prithvi's, is a layout of its own)."""
+    kernel = weights.get(prefix + _PATCH_EMBED)
+    if kernel is None or getattr(kernel, "ndim", 4) != 4:
         return None
-    if _has_prefix(weights, prefix + "layers."):
-        return "swin"
+    stages = prefix + "layers."
+    if _has_prefix(weights, stages):
+        v2 = any(isinstance(k, str) and k.startswith(stages) and k.endswith(_SWIN_V2) for k in weights)
+        return "swinv2" if v2 else "swin"
     if _has_prefix(weights, prefix + "blocks."):
         return "beit" if relative_position_bias(weights, prefix) else "vit"
     return None

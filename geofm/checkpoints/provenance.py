@@ -11,7 +11,7 @@ from typing import Any
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
 
-from geofm.checkpoints.facts import RGB_BANDS, CheckpointFacts
+from geofm.checkpoints.facts import RGB_BANDS, CheckpointFacts, read_checkpoint
 from geofm.checkpoints.layouts import BackboneSource
 from geofm.runlog import final_metrics
 
@@ -37,6 +37,9 @@ _SIDECAR_PROVENANCE = (
     "metrics",
     "federation",
     "converted_from",
+    "release",
+    "releases",
+    "licence",
     "config",
 )
 
@@ -120,6 +123,8 @@ def provenance(facts: CheckpointFacts) -> dict[str, Any]:
     info: dict[str, Any] = {}
     if facts.sidecar is not None:
         return {k: facts.sidecar[k] for k in _SIDECAR_PROVENANCE if facts.sidecar.get(k) is not None}
+    if facts.source.release:
+        info["release"] = dict(facts.source.release)
     if layout == "geofm_train":
         step = raw.get("step", raw.get("global_steps"))
         if isinstance(step, int):
@@ -166,6 +171,19 @@ def provenance(facts: CheckpointFacts) -> dict[str, Any]:
         if data:
             info["data"] = data
     return info
+
+
+def releases_of(paths: Mapping[str, Path | None]) -> dict[str, dict[str, Any]]:
+    """The released models (with their licences) among checkpoint files, by role (``model.init_checkpoint``...).
+
+    Files of a released model's layout, and exports converted from one, are named; others are left out.
+    """
+    found = {}
+    for role, path in paths.items():
+        release = provenance(read_checkpoint(path)).get("release") if path is not None else None
+        if release:
+            found[role] = release
+    return found
 
 
 def _classifier_size(source: BackboneSource) -> int | None:

@@ -1,4 +1,5 @@
-"""Architecture facts read from the shapes of a Swin, ViT or BEiT backbone's weights and from a GFM/SimMIM config."""
+"""Architecture facts read from the shapes of a Swin (v1, v2), ViT or BEiT backbone's weights and from a GFM/SimMIM
+config."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ from typing import Any
 
 from torch import Tensor
 
+from geofm.checkpoints.layouts import SWIN_FAMILIES
 from geofm.errors import CheckpointFormatError
 
 _SWIN_BLOCK = re.compile(r"^layers\.(\d+)\.blocks\.(\d+)\.")
 _VIT_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+SWIN_V2_WINDOW = 8  # timm's and torchvision's Swin-v2 window at 256 px
+VIT_HEADS = {384: 6, 768: 12, 1024: 16, 1280: 16}
+"""Attention heads of the ViT widths the field releases (small, base, large, huge), for layouts whose files say none."""
 
 
 def structure_from_weights(family: str, weights: Mapping[str, Tensor]) -> tuple[dict[str, Any], list[str]]:
@@ -32,7 +37,7 @@ def structure_from_weights(family: str, weights: Mapping[str, Tensor]) -> tuple[
         "embed_dim": int(kernel.shape[0]),
     }
     try:
-        if family == "swin":
+        if family in SWIN_FAMILIES:
             return _swin_structure(weights, structure)
         return _vit_structure(family, weights, structure)
     except (KeyError, ValueError) as err:
@@ -50,15 +55,17 @@ def _swin_structure(weights: Mapping[str, Tensor], s: dict[str, Any]) -> tuple[d
             stage, block = int(found.group(1)), int(found.group(2))
             last_block[stage] = max(last_block.get(stage, 0), block)
     stages = sorted(last_block)
-    tables = [weights[f"layers.{i}.blocks.0.attn.relative_position_bias_table"] for i in stages]
-    windows = [(_table_side(t.shape[0]) + 1) // 2 for t in tables]
+    heads, windows = _swin_attention(weights, [f"layers.{i}.blocks.0.attn." for i in stages])
+    if windows is None:
+        windows = [SWIN_V2_WINDOW] * len(stages)
+        notes.append(f"window_size {SWIN_V2_WINDOW} assumed: a timm Swin-v2's window is not stored in its weights")
     window = max(windows)
     s.update(
         depths=[last_block[i] + 1 for i in stages],
-        num_heads=[int(t.shape[1]) for t in tables],
+        num_heads=heads,
         window_size=window,
         mlp_ratio=weights["layers.0.blocks.0.mlp.fc1.weight"].shape[0] / s["embed_dim"],
-        qkv_bias="layers.0.blocks.0.attn.qkv.bias" in weights,
+        qkv_bias="layers.0.blocks.0.attn.qkv.bias" in weights or "layers.0.blocks.0.attn.q_bias" in weights,
     )
     grid = _swin_grid(weights, windows, window)
     if grid is None:
@@ -69,6 +76,19 @@ def _swin_structure(weights: Mapping[str, Tensor], s: dict[str, Any]) -> tuple[d
         )
     s["img_size"] = grid * s["patch_size"]
     return s, notes
+
+
+def _swin_attention(weights: Mapping[str, Tensor], attention: list[str]) -> tuple[list[int], list[int] | None]:
+    """Heads and window of each stage (keys of its first block's attention): from the relative-position
+    tables of a Swin; from the temperatures (``logit_scale``) and coordinate tables of a Swin-v2, whose
+    window is unknown where the coordinate tables were not saved (timm's)."""
+    if attention[0] + "logit_scale" not in weights:
+        tables = [weights[a + "relative_position_bias_table"] for a in attention]
+        return [int(t.shape[1]) for t in tables], [(_table_side(t.shape[0]) + 1) // 2 for t in tables]
+    heads = [int(weights[a + "logit_scale"].shape[0]) for a in attention]
+    if attention[0] + "relative_coords_table" not in weights:
+        return heads, None
+    return heads, [(int(weights[a + "relative_coords_table"].shape[1]) + 1) // 2 for a in attention]
 
 
 def _swin_grid(weights: Mapping[str, Tensor], windows: list[int], window: int) -> int | None:
@@ -91,6 +111,8 @@ def _vit_structure(family: str, weights: Mapping[str, Tensor], s: dict[str, Any]
         num_heads=None,
         global_pool="avg" if "fc_norm.weight" in weights else "token",
     )
+    if family == "vit":  # a ViT released without its last norm (DOFA's MAE encoder)
+        s["final_norm"] = "norm.weight" in weights or "fc_norm.weight" in weights
     if family == "beit":
         shared = weights.get("rel_pos_bias.relative_position_bias_table")
         table = weights.get("blocks.0.attn.relative_position_bias_table", shared)

@@ -74,7 +74,7 @@ def torchgeo_weights(
             first one that covers all the model's bands.
         name: the member's name (default from method and band count, e.g. ``GFM_4BAND``).
         dataset, publication, repo: meta entries; defaults from the sidecar (data source names, the
-            method's paper).
+            method's paper, or those of the released model it was converted from).
 
     Returns:
         The member of a one-member ``WeightsEnum`` subclass; ``meta`` follows torchgeo (``dataset``,
@@ -96,12 +96,13 @@ def torchgeo_weights(
     bands = sidecar.get("bands")
     chosen, transforms = _transforms(sidecar.get("normalisation"), bands, source)
     method = sidecar.get("method")
+    release = sidecar.get("release") or {}
     meta = {
         "dataset": dataset or _dataset(sidecar.get("data")),
         "in_chans": kwargs.get("in_chans"),
         "model": sidecar["arch"],
-        "publication": publication or PUBLICATIONS.get(method),
-        "repo": repo,
+        "publication": publication or release.get("publication") or PUBLICATIONS.get(method),
+        "repo": repo or release.get("repo"),
         "ssl_method": method,
         "bands": tuple(bands) if bands else None,
         "img_size": sidecar.get("img_size", kwargs.get("img_size")),

@@ -134,6 +134,27 @@ BAND_ID_TABLES: dict[str, dict[str, str]] = {
 """Band ids as sensors name their files (``T32TQM_..._B8A.jp2``, ``LC08_..._B5.TIF``), per sensor:
 Sentinel-2 MSI and Landsat 8/9 OLI-TIRS (Landsat 9 numbers its bands as Landsat 8 does)."""
 
+CENTRAL_WAVELENGTHS_UM: dict[str, float] = {
+    "coastal": 0.443,
+    "blue": 0.49,
+    "green": 0.56,
+    "red": 0.665,
+    "rededge1": 0.705,
+    "rededge2": 0.74,
+    "rededge3": 0.783,
+    "nir": 0.842,
+    "nir08": 0.865,
+    "water_vapour": 0.945,
+    "cirrus": 1.375,
+    "swir16": 1.61,
+    "swir22": 2.19,
+    "pan": 0.59,
+    "lwir11": 10.9,
+    "lwir12": 12.0,
+}
+"""Central wavelength of each optical band in micrometres (Sentinel-2 MSI's where it has the band, else
+Landsat 8 OLI-TIRS'), as wavelength-conditioned models (DOFA) take them. SAR bands have none here."""
+
 RGB = ("red", "green", "blue")
 
 
@@ -142,6 +163,20 @@ def rgb_indices(bands: Sequence[str]) -> list[int] | None:
     if all(b in bands for b in RGB):
         return [list(bands).index(b) for b in RGB]
     return None
+
+
+def central_wavelengths(bands: Sequence[str], where: str = "bands") -> list[float]:
+    """The central wavelength (um) of each of ``bands`` (canonical names), in order.
+
+    Raises:
+        UnknownBandError: a band has no wavelength in :data:`CENTRAL_WAVELENGTHS_UM` (SAR, a custom band).
+    """
+    missing = [b for b in bands if b not in CENTRAL_WAVELENGTHS_UM]
+    if missing:
+        raise UnknownBandError(
+            f"{where}: {', '.join(missing)} has no central wavelength; bands with one: {', '.join(CENTRAL_WAVELENGTHS_UM)}"
+        )
+    return [CENTRAL_WAVELENGTHS_UM[b] for b in bands]
 
 
 def teacher_band_indices(bands: Sequence[str]) -> list[int]:

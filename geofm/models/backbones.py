@@ -1,4 +1,4 @@
-"""Backbones through timm: Swin and ViT with any band count, image size and window size.
+"""Backbones through timm: Swin (v1 and v2) and ViT with any band count, image size and window size.
 
 The model returned by :func:`create_backbone` is a plain timm model (``num_classes=0``), so its
 ``state_dict`` is in timm's key layout and exports load into ``timm.create_model`` unchanged.
@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-FAMILIES = {"swin": "swin_transformer", "vit": "vision_transformer"}
+# timm modules of each family; a Swin-v2 trains, distils and exports as a Swin does (hierarchical
+# stages of windowed attention, patch merging at the start of each stage but the first).
+FAMILIES = {"swin": ("swin_transformer", "swin_transformer_v2"), "vit": ("vision_transformer",)}
 
 
 @functools.cache
@@ -31,13 +33,13 @@ def _registered(module: str) -> frozenset[str]:
 
 
 def backbone_family(arch: str) -> str:
-    """Return ``"swin"`` or ``"vit"`` for a registered timm architecture name.
+    """Return ``"swin"`` (Swin v1 or v2) or ``"vit"`` for a registered timm architecture name.
 
     Raises:
-        ConfigError: if ``arch`` is not a timm Swin (v1) or ViT architecture.
+        ConfigError: if ``arch`` is not a timm Swin or ViT architecture.
     """
-    for family, module in FAMILIES.items():
-        if arch in _registered(module):
+    for family, modules in FAMILIES.items():
+        if any(arch in _registered(module) for module in modules):
             return family
     beit = (
         f": {arch} is timm's Beit, a ViT with relative position bias, which geofm converts (geofm checkpoint "
@@ -47,8 +49,17 @@ def backbone_family(arch: str) -> str:
     )
     raise ConfigError(
         f"unknown backbone architecture {arch!r}: expected a timm Swin or ViT name such as "
-        f"swin_base_patch4_window7_224 or vit_base_patch16_224 (see timm.list_models('swin*')){beit}"
+        f"swin_base_patch4_window7_224, swinv2_base_window8_256 or vit_base_patch16_224 (see "
+        f"timm.list_models('swin*')){beit}"
     )
+
+
+def is_swin(model: nn.Module) -> bool:
+    """Whether ``model`` is a timm Swin, v1 (``SwinTransformer``) or v2 (``SwinTransformerV2``)."""
+    from timm.models.swin_transformer import SwinTransformer
+    from timm.models.swin_transformer_v2 import SwinTransformerV2
+
+    return isinstance(model, (SwinTransformer, SwinTransformerV2))
 
 
 @dataclass(frozen=True)
@@ -123,7 +134,7 @@ def create_backbone(arch: str, kwargs: dict[str, Any], drop_path_rate: float = 0
 def resize_input(model: nn.Module, img_size: int) -> None:
     """Make a timm Swin or ViT take ``img_size`` x ``img_size`` inputs, in place (timm's ``set_input_size``).
 
-    A Swin keeps the window each stage has now, so on larger inputs every relative position table
+    A Swin (v1 or v2) keeps the window each stage has now, so on larger inputs every relative position table
     is used as it was trained and only the attention masks are rebuilt (there are more windows,
     shifted where a stage now has more than one); a stage whose feature map becomes smaller than
     its window gets a window of the map's size, its table resized by timm. A ViT's absolute
@@ -132,12 +143,10 @@ def resize_input(model: nn.Module, img_size: int) -> None:
     Raises:
         ValueError: if ``img_size`` is not positive.
     """
-    from timm.models.swin_transformer import SwinTransformer
-
     if img_size <= 0:
         raise ValueError(f"an input size must be positive, got {img_size}")
     size = (img_size, img_size)
-    if isinstance(model, SwinTransformer):
+    if is_swin(model):
         model.set_input_size(img_size=size, window_size=[stage.blocks[0].window_size for stage in model.layers])
     else:
         model.set_input_size(img_size=size)

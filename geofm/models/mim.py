@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import torch
 from einops import rearrange
 from timm.layers import trunc_normal_
-from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
+from geofm.models.backbones import is_swin
 from geofm.objective import gfm_loss
 
 
@@ -39,7 +39,7 @@ def default_vit_tap(model: VisionTransformer) -> Tap:
 
 def tap_channels(model: nn.Module, tap: Tap) -> int:
     """Channel count of the features at ``tap``."""
-    if isinstance(model, SwinTransformer):
+    if is_swin(model):
         stage = tap.index if tap.include_merging else tap.index - 1
         return model.feature_info[stage]["num_chs"]
     return model.embed_dim
@@ -47,7 +47,7 @@ def tap_channels(model: nn.Module, tap: Tap) -> int:
 
 def check_tap(model: nn.Module, tap: Tap) -> None:
     """Raise ValueError when ``tap`` lies outside ``model``."""
-    if isinstance(model, SwinTransformer):
+    if is_swin(model):
         last = len(model.layers) - (1 if tap.include_merging else 0)
         if not 1 <= tap.index <= last:
             raise ValueError(f"Swin tap after stage {tap.index} (merging={tap.include_merging}) is outside 1..{last}")
@@ -75,14 +75,15 @@ def run_backbone(model: nn.Module, tokens: Tensor, tap: Tap | None, stop_at_tap:
     the tap) and the tapped features as (B, h, w, C) (None without a tap).
     """
     tapped = None
-    if isinstance(model, SwinTransformer):
+    if is_swin(model):
         x = tokens
         for i, stage in enumerate(model.layers):
             if tap is not None and tap.include_merging and i == tap.index:
                 x = tapped = stage.downsample(x)
                 if stop_at_tap:
                     return None, tapped
-                x = stage.blocks(x)
+                for block in stage.blocks:  # a Sequential in timm's Swin, a ModuleList in its Swin-v2
+                    x = block(x)
             else:
                 x = stage(x)
             if tap is not None and not tap.include_merging and i + 1 == tap.index:
@@ -92,7 +93,7 @@ def run_backbone(model: nn.Module, tokens: Tensor, tap: Tap | None, stop_at_tap:
         return rearrange(model.norm(x), "b h w c -> b c h w"), tapped
 
     if not isinstance(model, VisionTransformer):
-        raise TypeError(f"expected a timm SwinTransformer or VisionTransformer, got {type(model).__name__}")
+        raise TypeError(f"expected a timm SwinTransformer(V2) or VisionTransformer, got {type(model).__name__}")
     h, w = model.patch_embed.grid_size
     x = model.norm_pre(model.patch_drop(model._pos_embed(tokens)))
     for i, block in enumerate(model.blocks):
@@ -108,7 +109,7 @@ def run_backbone(model: nn.Module, tokens: Tensor, tap: Tap | None, stop_at_tap:
 def encoder_stride(model: nn.Module) -> int:
     """Pixels per final feature: patch size times the Swin merges; the patch size for ViT."""
     patch = model.patch_embed.patch_size[0]
-    if isinstance(model, SwinTransformer):
+    if is_swin(model):
         return patch * 2 ** (len(model.layers) - 1)
     return patch
 

@@ -6,10 +6,9 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from timm.models.swin_transformer import SwinTransformer
 from torch import Tensor, nn
 
-from geofm.models.backbones import backbone_kwargs, create_backbone
+from geofm.models.backbones import backbone_kwargs, create_backbone, is_swin
 from geofm.models.mim import Tap, check_tap, default_vit_tap, embed_tokens, run_backbone, tap_channels
 
 if TYPE_CHECKING:  # the config schema (pydantic) stays out of the model code's imports
@@ -79,11 +78,11 @@ class FrozenTeacher(nn.Module):
 
 def _drop_after_tap(model: nn.Module, tap: Tap) -> None:
     """Remove the modules the truncated forward never reaches, to save memory."""
-    if isinstance(model, SwinTransformer):
+    if is_swin(model):
         keep = tap.index + 1 if tap.include_merging else tap.index
         model.layers = model.layers[:keep]
         if tap.include_merging:
-            model.layers[-1].blocks = nn.Identity()
+            model.layers[-1].blocks = nn.Sequential()  # no blocks; iterable as Swin-v2's ModuleList
     else:
         model.blocks = model.blocks[: tap.index]
     model.norm = nn.Identity()
@@ -108,7 +107,7 @@ def teacher_dtype(precision: str, device: torch.device) -> torch.dtype:
 
 def teacher_tap(cfg: TeacherConfig, backbone: nn.Module) -> Tap:
     """The configured tap: a Swin stage (with its merging by default) or a ViT block."""
-    if isinstance(backbone, SwinTransformer):
+    if is_swin(backbone):
         return Tap(cfg.stage, cfg.include_merging)
     return Tap(cfg.block) if cfg.block is not None else default_vit_tap(backbone)
 

@@ -67,7 +67,7 @@ def export_pretrained(
     sidecar entries (a federated run's ``federation`` record).
     """
     from geofm.checkpoints import export_backbone
-    from geofm.checkpoints.provenance import gsd_range
+    from geofm.checkpoints.provenance import gsd_range, releases_of
 
     metadata = {
         "method": method,
@@ -87,6 +87,14 @@ def export_pretrained(
         "config": config_to_dict(cfg),
         **(extra or {}),
     }
+    releases = releases_of(
+        {
+            "model.init_checkpoint": cfg.model.init_checkpoint,
+            "teacher.checkpoint": cfg.teacher.checkpoint if cfg.teacher is not None else None,
+        }
+    )
+    if releases:
+        metadata["releases"] = releases
     path = export_backbone(encoder, run_dir, arch=cfg.model.arch, create_kwargs=student_kwargs(cfg), metadata=metadata)
     log.info("exported backbone to %s", path)
     return path

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from geofm.checkpoints import export_backbone, load_backbone_weights, read_export_sidecar
 from geofm.checkpoints.card import model_card
 from geofm.errors import CheckpointFormatError, CheckpointNotFoundError, ConfigError
-from geofm.models.backbones import create_backbone
+from geofm.models.backbones import backbone_kwargs, create_backbone
 
 METADATA = {
     "bands": ["blue", "green", "red", "nir"],
@@ -28,10 +28,13 @@ def _timm_load(sidecar: dict, weights) -> torch.nn.Module:
     return timm.create_model(sidecar["arch"], pretrained=True, pretrained_cfg_overlay=overlay, **sidecar["timm_kwargs"])
 
 
-@pytest.mark.parametrize("family", ["swin", "vit"])
+@pytest.mark.parametrize("family", ["swin", "swinv2", "vit"])
 def test_export_loads_into_plain_timm_with_the_same_features(kit, tmp_path, caplog, family):
     if family == "swin":
         arch, kwargs = kit.SWIN, kit.swin_kwargs(in_chans=4)
+    elif family == "swinv2":  # geofm's backbone with N bands, window and image size, rebuilt by the sidecar
+        arch = "swinv2_tiny_window8_256"
+        kwargs = backbone_kwargs(in_chans=4, img_size=kit.IMG, window_size=4, timm_kwargs=kit.SWIN_KWARGS)
     else:
         arch, kwargs = kit.VIT, kit.vit_kwargs(in_chans=4)
     torch.manual_seed(3)

@@ -427,3 +427,20 @@ def test_scaffold_runs_two_payloads_through_1_bit_uplinks_and_resumes_after_a_ki
         assert a["loss"] == b["loss"] and a["control_norm"] == b["control_norm"], f"round {a['round']}"
     wa, wb = load_file(straight / "backbone.safetensors"), load_file(resumed / "backbone.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "the resumed run ends with the same weights"
+
+
+def test_a_satlas_swin_v2_starts_the_federated_student_and_is_its_teacher(fed_tree, satlas_file):
+    swinv2 = {"arch": "swinv2_tiny_window8_256", "window_size": 2}
+    tree = fed_tree(
+        "satlas",
+        model={**swinv2, "init_checkpoint": str(satlas_file)},
+        teacher={**swinv2, "checkpoint": str(satlas_file)},
+        federation={"rounds": 1},
+    )
+
+    run_dir = _run(tree)
+
+    assert [r["round"] for r in _rounds(run_dir)] == [1] and _rounds(run_dir)[0]["loss_distill"] != 0
+    sidecar = json.loads((run_dir / "backbone.json").read_text())
+    assert sidecar["arch"] == "swinv2_tiny_window8_256"
+    assert set(sidecar["releases"]) == {"model.init_checkpoint", "teacher.checkpoint"}

@@ -29,6 +29,17 @@ def test_upernet_gives_full_resolution_logits(family, make_model):
     assert [f.shape[-1] for f in features] == [16, 8, 4, 2], "features at strides 4, 8, 16, 32 feed UperNet"
 
 
+@pytest.mark.slow  # the config's check builds timm's swinv2_tiny on the meta device first
+def test_a_swin_v2_backbone_feeds_upernet_with_its_stages_and_layer_decay_with_its_blocks(make_model):
+    torch.manual_seed(0)
+    model = make_model("segmentation", model={"arch": "swinv2_tiny_window8_256", "img_size": 64})
+    assert model(torch.randn(2, 4, 64, 64)).shape == (2, 3, 64, 64)
+    assert [f.shape[-1] for f in model.features(torch.randn(2, 4, 64, 64))] == [16, 8, 4, 2]
+    names = {id(p): n for n, p in model.named_parameters()}
+    scales = {names[id(p)]: g["lr_scale"] for g in model.param_groups(0.05, 0.9) for p in g["params"]}
+    assert scales["backbone.patch_embed.proj.weight"] == pytest.approx(0.9 ** (1 + 1 + 2 + 1 + 1))
+
+
 def test_vit_pyramid_rescales_block_outputs_to_strides_4_to_32():
     pyramid = SimpleFeaturePyramid(channels=8, patch_size=16)
     maps = pyramid([torch.randn(1, 8, 4, 4) for _ in range(4)])

@@ -281,3 +281,51 @@ def test_pretraining_on_per_band_products_passes_over_cloudy_chips_and_counts_th
     assert [r["step"] for r in records] == [1, 2]
     assert records[-1]["skipped_invalid_chips"] == 1 and records[-1]["skipped_files"] == 0
     assert (run_dir / "backbone.safetensors").exists()
+
+
+def _run_with(tiny_tree, name: str, model: dict, teacher: dict) -> Path:
+    """A 2-step central GFM run (8 samples, micro-batch 4)."""
+    tree = tiny_tree(name, model=model, teacher=teacher, train={"epochs": 1}, data={"samples_per_epoch": 8})
+    run_dir = pretrain(PretrainConfig.from_tree(tree))
+    records = _metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2] and all(r["loss_distill"] != 0 for r in records)
+    return run_dir
+
+
+def test_satlas_swin_v2_is_the_student_and_the_teacher_of_a_central_run(tiny_tree, satlas_file):
+    """A Satlas file (torchvision's Swin-v2) starts the student and, unconverted, is the frozen teacher."""
+    swinv2 = {"arch": "swinv2_tiny_window8_256", "window_size": 2}
+
+    run_dir = _run_with(
+        tiny_tree, "satlas", {**swinv2, "init_checkpoint": str(satlas_file)}, {**swinv2, "checkpoint": str(satlas_file)}
+    )
+
+    sidecar = json.loads((run_dir / "backbone.json").read_text())
+    assert set(sidecar["releases"]) == {"model.init_checkpoint", "teacher.checkpoint"}
+    assert "ODC-BY-1.0" in (run_dir / "MODEL_CARD.md").read_text()
+    model = timm.create_model(sidecar["arch"], pretrained=False, **sidecar["timm_kwargs"])
+    assert not model.load_state_dict(load_file(run_dir / "backbone.safetensors")).missing_keys
+
+
+def test_dofa_starts_a_vit_student_and_its_export_is_the_teacher(tiny_tree, tmp_path):
+    """A DOFA file starts a 4-band ViT student (kernels made for red, green, blue, nir) distilling from the RGB
+    export of the same file."""
+    from torchgeo.models.dofa import DOFA
+
+    from geofm.checkpoints import convert_checkpoint
+
+    torch.manual_seed(0)
+    dofa = tmp_path / "dofa.pth"
+    torch.save(DOFA(img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=2).state_dict(), dofa)
+    vit = {"embed_dim": 32, "depth": 4, "num_heads": 2, "patch_size": 8, "global_pool": "avg"}
+    export = tmp_path / "dofa_rgb"
+    convert_checkpoint(dofa, export, bands=["red", "green", "blue"], timm_kwargs={"num_heads": 2})
+    arch = {"arch": "vit_small_patch16_224", "window_size": None, "timm_kwargs": vit}
+
+    run_dir = _run_with(
+        tiny_tree, "dofa", {**arch, "init_checkpoint": str(dofa)}, {**arch, "checkpoint": str(export), "block": 3}
+    )
+
+    sidecar = json.loads((run_dir / "backbone.json").read_text())
+    assert sidecar["releases"]["model.init_checkpoint"]["licence"] == "CC-BY-4.0"
+    assert sidecar["releases"]["teacher.checkpoint"]["name"] == "DOFA"
