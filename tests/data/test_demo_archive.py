@@ -139,7 +139,11 @@ def test_demo_configs_carry_the_archive_statistics(tmp_path):
     ]
     assert sorted(path.name for path, _ in demos) == [
         "demo_dino_fedavg_swin_micro__3inst.yaml",
+        "demo_dino_fedema_swin_micro__3inst.yaml",
+        "demo_dino_fedmkd_swin_micro__3inst.yaml",
         "demo_dino_fedsense_swin_micro__3inst__1bit_ef.yaml",
+        "demo_dino_fedu2_swin_micro__3inst.yaml",
+        "demo_dino_ldawa_swin_micro__3inst.yaml",
         "demo_dino_swin_micro__img64_win4__4band.yaml",
         "demo_fedsense_swin_micro__3inst__1bit_ef.yaml",
         "demo_fedsense_swin_micro__3inst__1bit_ef__2proc.yaml",
