@@ -82,8 +82,11 @@ def run_backbone(model: nn.Module, tokens: Tensor, tap: Tap | None, stop_at_tap:
                 x = tapped = stage.downsample(x)
                 if stop_at_tap:
                     return None, tapped
-                for block in stage.blocks:  # a Sequential in timm's Swin, a ModuleList in its Swin-v2
-                    x = block(x)
+                if isinstance(stage.blocks, nn.Sequential):  # called whole, so hooks on it (MOON, FedAlign) fire
+                    x = stage.blocks(x)
+                else:  # a ModuleList in timm's Swin-v2
+                    for block in stage.blocks:
+                        x = block(x)
             else:
                 x = stage(x)
             if tap is not None and not tap.include_merging and i + 1 == tap.index:
