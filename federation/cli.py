@@ -34,7 +34,6 @@ from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, PROGRAMS, Scalar, 
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
 from geofm.federated.algorithms import ALGORITHMS
-from geofm.paths import check_writable
 
 BUILT_IN = "geofm"
 """The registered program that runs a config's task, algorithm and partition."""
@@ -280,14 +279,10 @@ def _simulate(args: argparse.Namespace) -> None:
     run_config = program_run_config(args)
     if not run_config[INSTITUTIONS]:
         raise ConfigError("--institutions names the simulated nodes of another program")
-    cfg = None
-    if args.program == BUILT_IN:
-        from federation.program import check_simulation_inputs, run_config_tree
-
-        cfg = run_config_tree(run_config)
-        check_writable(cfg.run.output_dir, "run.output_dir", folder=True)  # before the simulation engine starts
-        check_simulation_inputs(cfg, str(args.config))
-    from federation.simulation import simulate  # imports flwr and torch: only once the config is valid
+    check = PROGRAMS.get(args.program).check_simulation
+    if check is not None:
+        check(run_config, str(args.config))  # before the simulation engine starts
+    from federation.simulation import simulate  # imports flwr: only once the config is valid
 
     simulate(
         run_config,
@@ -296,10 +291,11 @@ def _simulate(args: argparse.Namespace) -> None:
         num_cpus=args.num_cpus,
         verbose=getattr(args, "verbose", False),  # geofm --verbose
     )
-    if cfg is not None:
+    if args.program == BUILT_IN:
+        from federation.program import run_config_tree
         from geofm.reconstruction import print_reconstruction_figure
 
-        print_reconstruction_figure(cfg.run.output_dir)
+        print_reconstruction_figure(run_config_tree(run_config).run.output_dir)
 
 
 def _print_commands(out: Path, args: argparse.Namespace) -> None:
