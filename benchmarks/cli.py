@@ -41,6 +41,7 @@ BENCHMARKS = {
         "upload encode (error feedback + quantise + pack) and decode vs clone; bytes on the wire",
     ),
     "fed-round": ("benchmarks.fed_round", "server time per round vs clients, client overhead, bytes per round"),
+    "fed-stop": ("benchmarks.fed_stop", "seconds from SIGTERM or SIGINT to the exit of `geofm fed simulate`"),
     "fed-deploy": (
         "benchmarks.fed_deploy",
         "seconds per round simulated vs deployed on loopback (with and without the node worker)",

@@ -32,7 +32,7 @@ QUICK: dict[str, Any] = {"rounds": 1}
 IMPORTS = ("torch", "torchvision", "timm", "deepspeed", "rasterio", "geofm.cli", "pretrain.central")
 
 
-def _teacher_export(folder: Path, cfg) -> Path:
+def teacher_export(folder: Path, cfg) -> Path:
     """A random backbone of the config's teacher, exported as the demo's first stage exports its teacher."""
     import torch
 
@@ -79,7 +79,7 @@ def run(settings: dict[str, Any]) -> Report:
         cfg = PretrainConfig.from_file(config)
         overrides = [f"data.sources.{i}.root={roots[s.name]}" for i, s in enumerate(cfg.data.sources)]
         if cfg.teacher is not None:
-            overrides.append(f"teacher.checkpoint={_teacher_export(folder / 'teacher', cfg)}")
+            overrides.append(f"teacher.checkpoint={teacher_export(folder / 'teacher', cfg)}")
         floor = [sys.executable, "-c", "import json, time, torch; print(json.dumps({'end': time.time()}))"]
         for r in range(settings["rounds"]):
             run_overrides = [

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from federation.program import LOCAL_PROCESSES, OWN_VALIDATION, STATE_DIR, build_task, local_config
+from federation.program import (
+    LOCAL_PROCESSES,
+    OWN_VALIDATION,
+    STATE_DIR,
+    build_task,
+    check_local_processes,
+    local_config,
+)
 from federation.runtime import DATA_ROOT, INSTITUTION, Arrays, Scalars
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
@@ -124,14 +131,19 @@ class FederatedClient:
 
 def local_processes(node_config: dict, cfg: FederatedConfig) -> int:
     """The processes a node's client trains on: its node config's ``local-processes``, else
-    ``federation.local_processes``.
+    ``federation.local_processes``; at most this machine's devices (:func:`~federation.program.check_local_processes`).
 
     Raises:
-        ConfigError: ``local-processes`` is not a positive whole number.
+        ConfigError: ``local-processes`` is not a positive whole number, or either asks for more processes
+            than this machine has devices.
     """
-    value = node_config.get(LOCAL_PROCESSES, cfg.federation.local_processes)
-    if not str(value).isdigit() or int(value) < 1:
-        raise ConfigError(f"node config {LOCAL_PROCESSES}={value!r}: expected a positive whole number of processes")
+    if LOCAL_PROCESSES not in node_config:
+        field, value = "federation.local_processes", cfg.federation.local_processes
+    else:
+        field, value = f"node config {LOCAL_PROCESSES}", node_config[LOCAL_PROCESSES]
+        if not str(value).isdigit() or int(value) < 1:
+            raise ConfigError(f"{field}={value!r}: expected a positive whole number of processes")
+    check_local_processes(int(value), field)
     return int(value)
 
 

@@ -48,7 +48,7 @@ from federation.runtime import (
     node_identity,
 )
 from geofm import PROJECT_LOGGERS
-from geofm.errors import FederatedRunError, GeoFMError
+from geofm.errors import FederatedRunError, GeoFMError, RunInterrupted
 
 if TYPE_CHECKING:  # the store imports torch, which a ClientApp process does without until it trains
     from federation.simulation import SimulationStop
@@ -212,7 +212,12 @@ def _server_main(grid: Grid, context: Context, bound: Mapping[str, Scalar], stop
     run_config = _run_config(context, bound)
     log.info("building the server of program %r", run_config[PROGRAM])
     program = make_server_program(run_config)
-    run_server(program, GridTransport(grid, stop, getattr(program, "uploads", None)))
+    try:
+        run_server(program, GridTransport(grid, stop, getattr(program, "uploads", None)))
+    except RunInterrupted as err:
+        if stop is None:
+            raise
+        stop.interrupted = err  # the simulation raises it once Flower's engine ended (see SimulationStop)
 
 
 def _client_reply(message: Message, context: Context, bound: Mapping[str, Scalar], node_worker: bool) -> Message:

@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 from safetensors.numpy import load_file, save_file
 
+from federation.program import check_simulation
 from federation.runtime import DATA_ROOT, INSTITUTION, Failure, Program, Reply, Scalar, Scalars, program_config
 from geofm.config.base import CONFIG_FILE, config_to_dict
 from geofm.config.oneshot import OneShotConfig
@@ -158,8 +159,9 @@ def one_shot_program(
     server: Callable[[OneShotConfig], OneShotServer],
     client: Callable[[OneShotConfig, dict[str, Scalar]], OneShotClient],
 ) -> Program:
-    """The program of a one-shot config class: its server, a node's client and the simulated institutions
-    (``federation.clients`` of them) of a config tree."""
+    """The program of a one-shot config class: its server, a node's client, the simulated institutions
+    (``federation.clients`` of them) of a config tree and the check before a simulation
+    (:func:`check_one_shot_simulation`)."""
 
     def read(run_config: dict[str, Scalar]) -> OneShotConfig:
         return config.from_tree(program_config(run_config), "the run's config")
@@ -168,7 +170,28 @@ def one_shot_program(
         lambda run_config: server(read(run_config)),
         lambda run_config, node_config: client(read(run_config), node_config),
         lambda tree: config.from_tree(tree).client_names,
+        lambda run_config, source: check_one_shot_simulation(read(run_config), source),
     )
 
 
-__all__ = ["CLIENTS_FILE", "ROUNDS_LOG", "UPLOADS", "OneShotClient", "OneShotServer", "one_shot_program"]
+def check_one_shot_simulation(cfg: OneShotConfig, source: str) -> None:
+    """What a simulation of a one-shot config needs of this machine, checked before the simulation engine
+    starts: what the round-based program checks (:func:`federation.program.check_simulation`), then the
+    files only the server reads (its public images, ``check_server_inputs``).
+
+    Raises:
+        ConfigError, OutputPathError: naming the field or file at fault.
+    """
+    check_simulation(cfg, source)
+    cfg.check_server_inputs()
+
+
+__all__ = [
+    "CLIENTS_FILE",
+    "ROUNDS_LOG",
+    "UPLOADS",
+    "OneShotClient",
+    "OneShotServer",
+    "check_one_shot_simulation",
+    "one_shot_program",
+]

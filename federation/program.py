@@ -27,7 +27,9 @@ import math
 from federation.runtime import DATA_ROOT, INSTITUTION, Program, Scalar, program_config
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig, read_federated_config
+from geofm.errors import ConfigError
 from geofm.federated.algorithms import local_optimizer
+from geofm.paths import check_writable
 from geofm.rundir import check_inputs
 from geofm.tasks import TASKS
 
@@ -56,7 +58,11 @@ def make_client(run_config: dict[str, Scalar], node_config: dict[str, Scalar]):
     return FederatedClient(run_config_tree(run_config), node_config)
 
 
-PROGRAM = Program(make_server, make_client)
+PROGRAM = Program(
+    make_server,
+    make_client,
+    check_simulation=lambda run_config, source: check_simulation(run_config_tree(run_config), source),
+)
 """The built-in federated program, registered as ``"geofm"`` in :data:`federation.runtime.PROGRAMS`."""
 
 
@@ -76,6 +82,34 @@ def check_simulation_inputs(cfg, source: str) -> None:
     """
     task = build_task(cfg)
     check_inputs([*task.server_inputs(), *task.client_inputs(), *task.inputs()], source)
+
+
+def check_simulation(cfg, source: str) -> None:
+    """What a simulation of a federated config needs of this machine, checked before the simulation engine
+    starts: its output folder writable, a device for each of a client's processes
+    (:func:`check_local_processes`) and every input (:func:`check_simulation_inputs`).
+
+    Raises:
+        ConfigError, OutputPathError: naming the field or file at fault.
+    """
+    check_writable(cfg.run.output_dir, "run.output_dir", folder=True)
+    check_local_processes(cfg.federation.local_processes, "federation.local_processes")
+    check_simulation_inputs(cfg, source)
+
+
+def check_local_processes(count: int, field: str) -> None:
+    """Refuse to train a client on more processes than this machine has devices (a GPU each, or a CPU core
+    each), before any process starts.
+
+    Raises:
+        ConfigError: naming ``field``, ``count`` and this machine's devices.
+    """
+    devices, kind = ds.local_devices()
+    if count > devices:
+        raise ConfigError(
+            f"{field}={count}: a client trains on one process per device, and this machine has {devices} {kind}; "
+            f"expected at most {devices}"
+        )
 
 
 def round_lr(cfg: FederatedConfig, rnd: int) -> float:
@@ -104,6 +138,8 @@ __all__ = [
     "OWN_VALIDATION",
     "PROGRAM",
     "build_task",
+    "check_local_processes",
+    "check_simulation",
     "check_simulation_inputs",
     "local_config",
     "make_client",

@@ -181,13 +181,17 @@ class Plan:
 
 
 class Program(NamedTuple):
-    """A federated program: how to build its server and a node's client from the run config, and
-    optionally the institutions a simulation of its config tree runs (``geofm fed simulate`` without
-    ``--institutions``)."""
+    """A federated program: how to build its server and a node's client from the run config; optionally
+    the institutions a simulation of its config tree runs (``geofm fed simulate`` without
+    ``--institutions``) and the check of what a simulation of a run config needs of this machine
+    (``check_simulation(run_config, source)``, ``source`` the config file's name: every input, every
+    institution's data included, and the output folder), which ``geofm fed simulate`` runs before the
+    simulation engine starts and which raises a :class:`~geofm.errors.GeoFMError` naming what is wrong."""
 
     make_server: Callable[[dict[str, Scalar]], ServerProgram]
     make_client: Callable[[dict[str, Scalar], dict[str, Scalar]], ClientProgram]
     client_names: Callable[[dict[str, Any]], list[str]] | None = None
+    check_simulation: Callable[[dict[str, Scalar], str], None] | None = None
 
 
 PROGRAMS: Registry[Program] = Registry("federated program", "geofm.federated_programs")

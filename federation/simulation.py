@@ -130,15 +130,18 @@ class SimulationStop:
 
     The first signal ends the Ray workers running the ClientApps (those carrying ``marker=token``),
     and the server's transport raises :class:`~geofm.errors.RunInterrupted` at its next look for
-    nodes or replies, which the round loop completes with the last round done; Flower's engine then
-    ends as after any error of the server. That round's checkpoint and the clients' states are on
-    disk: rerunning the same command resumes. A second signal ends the process at once (the watchdog
+    nodes or replies, which the round loop completes with the last round done. The server keeps it in
+    :attr:`interrupted` and ends as a finished server does, so that Flower's engine ends at once (after
+    an error of the server it waits 3 s for the server's context), and :func:`simulate` raises it
+    then. That round's checkpoint and the clients' states are on disk: rerunning the same command
+    resumes. A second signal ends the process at once (the watchdog
     then ends Ray's processes). Only the main thread handles signals; elsewhere they keep their handlers.
     """
 
     def __init__(self, marker: str, token: str) -> None:
         self.marker, self.token = marker, token
         self.received: int | None = None
+        self.interrupted: RunInterrupted | None = None
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -280,6 +283,8 @@ def simulate(
                 backend_config=backend_config,
                 verbose_logging=False,  # _quiet_simulation shows Flower's DEBUG lines without forcing colours
             )
+            if stop.interrupted is not None:
+                raise stop.interrupted
         finally:
             stop.restore()
             ray.shutdown()

@@ -158,6 +158,15 @@ def device() -> torch.device:
     return torch.device(accel.device_name(local_rank))
 
 
+def local_devices() -> tuple[int, str]:
+    """How many processes this machine can train data parallel on, and what they are: its GPUs under a GPU
+    accelerator, else the CPU cores this process may run on (gloo, one process a core)."""
+    accel = get_accelerator()
+    if accel.device_name() != "cpu":
+        return accel.device_count(), "GPUs"
+    return len(os.sched_getaffinity(0)), "CPU cores"
+
+
 def use_bf16(train: OptimizerConfig) -> bool:
     """bf16 when asked for, or with ``auto`` on an accelerator that supports it."""
     if train.precision == "auto":
