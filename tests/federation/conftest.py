@@ -46,6 +46,12 @@ def toy_pythonpath() -> str:
 DEMO = REPO / "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml"
 
 
+def geofm_stderr_lines(stderr: str) -> list[str]:
+    """The lines of a ``geofm fed simulate`` stderr that are geofm's: Ray's INFO lines and, on a loaded
+    machine, abseil's mutex tracing from Ray's gRPC left out."""
+    return [line for line in stderr.splitlines() if " INFO " not in line and "[mutex.cc" not in line]
+
+
 def fedsense_options(**changes) -> dict:
     """The FedSense options of the demo config :func:`fed_tree` starts from, with ``changes``."""
     return {**yaml.safe_load(DEMO.read_text())["algorithm"]["options"], **changes}

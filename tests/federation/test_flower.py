@@ -22,6 +22,7 @@ from federation.flower import GridTransport, from_array_record, to_array_record,
 from federation.runtime import INSTITUTION, PROGRAMS, RUN_CONFIG_DEFAULTS
 from federation.simulation import simulate
 from geofm.errors import ConfigError, FederatedRunError
+from tests.federation.conftest import geofm_stderr_lines
 
 pytestmark = pytest.mark.slow
 
@@ -292,9 +293,7 @@ def test_a_stop_signal_ends_a_simulation_in_one_line_naming_its_last_round_and_l
     _, stderr = main.communicate()
     assert main.returncode == 2, stderr[-4000:]
     expected = f"geofm: error: stopped by {stop} after round 1; rerun the same command to resume"
-    # Ray's gRPC may print abseil's mutex tracing from a worker on a loaded machine; nothing of geofm's.
-    shown = [line for line in stderr.splitlines() if " INFO " not in line and "[mutex.cc" not in line]
-    assert shown == [expected], stderr[-4000:]
+    assert geofm_stderr_lines(stderr) == [expected], stderr[-4000:]
     assert [r["round"] for r in toy.read_records(out)] == [1]
     _await_gone(ray, short_tmp)  # the processes the simulation SIGKILLed on its way out
 

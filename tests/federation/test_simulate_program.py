@@ -14,6 +14,7 @@ import yaml
 from federation.program import check_simulation_inputs
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
+from tests.federation.conftest import geofm_stderr_lines
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +58,7 @@ def test_ctrl_c_stops_geofm_fed_simulate_after_its_last_round_and_a_rerun_resume
     done = len(rounds_log.read_text().splitlines())
     assert main.returncode == 2, stderr[-4000:]
     expected = f"geofm: error: stopped by SIGINT after round {done}; rerun the same command to resume"
-    assert [line for line in stderr.splitlines() if " INFO " not in line] == [expected], stderr[-4000:]
+    assert geofm_stderr_lines(stderr) == [expected], stderr[-4000:]
 
     resumed = subprocess.run(
         [*cmd, "federation.stop_after_rounds=1"], check=False, env=child_env, capture_output=True, text=True
