@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from geofm.data.block_stream import BlockStreamWriter, resumable_blocks, written_record
 from geofm.data.readers import WindowReader, raster_info, read_bounds_lonlat, read_raster, same_grid, scaled_transform
-from geofm.data.row_stream import RowStreamWriter, resumable_rows, written_record
 from geofm.data.writers import GeoTiffWriter, write_geotiff
 from geofm.errors import OutputPathError, RasterReadError
 
@@ -142,37 +142,42 @@ def test_an_interrupted_geotiff_write_leaves_the_earlier_file_and_no_partial_one
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scene_pred.tif"], "no partial file is left behind"
 
 
-def test_row_stream_writer_writes_whole_rows_of_blocks_and_continues(tmp_path: Path) -> None:
+def test_block_stream_writer_writes_strips_block_by_block_and_continues(tmp_path: Path) -> None:
     grid = {
-        "width": 300,
+        "width": 600,
         "height": 600,
         "count": 1,
-        "dtype": "uint8",
+        "dtype": "uint16",
         "crs": "EPSG:32632",
         "transform": (1, 0, 0, 0, -1, 0),
     }
     path, record = tmp_path / "out.tif", {"model": "a", "tile": 64}
-    pixels = np.arange(600 * 300).reshape(1, 600, 300).astype(np.uint8)
+    pixels = np.arange(600 * 600).reshape(1, 600, 600).astype(np.uint16)
     flushed = []
-    with pytest.raises(KeyboardInterrupt), RowStreamWriter(path, **grid, record=record) as writer:
-        for top in range(0, 400, 100):
-            writer.append(pixels[:, top : top + 100], top)
-            flushed.append(writer.rows_done)
-        with pytest.raises(ValueError, match=r"rows 500:510 handed over; the next are 400:, of 600"):
-            writer.append(pixels[:, 500:510], 500)
+    with pytest.raises(KeyboardInterrupt), BlockStreamWriter(path, **grid, record=record, strip=512) as writer:
+        for top in range(0, 600, 200):  # the first strip, columns 0-511
+            writer.append(pixels[:, top : top + 200, :512], top, 0)
+            flushed.append(writer.blocks_done)
+        writer.append(pixels[:, :100, 512:], 0, 512)
+        with pytest.raises(
+            ValueError, match=r"rows 200:210 of the strip at column 512 handed over; the next are rows 100:"
+        ):
+            writer.append(pixels[:, 200:210, 512:], 200, 512)
         raise KeyboardInterrupt
-    assert flushed == [0, 0, 256, 256], "a row of 256 x 256 blocks is written once it is complete"
-    assert resumable_rows(path, record) == 256 and resumable_rows(path, {**record, "tile": 32}) == 0
-    with RowStreamWriter(path, **grid, record=record) as writer:
-        assert writer.rows_done == 256
-        writer.append(pixels[:, 200:600], 200)  # rows 200-255 are already on disk: skipped
+    assert flushed == [0, 1, 3], "a block of 256 rows of the strip is written once it is complete"
+    assert resumable_blocks(path, record, 512) == 3 and resumable_blocks(path, {**record, "tile": 32}, 512) == 0
+    assert resumable_blocks(path, record, 256) == 0, "another strip width: not continued"
+    with BlockStreamWriter(path, **grid, record=record, strip=512) as writer:
+        assert (writer.rows_done(0), writer.rows_done(512)) == (600, 0)
+        writer.append(pixels[:, :, :512], 0, 0)  # on disk: skipped
+        writer.append(pixels[:, :, 512:], 0, 512)
     assert np.array_equal(read_raster(path, 1).data, pixels) and written_record(path) == record
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tif"], "partial file and sidecar gone"
     (tmp_path / "out.tif.partial").write_bytes(b"not a tiff")
-    (tmp_path / "out.tif.partial.json").write_text(json.dumps({"record": record, "rows_done": 256}))
+    (tmp_path / "out.tif.partial.json").write_text(json.dumps({"record": record, "strip": 600, "blocks_done": 1}))
     with pytest.raises(OutputPathError, match=r"out\.tif\.partial cannot be continued"):
-        RowStreamWriter(path, **grid, record=record)
-    with RowStreamWriter(path, **grid, record=record, resume=False) as writer:
+        BlockStreamWriter(path, **grid, record=record)
+    with BlockStreamWriter(path, **grid, record=record, resume=False) as writer:
         writer.append(pixels, 0)
     assert np.array_equal(read_raster(path, 1).data, pixels)
 
