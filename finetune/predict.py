@@ -59,7 +59,14 @@ import torch
 from torch import Tensor
 
 from geofm.config.finetune import finetune_task
-from geofm.data.block_stream import BlockStreamWriter, resumable_blocks, strip_columns, strip_rows_done, written_record
+from geofm.data.block_stream import (
+    BlockStreamWriter,
+    claim,
+    resumable_blocks,
+    strip_columns,
+    strip_rows_done,
+    written_record,
+)
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.readers import RasterInfo, WindowReader, bounded_block_cache, same_grid, scaled_transform
 from geofm.data.writers import BLOCK
@@ -303,7 +310,9 @@ def predict_scene(
     Raises:
         ConfigError: for invalid tiling arguments, an unknown task, or model outputs of the wrong shape.
         DataMismatchError: if before and after differ in CRS, transform or size.
-        OutputPathError: if an interrupted output of the same prediction cannot be continued.
+        OutputPathError: if another process writes the output, if it is an input, if it is an existing
+            file that holds no geofm output and not ``overwrite``, or if an interrupted output of the
+            same prediction cannot be continued.
         RasterReadError: if an input cannot be read or has other bands than ``normaliser.dataset_bands``.
     """
     spec = finetune_task(task)
@@ -330,6 +339,7 @@ def predict_scene(
     output_path = Path(output_path)
 
     with ExitStack() as stack:
+        stack.enter_context(claim(output_path, inputs, overwrite))
         bands = normaliser.dataset_bands
         readers = [stack.enter_context(WindowReader(p, len(bands), bands)) for p in inputs]
         info = readers[0].info

@@ -3,15 +3,19 @@
 The raster is written in strips of columns, left to right, each top to bottom, so that memory holds
 one block whatever the raster's size. The file records what it holds (:func:`written_record`), so
 that a rerun with the same record continues after the blocks already written
-(:func:`resumable_blocks`). With :mod:`geofm.data.readers` and :mod:`geofm.data.writers`, the only
+(:func:`resumable_blocks`); :func:`claim` holds the path for one writer at a time and keeps it from
+replacing its inputs or a file that no writer here finished. With :mod:`geofm.data.readers` and :mod:`geofm.data.writers`, the only
 module of geofm that imports :mod:`rasterio`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-from collections.abc import Mapping, Sequence
+import socket
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +84,66 @@ def written_record(path: str | Path) -> dict[str, Any] | None:
         return None if text is None else json.loads(text)
     except ValueError:
         return None
+
+
+@contextmanager
+def claim(path: str | Path, inputs: Sequence[str | Path], overwrite: bool) -> Iterator[None]:
+    """Hold ``path`` for one writer inside the block, after checking that it may be written.
+
+    The claim is an exclusive lock (``flock``) on ``NAME.lock`` beside ``path``, which records the
+    holder's pid and host; it is released when the block ends or its process dies, and the file is
+    deleted when the block ends.
+
+    Args:
+        path: the output file.
+        inputs: files read to write it, never replaced (the same file, a hard link or a symlink).
+        overwrite: whether an existing file that holds no :func:`written_record` may be replaced.
+
+    Raises:
+        OutputPathError: if another process holds ``path``, if it is one of ``inputs``, or if it is a
+            file that no writer here finished, and not ``overwrite``.
+    """
+    path = Path(path)
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise OutputPathError(
+                f"{path} is being written by {holder} (lock {lock.name}); wait for it to finish, or stop it"
+            ) from None
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the file was released and deleted while this process waited for it: lock the next one
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
+        _check_replaceable(path, inputs, overwrite)
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _check_replaceable(path: Path, inputs: Sequence[str | Path], overwrite: bool) -> None:
+    """Refuse to replace an input, or (unless ``overwrite``) a file that holds no :func:`written_record`."""
+    if not path.exists():
+        return
+    for source in inputs:
+        if Path(source).exists() and os.path.samefile(path, source):
+            raise OutputPathError(f"{path} is the input {source}; write the output to another path")
+    if not overwrite and written_record(path) is None:
+        raise OutputPathError(
+            f"{path} exists and was not written by geofm (no {RECORD_TAG} in its metadata); choose another "
+            "path, or overwrite (--overwrite) to replace it"
+        )
 
 
 class BlockStreamWriter:

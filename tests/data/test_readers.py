@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -8,10 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from geofm.data.block_stream import BlockStreamWriter, resumable_blocks, written_record
 from geofm.data.readers import WindowReader, raster_info, read_bounds_lonlat, read_raster, same_grid, scaled_transform
 from geofm.data.writers import GeoTiffWriter, write_geotiff
-from geofm.errors import OutputPathError, RasterReadError
+from geofm.errors import RasterReadError
 
 
 def test_geotiff_roundtrip(tmp_path: Path, write_tif) -> None:
@@ -140,46 +138,6 @@ def test_an_interrupted_geotiff_write_leaves_the_earlier_file_and_no_partial_one
         raise KeyboardInterrupt
     assert (read_raster(path, 1).data == 1).all(), "the earlier prediction is intact"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scene_pred.tif"], "no partial file is left behind"
-
-
-def test_block_stream_writer_writes_strips_block_by_block_and_continues(tmp_path: Path) -> None:
-    grid = {
-        "width": 600,
-        "height": 600,
-        "count": 1,
-        "dtype": "uint16",
-        "crs": "EPSG:32632",
-        "transform": (1, 0, 0, 0, -1, 0),
-    }
-    path, record = tmp_path / "out.tif", {"model": "a", "tile": 64}
-    pixels = np.arange(600 * 600).reshape(1, 600, 600).astype(np.uint16)
-    flushed = []
-    with pytest.raises(KeyboardInterrupt), BlockStreamWriter(path, **grid, record=record, strip=512) as writer:
-        for top in range(0, 600, 200):  # the first strip, columns 0-511
-            writer.append(pixels[:, top : top + 200, :512], top, 0)
-            flushed.append(writer.blocks_done)
-        writer.append(pixels[:, :100, 512:], 0, 512)
-        with pytest.raises(
-            ValueError, match=r"rows 200:210 of the strip at column 512 handed over; the next are rows 100:"
-        ):
-            writer.append(pixels[:, 200:210, 512:], 200, 512)
-        raise KeyboardInterrupt
-    assert flushed == [0, 1, 3], "a block of 256 rows of the strip is written once it is complete"
-    assert resumable_blocks(path, record, 512) == 3 and resumable_blocks(path, {**record, "tile": 32}, 512) == 0
-    assert resumable_blocks(path, record, 256) == 0, "another strip width: not continued"
-    with BlockStreamWriter(path, **grid, record=record, strip=512) as writer:
-        assert (writer.rows_done(0), writer.rows_done(512)) == (600, 0)
-        writer.append(pixels[:, :, :512], 0, 0)  # on disk: skipped
-        writer.append(pixels[:, :, 512:], 0, 512)
-    assert np.array_equal(read_raster(path, 1).data, pixels) and written_record(path) == record
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tif"], "partial file and sidecar gone"
-    (tmp_path / "out.tif.partial").write_bytes(b"not a tiff")
-    (tmp_path / "out.tif.partial.json").write_text(json.dumps({"record": record, "strip": 600, "blocks_done": 1}))
-    with pytest.raises(OutputPathError, match=r"out\.tif\.partial cannot be continued"):
-        BlockStreamWriter(path, **grid, record=record)
-    with BlockStreamWriter(path, **grid, record=record, resume=False) as writer:
-        writer.append(pixels, 0)
-    assert np.array_equal(read_raster(path, 1).data, pixels)
 
 
 def test_same_grid_and_scaled_transform(tmp_path: Path, write_tif) -> None:

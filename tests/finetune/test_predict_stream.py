@@ -22,6 +22,7 @@ from geofm.data.block_stream import written_record
 from geofm.data.finetune import BandNormaliser
 from geofm.data.readers import read_raster
 from geofm.data.writers import write_geotiff
+from geofm.errors import OutputPathError
 
 pytestmark = pytest.mark.slow
 
@@ -102,9 +103,11 @@ def test_a_killed_prediction_continues_and_gives_the_same_file(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)})
     sidecar = tmp_path / "out.tif.partial.json"
     try:
-        while not sidecar.exists():  # the first row of blocks is written and counted
+        while not sidecar.exists():  # the first block is written and counted
             assert child.poll() is None, "the prediction ended before it was killed"
             time.sleep(0.05)
+        with pytest.raises(OutputPathError, match=rf"out\.tif is being written by process {child.pid} on "):
+            predict_scene(_conv(), path, out, normaliser=_normaliser(), model_id="conv", **ARGS)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
