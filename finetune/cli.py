@@ -127,7 +127,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "left OUT.tif.partial (default: keep the first, continue the second)",
     )
     predict.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    predict.set_defaults(handler=_predict)
+    predict.set_defaults(
+        handler=_predict,
+        on_stop="rerun the same command to continue after the blocks already written to {output}.partial",
+    )
 
 
 def _finetune(args: argparse.Namespace) -> None:

@@ -111,6 +111,41 @@ def test_predict_never_writes_over_its_input_nor_a_file_it_did_not_write(tmp_pat
     assert main([*argv, str(other), "--overwrite"]) == 0 and read_raster(other, 1).dtype == "uint8"
 
 
+@pytest.mark.parametrize(("stop", "code"), [("Ctrl-C", 130), ("SIGTERM", 143)])
+def test_a_stopped_prediction_says_a_rerun_continues_it(tmp_path, monkeypatch, capsys, sigterm_caught, stop, code):
+    import os
+    import signal
+
+    from geofm.cli import main
+
+    def stops_once_a_block_is_written(x: torch.Tensor) -> torch.Tensor:
+        if (tmp_path / "out.tif.partial.json").exists():
+            if stop == "Ctrl-C":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)
+        return torch.cat([-x, x], dim=1)
+
+    def load_predictor(run_dir, tile):
+        return Predictor(
+            stops_once_a_block_is_written, "segmentation", BandNormaliser(["red"], ["red"], 1.0, [0.0], [1.0]), 32
+        )
+
+    monkeypatch.setitem(sys.modules, "finetune.predictor", types.SimpleNamespace(load_predictor=load_predictor))
+    write_geotiff(tmp_path / "s.tif", np.ones((1, 300, 300), np.float32), transform=(1, 0, 0, 0, -1, 0), crs=32632)
+    out = tmp_path / "out.tif"
+    assert (
+        main(["predict", "--model", "run", "--input", str(tmp_path / "s.tif"), "--output", str(out), "--no-progress"])
+        == code
+    )
+    assert capsys.readouterr().err == (
+        f"geofm: error: predict interrupted ({stop}); rerun the same command to continue after the blocks already "
+        f"written to {out}.partial\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tif.partial", "out.tif.partial.json", "s.tif"], (
+        "the finished blocks kept, the lock released"
+    )
+
+
 def test_inputs_must_fit_the_task(tmp_path, fake_program):
     fake_program("change")
     args = _parse(["predict", "--model", "run", "--input", "scene.tif", "--output", "out.tif"])
