@@ -159,6 +159,7 @@ def _run_command(settings: dict[str, Any], small: int, large: int) -> Report:
                 for name, code in codes.items():
                     peak = _command_peak(settings, code, scene, Path(tmp) / f"classes_{size}.tif")
                     runs.append({"code": name, "size": size, "repeat": repeat, **peak})
+                    print(json.dumps(runs[-1]), file=sys.stderr, flush=True)  # each run as it ends: a long benchmark
     table, growth = [], {}
     for name, code in codes.items():
         medians = {}
