@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "model": None,  # a geofm finetune run: time `geofm predict --model RUN` itself, under /usr/bin/time -v
     "repeats": 1,  # predictions of each scene (model runs)
     "baseline": None,  # model runs: another checkout of geofm predicting the same scenes in the same rounds
+    "rows": None,  # model runs: the scenes' height (default: square); memory depends on the width
 }
 QUICK: dict[str, Any] = {"sizes": [512, 1024]}
 FLAT = 1.2  # target: peak at the larger size within this factor of the smaller's
@@ -152,7 +153,8 @@ def _run_command(settings: dict[str, Any], small: int, large: int) -> Report:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         scenes = {
-            size: write_scene(Path(tmp) / f"scene_{size}.tif", size, settings["bands"]) for size in (small, large)
+            size: write_scene(Path(tmp) / f"scene_{size}.tif", size, settings["bands"], settings["rows"])
+            for size in (small, large)
         }
         for repeat in range(settings["repeats"]):
             for size, scene in scenes.items():
@@ -169,7 +171,7 @@ def _run_command(settings: dict[str, Any], small: int, large: int) -> Report:
             table.append(
                 {
                     "code": f"{name} ({_label(code)})",
-                    "scene": f"{size} x {size} px, {settings['bands']} bands",
+                    "scene": f"{size} x {settings['rows'] or size} px, {settings['bands']} bands",
                     "runs": len(mine),
                     "median peak RSS MiB": medians[size],
                     "peaks MiB": ", ".join(f"{r['peak_rss_mib']:,.0f}" for r in mine),
