@@ -370,12 +370,13 @@ def predict_scene(
         if blocks:
             log.info("%s: continuing after its first %d finished blocks", output_path, blocks)
         strips = []  # (first column, end column, tiles' left columns, first row of tiles to predict)
-        for index, left in enumerate(range(0, width, columns)):
+        for left in range(0, width, columns):
             end = min(left + columns, width)
-            finished = strip_rows_done(blocks, index, width * factor, height * factor) // factor
-            first = (
-                next((r for r, top in enumerate(rows) if top + tile > finished), 0) if finished < height else len(rows)
-            )
+            finished = strip_rows_done(blocks, left // columns, width * factor, height * factor) // factor
+            if finished < height:
+                first = next(r for r, top in enumerate(rows) if top + tile > finished)
+            else:  # skipped; the last strip's last row of tiles finishes a file killed before it was closed
+                first = len(rows) - 1 if end == width else len(rows)
             strips.append((left, end, [c for c in cols if c < end and c + tile > left], first))
         total = sum(len(rows) * len(lefts) for _, _, lefts, _ in strips)
         skipped = sum(first * len(lefts) for _, _, lefts, first in strips)

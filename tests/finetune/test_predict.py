@@ -142,6 +142,26 @@ def test_a_prediction_stopped_in_its_second_strip_continues_there(tmp_path):
     assert len(resumed) == (13 - 5) * 2 + 13, "from the second strip's tile row 5 (rows 240-303) on"
 
 
+def test_a_prediction_killed_before_its_file_was_closed_finishes_it(tmp_path, scene, monkeypatch):
+    path, _ = scene
+    args = {"task": "segmentation", "normaliser": _normaliser(), "tile": 64, "overlap": 16, "progress": False}
+    close = BlockStreamWriter.close
+
+    def killed_before_closing(self: BlockStreamWriter) -> None:
+        self._dst.close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(BlockStreamWriter, "close", killed_before_closing)
+    with pytest.raises(KeyboardInterrupt):
+        predict_scene(per_pixel, path, tmp_path / "out.tif", **args)
+    monkeypatch.setattr(BlockStreamWriter, "close", close)
+    calls = []
+    out = predict_scene(lambda x: calls.append(1) or per_pixel(x), path, tmp_path / "out.tif", **args)
+    whole = predict_scene(per_pixel, path, tmp_path / "whole.tif", **args)
+    assert np.array_equal(read_raster(out, 1).data, read_raster(whole, 1).data)
+    assert len(calls) == 1, "every block was on disk: the last row of tiles (one batch) is predicted to close the file"
+
+
 def test_scene_within_one_tile_equals_a_single_pass(tmp_path):
     data = np.random.default_rng(1).integers(1, 1000, (3, 45, 57)).astype(np.uint16)
     path = tmp_path / "small.tif"
