@@ -18,24 +18,26 @@ def reflectance_dn(rows: np.ndarray, columns: np.ndarray, band: int) -> np.ndarr
     return (2500 + wave + 300 * band).astype(np.uint16)
 
 
-def write_scene(path: Path, size: int, bands: int) -> Path:
-    """A ``size`` x ``size`` uint16 GeoTIFF of smooth synthetic reflectance, written strip by strip."""
+def write_scene(path: Path, size: int, bands: int, rows: int | None = None) -> Path:
+    """A ``size`` px wide uint16 GeoTIFF of smooth synthetic reflectance, ``rows`` high (default: square),
+    written strip by strip."""
     from geofm.data.writers import GeoTiffWriter
 
+    height = size if rows is None else rows
     columns = np.arange(size, dtype=np.float32)
     with GeoTiffWriter(
         path,
         width=size,
-        height=size,
+        height=height,
         count=bands,
         dtype="uint16",
         crs="EPSG:32632",
         transform=(10.0, 0.0, 300000.0, 0.0, -10.0, 5000000.0),
         nodata=0,
     ) as writer:
-        for row in range(0, size, 1024):
-            rows = np.arange(row, min(row + 1024, size), dtype=np.float32)[:, None]
-            writer.write(np.stack([reflectance_dn(rows, columns, b) for b in range(bands)]), row)
+        for row in range(0, height, 1024):
+            pixel_rows = np.arange(row, min(row + 1024, height), dtype=np.float32)[:, None]
+            writer.write(np.stack([reflectance_dn(pixel_rows, columns, b) for b in range(bands)]), row)
     return path
 
 

@@ -124,10 +124,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--overwrite",
         action="store_true",
         help="predict from the start even when OUT.tif already holds this prediction or an interrupted one "
-        "left OUT.tif.partial (default: keep the first, continue the second)",
+        "left OUT.tif.partial (default: keep the first, continue the second), and replace an OUT.tif that geofm "
+        "did not write (default: refused); an input is never replaced",
     )
     predict.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    predict.set_defaults(handler=_predict)
+    predict.set_defaults(
+        handler=_predict,
+        on_stop="rerun the same command to continue after the blocks already written to {output}.partial",
+    )
 
 
 def _finetune(args: argparse.Namespace) -> None:

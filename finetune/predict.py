@@ -8,17 +8,20 @@ averaged with these weights: tile borders, where a model sees least context, cou
 model whose output at a pixel depends on that pixel alone gives exactly that output everywhere
 (blending makes no seams). Tiles are batched along a row of tiles.
 
-Memory holds a band of rows, never the scene: the scene is read one strip of ``tile`` image rows
-at a time (windowed reads), the tiles' scores are blended in a band of ``tile`` rows, and rows are
-handed to the output as soon as no later tile reaches them; the output writes each completed row
-of 256 x 256 blocks and makes it durable (:class:`~geofm.data.row_stream.RowStreamWriter`). GDAL's
-block cache is held to a few rows of blocks and freed memory is given back after each row of
-tiles, so resident memory depends on the scene's width, not on its height. A prediction that is
-killed or fails keeps its finished rows in ``OUT.tif.partial`` (counted in
-``OUT.tif.partial.json`` with what is predicted: inputs, model, tiling, band specs); the same
-prediction run again continues after them and writes the same file. A finished output records
-the same in its metadata, and the same prediction run again leaves it as it is unless
-``overwrite``; a different one replaces it.
+Memory holds a block, never the scene nor a whole row of it: the scene is predicted in strips of
+columns (``strip``, 2048 output pixels by default), left to right, and each strip top to bottom, one
+row of tiles at a time: its tiles' window is read (windowed reads), their scores are blended in a
+band of ``tile`` rows of the strip, and rows are handed to the output as soon as no later tile
+reaches them. Tiles reaching across a strip's edge are predicted for both strips, and each pixel
+sums the same tiles' scores in the same order as in one pass over the whole width, so the output
+does not depend on the strips. The output writes each completed block (256 rows of a strip) and
+makes it durable (:class:`~geofm.data.block_stream.BlockStreamWriter`). GDAL's block cache is held
+to a few blocks of a strip and freed memory is given back after each row of tiles, so resident
+memory depends on neither the scene's width nor its height. A prediction that is killed or fails
+keeps its finished blocks in ``OUT.tif.partial`` (counted in ``OUT.tif.partial.json`` with what is
+predicted: inputs, model, tiling, band specs); the same prediction run again continues after them
+and writes the same file. A finished output records the same in its metadata, and the same
+prediction run again leaves it as it is unless ``overwrite``; a different one replaces it.
 
 A task's ``predicts`` (``finetune/tasks/``) says what is written: nothing (classification,
 multilabel), a class map, or an image. Outputs keep the input's CRS and transform
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -55,15 +59,24 @@ import torch
 from torch import Tensor
 
 from geofm.config.finetune import finetune_task
+from geofm.data.block_stream import (
+    BlockStreamWriter,
+    claim,
+    resumable_blocks,
+    strip_columns,
+    strip_rows_done,
+    written_record,
+)
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.readers import RasterInfo, WindowReader, bounded_block_cache, same_grid, scaled_transform
-from geofm.data.row_stream import RowStreamWriter, resumable_rows, written_record
 from geofm.data.writers import BLOCK
 from geofm.errors import ConfigError, DataMismatchError
 from geofm.memory import release_freed_memory
 from geofm.runlog import progress_bar
 
 log = logging.getLogger("geofm.finetune")
+
+STRIP = 2048  # output columns predicted at once, by default
 
 ModelFn = Callable[..., Tensor]
 ArrayT = TypeVar("ArrayT", np.ndarray, Tensor)
@@ -147,6 +160,7 @@ class _Output:
         channels: int,
         info: RasterInfo,
         factor: int,
+        strip: int,
         record: dict[str, Any],
         resume: bool,
     ) -> None:
@@ -166,7 +180,7 @@ class _Output:
             self.dtype = np.dtype(np.uint8 if max(channels, 2) <= 255 else np.uint16)
             self.fill = out_nodata = int(np.iinfo(self.dtype).max)
             count = 1
-        self.writer = RowStreamWriter(
+        self.writer = BlockStreamWriter(
             path,
             width=info.width * factor,
             height=info.height * factor,
@@ -177,11 +191,13 @@ class _Output:
             record=record,
             nodata=out_nodata,
             descriptions=descriptions,
+            strip=strip,
             resume=resume,
         )
 
-    def write(self, scores: np.ndarray, weights: np.ndarray, valid: np.ndarray, row_off: int) -> None:
-        """Hand over blended rows: ``scores`` and ``weights`` summed over tiles, ``valid`` at input resolution."""
+    def write(self, scores: np.ndarray, weights: np.ndarray, valid: np.ndarray, row_off: int, col_off: int) -> None:
+        """Hand over blended rows of the strip starting at input column ``col_off``: ``scores`` and ``weights``
+        summed over tiles, ``valid`` at input resolution."""
         blended = scores / weights[None]
         if self.image:
             pixels = self.normaliser.denormalise(blended)
@@ -194,7 +210,7 @@ class _Output:
         if self.fill is not None:
             invalid = ~valid.repeat(self.factor, axis=0).repeat(self.factor, axis=1)
             pixels[:, invalid] = self.fill
-        self.writer.append(pixels, row_off * self.factor)
+        self.writer.append(pixels, row_off * self.factor, col_off * self.factor)
 
 
 def _band_spec(normaliser: BandNormaliser) -> dict[str, Any]:
@@ -237,10 +253,16 @@ def _prediction_record(
     return json.loads(json.dumps(record, default=str))
 
 
-def _cache_mib(readers: Sequence[WindowReader]) -> int:
-    """GDAL block cache for a prediction: two rows of 256-row blocks of every input, and 32 MiB more."""
-    row = sum(r.info.count * r.info.width * np.dtype(r.info.dtype).itemsize * BLOCK for r in readers)
+def _cache_mib(readers: Sequence[WindowReader], columns: int) -> int:
+    """GDAL block cache for a prediction: two 256-row blocks of ``columns`` of every input, and 32 MiB more."""
+    row = sum(r.info.count * columns * np.dtype(r.info.dtype).itemsize * BLOCK for r in readers)
     return 32 + -(-2 * row // 2**20)
+
+
+def _default_strip(tile: int, factor: int) -> int:
+    """Output columns of a strip: :data:`STRIP`, or four tiles if more, in whole output blocks and input pixels."""
+    unit = math.lcm(BLOCK, factor)
+    return unit * max(-(-STRIP // unit), -(-4 * tile * factor // unit))
 
 
 def predict_scene(
@@ -258,6 +280,7 @@ def predict_scene(
     progress: bool = True,
     model_id: Any = None,
     overwrite: bool = False,
+    strip: int | None = None,
 ) -> Path:
     """Run a model over a whole scene in overlapping tiles and write its prediction as a GeoTIFF.
 
@@ -277,6 +300,9 @@ def predict_scene(
             directory and kept weights): an interrupted prediction continues, and a finished one is
             kept, only for the same model.
         overwrite: predict again from the start, whatever a finished or interrupted output holds.
+        strip: output columns predicted at once, a multiple of 256 and of ``scale_factor`` (default:
+            2048, or four tiles if more); memory grows with it, and tiles reaching across a strip's edge
+            are predicted once per strip.
 
     Returns:
         The output path.
@@ -284,7 +310,9 @@ def predict_scene(
     Raises:
         ConfigError: for invalid tiling arguments, an unknown task, or model outputs of the wrong shape.
         DataMismatchError: if before and after differ in CRS, transform or size.
-        OutputPathError: if an interrupted output of the same prediction cannot be continued.
+        OutputPathError: if another process writes the output, if it is an input, if it is an existing
+            file that holds no geofm output and not ``overwrite``, or if an interrupted output of the
+            same prediction cannot be continued.
         RasterReadError: if an input cannot be read or has other bands than ``normaliser.dataset_bands``.
     """
     spec = finetune_task(task)
@@ -306,9 +334,12 @@ def predict_scene(
     targets = target_normaliser or normaliser
     if factor < 1:
         raise ConfigError(f"scale factor must be a positive integer, got {scale_factor}")
+    if strip is not None and (strip <= 0 or strip % math.lcm(BLOCK, factor)):
+        raise ConfigError(f"strip {strip}: expected a positive multiple of {math.lcm(BLOCK, factor)} output columns")
     output_path = Path(output_path)
 
     with ExitStack() as stack:
+        stack.enter_context(claim(output_path, inputs, overwrite))
         bands = normaliser.dataset_bands
         readers = [stack.enter_context(WindowReader(p, len(bands), bands)) for p in inputs]
         info = readers[0].info
@@ -330,57 +361,80 @@ def predict_scene(
         if not overwrite and written_record(output_path) == record:
             log.info("%s already holds this prediction; overwrite (--overwrite) predicts it again", output_path)
             return output_path
-        stack.enter_context(bounded_block_cache(_cache_mib(readers)))
         height, width = info.height, info.width
+        out_strip = strip_columns(width * factor, height * factor, strip or _default_strip(tile, factor))
+        columns = out_strip // factor
+        stack.enter_context(bounded_block_cache(_cache_mib(readers, min(width, columns + tile))))
         rows, cols = tile_origins(height, tile, overlap), tile_origins(width, tile, overlap)
-        finished = 0 if overwrite else resumable_rows(output_path, record) // factor
-        first = next(r for r, top in enumerate(rows) if top + tile > finished or r == len(rows) - 1)
-        if finished:
-            log.info("%s: continuing after its first %d finished rows", output_path, finished * factor)
+        blocks = 0 if overwrite else resumable_blocks(output_path, record, out_strip)
+        if blocks:
+            log.info("%s: continuing after its first %d finished blocks", output_path, blocks)
+        strips = []  # (first column, end column, tiles' left columns, first row of tiles to predict)
+        for left in range(0, width, columns):
+            end = min(left + columns, width)
+            finished = strip_rows_done(blocks, left // columns, width * factor, height * factor) // factor
+            if finished < height:
+                first = next(r for r, top in enumerate(rows) if top + tile > finished)
+            else:  # skipped; the last strip's last row of tiles finishes a file killed before it was closed
+                first = len(rows) - 1 if end == width else len(rows)
+            strips.append((left, end, [c for c in cols if c < end and c + tile > left], first))
+        total = sum(len(rows) * len(lefts) for _, _, lefts, _ in strips)
+        skipped = sum(first * len(lefts) for _, _, lefts, first in strips)
+        bar = stack.enter_context(progress_bar(total, skipped, progress, output_path.name, unit="tile"))
         size = tile * factor
         weights = blend_weights(size)
-        weight_sum = np.zeros((size, width * factor), dtype=np.float32)
-        scores: np.ndarray | None = None
         output: _Output | None = None
-        total = len(rows) * len(cols)
-        bar = stack.enter_context(progress_bar(total, first * len(cols), progress, output_path.name, unit="tile"))
-        for r in range(first, len(rows)):
-            top = rows[r]
-            rows_read = min(tile, height - top)
-            strips, valid = [], np.ones((rows_read, width), dtype=bool)
-            for reader in readers:
-                image, band_valid = normaliser(reader.read(top, 0, rows_read, width), reader.info.nodata, reader.path)
-                strips.append(image.numpy())
-                valid &= band_valid.numpy().any(axis=0)
-            for start in range(0, len(cols), batch_size):
-                lefts = cols[start : start + batch_size]
-                batches = [torch.from_numpy(np.stack([_tile(strip, left, tile) for left in lefts])) for strip in strips]
-                with torch.inference_mode():
-                    out = _scores(
-                        model_fn(*batches), len(lefts), size, task, len(targets.bands) if writes_image else None
-                    )
-                if output is None:
-                    output = _Output(
-                        output_path,
-                        writes_image,
-                        normaliser,
-                        targets,
-                        out.shape[1],
-                        info,
-                        factor,
-                        record,
-                        not overwrite,
-                    )
-                    stack.enter_context(output.writer)  # the scene's GeoTIFF appears only once it is whole
-                    scores = np.zeros((out.shape[1], size, width * factor), dtype=np.float32)
-                for b, left in enumerate(lefts):
-                    h, w = rows_read * factor, min(tile, width - left) * factor
-                    add_tile(scores, weight_sum, out[b], weights, 0, left * factor, h, w)
-                bar.update(len(lefts))
-            final = rows[r + 1] - top if r + 1 < len(rows) else rows_read
-            done = final * factor
-            output.write(scores[:, :done], weight_sum[:done], valid[:final], top)
-            scores[:, :-done], scores[:, -done:] = scores[:, done:].copy(), 0.0
-            weight_sum[:-done], weight_sum[-done:] = weight_sum[done:].copy(), 0.0
-            release_freed_memory()
+        for left, end, lefts, first in strips:
+            scores: np.ndarray | None = None
+            weight_sum = np.zeros((size, (end - left) * factor), dtype=np.float32)
+            read_from, read_to = lefts[0], min(lefts[-1] + tile, width)
+            for r in range(first, len(rows)):
+                top = rows[r]
+                rows_read = min(tile, height - top)
+                images, valid = [], np.ones((rows_read, read_to - read_from), dtype=bool)
+                for reader in readers:
+                    window = reader.read(top, read_from, rows_read, read_to - read_from)
+                    image, band_valid = normaliser(window, reader.info.nodata, reader.path)
+                    images.append(image.numpy())
+                    valid &= band_valid.numpy().any(axis=0)
+                for start in range(0, len(lefts), batch_size):
+                    batch = lefts[start : start + batch_size]
+                    tiles = [np.stack([_tile(image, c - read_from, tile) for c in batch]) for image in images]
+                    with torch.inference_mode():
+                        out = _scores(
+                            model_fn(*map(torch.from_numpy, tiles)),
+                            len(batch),
+                            size,
+                            task,
+                            len(targets.bands) if writes_image else None,
+                        )
+                    if output is None:
+                        output = _Output(
+                            output_path,
+                            writes_image,
+                            normaliser,
+                            targets,
+                            out.shape[1],
+                            info,
+                            factor,
+                            out_strip,
+                            record,
+                            not overwrite,
+                        )
+                        stack.enter_context(output.writer)  # the scene's GeoTIFF appears only once it is whole
+                    if scores is None:
+                        scores = np.zeros((out.shape[1], size, (end - left) * factor), dtype=np.float32)
+                    for b, c in enumerate(batch):  # the part of each tile inside the strip
+                        cut, w = (max(left - c, 0)) * factor, (min(c + tile, end) - max(c, left)) * factor
+                        at = (max(c, left) - left) * factor
+                        add_tile(scores, weight_sum, out[b][:, :, cut:], weights[:, cut:], 0, at, rows_read * factor, w)
+                    bar.update(len(batch))
+                final = rows[r + 1] - top if r + 1 < len(rows) else rows_read
+                done = final * factor
+                output.write(
+                    scores[:, :done], weight_sum[:done], valid[:final, left - read_from : end - read_from], top, left
+                )
+                scores[:, :-done], scores[:, -done:] = scores[:, done:].copy(), 0.0
+                weight_sum[:-done], weight_sum[-done:] = weight_sum[done:].copy(), 0.0
+                release_freed_memory()
     return output_path

@@ -11,7 +11,11 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -377,11 +381,43 @@ def configure_logging(verbose: bool) -> None:
         logging.getLogger("rasterio").setLevel(logging.ERROR)
 
 
+# What a stopped command says to do next, unless the command sets its own ``on_stop`` (``set_defaults``).
+ON_STOP = "rerun the same command to start again (a training run resumes from its last checkpoint)"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, as Ctrl-C raises KeyboardInterrupt."""
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside the block, SIGTERM raises :class:`Terminated` in this process; a forked child (a loader
+    worker) still ends at once, as by default. Programs with stop handling of their own (a training
+    run's checkpoint on the way out) replace it while they run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pid = os.getpid()
+
+    def handle(signum: int, frame: object) -> None:
+        if os.getpid() != pid:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
     try:
-        args.handler(args)
+        with sigterm_interrupts():
+            args.handler(args)
     except GeoFMError as exc:
         if args.verbose and exc.worker_traceback:
             print(exc.worker_traceback, file=sys.stderr)
@@ -393,13 +429,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"geofm: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # where a program has no stop handling of its own (imports, checks, set-up)
-        print(
-            f"geofm: error: {args.command} interrupted (Ctrl-C); rerun the same command to start again "
-            "(a training run resumes from its last checkpoint)",
-            file=sys.stderr,
-        )
-        return 130
+    except KeyboardInterrupt as exc:  # where a program has no stop handling of its own (imports, checks, set-up)
+        name, code = ("SIGTERM", 128 + signal.SIGTERM) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
+        on_stop = getattr(args, "on_stop", ON_STOP).format(**vars(args))
+        print(f"geofm: error: {args.command} interrupted ({name}); {on_stop}", file=sys.stderr)
+        return code
     return 0
 
 

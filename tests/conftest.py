@@ -32,6 +32,20 @@ def one_torch_thread():
 
 
 @pytest.fixture
+def sigterm_caught():
+    """SIGTERM raises in the test instead of ending the test process, should the code under test not handle it;
+    yields the handler, restored afterwards."""
+    import signal
+
+    def caught(signum, frame):
+        raise RuntimeError("SIGTERM reached the test's own handler")
+
+    previous = signal.signal(signal.SIGTERM, caught)
+    yield caught
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture
 def tiny_swin():
     from geofm.models.backbones import backbone_kwargs, create_backbone
 

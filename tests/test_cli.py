@@ -253,3 +253,15 @@ def test_ctrl_c_before_a_program_handles_it_is_one_line(monkeypatch, capsys):
     assert main(["checkpoint", "inspect", "anything"]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("geofm: error: checkpoint interrupted (Ctrl-C); rerun")
+
+
+def test_sigterm_before_a_program_handles_it_is_one_line_and_exit_143(monkeypatch, capsys, sigterm_caught):
+    import os
+    import signal
+
+    import geofm.cli
+
+    monkeypatch.setattr(geofm.cli, "_checkpoint_inspect", lambda args: os.kill(os.getpid(), signal.SIGTERM))
+    assert main(["checkpoint", "inspect", "anything"]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == f"geofm: error: checkpoint interrupted (SIGTERM); {geofm.cli.ON_STOP}\n"
+    assert signal.getsignal(signal.SIGTERM) is sigterm_caught, "the previous handler is back"

@@ -35,7 +35,7 @@ FORBIDDEN = {
 SOLE_IMPORTERS = {
     "flwr": ["federation/flower.py", "federation/simulation.py"],
     "deepspeed": ["geofm/engine.py"],
-    "rasterio": ["geofm/data/readers.py", "geofm/data/row_stream.py", "geofm/data/writers.py"],
+    "rasterio": ["geofm/data/block_stream.py", "geofm/data/readers.py", "geofm/data/writers.py"],
 }
 
 

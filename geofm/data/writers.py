@@ -1,8 +1,8 @@
 """Raster output: GeoTIFFs written whole (:func:`write_geotiff`) or window by window (:class:`GeoTiffWriter`),
-and lossless JPEG 2000 (:func:`write_jpeg2000`, as Sentinel-2 products hold their bands); written top
-to bottom and continued after a kill, :mod:`geofm.data.row_stream`.
+and lossless JPEG 2000 (:func:`write_jpeg2000`, as Sentinel-2 products hold their bands); written block
+by block and continued after a kill, :mod:`geofm.data.block_stream`.
 
-With :mod:`geofm.data.readers` and :mod:`geofm.data.row_stream`, the only modules of geofm that import
+With :mod:`geofm.data.readers` and :mod:`geofm.data.block_stream`, the only modules of geofm that import
 :mod:`rasterio`.
 """
 

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -9,9 +8,8 @@ import pytest
 from PIL import Image
 
 from geofm.data.readers import WindowReader, raster_info, read_bounds_lonlat, read_raster, same_grid, scaled_transform
-from geofm.data.row_stream import RowStreamWriter, resumable_rows, written_record
 from geofm.data.writers import GeoTiffWriter, write_geotiff
-from geofm.errors import OutputPathError, RasterReadError
+from geofm.errors import RasterReadError
 
 
 def test_geotiff_roundtrip(tmp_path: Path, write_tif) -> None:
@@ -140,41 +138,6 @@ def test_an_interrupted_geotiff_write_leaves_the_earlier_file_and_no_partial_one
         raise KeyboardInterrupt
     assert (read_raster(path, 1).data == 1).all(), "the earlier prediction is intact"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scene_pred.tif"], "no partial file is left behind"
-
-
-def test_row_stream_writer_writes_whole_rows_of_blocks_and_continues(tmp_path: Path) -> None:
-    grid = {
-        "width": 300,
-        "height": 600,
-        "count": 1,
-        "dtype": "uint8",
-        "crs": "EPSG:32632",
-        "transform": (1, 0, 0, 0, -1, 0),
-    }
-    path, record = tmp_path / "out.tif", {"model": "a", "tile": 64}
-    pixels = np.arange(600 * 300).reshape(1, 600, 300).astype(np.uint8)
-    flushed = []
-    with pytest.raises(KeyboardInterrupt), RowStreamWriter(path, **grid, record=record) as writer:
-        for top in range(0, 400, 100):
-            writer.append(pixels[:, top : top + 100], top)
-            flushed.append(writer.rows_done)
-        with pytest.raises(ValueError, match=r"rows 500:510 handed over; the next are 400:, of 600"):
-            writer.append(pixels[:, 500:510], 500)
-        raise KeyboardInterrupt
-    assert flushed == [0, 0, 256, 256], "a row of 256 x 256 blocks is written once it is complete"
-    assert resumable_rows(path, record) == 256 and resumable_rows(path, {**record, "tile": 32}) == 0
-    with RowStreamWriter(path, **grid, record=record) as writer:
-        assert writer.rows_done == 256
-        writer.append(pixels[:, 200:600], 200)  # rows 200-255 are already on disk: skipped
-    assert np.array_equal(read_raster(path, 1).data, pixels) and written_record(path) == record
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tif"], "partial file and sidecar gone"
-    (tmp_path / "out.tif.partial").write_bytes(b"not a tiff")
-    (tmp_path / "out.tif.partial.json").write_text(json.dumps({"record": record, "rows_done": 256}))
-    with pytest.raises(OutputPathError, match=r"out\.tif\.partial cannot be continued"):
-        RowStreamWriter(path, **grid, record=record)
-    with RowStreamWriter(path, **grid, record=record, resume=False) as writer:
-        writer.append(pixels, 0)
-    assert np.array_equal(read_raster(path, 1).data, pixels)
 
 
 def test_same_grid_and_scaled_transform(tmp_path: Path, write_tif) -> None:

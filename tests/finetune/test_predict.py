@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from finetune.predict import blend_weights, predict_scene, tile_origins
+from geofm.data.block_stream import BlockStreamWriter, written_record
 from geofm.data.finetune import BandNormaliser
 from geofm.data.readers import WindowReader, read_raster
-from geofm.data.row_stream import RowStreamWriter, written_record
 from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError, DataMismatchError
 
@@ -102,8 +102,8 @@ def test_a_prediction_that_fails_midway_continues_where_it_stopped(tmp_path):
     with pytest.raises(RuntimeError, match="out of memory"):
         predict_scene(fails_on_the_14th_batch, path, out, batch_size=3, **args)
     assert not out.exists(), "no half-written GeoTIFF at the path"
-    assert json.loads((tmp_path / "out" / "classes.tif.partial.json").read_text())["rows_done"] == 256, (
-        "the first row of blocks is finished and counted beside the partial file"
+    assert json.loads((tmp_path / "out" / "classes.tif.partial.json").read_text())["blocks_done"] == 1, (
+        "the first block (rows 0-255) is finished and counted beside the partial file"
     )
     resumed = []
     predict_scene(lambda x: resumed.append(1) or per_pixel(x), path, out, batch_size=3, **args)
@@ -113,6 +113,53 @@ def test_a_prediction_that_fails_midway_continues_where_it_stopped(tmp_path):
     full = len(tile_origins(700, 64, 16)) * 2  # two batches of 3 (6 columns of tiles) per row of tiles
     assert len(resumed) == full - 2 * 5, "tile rows 0-4 (rows 0-255) are not redone"
     assert sorted(p.name for p in out.parent.iterdir()) == ["classes.tif"], "sidecar and partial file gone"
+
+
+def test_a_prediction_stopped_in_its_second_strip_continues_there(tmp_path):
+    data = np.random.default_rng(6).integers(1, 1000, (3, 600, 600)).astype(np.uint16)
+    path = tmp_path / "wide.tif"
+    write_geotiff(path, data, transform=TRANSFORM, crs="EPSG:32632", nodata=0)
+    calls = []
+
+    def stops_in_the_second_strip(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 39:  # strip 0: 13 rows of 2 batches; strip 1: at its 7th row of tiles
+            raise KeyboardInterrupt
+        return per_pixel(x)
+
+    args = {"task": "segmentation", "normaliser": _normaliser(), "tile": 64, "overlap": 16, "progress": False}
+    args |= {"batch_size": 3, "strip": 256}
+    out = tmp_path / "classes.tif"
+    with pytest.raises(KeyboardInterrupt):
+        predict_scene(stops_in_the_second_strip, path, out, **args)
+    assert json.loads((tmp_path / "classes.tif.partial.json").read_text())["blocks_done"] == 4, (
+        "the 3 blocks of the first strip and the first of the second"
+    )
+    resumed = []
+    predict_scene(lambda x: resumed.append(1) or per_pixel(x), path, out, **args)
+    whole = predict_scene(per_pixel, path, tmp_path / "whole.tif", **args)
+    assert np.array_equal(read_raster(out, 1).data, read_raster(whole, 1).data), "the same pixels as in one go"
+    assert len(resumed) == (13 - 5) * 2 + 13, "from the second strip's tile row 5 (rows 240-303) on"
+
+
+def test_a_prediction_killed_before_its_file_was_closed_finishes_it(tmp_path, scene, monkeypatch):
+    path, _ = scene
+    args = {"task": "segmentation", "normaliser": _normaliser(), "tile": 64, "overlap": 16, "progress": False}
+    close = BlockStreamWriter.close
+
+    def killed_before_closing(self: BlockStreamWriter) -> None:
+        self._dst.close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(BlockStreamWriter, "close", killed_before_closing)
+    with pytest.raises(KeyboardInterrupt):
+        predict_scene(per_pixel, path, tmp_path / "out.tif", **args)
+    monkeypatch.setattr(BlockStreamWriter, "close", close)
+    calls = []
+    out = predict_scene(lambda x: calls.append(1) or per_pixel(x), path, tmp_path / "out.tif", **args)
+    whole = predict_scene(per_pixel, path, tmp_path / "whole.tif", **args)
+    assert np.array_equal(read_raster(out, 1).data, read_raster(whole, 1).data)
+    assert len(calls) == 1, "every block was on disk: the last row of tiles (one batch) is predicted to close the file"
 
 
 def test_scene_within_one_tile_equals_a_single_pass(tmp_path):
@@ -214,35 +261,53 @@ def test_change_needs_two_scenes_on_one_grid(tmp_path):
         )
 
 
-def test_reads_windows_and_writes_rows_as_they_complete(tmp_path, scene, monkeypatch):
-    path, _ = scene
+def _count_windows(monkeypatch) -> tuple[list, list]:
+    """The windows predict_scene reads (row, column, rows, columns) and the rows it hands over (row, column, rows, columns)."""
     reads, writes = [], []
-    read, append = WindowReader.read, RowStreamWriter.append
+    read, append = WindowReader.read, BlockStreamWriter.append
 
     def counting_read(self, row_off, col_off, height, width):
-        reads.append((row_off, height))
+        reads.append((row_off, col_off, height, width))
         return read(self, row_off, col_off, height, width)
 
-    def counting_append(self, array, row_off):
-        writes.append((row_off, array.shape[1]))
-        return append(self, array, row_off)
+    def counting_append(self, array, row_off, col_off=0):
+        writes.append((row_off, col_off, *array.shape[1:]))
+        return append(self, array, row_off, col_off)
 
     monkeypatch.setattr(WindowReader, "read", counting_read)
-    monkeypatch.setattr(RowStreamWriter, "append", counting_append)
-    predict_scene(
-        per_pixel,
-        path,
-        tmp_path / "out.tif",
-        task="segmentation",
-        normaliser=_normaliser(),
-        tile=64,
-        overlap=16,
-        progress=False,
+    monkeypatch.setattr(BlockStreamWriter, "append", counting_append)
+    return reads, writes
+
+
+def test_reads_windows_and_writes_rows_as_they_complete(tmp_path, scene, monkeypatch):
+    path, _ = scene
+    reads, writes = _count_windows(monkeypatch)
+    args = {"task": "segmentation", "normaliser": _normaliser(), "tile": 64, "overlap": 16, "progress": False}
+    predict_scene(per_pixel, path, tmp_path / "out.tif", **args)
+    assert [(r, h) for r, _, h, _ in reads] == [(0, 64), (48, 64), (96, 64), (144, 64), (192, 27)], (
+        "one strip of tile rows per row of tiles"
     )
-    assert reads == [(0, 64), (48, 64), (96, 64), (144, 64), (192, 27)], "one strip of tile rows per row of tiles"
-    assert writes == [(0, 48), (48, 48), (96, 48), (144, 48), (192, 27)], (
+    assert [(r, h) for r, _, h, _ in writes] == [(0, 48), (48, 48), (96, 48), (144, 48), (192, 27)], (
         "rows handed over once no later tile reaches them"
     )
+
+
+def test_a_wide_scene_is_predicted_in_strips_of_columns_as_in_one(tmp_path, monkeypatch):
+    """Windows of rows and columns: tiles reaching across a strip's edge are predicted for both strips, and the
+    blended scores are those of one pass over the whole width, to the bit."""
+    data = np.random.default_rng(5).integers(1, 1000, (3, 600, 700)).astype(np.uint16)
+    path = tmp_path / "wide.tif"
+    write_geotiff(path, data, transform=TRANSFORM, crs="EPSG:32632", nodata=0)
+    args = {"task": "segmentation", "normaliser": _normaliser(), "tile": 64, "overlap": 16, "progress": False}
+    conv = torch.nn.Conv2d(3, 4, 5, padding=2)
+    whole = predict_scene(conv, path, tmp_path / "whole.tif", **args)
+    reads, writes = _count_windows(monkeypatch)
+    strips = predict_scene(conv, path, tmp_path / "strips.tif", strip=256, **args)
+    assert np.array_equal(read_raster(strips, 1).data, read_raster(whole, 1).data)
+    assert {c for _, c, _, _ in writes} == {0, 256, 512} and max(w for *_, w in writes) == 256, "3 strips"
+    assert {(c, w) for _, c, _, w in reads} == {(0, 304), (240, 304), (480, 220)}, "the tiles touching each strip"
+    with pytest.raises(ConfigError, match="strip 100: expected a positive multiple of 256 output columns"):
+        predict_scene(conv, path, tmp_path / "x.tif", strip=100, **args)
 
 
 def test_invalid_arguments_and_model_outputs(tmp_path, scene):

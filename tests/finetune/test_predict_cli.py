@@ -91,6 +91,61 @@ def test_predict_again_keeps_the_finished_output_unless_overwrite(tmp_path, monk
     assert np.array_equal(read_raster(tmp_path / "out.tif", 1).data[0], (data[0] > 0).astype(np.uint8))
 
 
+def test_predict_never_writes_over_its_input_nor_a_file_it_did_not_write(tmp_path, fake_program, capsys):
+    from geofm.cli import main
+
+    fake_program("segmentation")
+    scene = tmp_path / "s.tif"
+    write_geotiff(scene, np.ones((1, 40, 50), np.float32), transform=(1, 0, 0, 0, -1, 0), crs=32632)
+    before = scene.read_bytes()
+    argv = ["predict", "--model", "run", "--input", str(scene), "--tile", "32", "--no-progress", "--output"]
+    for extra in ([], ["--overwrite"]):
+        assert main([*argv, str(scene), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err == f"geofm: error: {scene} is the input {scene}; write the output to another path\n"
+    other = tmp_path / "other.tif"
+    write_geotiff(other, np.ones((4, 40, 50), np.uint16), transform=(1, 0, 0, 0, -1, 0), crs=32632)
+    assert main([*argv, str(other)]) == 2
+    assert "other.tif exists and was not written by geofm" in capsys.readouterr().err
+    assert scene.read_bytes() == before and read_raster(other, 4).data.shape == (4, 40, 50), "both intact"
+    assert main([*argv, str(other), "--overwrite"]) == 0 and read_raster(other, 1).dtype == "uint8"
+
+
+@pytest.mark.parametrize(("stop", "code"), [("Ctrl-C", 130), ("SIGTERM", 143)])
+def test_a_stopped_prediction_says_a_rerun_continues_it(tmp_path, monkeypatch, capsys, sigterm_caught, stop, code):
+    import os
+    import signal
+
+    from geofm.cli import main
+
+    def stops_once_a_block_is_written(x: torch.Tensor) -> torch.Tensor:
+        if (tmp_path / "out.tif.partial.json").exists():
+            if stop == "Ctrl-C":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)
+        return torch.cat([-x, x], dim=1)
+
+    def load_predictor(run_dir, tile):
+        return Predictor(
+            stops_once_a_block_is_written, "segmentation", BandNormaliser(["red"], ["red"], 1.0, [0.0], [1.0]), 32
+        )
+
+    monkeypatch.setitem(sys.modules, "finetune.predictor", types.SimpleNamespace(load_predictor=load_predictor))
+    write_geotiff(tmp_path / "s.tif", np.ones((1, 300, 300), np.float32), transform=(1, 0, 0, 0, -1, 0), crs=32632)
+    out = tmp_path / "out.tif"
+    assert (
+        main(["predict", "--model", "run", "--input", str(tmp_path / "s.tif"), "--output", str(out), "--no-progress"])
+        == code
+    )
+    assert capsys.readouterr().err == (
+        f"geofm: error: predict interrupted ({stop}); rerun the same command to continue after the blocks already "
+        f"written to {out}.partial\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tif.partial", "out.tif.partial.json", "s.tif"], (
+        "the finished blocks kept, the lock released"
+    )
+
+
 def test_inputs_must_fit_the_task(tmp_path, fake_program):
     fake_program("change")
     args = _parse(["predict", "--model", "run", "--input", "scene.tif", "--output", "out.tif"])
