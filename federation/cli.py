@@ -35,6 +35,7 @@ from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, PROGRAMS, Scalar, 
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError, RunInterrupted
 from geofm.federated.algorithms import ALGORITHMS
+from geofm.paths import check_writable
 
 BUILT_IN = "geofm"
 """The registered program that runs a config's task, algorithm and partition."""
