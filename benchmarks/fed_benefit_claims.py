@@ -21,6 +21,8 @@ from typing import Any
 
 from scipy import stats
 
+from benchmarks.fed_benefit_dino import BASELINES as DINO_BASELINES
+
 CENTRAL_ARMS = ("central", "central:federated")
 FEDERATED = ("fedavg", "fedsense")
 ABLATIONS = ("fedavg", "fedavg_1bit", "fedsense_no_scg", "fedsense_no_csg", "fedsense_no_distill")
@@ -100,7 +102,9 @@ def claims(arms: dict[str, dict[str, Any]], margin: float, alpha: float) -> list
     Equivalence: FedAvg and FedSense to each central arm, the continual ones to central continual
     (margin: ``margin`` of the reference's mean). Superiority: every arm with pretraining seeds over random; FedAvg
     and FedSense (continual or not) over each institution alone; each continual arm over the released
-    model and over its arm from scratch; FedSense over FedAvg, FedAvg 1-bit and its ablations.
+    model and over its arm from scratch; FedSense over FedAvg, FedAvg 1-bit and its ablations. On DINO
+    (FedSense's Table 1): FedSense as good as central; each baseline over SSL-FL (``dino:fedavg``), and
+    FedSense over SSL-FL and each baseline.
     """
     alone = [a for a in arms if a.startswith("alone:")]
     pairs: list[tuple[str, str, str]] = []  # (kind, arm, reference)
@@ -113,6 +117,9 @@ def claims(arms: dict[str, dict[str, Any]], margin: float, alpha: float) -> list
     for arm in ("central", *FEDERATED):
         pairs += [("above", f"{arm}_continual", "released"), ("above", f"{arm}_continual", arm)]
     pairs += [("above", "fedsense", other) for other in ABLATIONS]
+    pairs += [("equivalent", "dino:fedsense", "dino:central")]
+    pairs += [("above", baseline, "dino:fedavg") for baseline in DINO_BASELINES]
+    pairs += [("above", "dino:fedsense", other) for other in ("dino:fedavg", *DINO_BASELINES)]
     found = []
     for kind, arm, reference in pairs:
         if arm not in arms or reference not in arms:

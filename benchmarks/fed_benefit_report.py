@@ -10,6 +10,9 @@ from typing import Any
 
 from benchmarks.common import markdown_table
 
+FRAMEWORK_TITLES = {"dino": "DINO: "}
+"""What leads a framework's table title (SimMIM's, the first framework, has none)."""
+
 
 def arm_row(arm: dict[str, Any]) -> dict[str, Any]:
     """One arm's table row: its pretraining seeds, mean and std over them, each seed's mean, traffic."""
@@ -43,18 +46,22 @@ def claim_line(claim: dict[str, Any], alpha: float, where: bool = True) -> str:
     )
 
 
+def _group(row: dict[str, Any]) -> tuple[str, int, str, str]:
+    """The table a results row (arm or claim) stands in: setting, budget, protocol, framework (files
+    written before the DINO framework hold SimMIM's alone)."""
+    return row["setting"], row["budget"], row["protocol"], row.get("framework", "simmim")
+
+
 def markdown(results: dict[str, Any]) -> str:
-    """The arms' tables, one per setting, budget and protocol, each followed by its claims."""
+    """The arms' tables, one per setting, budget, protocol and framework (DINO's after SimMIM's), each
+    followed by its claims."""
     blocks = []
-    groups = dict.fromkeys((a["setting"], a["budget"], a["protocol"]) for a in results["arms"])
-    for setting, budget, protocol in groups:
-        arms = [a for a in results["arms"] if (a["setting"], a["budget"], a["protocol"]) == (setting, budget, protocol)]
+    for group in dict.fromkeys(_group(a) for a in results["arms"]):
+        setting, budget, protocol, framework = group
+        arms = [a for a in results["arms"] if _group(a) == group]
         rows = [{k: v for k, v in arm_row(a).items() if k not in ("setting", "budget", "protocol")} for a in arms]
-        lines = [f"**{setting}, budget {budget}, {protocol} backbone**", "", markdown_table(rows), ""]
-        lines += [
-            claim_line(c, results["alpha"], where=False)
-            for c in results["claims"]
-            if (c["setting"], c["budget"], c["protocol"]) == (setting, budget, protocol)
-        ]
+        lead = FRAMEWORK_TITLES.get(framework, "")
+        lines = [f"**{lead}{setting}, budget {budget}, {protocol} backbone**", "", markdown_table(rows), ""]
+        lines += [claim_line(c, results["alpha"], where=False) for c in results["claims"] if _group(c) == group]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"

@@ -64,6 +64,13 @@ def test_quick_run_writes_its_json_result(name: str, archive: Path, tmp_path: Pa
         assert len(arms["fedsense"]["per_pretrain_seed"]) == 2 and arms["random"]["pretrain_seeds"] == []
         claims = record["results"]["claims"]
         assert claims and all({"claim", "test", "margin", "ci", "p", "holds"} <= set(c) for c in claims)
+        # the DINO framework: FedSense's Table 1, each arm with its claims
+        dino = {a["arm"] for a in record["results"]["arms"] if a["framework"] == "dino"}
+        names = ("central", "fedavg", "fedema", "ldawa", "fedu2", "fedmkd", "fedsense")
+        assert dino == {"random", *(f"dino:{name}" for name in names)}
+        dino_claims = {c["claim"] for c in claims if c["framework"] == "dino"}
+        assert "dino:fedsense as good as dino:central (within 2%)" in dino_claims
+        assert {"dino:fedema above dino:fedavg", "dino:fedsense above dino:fedmkd"} <= dino_claims
 
 
 def test_bench_registers_on_the_geofm_command_line() -> None:

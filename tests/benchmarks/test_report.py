@@ -64,6 +64,26 @@ def test_fed_benefit_report_prints_each_arm_and_each_claim() -> None:
         report({"benchmark": "codec", "results": {}})
 
 
+def test_fed_benefit_report_prints_the_dino_table_next_to_the_simmim_one() -> None:
+    where = {"setting": "2 institutions", "budget": 4, "protocol": "frozen"}
+    claim = {**where, "framework": "dino", "claim": "dino:fedema above dino:fedavg", "test": "paired t-test, one-sided"}
+    claim.update(n=2, estimate=0.01, margin=None, ci=[-0.01, 0.03], p=0.2, holds=False)
+    results = {
+        "alpha": 0.05,
+        "arms": [
+            {**_arm("fedsense", [0, 1], [0.69, 0.71]), "framework": "simmim"},
+            {**_arm("dino:fedavg", [0, 1], [0.6, 0.62]), "framework": "dino"},
+            {**_arm("dino:fedema", [0, 1], [0.61, 0.63]), "framework": "dino"},
+        ],
+        "claims": [claim],
+    }
+    text = report({"benchmark": "fed-benefit", "results": results})
+    simmim, dino = text.split("**DINO: 2 institutions, budget 4, frozen backbone**")
+    assert simmim.startswith("**2 institutions, budget 4, frozen backbone**") and "| fedsense |" in simmim
+    assert "dino:" not in simmim and "| dino:fedavg |" in dino and "| dino:fedema |" in dino
+    assert "- dino:fedema above dino:fedavg: **does not hold**" in dino
+
+
 def test_report_is_a_bench_command() -> None:
     parser = argparse.ArgumentParser(prog="geofm")
     register(parser.add_subparsers(dest="command", required=True))
