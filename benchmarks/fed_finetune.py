@@ -80,7 +80,8 @@ QUICK: dict[str, Any] = {
 
 def arm_sections(arms: list[Any] | None) -> dict[str, dict[str, Any] | None]:
     """Each arm's label and ``algorithm`` section (None for ``central``). ``arms`` None: central,
-    FedAvg, then every other registered algorithm. An arm given by name takes the settings of
+    FedAvg, then every other registered algorithm that can run without public images (federated
+    finetuning has none; FedMKD's server needs them). An arm given by name takes the settings of
     :data:`ZOO_SETTINGS` (its registered defaults where that file gives none); a mapping, its own.
 
     Raises:
@@ -90,12 +91,28 @@ def arm_sections(arms: list[Any] | None) -> dict[str, dict[str, Any] | None]:
     from geofm.config import read_config_tree
     from geofm.federated.algorithms import ALGORITHMS
 
-    if arms is None:
+    default = arms is None
+    if default:
         arms = [CENTRAL, "fedavg", *(n for n in ALGORITHMS.names() if n != "fedavg")]
     zoo = read_config_tree(ZOO_SETTINGS)["algorithms"]
     sections: dict[str, dict[str, Any] | None] = {CENTRAL: None} if CENTRAL in arms else {}
     named = [{"name": a, **zoo.get(a, {})} if isinstance(a, str) else a for a in arms if a != CENTRAL]
-    return {**sections, **method_sections(named, "arms")}
+    chosen = method_sections(named, "arms")
+    if default:
+        chosen = {label: section for label, section in chosen.items() if _runs_without_public_images(section)}
+    return {**sections, **chosen}
+
+
+def _runs_without_public_images(section: dict[str, Any]) -> bool:
+    """Whether the algorithm ``section`` names accepts a run with no public images on the server."""
+    from geofm.config.algorithm import AlgorithmConfig
+    from geofm.federated.algorithms import ALGORITHMS
+
+    try:
+        ALGORITHMS.get(section["name"]).check_public_images(AlgorithmConfig(**section), False)
+    except ValueError:
+        return False
+    return True
 
 
 def write_metadata(chips_root: Path, clients: int, path: Path) -> dict[str, dict[str, str]]:
