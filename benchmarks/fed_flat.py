@@ -7,7 +7,7 @@ kinds of upload are made from random updates of the size of the configured model
 the ``max(flat_clients)`` clients upload them in turn (their files hard links to their kind's, so
 that making 40 Swin-B uploads takes seconds, not minutes on a loaded machine).
 Each M then runs in a fresh process, so that its own peak resident memory (``VmHWM``, not the
-``ru_maxrss`` it would inherit from this process) is the round's alone: the
+``getrusage`` peak it would inherit from this process) is the round's alone: the
 server's global model, decoding and screening the M uploads, combining them and its update rule
 (FedSense's: K-means of the count sketches and the group models; the similarity distillation
 that follows, whose cost and memory do not depend on M, is timed by the other rows and left out

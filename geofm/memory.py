@@ -15,7 +15,7 @@ def peak_resident_bytes() -> int | None:
     """This process's own peak resident memory: ``VmHWM`` of ``/proc/self/status`` (Linux), else psutil's
     peak working set (Windows); None where neither tells it.
 
-    Not ``ru_maxrss``: Linux carries it across ``exec``, so a child started by ``subprocess`` or a
+    Not ``getrusage``'s peak: Linux carries that across ``exec``, so a child started by ``subprocess`` or a
     spawn pool reads at least its parent's peak (a parent at 2,318 MiB, its fresh child 2,318 MiB
     where its own ``VmHWM`` is 29 MiB).
     """

@@ -29,18 +29,10 @@ GRID = {
 
 
 def test_block_stream_writer_writes_strips_block_by_block_and_continues(tmp_path: Path) -> None:
-    grid = {
-        "width": 600,
-        "height": 600,
-        "count": 1,
-        "dtype": "uint16",
-        "crs": "EPSG:32632",
-        "transform": (1, 0, 0, 0, -1, 0),
-    }
     path, record = tmp_path / "out.tif", {"model": "a", "tile": 64}
     pixels = np.arange(600 * 600).reshape(1, 600, 600).astype(np.uint16)
     flushed = []
-    with pytest.raises(KeyboardInterrupt), BlockStreamWriter(path, **grid, record=record, strip=512) as writer:
+    with pytest.raises(KeyboardInterrupt), BlockStreamWriter(path, **GRID, record=record, strip=512) as writer:
         for top in range(0, 600, 200):  # the first strip, columns 0-511
             writer.append(pixels[:, top : top + 200, :512], top, 0)
             flushed.append(writer.blocks_done)
@@ -53,7 +45,7 @@ def test_block_stream_writer_writes_strips_block_by_block_and_continues(tmp_path
     assert flushed == [0, 1, 3], "a block of 256 rows of the strip is written once it is complete"
     assert resumable_blocks(path, record, 512) == 3 and resumable_blocks(path, {**record, "tile": 32}, 512) == 0
     assert resumable_blocks(path, record, 256) == 0, "another strip width: not continued"
-    with BlockStreamWriter(path, **grid, record=record, strip=512) as writer:
+    with BlockStreamWriter(path, **GRID, record=record, strip=512) as writer:
         assert (writer.rows_done(0), writer.rows_done(512)) == (600, 0)
         writer.append(pixels[:, :, :512], 0, 0)  # on disk: skipped
         writer.append(pixels[:, :, 512:], 0, 512)
@@ -62,8 +54,8 @@ def test_block_stream_writer_writes_strips_block_by_block_and_continues(tmp_path
     (tmp_path / "out.tif.partial").write_bytes(b"not a tiff")
     (tmp_path / "out.tif.partial.json").write_text(json.dumps({"record": record, "strip": 600, "blocks_done": 1}))
     with pytest.raises(OutputPathError, match=r"out\.tif\.partial cannot be continued"):
-        BlockStreamWriter(path, **grid, record=record)
-    with BlockStreamWriter(path, **grid, record=record, resume=False) as writer:
+        BlockStreamWriter(path, **GRID, record=record)
+    with BlockStreamWriter(path, **GRID, record=record, resume=False) as writer:
         writer.append(pixels, 0)
     assert np.array_equal(read_raster(path, 1).data, pixels)
 
