@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "$(LOCK) is for Python 3.11: rm -r $(VENV) and make PYTHON=python3.11")'
 	$(BIN)/python -m pip install --upgrade "pip>=24"
-	$(BIN)/python -m pip install -c $(LOCK) -e ".[test,demo]"
+	$(BIN)/python -m pip install -c $(LOCK) -e ".[test,demo,onnx,tensorboard,mlflow]"
 	$(BIN)/python -m pip check
 	touch $(STAMP)
 
@@ -36,7 +36,7 @@ lock:
 	$(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "the lock is made on Python 3.11: make lock PYTHON=python3.11")'
 	$(LOCK_VENV)/bin/python -m pip install --upgrade "pip>=24"
-	$(LOCK_VENV)/bin/python -m pip install ".[test,demo]"
+	$(LOCK_VENV)/bin/python -m pip install ".[test,demo,onnx,tensorboard,mlflow]"
 	$(LOCK_VENV)/bin/python -m pip check
 	sed -n '/^#/p;/^#/!q' $(LOCK) > $(LOCK).new
 	$(LOCK_VENV)/bin/python -m pip freeze --all --exclude geofm --exclude pip >> $(LOCK).new
