@@ -68,7 +68,7 @@ EXAMPLES = {
 """Each subcommand's examples, shown by its ``--help`` (``geofm fed --help`` shows the first of each)."""
 RESUMES = "Rerunning the same config resumes from the server's last checkpoint."
 SWEEP_FILE = """\
-a sweep file (README: "Comparing algorithms and scenarios"):
+a sweep file (docs/federated.md: "Comparing algorithms and scenarios"):
   config: base.yaml               # a federated config, relative to the sweep file
   output_dir: runs/sweep          # OUTPUT
   algorithms:                     # label: its algorithm settings (name defaults to the label)

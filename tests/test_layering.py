@@ -1,4 +1,4 @@
-"""The layering rules of the README, checked on every module's imports (static and inside functions).
+"""The layering rules of docs/architecture.md, checked on every module's imports (static and inside functions).
 
 ``geofm/`` is the library and imports none of the programs; ``pretrain/``, ``finetune/`` and
 ``federation/`` are programs on top of it and import no other program (tasks and federated programs
