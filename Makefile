@@ -13,7 +13,7 @@ DEMO_FEDERATED_RUN := runs/demo_fedsense_swin_micro__s2_l8_real__1bit_ef
 DEMO_CENTRAL := configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml
 DEMO_FINETUNE := configs/finetune/demo_classification__swin_micro.yaml
 
-.PHONY: setup lock demo demo-central test test-fast lint clean-demo device-wheels
+.PHONY: setup lock demo demo-central test test-fast lint docs clean-demo device-wheels
 
 setup: $(STAMP)
 
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "$(LOCK) is for Python 3.11: rm -r $(VENV) and make PYTHON=python3.11")'
 	$(BIN)/python -m pip install --upgrade "pip>=24"
-	$(BIN)/python -m pip install -c $(LOCK) -e ".[test,demo,onnx,tensorboard,mlflow]"
+	$(BIN)/python -m pip install -c $(LOCK) -e ".[test,demo,onnx,tensorboard,mlflow,docs]"
 	$(BIN)/python -m pip check
 	touch $(STAMP)
 
@@ -36,7 +36,7 @@ lock:
 	$(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "the lock is made on Python 3.11: make lock PYTHON=python3.11")'
 	$(LOCK_VENV)/bin/python -m pip install --upgrade "pip>=24"
-	$(LOCK_VENV)/bin/python -m pip install ".[test,demo,onnx,tensorboard,mlflow]"
+	$(LOCK_VENV)/bin/python -m pip install ".[test,demo,onnx,tensorboard,mlflow,docs]"
 	$(LOCK_VENV)/bin/python -m pip check
 	sed -n '/^#/p;/^#/!q' $(LOCK) > $(LOCK).new
 	$(LOCK_VENV)/bin/python -m pip freeze --all --exclude geofm --exclude pip >> $(LOCK).new
@@ -74,6 +74,11 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# The documentation site (mkdocs.yml, docs/ and the API reference read from the docstrings) into site/.
+# Strict: a broken link or anchor, a page left out of the nav or a docstring griffe cannot read fails it.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Python 3.12 manylinux wheels of what the GPU device check needs and its machine may lack, for its
 # machine without network: carried there in .device-wheels/ (see docs/performance.md, "device check").
