@@ -173,6 +173,12 @@ class RunConfig(Section):
     )
     mlflow_experiment: str = Field(default="geofm", min_length=1, description="the MLflow experiment of the run")
 
+    @field_validator("loggers", mode="before")
+    @classmethod
+    def _one_logger(cls, names: Any) -> Any:
+        """A single name (``run.loggers=tensorboard``) as a list of it."""
+        return [names] if isinstance(names, str) else names
+
     @field_validator("loggers")
     @classmethod
     def _check_loggers(cls, names: list[str]) -> list[str]:
