@@ -43,7 +43,7 @@ from geofm.federated.oneshot.ensemble import (
     public_tiles,
 )
 from geofm.federated.partitions.samples import PARTITION_FILE, read_partition
-from geofm.runlog import MetricsLog
+from geofm.loggers import RunLoggers
 from geofm.tasks import TASKS
 
 log = logging.getLogger("geofm.federated")
@@ -121,36 +121,38 @@ class EnsembleServer(OneShotServer):
         student = task.build_model(initial_weights=ens.student_init == "checkpoint")
         if ens.student_init == "average":
             student.load_state_dict(average_state(states, counts))
-        metrics = MetricsLog(out / "metrics.jsonl")
-        every = cfg.finetune.eval_every
+        # The student's run folder, with its loggers: closed as finished, or as the error that ended it.
+        with RunLoggers(out / "metrics.jsonl", student_cfg.run, config=config_to_dict(student_cfg)) as metrics:
+            every = cfg.finetune.eval_every
 
-        def after_epoch(epoch: int, loss: float) -> None:
-            metrics.write({"step": epoch, "epoch": epoch, "loss": loss})
-            if epoch % every == 0 or epoch == ens.epochs:
-                values = task.evaluate_round(student, epoch)
-                if values is not None:
-                    metrics.write({"step": epoch, "epoch": epoch, "val": values})
+            def after_epoch(epoch: int, loss: float) -> None:
+                metrics.write({"step": epoch, "epoch": epoch, "loss": loss})
+                if epoch % every == 0 or epoch == ens.epochs:
+                    values = task.evaluate_round(student, epoch)
+                    if values is not None:
+                        metrics.write({"step": epoch, "epoch": epoch, "val": values})
 
-        log.info("distilling %d teachers on %d public images", len(states), len(images))
-        losses = distill(
-            student,
-            images,
-            targets,
-            temperature=ens.temperature,
-            epochs=ens.epochs,
-            batch_size=ens.batch_size,
-            lr=ens.lr,
-            device=task.device,
-            seed=cfg.run.seed,
-            after_epoch=after_epoch,
-        )
-        extra = {
-            "teachers": [upload.name for upload in uploads],
-            "public_images": len(images),
-            "distill_loss": losses[-1],
-        }
-        path = task.export(student, out, ens.epochs, None, extra)
-        log.info("student distilled from the ensemble: %s", path)
+            log.info("distilling %d teachers on %d public images", len(states), len(images))
+            losses = distill(
+                student,
+                images,
+                targets,
+                temperature=ens.temperature,
+                epochs=ens.epochs,
+                batch_size=ens.batch_size,
+                lr=ens.lr,
+                device=task.device,
+                seed=cfg.run.seed,
+                after_epoch=after_epoch,
+            )
+            extra = {
+                "teachers": [upload.name for upload in uploads],
+                "public_images": len(images),
+                "distill_loss": losses[-1],
+            }
+            path = task.export(student, out, ens.epochs, None, extra)
+            metrics.artifacts(task.products(out))
+            log.info("student distilled from the ensemble: %s", path)
 
 
 PROGRAM = one_shot_program(EnsembleConfig, EnsembleServer, EnsembleClient)

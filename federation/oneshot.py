@@ -29,7 +29,7 @@ from geofm.config.base import CONFIG_FILE, config_to_dict
 from geofm.config.oneshot import OneShotConfig
 from geofm.errors import ConfigError
 from geofm.federated.oneshot.feddiff import Upload
-from geofm.runlog import MetricsLog
+from geofm.loggers import RunLoggers, check_installed, end_status
 from geofm.tasks import TASKS
 
 log = logging.getLogger("geofm.federated")
@@ -82,6 +82,8 @@ class OneShotServer:
             fed.round_retries,
         )
         self.upload_dir = self.run_dir / UPLOADS
+        self.rounds_log: RunLoggers | None = None
+        check_installed(cfg.run.loggers)
         self._check_resume()
         cfg.check_server_inputs()
 
@@ -137,8 +139,16 @@ class OneShotServer:
             "num_examples": {name: c["num_examples"] for name, c in clients.items()},
             **self.round_record(clients),
         }
-        MetricsLog(self.run_dir / ROUNDS_LOG, resume_step=rnd - 1, key="round").write(record)
+        self.rounds_log = RunLoggers(
+            self.run_dir / ROUNDS_LOG, self.cfg.run, resume_step=rnd - 1, key="round", config=config_to_dict(self.cfg)
+        )
+        self.rounds_log.write(record)
         (self.upload_dir / CLIENTS_FILE).write_text(json.dumps(clients, indent=1))
+
+    def close(self, error: BaseException | None) -> None:
+        """Close the round's loggers once the run ends (the classifier's run has its own)."""
+        if self.rounds_log is not None:
+            self.rounds_log.close(end_status(error, finished=True))
 
     def clients(self) -> dict[str, dict]:
         """Each client's metrics in the round (``num_examples``, ``uplink_bytes``...), in name order."""

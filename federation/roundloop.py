@@ -28,7 +28,8 @@ def select_nodes(node_ids: list[int], plan: Plan, rnd: int, attempt: int) -> lis
 def run_server(
     program: ServerProgram, transport: Transport, *, poll_s: float = 1.0, clock: Callable[[], float] = time.monotonic
 ) -> None:
-    """Run a server program from its start round to its last, then call its ``finish``.
+    """Run a server program from its start round to its last, then call its ``finish``; then its optional
+    ``close(error)``, also when the run ends in an error (``error``, else None).
 
     Raises:
         FederatedRunError: too few nodes connected within ``connect_timeout_s``, a round got fewer
@@ -43,18 +44,26 @@ def run_server(
     if first < 1:
         raise FederatedRunError(f"{type(program).__name__}.start_round() returned {first}, expected >= 1")
     done = first - 1
+    close = getattr(program, "close", None)
     try:
-        if first > plan.num_rounds:  # a finished run, rerun: no node is needed to finish it again
-            log.info("rounds 1-%d are done; no round to run", plan.num_rounds)
-        else:
-            loop.await_nodes(plan.expected_clients, f"before round {first}")
-        for rnd in range(first, plan.num_rounds + 1):
-            loop.run_round(rnd)
-            done = rnd
-    except RunInterrupted as err:
-        where = f"after round {done}" if done else "before round 1"
-        raise RunInterrupted(f"{err} {where}; rerun the same command to resume") from None
-    program.finish()
+        try:
+            if first > plan.num_rounds:  # a finished run, rerun: no node is needed to finish it again
+                log.info("rounds 1-%d are done; no round to run", plan.num_rounds)
+            else:
+                loop.await_nodes(plan.expected_clients, f"before round {first}")
+            for rnd in range(first, plan.num_rounds + 1):
+                loop.run_round(rnd)
+                done = rnd
+        except RunInterrupted as err:
+            where = f"after round {done}" if done else "before round 1"
+            raise RunInterrupted(f"{err} {where}; rerun the same command to resume") from None
+        program.finish()
+    except BaseException as err:
+        if close is not None:
+            close(err)
+        raise
+    if close is not None:
+        close(None)
 
 
 FIRST_ROUND_TIMEOUT_S = 43_200.0

@@ -77,6 +77,7 @@ class RoundRecord:
             "clients": self.clients,
             "examples": self.examples,
             **self.losses(),
+            "client_losses": {key: per_client(self.metrics, key) for key in self.log_keys},
             **self.server_metrics,
             **self.privacy,
             **({"val": self.validation} if self.validation is not None else {}),

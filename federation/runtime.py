@@ -91,7 +91,8 @@ class ServerProgram(Protocol):
     it aggregated the round) and a method ``select(rnd, attempt, node_ids)``
     choosing the round's nodes among the registered ones (default :func:`select_nodes`; a program
     that must select the same institutions after a restart, when Flower's node ids change,
-    selects by the identities it registered).
+    selects by the identities it registered), and ``close(error)``, called once the run ends, with the
+    exception that ended it or None (the program closes its loggers).
     """
 
     num_rounds: int

@@ -33,10 +33,12 @@ from geofm.federated.parameter_vectors import (
     running_statistics,
 )
 from geofm.federated.privacy.client_level import PrivacyAccountant, check_statistics
+from geofm.loggers import RunLoggers, check_installed, end_status
 from geofm.memory import keep_freed_memory
 from geofm.paths import check_writable
+from geofm.reconstruction import RECONSTRUCTION_FIGURE
 from geofm.rundir import Progress, RunCheckpoints, check_inputs, check_resume
-from geofm.runlog import MetricsLog, plot_metric_curve, plot_rounds
+from geofm.runlog import plot_metric_curve, plot_rounds
 
 log = logging.getLogger("geofm.federated")
 
@@ -67,6 +69,7 @@ class FederatedServer:
 
     def __init__(self, cfg: FederatedConfig) -> None:
         self.cfg = cfg
+        check_installed(cfg.run.loggers)
         fed = cfg.federation
         self.min_clients = fed.min_clients
         self.fraction = fed.fraction
@@ -122,7 +125,9 @@ class FederatedServer:
                 fed.rounds,
                 stop,
             )
-        self.rounds_log = MetricsLog(self.run_dir / ROUNDS_LOG, resume_step=self.done, key="round")
+        self.rounds_log = RunLoggers(
+            self.run_dir / ROUNDS_LOG, cfg.run, resume_step=self.done, key="round", config=config_to_dict(cfg)
+        )
         if self.done < self.num_rounds:
             log.info("server ready; round %d starts once the %d clients are ready", self.done + 1, cfg.num_clients)
 
@@ -305,6 +310,12 @@ class FederatedServer:
         }
         self.layout.assign(self.model, self.algorithm.evaluated_model(self.global_model))
         self.task.export(self.model, self.run_dir, self.num_rounds, final, {"federation": federation})
+        self.rounds_log.figure(self.run_dir / RECONSTRUCTION_FIGURE, self.num_rounds)
+        self.rounds_log.artifacts(self.task.products(self.run_dir))
+
+    def close(self, error: BaseException | None) -> None:
+        """Close the run's loggers once the invocation ends (``error``: what ended it, if anything did)."""
+        self.rounds_log.close(end_status(error, self.num_rounds >= self.cfg.federation.rounds))
 
     def _average_statistics(self, statistics: dict[str, np.ndarray | None], weights: dict[str, float]) -> None:
         """The accepted clients' batch-norm statistics, averaged by their weights, into the global model;

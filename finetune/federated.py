@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from finetune.best import load_best_weights, read_best, save_best
+from finetune.best import BEST_DIR, load_best_weights, read_best, save_best
 from finetune.evaluate import eval_record, evaluate, format_metrics, write_json
 from finetune.models import FinetuneModel, build_finetune_model
 from finetune.run import EVAL_FILE, RESUME_INVARIANTS, checkpoint_provenance, finetune_inputs
@@ -264,6 +264,10 @@ class FederatedFinetuning:
             format_metrics(test.metrics),
         )
         return write_json(evaluation, run_dir / EVAL_FILE)
+
+    def products(self, run_dir: Path) -> list[Path]:
+        """The kept weights (``best/``) and their test evaluation (``eval.json``)."""
+        return [run_dir / BEST_DIR, run_dir / EVAL_FILE]
 
 
 __all__ = ["FederatedFinetuning", "sample_table"]

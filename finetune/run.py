@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from finetune.best import load_best_weights, read_best, restore_best, save_best, snapshot_best
+from finetune.best import BEST_DIR, load_best_weights, read_best, restore_best, save_best, snapshot_best
 from finetune.evaluate import eval_loader, eval_record, evaluate, format_metrics, write_json
 from finetune.models import build_finetune_model
 from finetune.splits import build_split, describe_split
@@ -33,6 +33,7 @@ from geofm import engine as ds
 from geofm.checkpoints import LoadReport
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune.sampler import EpochSampler
+from geofm.loggers import scalars
 from geofm.loop import Forward
 from geofm.program import TrainingProgram
 from geofm.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress
@@ -225,6 +226,8 @@ class Finetuning(TrainingProgram):
             )
             write_json(record, run_dir / EVAL_FILE)
             self.plot(self.metrics.read())
+            self.metrics.scalars(scalars({"test": test.metrics}), step)
+            self.metrics.artifacts([run_dir / BEST_DIR, run_dir / EVAL_FILE])
             log.info(
                 "test %s (weights of step %d): %s", cfg.dataset_name, selected["step"], format_metrics(test.metrics)
             )

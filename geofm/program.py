@@ -9,7 +9,8 @@
 3. **resume**: the engine's state from ``checkpoints/last`` when the run has one
    (:meth:`~TrainingProgram.resumed` reads the program's own entries);
 4. **loop**: :meth:`geofm.loop.TrainLoop.run` over the program's data, epoch after epoch, with its
-   checkpoints (:meth:`~TrainingProgram.save`), log records and figures;
+   checkpoints (:meth:`~TrainingProgram.save`), log records and figures (``metrics.jsonl`` and the
+   dashboards of ``run.loggers``: :class:`geofm.loggers.RunLoggers`, closed when the invocation ends);
 5. **finish**: once the schedule is done, :meth:`~TrainingProgram.finish` (export, evaluate).
 
 A program subclasses :class:`TrainingProgram`, declares what a resume must keep, and fills in the hooks.
@@ -25,12 +26,16 @@ from typing import Any, ClassVar
 
 from geofm import engine as ds
 from geofm.checkpoints.io import LAST_CHECKPOINT
+from geofm.config import config_to_dict
 from geofm.data.loader import run_loader
+from geofm.loggers import RunLoggers, check_installed, end_status
 from geofm.loop import Forward, TrainLoop, epoch_steps, step_seed
 from geofm.rundir import InputPath, Progress, start_run
-from geofm.runlog import MetricsLog, Phases
+from geofm.runlog import Phases
 
 log = logging.getLogger("geofm.training")
+
+METRICS_LOG = "metrics.jsonl"
 
 
 class TrainingProgram(ABC):
@@ -64,7 +69,7 @@ class TrainingProgram(ABC):
         self.run_dir: Path = cfg.run.output_dir
         self.startup = Phases()
         self.step = 0
-        self.metrics: MetricsLog | None = None
+        self.metrics: RunLoggers | None = None
 
     def run(self) -> Path:
         """Start, build, resume, train and, once the schedule is done, finish; return the run directory."""
@@ -73,15 +78,21 @@ class TrainingProgram(ABC):
         self.checkpoints.start(self.cfg)
         self.startup.lap("engine")
         self.resume()
-        self.loop()
-        if self.step >= self.schedule.total_steps:
-            self.finish()
+        try:
+            self.loop()
+            if self.step >= self.schedule.total_steps:
+                self.finish()
+        except BaseException as err:
+            self.close_log(err)
+            raise
+        self.close_log(None)
         return self.run_dir
 
     # ---- the template -------------------------------------------------------------------
     def start(self) -> None:
         """Check the inputs, join the process group, check a resume (:func:`geofm.rundir.start_run`)."""
         cfg = self.cfg
+        check_installed(cfg.run.loggers)
         self.started = start_run(
             cfg,
             cfg.train,
@@ -111,7 +122,10 @@ class TrainingProgram(ABC):
     def loop(self) -> None:
         """Train from ``self.step`` until the schedule's end or a stop asked for."""
         cfg = self.cfg
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=self.step) if self.rank == 0 else None
+        if self.rank == 0:
+            self.metrics = RunLoggers(
+                self.run_dir / METRICS_LOG, cfg.run, resume_step=self.step, config=config_to_dict(cfg)
+            )
         micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum_steps
         loader = run_loader(self.dataset, self.sampler, micro, cfg.data.num_workers, self.device)
 
@@ -142,6 +156,12 @@ class TrainingProgram(ABC):
             startup=self.startup,
             logger=self.log,
         )
+
+    def close_log(self, error: BaseException | None) -> None:
+        """Close the run's loggers (rank 0), saying whether the invocation reached the schedule's end,
+        stopped before it or failed (``error``)."""
+        if self.metrics is not None:
+            self.metrics.close(end_status(error, self.step >= self.schedule.total_steps))
 
     def save(self, step: int) -> None:
         """The checkpoint of ``step`` (every process together), then the program's figures (rank 0)."""

@@ -140,6 +140,9 @@ class FederatedTask(Protocol):
     def export(self, model: nn.Module, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
         """Write the run's product at the end (an exported backbone, an evaluation); returns its path."""
 
+    def products(self, run_dir: Path) -> list[Path]:
+        """What :meth:`export` writes into ``run_dir`` (files and folders), for a logger to keep as artifacts."""
+
 
 class PretrainingTask(FederatedTask, Protocol):
     """A pretraining objective, which ``geofm pretrain`` runs too (``kind = "pretraining"``).

@@ -26,6 +26,7 @@ from geofm.data.loader import leave_cores_to_workers
 from geofm.data.pile import PileSampler, SkippedFiles
 from geofm.loop import Forward
 from geofm.program import TrainingProgram
+from geofm.reconstruction import RECONSTRUCTION_FIGURE
 from geofm.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress
 from geofm.runlog import final_metrics, plot_loss_curve
 from geofm.tasks import TASKS, PretrainingTask
@@ -124,12 +125,14 @@ class Pretraining(TrainingProgram):
     def saved(self, step: int) -> None:
         plot_loss_curve(self.metrics.read(), self.run_dir / "loss_curve.png", self.run_dir.name)
         self.task.figures(self.engine.module, self.dataset, self.run_dir)
+        self.metrics.figure(self.run_dir / RECONSTRUCTION_FIGURE, step)
 
     def finish(self) -> None:
         """The task's export of the trained backbone (rank 0)."""
         if self.rank == 0:
             final = final_metrics(self.metrics.read())
             self.task.export(self.engine.module, self.run_dir, self.step, final, {})
+            self.metrics.artifacts(self.task.products(self.run_dir))
 
 
 def pretrain(cfg: PretrainConfig, *, extend: bool = False, source: str = "the config") -> Path:

@@ -35,6 +35,8 @@ from geofm.checkpoints.io import EXPORT_WEIGHTS
 from geofm.checkpoints.layouts import EXPORT_FORMAT, EXPORT_SIDECAR
 from geofm.errors import ConfigError
 
+EXPORT_FILES = (EXPORT_WEIGHTS, EXPORT_SIDECAR, MODEL_CARD)
+"""What :func:`export_backbone` writes into its folder."""
 RESERVED_KEYS = ("format", "arch", "timm_kwargs", "timm_pretrained_cfg_overlay", "num_params")
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.config.base import Section, checks_architecture
 from geofm.config.sources import DataConfig
+from geofm.loggers import logger_names
 from geofm.models.backbones import backbone_family, patch_size_of, stage_count_of
 
 
@@ -163,6 +164,25 @@ class RunConfig(Section):
         default=None, gt=0, description="end this invocation after that many steps; a rerun resumes (time-limited jobs)"
     )
     progress: bool = True
+    loggers: list[str] = Field(
+        default=["jsonl"],
+        description="where log records go: jsonl (always written), tensorboard, mlflow (docs/loggers.md)",
+    )
+    mlflow_tracking_uri: str | None = Field(
+        default=None, description="MLflow tracking URI; null: a local store in the run folder (sqlite:///RUN/mlflow.db)"
+    )
+    mlflow_experiment: str = Field(default="geofm", min_length=1, description="the MLflow experiment of the run")
+
+    @field_validator("loggers", mode="before")
+    @classmethod
+    def _one_logger(cls, names: Any) -> Any:
+        """A single name (``run.loggers=tensorboard``) as a list of it."""
+        return [names] if isinstance(names, str) else names
+
+    @field_validator("loggers")
+    @classmethod
+    def _check_loggers(cls, names: list[str]) -> list[str]:
+        return logger_names(names)
 
     def stop_step(self, step: int, total_steps: int) -> int:
         """The step an invocation starting at ``step`` ends at: the schedule's end, or ``stop_after_steps`` on."""

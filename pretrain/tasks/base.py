@@ -293,6 +293,12 @@ class PretrainingTask(ABC):
     def export(self, model: torch.nn.Module, run_dir: Path, step: int, final: dict | None, extra: dict) -> Path:
         """Write the trained backbone with its sidecar and model card; returns its path."""
 
+    def products(self, run_dir: Path) -> list[Path]:
+        """The exported backbone, its sidecar and its model card."""
+        from geofm.checkpoints.export import EXPORT_FILES
+
+        return [run_dir / name for name in EXPORT_FILES]
+
     # ---- federated rounds ----------------------------------------------------------------------
     def evaluate_round(self, model: torch.nn.Module, rnd: int) -> None:
         """Pretraining validates nothing between rounds; its rounds log their losses."""

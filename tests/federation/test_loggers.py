@@ -1,0 +1,76 @@
+"""``run.loggers`` on a federated run: the server's rounds as TensorBoard scalars (the clients' means and
+each client's own), and an MLflow run that ends with the exported backbone; in process, and on Flower's
+simulation engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from federation.client import FederatedClient
+from federation.inprocess import InProcess
+from federation.roundloop import run_server
+from federation.server import FederatedServer
+from geofm.config.federated import FederatedConfig
+from geofm.loggers import MLFLOW_RUN_FILE, TENSORBOARD_FOLDER, local_store
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_federated_run_logs_each_round_and_each_client_to_tensorboard_and_mlflow(fed_tree):
+    tree = fed_tree("logged", federation={"rounds": 2}, run={"loggers": ["tensorboard", "mlflow"]})
+    cfg = FederatedConfig.from_tree(tree)
+    clients = {i + 1: FederatedClient(cfg, {"institution": name}) for i, name in enumerate(cfg.client_names)}
+    server = FederatedServer(cfg)
+    run_server(server, InProcess(clients), poll_s=0)
+    run_dir = cfg.run.output_dir
+    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / TENSORBOARD_FOLDER), size_guidance={"scalars": 0}).Reload()
+    tags = set(events.Tags()["scalars"])
+    for tag in ("loss", "loss_mim", "lr", "uplink_bytes", "downlink_bytes", "seconds"):
+        assert [(e.step, e.value) for e in events.Scalars(tag)] == [
+            (r["round"], pytest.approx(r[tag], rel=1e-6)) for r in rounds
+        ], tag
+    for client in cfg.client_names:
+        assert {f"examples/{client}", f"client_losses/loss/{client}", f"client_seconds_per_step/{client}"} <= tags
+        assert [e.value for e in events.Scalars(f"client_losses/loss/{client}")] == pytest.approx(
+            [r["client_losses"]["loss"][client] for r in rounds], rel=1e-6
+        )
+
+    from mlflow.tracking import MlflowClient
+
+    mlflow = MlflowClient(tracking_uri=local_store(run_dir))
+    run = mlflow.get_run(json.loads((run_dir / MLFLOW_RUN_FILE).read_text())["run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["federation.rounds"] == "2"
+    assert [m.step for m in mlflow.get_metric_history(run.info.run_id, "uplink_bytes")] == [1, 2]
+    artifacts = {a.path for a in mlflow.list_artifacts(run.info.run_id)}
+    assert {"backbone.safetensors", "backbone.json", "MODEL_CARD.md", "config.yaml"} <= artifacts
+
+
+def test_geofm_fed_simulate_logs_the_servers_rounds_to_tensorboard(fed_tree, tmp_path, child_env):
+    """On Flower's simulation engine the server (a process of its own) writes the event files."""
+    tree = fed_tree("simulated", federation={"rounds": 2})
+    config = tmp_path / "fed.yaml"
+    config.write_text(yaml.safe_dump(tree))
+    command = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), "--num-cpus", "2"]
+    done = subprocess.run(
+        [*command, "run.loggers=tensorboard"], check=False, env=child_env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    run_dir = tmp_path / "simulated"
+    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / TENSORBOARD_FOLDER), size_guidance={"scalars": 0}).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [
+        (r["round"], pytest.approx(r["loss"], rel=1e-6)) for r in rounds
+    ]
+    assert [e.step for e in events.Scalars("client_losses/loss/uav_rgbn")] == [1, 2]
