@@ -160,6 +160,7 @@ def geofm_backbone(
         )
     if pretrained:
         model, _, _ = build_backbone(sidecar_path.with_suffix(".safetensors"), bands=bands, img_size=img_size)
+        model.train()  # as a freshly built module: the task decides the mode
     else:
         kwargs = {**sidecar["timm_kwargs"], "in_chans": len(bands)}
         if img_size is not None:
