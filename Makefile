@@ -13,7 +13,7 @@ DEMO_FEDERATED_RUN := runs/demo_fedsense_swin_micro__s2_l8_real__1bit_ef
 DEMO_CENTRAL := configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml
 DEMO_FINETUNE := configs/finetune/demo_classification__swin_micro.yaml
 
-.PHONY: setup lock demo demo-central test test-fast lint docs clean-demo device-wheels
+.PHONY: setup lock demo demo-central test test-fast test-terratorch lint docs clean-demo device-wheels
 
 setup: $(STAMP)
 
@@ -69,6 +69,26 @@ test: setup
 # feedback while developing. `make test` stays the whole suite, and CI runs it.
 test-fast: setup
 	DS_ACCELERATOR=cpu $(BIN)/python -m pytest -q -m "not slow" -n auto --maxprocesses=4
+
+# geofm exports as TerraTorch backbones (docs/terratorch.md), tested in TerraTorch's own environment:
+# TerraTorch 1.2 pins torchgeo 0.9 and its own dependencies, so it gets a venv of its own on Python
+# 3.12, with geofm installed without its dependencies (the integration needs none that TerraTorch lacks;
+# geofm's full set would add DeepSpeed, Flower and Ray and downgrade TerraTorch's packaging, rich and
+# protobuf). In the project's venv the TerraTorch tests are skipped. First run: about 13 minutes of installs.
+TERRATORCH_PYTHON ?= $(shell command -v python3.12 || echo python3)
+TERRATORCH_VENV := .venv-terratorch
+TERRATORCH_STAMP := $(TERRATORCH_VENV)/.installed
+
+$(TERRATORCH_STAMP): pyproject.toml
+	test -x $(TERRATORCH_VENV)/bin/python || $(TERRATORCH_PYTHON) -m venv $(TERRATORCH_VENV)
+	$(TERRATORCH_VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12) and "$(TERRATORCH_VENV) is for Python 3.12: rm -r $(TERRATORCH_VENV) and make test-terratorch TERRATORCH_PYTHON=python3.12")'
+	$(TERRATORCH_VENV)/bin/python -m pip install --upgrade "pip>=24"
+	$(TERRATORCH_VENV)/bin/python -m pip install "terratorch==1.2.*" "pytest>=9.2.0" "pytest-timeout>=2.4.0"
+	$(TERRATORCH_VENV)/bin/python -m pip install --no-deps -e .
+	touch $(TERRATORCH_STAMP)
+
+test-terratorch: $(TERRATORCH_STAMP)
+	DS_ACCELERATOR=cpu $(TERRATORCH_VENV)/bin/python -m pytest -q tests/integrations
 
 # ruff's lint rules and formatter, as configured in pyproject.toml.
 lint: setup

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from geofm.errors import CheckpointFormatError, CheckpointNotFoundError
+from geofm.errors import CheckpointFormatError, CheckpointNotFoundError, ConfigError
 from geofm.models.backbones import backbone_config_fields
 from geofm.registry import Registry
 
@@ -210,6 +210,63 @@ def export_architecture(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
         return None
     sidecar = read_export_sidecar(sidecar_path)
     return sidecar_path, {"arch": sidecar["arch"], **backbone_config_fields(sidecar["timm_kwargs"])}
+
+
+@dataclass(frozen=True)
+class BandStatistics:
+    """An export's pretraining normalisation for some bands: ``(value * scale - mean) / std`` per band.
+
+    Attributes:
+        source: the pretraining source whose statistics these are (None: the sidecar records none).
+        scale: the factor from that source's raw values to the values ``mean`` and ``std`` are in.
+        mean, std: per band, in the order asked for.
+    """
+
+    source: str | None
+    scale: float
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def export_band_statistics(
+    sidecar: Mapping[str, Any], bands: Sequence[str], source: str | None = None
+) -> BandStatistics | None:
+    """The normalisation an export's backbone was pretrained with, for ``bands`` (in that order).
+
+    The statistics are those of ``source`` (a key of the sidecar's ``normalisation``), by default
+    of the first source that has all of ``bands``. Reads JSON only (no torch).
+
+    Returns:
+        None where the sidecar records no statistics per source and ``source`` is None.
+
+    Raises:
+        ConfigError: ``source`` unknown, or no source (or not ``source``) has statistics for all of ``bands``.
+    """
+    normalisation = sidecar.get("normalisation")
+    if not isinstance(normalisation, Mapping) or not normalisation:
+        if source is not None:
+            raise ConfigError(
+                f"the export records no normalisation per source (and bands), so source {source!r} is unknown"
+            )
+        return None
+    if source is not None and source not in normalisation:
+        raise ConfigError(f"unknown source {source!r}: the export has statistics for {sorted(normalisation)}")
+    names = [source] if source is not None else list(normalisation)
+    for candidate in names:
+        stats = normalisation[candidate]
+        have = list(stats.get("bands") or [])
+        if all(b in have for b in bands):
+            return BandStatistics(
+                source=candidate,
+                scale=float(stats.get("scale", 1.0)),
+                mean=tuple(float(stats["mean"][have.index(b)]) for b in bands),
+                std=tuple(float(stats["std"][have.index(b)]) for b in bands),
+            )
+    covered = {n: normalisation[n].get("bands") for n in names}
+    raise ConfigError(
+        f"no source's statistics cover all the model's bands {list(bands)} (sources: {covered}); pass source=... "
+        "to normalise as one of them, or add statistics for the missing bands"
+    )
 
 
 def detect_layout(raw: Mapping[str, Any], *, path: str | Path | None = None) -> str:

@@ -30,7 +30,7 @@ from torch import nn
 from torchvision.models import Weights, WeightsEnum
 
 from geofm.checkpoints.io import EXPORT_WEIGHTS, resolve_checkpoint_path
-from geofm.checkpoints.layouts import read_export_sidecar
+from geofm.checkpoints.layouts import export_band_statistics, read_export_sidecar
 from geofm.errors import CheckpointFormatError, ConfigError
 
 PUBLICATIONS = {
@@ -122,28 +122,18 @@ def torchgeo_weights(
 
 def _transforms(normalisation: Any, bands: list[str] | None, source: str | None) -> tuple[str | None, nn.Module]:
     """Normalise raw values as the chosen source was in training, in the model's band order."""
-    if not isinstance(normalisation, Mapping) or not normalisation or not bands:
+    if not bands:
         if source is not None:
             raise ConfigError(
                 f"the export records no normalisation per source (and bands), so source {source!r} is unknown"
             )
         return None, nn.Sequential()
-    if source is not None and source not in normalisation:
-        raise ConfigError(f"unknown source {source!r}: the export has statistics for {sorted(normalisation)}")
-    names = [source] if source is not None else list(normalisation)
-    for candidate in names:
-        stats = normalisation[candidate]
-        have = list(stats.get("bands") or [])
-        if all(b in have for b in bands):
-            scale = float(stats.get("scale", 1.0))
-            mean = [float(stats["mean"][have.index(b)]) / scale for b in bands]
-            std = [float(stats["std"][have.index(b)]) / scale for b in bands]
-            return candidate, nn.Sequential(T.Normalize(mean=mean, std=std))
-    covered = {n: normalisation[n].get("bands") for n in names}
-    raise ConfigError(
-        f"no source's statistics cover all the model's bands {bands} (sources: {covered}); pass source=... "
-        "to normalise as one of them, or add statistics for the missing bands"
-    )
+    stats = export_band_statistics({"normalisation": normalisation}, bands, source)
+    if stats is None:
+        return None, nn.Sequential()
+    mean = [m / stats.scale for m in stats.mean]
+    std = [s / stats.scale for s in stats.std]
+    return stats.source, nn.Sequential(T.Normalize(mean=mean, std=std))
 
 
 def _dataset(data: Any) -> str | None:

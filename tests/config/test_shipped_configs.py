@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
+import yaml
 
 from federation.sweep import read_sweep
 from geofm.config.base import read_config_tree
@@ -16,8 +18,21 @@ from geofm.config.oscar import OscarConfig
 from geofm.config.pretrain import PretrainConfig
 from geofm.data.finetune.torchgeo import check_torchgeo_arguments
 from geofm.errors import ConfigError
+from geofm.integrations.terratorch import geofm_backbone
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _terratorch_config(path: Path) -> dict:
+    """A TerraTorch config (TerraTorch has its own venv): its geofm backbone's arguments bind to geofm_backbone."""
+    cfg = yaml.safe_load(path.read_text())
+    model_args = cfg["model"]["init_args"]["model_args"]
+    assert model_args["backbone"] == "geofm_export" and cfg["custom_modules_path"] == "geofm_terratorch"
+    backbone = {k.removeprefix("backbone_"): v for k, v in model_args.items() if k.startswith("backbone_")}
+    inspect.signature(geofm_backbone).bind(**backbone)
+    return cfg
+
+
 SCHEMAS = {
     "pretrain": PretrainConfig.from_file,
     "federated": lambda path: read_federated_config(read_config_tree(path), str(path)),  # the task's config class
@@ -25,6 +40,7 @@ SCHEMAS = {
     "feddiff": FedDiffConfig.from_file,
     "oscar": OscarConfig.from_file,
     "ensemble": EnsembleConfig.from_file,
+    "terratorch": _terratorch_config,
 }
 SWEEPS = "sweeps"  # sweep files: every cell's config resolves against the federated schema
 SHIPPED = sorted(path for path in CONFIGS.glob("*/*.yaml") if path.parent.name != SWEEPS)
