@@ -62,6 +62,7 @@ from geofm.config.finetune import finetune_task
 from geofm.data.block_stream import (
     BlockStreamWriter,
     claim,
+    discard_partial,
     resumable_blocks,
     strip_columns,
     strip_rows_done,
@@ -193,6 +194,7 @@ class _Output:
             descriptions=descriptions,
             strip=strip,
             resume=resume,
+            overview_resampling="average" if image else "mode",
         )
 
     def write(self, scores: np.ndarray, weights: np.ndarray, valid: np.ndarray, row_off: int, col_off: int) -> None:
@@ -360,6 +362,7 @@ def predict_scene(
         )
         if not overwrite and written_record(output_path) == record:
             log.info("%s already holds this prediction; overwrite (--overwrite) predicts it again", output_path)
+            discard_partial(output_path, record)
             return output_path
         height, width = info.height, info.width
         out_strip = strip_columns(width * factor, height * factor, strip or _default_strip(tile, factor))
