@@ -20,8 +20,11 @@ to a few blocks of a strip and freed memory is given back after each row of tile
 memory depends on neither the scene's width nor its height. A prediction that is killed or fails
 keeps its finished blocks in ``OUT.tif.partial`` (counted in ``OUT.tif.partial.json`` with what is
 predicted: inputs, model, tiling, band specs); the same prediction run again continues after them
-and writes the same file. A finished output records the same in its metadata, and the same
-prediction run again leaves it as it is unless ``overwrite``; a different one replaces it.
+and writes the same file. Once whole, the partial file is copied to the output as a Cloud-Optimized
+GeoTIFF (256 px tiles, overviews: ``mode`` for class maps, ``average`` for images; DEFLATE with a
+predictor; :func:`~geofm.data.writers.write_cog`). A finished output records the same in its
+metadata, and the same prediction run again leaves it as it is unless ``overwrite``; a different one
+replaces it.
 
 A task's ``predicts`` (``finetune/tasks/``) says what is written: nothing (classification,
 multilabel), a class map, or an image. Outputs keep the input's CRS and transform
@@ -284,7 +287,7 @@ def predict_scene(
     overwrite: bool = False,
     strip: int | None = None,
 ) -> Path:
-    """Run a model over a whole scene in overlapping tiles and write its prediction as a GeoTIFF.
+    """Run a model over a whole scene in overlapping tiles and write its prediction as a Cloud-Optimized GeoTIFF.
 
     Args:
         model_fn: see :class:`Predictor`.
