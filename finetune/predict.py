@@ -20,8 +20,11 @@ to a few blocks of a strip and freed memory is given back after each row of tile
 memory depends on neither the scene's width nor its height. A prediction that is killed or fails
 keeps its finished blocks in ``OUT.tif.partial`` (counted in ``OUT.tif.partial.json`` with what is
 predicted: inputs, model, tiling, band specs); the same prediction run again continues after them
-and writes the same file. A finished output records the same in its metadata, and the same
-prediction run again leaves it as it is unless ``overwrite``; a different one replaces it.
+and writes the same file. Once whole, the partial file is copied to the output as a Cloud-Optimized
+GeoTIFF (256 px tiles, overviews: ``mode`` for class maps, ``average`` for images; DEFLATE with a
+predictor; :func:`~geofm.data.writers.write_cog`). A finished output records the same in its
+metadata, and the same prediction run again leaves it as it is unless ``overwrite``; a different one
+replaces it.
 
 A task's ``predicts`` (``finetune/tasks/``) says what is written: nothing (classification,
 multilabel), a class map, or an image. Outputs keep the input's CRS and transform
@@ -62,6 +65,7 @@ from geofm.config.finetune import finetune_task
 from geofm.data.block_stream import (
     BlockStreamWriter,
     claim,
+    discard_partial,
     resumable_blocks,
     strip_columns,
     strip_rows_done,
@@ -193,6 +197,7 @@ class _Output:
             descriptions=descriptions,
             strip=strip,
             resume=resume,
+            overview_resampling="average" if image else "mode",
         )
 
     def write(self, scores: np.ndarray, weights: np.ndarray, valid: np.ndarray, row_off: int, col_off: int) -> None:
@@ -282,7 +287,7 @@ def predict_scene(
     overwrite: bool = False,
     strip: int | None = None,
 ) -> Path:
-    """Run a model over a whole scene in overlapping tiles and write its prediction as a GeoTIFF.
+    """Run a model over a whole scene in overlapping tiles and write its prediction as a Cloud-Optimized GeoTIFF.
 
     Args:
         model_fn: see :class:`Predictor`.
@@ -360,6 +365,7 @@ def predict_scene(
         )
         if not overwrite and written_record(output_path) == record:
             log.info("%s already holds this prediction; overwrite (--overwrite) predicts it again", output_path)
+            discard_partial(output_path, record)
             return output_path
         height, width = info.height, info.width
         out_strip = strip_columns(width * factor, height * factor, strip or _default_strip(tile, factor))

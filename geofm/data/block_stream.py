@@ -1,4 +1,5 @@
-"""A GeoTIFF written block by block in a fixed order that continues after a kill (:class:`BlockStreamWriter`).
+"""A GeoTIFF written block by block in a fixed order that continues after a kill (:class:`BlockStreamWriter`),
+finished as a Cloud-Optimized GeoTIFF.
 
 The raster is written in strips of columns, left to right, each top to bottom, so that memory holds
 one block whatever the raster's size. The file records what it holds (:func:`written_record`), so
@@ -25,7 +26,7 @@ from rasterio.errors import RasterioError
 from rasterio.io import DatasetWriter
 from rasterio.windows import Window
 
-from geofm.data.writers import BLOCK, block_options, create_tiled
+from geofm.data.writers import BLOCK, block_options, check_overview_resampling, create_tiled, write_cog
 from geofm.errors import OutputPathError
 
 RECORD_TAG = "GEOFM_RECORD"  # metadata item holding a streamed file's record
@@ -71,6 +72,20 @@ def resumable_blocks(path: str | Path, record: Mapping[str, Any], strip: int) ->
     if not same or not path.with_name(path.name + ".partial").is_file():
         return 0
     return int(state.get("blocks_done", 0))
+
+
+def discard_partial(path: str | Path, record: Mapping[str, Any]) -> None:
+    """Delete ``NAME.partial`` and its sidecar if they hold ``record``: what a writer killed after its
+    finished file took ``path``, and before it removed them, left behind."""
+    path = Path(path)
+    sidecar = path.with_name(path.name + ".partial.json")
+    try:
+        same = json.loads(sidecar.read_text()).get("record") == _jsonable(record)
+    except (OSError, ValueError, AttributeError):  # AttributeError: JSON that is no object
+        return
+    if same:
+        sidecar.unlink(missing_ok=True)
+        path.with_name(path.name + ".partial").unlink(missing_ok=True)
 
 
 def written_record(path: str | Path) -> dict[str, Any] | None:
@@ -157,9 +172,12 @@ class BlockStreamWriter:
     writer opened on the same path with an equal ``record`` and strip width continues after the
     blocks the sidecar counts (:meth:`rows_done` says how many rows of a strip are on disk;
     :func:`resumable_blocks` how many blocks before opening); with another record, or ``resume``
-    False, it starts afresh. :meth:`close` moves the finished file to its path with ``record`` in
-    its metadata (:func:`written_record`). Use it as a context manager: leaving on an exception
-    closes the partial file and keeps it and its sidecar for the next writer.
+    False, it starts afresh. :meth:`close` records ``record`` in the finished partial file's metadata
+    (:func:`written_record`) and copies it to its path as a Cloud-Optimized GeoTIFF
+    (:func:`~geofm.data.writers.write_cog`, overviews made with ``overview_resampling``); the partial
+    file and its sidecar stay until the copy has its path, so a writer killed while copying is
+    continued (every block on disk) and copies again. Use it as a context manager: leaving on an
+    exception closes the partial file and keeps it and its sidecar for the next writer.
     """
 
     def __init__(
@@ -177,6 +195,7 @@ class BlockStreamWriter:
         descriptions: Sequence[str] | None = None,
         strip: int | None = None,
         resume: bool = True,
+        overview_resampling: str = "nearest",
     ) -> None:
         """Create the partial file, or open the one an interrupted writer left.
 
@@ -194,13 +213,18 @@ class BlockStreamWriter:
             strip: columns of a strip, a multiple of ``BLOCK`` (default: the whole width);
                 :func:`strip_columns` says what is used.
             resume: continue an interrupted write of the same record.
+            overview_resampling: how the finished file's overviews are made: ``nearest`` or ``mode`` for
+                class ids, ``average`` for measurements (:data:`~geofm.data.writers.OVERVIEW_RESAMPLINGS`).
 
         Raises:
             OutputPathError: if the partial file of the same record cannot be continued (it holds another
                 raster, or is damaged).
-            ValueError: if ``strip`` is no multiple of ``BLOCK``.
+            ValueError: if ``strip`` is no multiple of ``BLOCK``, or ``overview_resampling`` no resampling
+                of overviews.
         """
         path = Path(path)
+        check_overview_resampling(overview_resampling, path)
+        self.overview_resampling = overview_resampling
         self.path, self.partial = path, path.with_name(path.name + ".partial")
         self.sidecar = path.with_name(path.name + ".partial.json")
         self.shape, self.dtype, self.record = (count, height, width), np.dtype(dtype), _jsonable(record)
@@ -283,7 +307,7 @@ class BlockStreamWriter:
         self._dst = rasterio.open(self.partial, "r+")
 
     def close(self) -> None:
-        """Finish the file: record ``record`` in it and move it to its path.
+        """Finish the file: record ``record`` in it and copy it to its path as a Cloud-Optimized GeoTIFF.
 
         Raises:
             ValueError: if blocks are missing.
@@ -294,8 +318,9 @@ class BlockStreamWriter:
             raise ValueError(f"{self.path}: closed after {self.blocks_done} blocks, before the last")
         self._dst.update_tags(**{RECORD_TAG: json.dumps(self.record)})
         self._dst.close()
-        os.replace(self.partial, self.path)
+        write_cog(self.partial, self.path, self.overview_resampling)
         self.sidecar.unlink(missing_ok=True)
+        self.partial.unlink(missing_ok=True)
 
     def __enter__(self) -> BlockStreamWriter:
         return self

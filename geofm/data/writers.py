@@ -1,6 +1,7 @@
 """Raster output: GeoTIFFs written whole (:func:`write_geotiff`) or window by window (:class:`GeoTiffWriter`),
-and lossless JPEG 2000 (:func:`write_jpeg2000`, as Sentinel-2 products hold their bands); written block
-by block and continued after a kill, :mod:`geofm.data.block_stream`.
+lossless JPEG 2000 (:func:`write_jpeg2000`, as Sentinel-2 products hold their bands), and a GeoTIFF copied
+as a Cloud-Optimized GeoTIFF (:func:`write_cog`); written block by block and continued after a kill,
+:mod:`geofm.data.block_stream`.
 
 With :mod:`geofm.data.readers` and :mod:`geofm.data.block_stream`, the only modules of geofm that import
 :mod:`rasterio`.
@@ -8,17 +9,21 @@ With :mod:`geofm.data.readers` and :mod:`geofm.data.block_stream`, the only modu
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import rasterio
+import rasterio.shutil
 from affine import Affine
 from rasterio.io import DatasetWriter
 from rasterio.windows import Window
 
 BLOCK = 256  # side of the blocks of the GeoTIFFs written here
+# GDAL's overview resamplings that suit a raster's pixels: class ids (nearest, mode) or measurements (the rest)
+OVERVIEW_RESAMPLINGS = ("nearest", "mode", "average", "rms", "bilinear", "cubic", "cubicspline", "lanczos", "gauss")
 
 
 def _create(
@@ -119,6 +124,58 @@ def block_options(width: int, height: int) -> dict[str, object]:
         **({"blockxsize": BLOCK, "blockysize": BLOCK} if blocked else {}),
         "BIGTIFF": "IF_SAFER",
     }
+
+
+def check_overview_resampling(resampling: str, named: str | Path) -> None:
+    """Check that ``resampling`` is one of :data:`OVERVIEW_RESAMPLINGS` (``named``: the output the error names).
+
+    Raises:
+        ValueError: if it is not.
+    """
+    if resampling not in OVERVIEW_RESAMPLINGS:
+        raise ValueError(
+            f"{named}: overview resampling {resampling!r}: expected one of {', '.join(OVERVIEW_RESAMPLINGS)}"
+        )
+
+
+def write_cog(source: str | Path, path: str | Path, resampling: str) -> None:
+    """Copy the raster ``source`` to ``path`` as a Cloud-Optimized GeoTIFF, with GDAL's COG driver.
+
+    The copy has ``BLOCK`` x ``BLOCK`` tiles, DEFLATE compression with the predictor that suits its dtype
+    (horizontal differencing for integers, floating point for floats), overviews halving the size
+    until one fits in a tile, made with ``resampling``, and the COG layout (the ghost header, then the
+    directories and overviews before the full-resolution tiles); it keeps the georeferencing, nodata,
+    band descriptions and metadata of ``source``. GDAL streams the copy through its block cache, so
+    memory does not hold the raster. It is written as ``NAME.cog.tmp`` beside ``path`` and renamed
+    when whole: ``path`` is never half-written, and what an interrupted copy left is removed by the next.
+
+    Raises:
+        ValueError: if ``resampling`` is not one of :data:`OVERVIEW_RESAMPLINGS`.
+    """
+    path = Path(path)
+    check_overview_resampling(resampling, path)
+    temporary = path.with_name(path.name + ".cog.tmp")
+    _remove_cog_leftovers(temporary)
+    try:
+        rasterio.shutil.copy(
+            source,
+            temporary,
+            driver="COG",
+            blocksize=BLOCK,
+            compress="DEFLATE",
+            predictor="YES",
+            overview_resampling=resampling,
+            bigtiff="IF_SAFER",
+        )
+        os.replace(temporary, path)
+    finally:
+        _remove_cog_leftovers(temporary)
+
+
+def _remove_cog_leftovers(temporary: Path) -> None:
+    """Delete ``temporary`` and the files GDAL's COG driver writes beside it (its overviews, ``NAME.ovr.tmp``)."""
+    for leftover in glob.glob(glob.escape(str(temporary)) + "*"):
+        Path(leftover).unlink(missing_ok=True)
 
 
 def create_tiled(

@@ -1,5 +1,5 @@
-"""The streamed GeoTIFF: block by block in strips, continued after a kill, one writer per path, never over an
-input or a file it did not write."""
+"""The streamed GeoTIFF: block by block in strips, continued after a kill, finished as a Cloud-Optimized GeoTIFF,
+one writer per path, never over an input or a file it did not write."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import rasterio
+import rasterio.shutil
+from rio_cogeo.cogeo import cog_validate
 
-from geofm.data.block_stream import BlockStreamWriter, claim, resumable_blocks, written_record
+from geofm.data.block_stream import BlockStreamWriter, claim, discard_partial, resumable_blocks, written_record
 from geofm.data.readers import read_raster
 from geofm.data.writers import write_geotiff
 from geofm.errors import OutputPathError
@@ -58,6 +61,65 @@ def test_block_stream_writer_writes_strips_block_by_block_and_continues(tmp_path
     with BlockStreamWriter(path, **GRID, record=record, resume=False) as writer:
         writer.append(pixels, 0)
     assert np.array_equal(read_raster(path, 1).data, pixels)
+
+
+@pytest.mark.parametrize(("resampling", "overview"), [("average", 1.0), ("nearest", 0.0)])
+def test_the_finished_file_is_a_cloud_optimized_geotiff_that_keeps_what_it_carries(tmp_path, resampling, overview):
+    path, record = tmp_path / "out.tif", {"model": "a"}
+    grid = {**GRID, "count": 2, "dtype": "float32", "nodata": -9999.0, "descriptions": ["red", "nir"]}
+    pixels = np.indices((600, 600)).sum(axis=0) % 2 * np.float32(2)  # a checkerboard of 0 and 2
+    with BlockStreamWriter(path, **grid, record=record, strip=512, overview_resampling=resampling) as writer:
+        for left in (0, 512):
+            writer.append(np.stack([pixels, pixels])[:, :, left : left + 512], 0, left)
+    assert cog_validate(path) == (True, [], []), "valid, no errors nor warnings"
+    with rasterio.open(path) as src:
+        structure = src.tags(ns="IMAGE_STRUCTURE")
+        assert structure["LAYOUT"] == "COG" and structure["COMPRESSION"] == "DEFLATE"
+        assert structure["PREDICTOR"] == "3", "the floating-point predictor for float32"
+        assert src.block_shapes == [(256, 256)] * 2 and src.overviews(1) == [2, 4], "halved until one fits a tile"
+        assert src.crs == "EPSG:32632" and src.transform[:6] == GRID["transform"] and src.nodata == -9999.0
+        assert src.descriptions == ("red", "nir") and src.dtypes == ("float32", "float32")
+        assert np.array_equal(src.read(), np.stack([pixels, pixels]))
+    with rasterio.open(path, overview_level=0) as half:
+        assert half.shape == (300, 300) and (half.read(1) == overview).all(), f"{resampling} overviews"
+    assert written_record(path) == record and sorted(p.name for p in tmp_path.iterdir()) == ["out.tif"]
+    with pytest.raises(ValueError, match=r"out\.tif: overview resampling 'max': expected one of nearest, mode, "):
+        BlockStreamWriter(path, **GRID, record=record, overview_resampling="max")
+
+
+def test_an_interrupted_copy_leaves_the_partial_file_to_continue_and_no_output(tmp_path, monkeypatch):
+    path, record = tmp_path / "out.tif", {"model": "a"}
+    pixels = np.arange(600 * 600).reshape(1, 600, 600).astype(np.uint16)
+    copy = rasterio.shutil.copy
+
+    def killed_while_copying(source, destination, **options):
+        copy(source, destination, **options)
+        Path(f"{destination}.ovr.tmp").write_bytes(b"GDAL's overviews")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rasterio.shutil, "copy", killed_while_copying)
+    with pytest.raises(KeyboardInterrupt), BlockStreamWriter(path, **GRID, record=record) as writer:
+        writer.append(pixels, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tif.partial", "out.tif.partial.json"], (
+        "no output, the temporary copy and GDAL's files beside it removed"
+    )
+    monkeypatch.setattr(rasterio.shutil, "copy", copy)
+    (tmp_path / "out.tif.cog.tmp").write_bytes(b"half a COG")  # what a kill (no clean-up) leaves
+    (tmp_path / "out.tif.cog.tmp.ovr.tmp").write_bytes(b"half its overviews")
+    with BlockStreamWriter(path, **GRID, record=record) as writer:
+        assert writer.rows_done() == 600, "every block on disk: only the copy is left to do"
+        writer.append(pixels, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tif"]
+    assert cog_validate(path)[0] and np.array_equal(read_raster(path, 1).data, pixels)
+
+
+def test_discard_partial_drops_only_a_partial_file_of_the_same_record(tmp_path: Path) -> None:
+    path, sidecar = tmp_path / "out.tif", tmp_path / "out.tif.partial.json"
+    for state, kept in (({"record": {"model": "b"}}, True), ([1], True), ({"record": {"model": ("a",)}}, False)):
+        (tmp_path / "out.tif.partial").write_bytes(b"blocks")
+        sidecar.write_text(json.dumps(state))
+        discard_partial(path, {"model": ["a"]})
+        assert sidecar.exists() == kept and (tmp_path / "out.tif.partial").exists() == kept
 
 
 def _finished(path: Path) -> Path:

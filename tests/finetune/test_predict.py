@@ -7,8 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import rasterio
+import rasterio.shutil
 import torch
 import torch.nn.functional as F
+from rio_cogeo.cogeo import cog_validate
 
 from finetune.predict import blend_weights, predict_scene, tile_origins
 from geofm.data.block_stream import BlockStreamWriter, written_record
@@ -162,6 +165,49 @@ def test_a_prediction_killed_before_its_file_was_closed_finishes_it(tmp_path, sc
     assert len(calls) == 1, "every block was on disk: the last row of tiles (one batch) is predicted to close the file"
 
 
+def test_the_output_is_a_cloud_optimized_geotiff_on_the_inputs_grid(tmp_path, scene):
+    path, _ = scene
+    args = {"task": "segmentation", "normaliser": _normaliser(), "tile": 64, "overlap": 16, "progress": False}
+    out = predict_scene(per_pixel, path, tmp_path / "classes.tif", model_id="m", **args)
+    assert cog_validate(out) == (True, [], []), "valid, no errors nor warnings"
+    with rasterio.open(path) as scene_file, rasterio.open(out) as src:
+        assert src.tags(ns="IMAGE_STRUCTURE")["LAYOUT"] == "COG" and src.overviews(1) == [2]
+        assert (src.crs, src.transform, src.shape) == (scene_file.crs, scene_file.transform, scene_file.shape)
+        assert src.block_shapes == [(256, 256)] and src.compression.name == "deflate" and src.nodata == 255
+        classes = src.read(1)
+    with rasterio.open(out, overview_level=0) as half:
+        assert half.shape == (109, 150) and set(np.unique(half.read(1))) <= set(np.unique(classes)), (
+            "class ids (mode), never a blend of them"
+        )
+    assert written_record(out)["model"] == "m"
+
+
+def test_a_prediction_killed_while_copying_its_output_finishes_on_a_rerun(tmp_path, scene, monkeypatch):
+    path, _ = scene
+    args = {"task": "segmentation", "normaliser": _normaliser(), "tile": 64, "overlap": 16, "progress": False}
+    copy = rasterio.shutil.copy
+
+    def killed_while_copying(source, destination, **options):
+        copy(source, destination, **options)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rasterio.shutil, "copy", killed_while_copying)
+    with pytest.raises(KeyboardInterrupt):
+        predict_scene(per_pixel, path, tmp_path / "out.tif", **args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tif.partial", "out.tif.partial.json", "scene.tif"]
+    monkeypatch.setattr(rasterio.shutil, "copy", copy)
+    calls = []
+    out = predict_scene(lambda x: calls.append(1) or per_pixel(x), path, tmp_path / "out.tif", **args)
+    assert len(calls) == 1, "every block was on disk: the last row of tiles (one batch) is predicted, then copied"
+    whole = predict_scene(per_pixel, path, tmp_path / "whole.tif", **args)
+    assert np.array_equal(read_raster(out, 1).data, read_raster(whole, 1).data) and cog_validate(out)[0]
+    (tmp_path / "out.tif.partial").write_bytes(b"blocks")  # killed after the copy took the path, before clean-up
+    (tmp_path / "out.tif.partial.json").write_text(json.dumps({"record": written_record(out), "blocks_done": 1}))
+    predict_scene(lambda x: calls.append(1) or per_pixel(x), path, out, **args)
+    assert len(calls) == 1, "the finished output is kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tif", "scene.tif", "whole.tif"], "leftovers dropped"
+
+
 def test_scene_within_one_tile_equals_a_single_pass(tmp_path):
     data = np.random.default_rng(1).integers(1, 1000, (3, 45, 57)).astype(np.uint16)
     path = tmp_path / "small.tif"
@@ -186,6 +232,7 @@ def test_scene_within_one_tile_equals_a_single_pass(tmp_path):
     with torch.no_grad():
         single = model(torch.from_numpy(x)[None])[0, :, :45, :57].argmax(0).numpy()
     assert np.array_equal(read_raster(out, 1).data[0], single), "one reflect-padded pass, cropped back"
+    assert cog_validate(out) == (True, [], []), "a COG of one block, smaller than the block, without overviews"
 
 
 def test_superres_output_is_finer_and_larger(tmp_path):
