@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import import_module
@@ -198,17 +199,20 @@ def export_onnx(
         "exporting the %s model of %s for %d px tiles with torch.onnx.export(dynamo=True)", cfg.task, run_dir, tile
     )
     try:
-        program = torch.onnx.export(
-            model,
-            examples,
-            dynamo=True,
-            input_names=names,
-            output_names=[OUTPUT_NAME],
-            dynamic_shapes={name: {0: batch} for name in names},
-            opset_version=opset,
-            optimize=True,
-            verbose=False,
-        )
+        with warnings.catch_warnings():
+            # change: both dates share the batch dimension, which the exporter names once and says so
+            warnings.filterwarnings("ignore", message=".*shares the same shape constraints with another axis")
+            program = torch.onnx.export(
+                model,
+                examples,
+                dynamo=True,
+                input_names=names,
+                output_names=[OUTPUT_NAME],
+                dynamic_shapes={name: {0: batch} for name in names},
+                opset_version=opset,
+                optimize=True,
+                verbose=False,
+            )
     except Exception as err:  # the exporter's errors have no common type
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ExportError(
