@@ -250,3 +250,27 @@ def test_an_onnx_file_of_another_origin_is_refused(tmp_path):
 def test_predict_engine_options_are_checked(argv, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
         _cli(["predict", *argv, "--input", "x.tif", "--output", str(tmp_path / "out.tif")])
+
+
+@pytest.mark.slow
+def test_a_consumer_needs_only_onnxruntime_and_the_metadata(exported, tmp_path):
+    """docs/export-onnx.md's recipe: normalise a scene's window by the metadata alone, run it, take the argmax."""
+    import onnxruntime as ort
+
+    run_dir = exported("segmentation")
+    scene = _scene(tmp_path / "scene.tif", 2)
+    session = ort.InferenceSession(str(run_dir / ONNX_FILE), providers=["CPUExecutionProvider"])
+    meta = {k: json.loads(v) for k, v in session.get_modelmeta().custom_metadata_map.items()}
+    spec, tile = meta["normalisation"], meta["tile"]
+    raw = read_raster(scene, len(spec["dataset_bands"])).data[:, 10 : 10 + tile, 20 : 20 + tile].astype(np.float32)
+    order = [spec["dataset_bands"].index(b) for b in spec["bands"]]
+    mean = np.array(spec["mean"], np.float32)[:, None, None]
+    std = np.array(spec["std"], np.float32)[:, None, None]
+    x = (raw[order] * spec["scale"] - mean) / std
+    scores = session.run([meta["output"]["name"]], {meta["inputs"][0]: x[None]})[0]
+
+    predictor = load_onnx_predictor(run_dir)
+    window = read_raster(scene, 4).data[:, 10 : 10 + tile, 20 : 20 + tile]
+    image, _ = predictor.normaliser(window, 0, scene)
+    assert np.abs(scores - predictor.model_fn(image[None]).numpy()).max() <= TOLERANCE
+    assert scores.shape == (1, meta["num_classes"], tile, tile)
