@@ -35,6 +35,9 @@ examples:
 """
 
 
+ONNX_FILE = "model.onnx"
+"""Where ``geofm export onnx --model RUN`` writes by default, and ``geofm predict --engine onnx`` reads: ``RUN/model.onnx``."""
+
 PREDICT_EXAMPLES = """\
 examples:
   geofm predict --model runs/demo_segmentation__swin_micro --input scene.tif --output classes.tif
@@ -334,8 +337,6 @@ def _predict(args: argparse.Namespace) -> None:
 
 
 def _export_onnx(args: argparse.Namespace) -> None:
-    from finetune.onnx_model import ONNX_FILE
-
     output = args.output if args.output is not None else args.model / ONNX_FILE
     check_writable(output, "--output", folder=False)
     from finetune.onnx_model import export_onnx  # loads torch: only once the output can be written

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from finetune.best import BEST_DIR, MODEL_WEIGHTS, read_best, run_config
+from finetune.cli import ONNX_FILE  # defined with the command line, which names it before loading torch
 from finetune.predict import ModelFn, Predictor, band_spec
 from finetune.tasks import task_of
 from geofm.config.finetune import FinetuneConfig
@@ -48,8 +49,6 @@ from geofm.errors import (
 
 log = logging.getLogger("geofm.finetune")
 
-ONNX_FILE = "model.onnx"
-"""Where ``geofm export onnx --model RUN`` writes by default, and ``geofm predict --engine onnx`` reads: ``RUN/model.onnx``."""
 FORMAT = "geofm-onnx/1"
 INSTALL_HINT = "pip install geofm[onnx]"
 OUTPUT_NAME = "output"
