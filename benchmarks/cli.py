@@ -36,6 +36,10 @@ BENCHMARKS = {
         "benchmarks.predict",
         "geofm predict on scenes of two sizes: peak memory (flat in the scene's size) and tiles/s",
     ),
+    "onnx": (
+        "benchmarks.onnx_export",
+        "geofm predict of one scene on PyTorch and on ONNX Runtime (geofm export onnx): agreement, CPU seconds",
+    ),
     "codec": (
         "benchmarks.codec",
         "upload encode (error feedback + quantise + pack) and decode vs clone; bytes on the wire",

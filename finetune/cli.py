@@ -1,5 +1,5 @@
-"""``geofm finetune``, ``geofm eval``, ``geofm report`` and ``geofm predict``: registered with the geofm command
-line through an entry point."""
+"""``geofm finetune``, ``geofm eval``, ``geofm report``, ``geofm predict`` and ``geofm export onnx``: registered
+with the geofm command line through an entry point."""
 
 from __future__ import annotations
 
@@ -35,8 +35,31 @@ examples:
 """
 
 
+ONNX_FILE = "model.onnx"
+"""Where ``geofm export onnx --model RUN`` writes by default, and ``geofm predict --engine onnx`` reads: ``RUN/model.onnx``."""
+
+PREDICT_EXAMPLES = """\
+examples:
+  geofm predict --model runs/demo_segmentation__swin_micro --input scene.tif --output classes.tif
+  geofm export onnx --model runs/demo_segmentation__swin_micro          # writes RUN/model.onnx
+  geofm predict --model runs/demo_segmentation__swin_micro --engine onnx --input scene.tif --output classes.tif
+  geofm predict --onnx model.onnx --input scene.tif --output classes.tif  # the file alone, without its run
+"""
+
+EXPORT_EXAMPLES = """\
+examples:
+  geofm export onnx --model runs/demo_segmentation__swin_micro                   # RUN/model.onnx, 64 px tiles
+  geofm export onnx --model runs/demo_segmentation__swin_micro --tile 256 --output seg256.onnx
+
+The file holds the model (backbone and head) with a dynamic batch dimension for tiles of one size,
+and in its metadata_props (JSON strings) the task, bands, normalisation, classes, tile and the run's
+kept weights it was made from (docs/export-onnx.md lists the keys).
+"""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``geofm finetune``, ``geofm eval``, ``geofm report`` and ``geofm predict`` to the geofm command line."""
+    """Add ``geofm finetune``, ``geofm eval``, ``geofm report``, ``geofm predict`` and ``geofm export`` to the
+    geofm command line."""
     finetune = subparsers.add_parser(
         "finetune",
         help="finetune (or linearly probe) a backbone on a downstream task on the DeepSpeed engine",
@@ -101,9 +124,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="sliding-window inference of a finetuned model over GeoTIFF scenes of any size",
         description="Predict a whole scene with a finetuned run in overlapping, blended tiles and write a GeoTIFF "
         "with the scene's CRS, transform and nodata, holding what the run's task predicts (geofm list tasks): "
-        "class ids, a change mask of two dates (--before and --after) or a finer image (pixel size / scale factor).",
+        "class ids, a change mask of two dates (--before and --after) or a finer image (pixel size / scale factor). "
+        "The model runs on PyTorch (--engine torch) or, exported with geofm export onnx, on ONNX Runtime "
+        "(--engine onnx); tiling, blending and writing are the same.",
+        epilog=PREDICT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    predict.add_argument("--model", required=True, type=Path, metavar="RUN", help="run directory of geofm finetune")
+    predict.add_argument(
+        "--model",
+        type=Path,
+        metavar="RUN",
+        help="run directory of geofm finetune (required unless --onnx FILE; with it, the file must match the run)",
+    )
+    predict.add_argument(
+        "--engine",
+        choices=("torch", "onnx"),
+        help="torch: the run's weights on PyTorch (default); onnx: its export on ONNX Runtime (RUN/model.onnx "
+        "written by geofm export onnx, or --onnx FILE; CUDA provider when onnxruntime has one, else the CPU)",
+    )
+    predict.add_argument(
+        "--onnx",
+        type=Path,
+        metavar="FILE.onnx",
+        help="an export of geofm export onnx to run (implies --engine onnx; default RUN/model.onnx)",
+    )
     predict.add_argument("--input", type=Path, metavar="SCENE.tif", help="the scene (a task of one image)")
     predict.add_argument("--before", type=Path, metavar="A.tif", help="a task of two dates: the earlier scene")
     predict.add_argument(
@@ -132,6 +176,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         handler=_predict,
         on_stop="rerun the same command to continue after the blocks already written to {output}.partial",
     )
+
+    export = subparsers.add_parser(
+        "export",
+        help="a finetuned run in a portable format: onnx",
+        description="Write a finetuned run in a format other runtimes read.",
+    )
+    formats = export.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    onnx = formats.add_parser(
+        "onnx",
+        help="the run's kept weights, backbone and head, as an ONNX model with its metadata",
+        description="Export a geofm finetune run's kept weights (best/) with torch.onnx.export(dynamo=True): a "
+        "dynamic batch of tiles of one size, and the task, bands, normalisation, classes and tile as JSON "
+        "metadata_props, so that ONNX Runtime or any ONNX consumer runs it without geofm. The export is "
+        "compared with PyTorch on random tiles of batch 1 and 3 and the largest difference printed.",
+        epilog=EXPORT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    onnx.add_argument("--model", required=True, type=Path, metavar="RUN", help="run directory of geofm finetune")
+    onnx.add_argument(
+        "--output",
+        type=Path,
+        metavar="OUT.onnx",
+        help="ONNX file to write (default RUN/model.onnx, which geofm predict --model RUN --engine onnx reads)",
+    )
+    onnx.add_argument(
+        "--tile",
+        type=int,
+        help="side of the tiles the model takes (default: its training size, model.img_size; other sizes as "
+        "geofm predict --tile)",
+    )
+    onnx.add_argument("--opset", type=int, help="ONNX opset version (default: the exporter's)")
+    onnx.set_defaults(handler=_export_onnx)
 
 
 def _finetune(args: argparse.Namespace) -> None:
@@ -205,22 +281,42 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    check_writable(args.output, "--output", folder=False)
-    from finetune.predict import predict_scene  # loads torch: only once the output can be written
-    from finetune.predictor import load_predictor
-    from geofm.config.finetune import finetune_task
     from geofm.errors import ConfigError
 
-    predictor = load_predictor(args.model, args.tile)
+    engine = args.engine or ("onnx" if args.onnx is not None else "torch")
+    if engine == "torch" and args.onnx is not None:
+        raise ConfigError("--onnx FILE is run by ONNX Runtime: leave out --engine torch (or give --engine onnx)")
+    if args.model is None and args.onnx is None:
+        raise ConfigError("give the finetuned run with --model RUN (or an exported model with --onnx FILE.onnx)")
+    check_writable(args.output, "--output", folder=False)
+    from finetune.predict import predict_scene  # loads torch: only once the output can be written
+    from geofm.config.finetune import finetune_task
+
+    name = args.model if args.model is not None else args.onnx
+    if engine == "onnx":
+        from finetune.onnx_model import load_onnx_predictor
+
+        predictor = load_onnx_predictor(args.model, args.onnx, args.tile)
+        info = predictor.info
+        model_id = {
+            "engine": "onnx",
+            "onnx": str(Path(info["onnx"]).resolve()),
+            "run": str(Path(args.model).resolve()) if args.model is not None else info["run"],
+            "selected": info["selected"],
+            "weights_sha256": info["weights_sha256"],
+        }
+    else:
+        from finetune.predictor import load_predictor
+
+        predictor = load_predictor(args.model, args.tile)
+        model_id = {"run": str(Path(args.model).resolve()), "selected": predictor.info.get("selected")}
     if len(finetune_task(predictor.task).inputs) == 2:
         if args.before is None or args.after is None or args.input is not None:
-            raise ConfigError(
-                f"{args.model} is a change detection model: give --before A.tif and --after B.tif, not --input"
-            )
+            raise ConfigError(f"{name} is a change detection model: give --before A.tif and --after B.tif, not --input")
         inputs = (args.before, args.after)
     else:
         if args.input is None or args.before is not None or args.after is not None:
-            raise ConfigError(f"{args.model} is a {predictor.task} model: give --input SCENE.tif, not --before/--after")
+            raise ConfigError(f"{name} is a {predictor.task} model: give --input SCENE.tif, not --before/--after")
         inputs = args.input
     output = predict_scene(
         predictor.model_fn,
@@ -234,7 +330,24 @@ def _predict(args: argparse.Namespace) -> None:
         scale_factor=predictor.scale_factor,
         target_normaliser=predictor.target_normaliser,
         progress=args.progress,
-        model_id={"run": str(Path(args.model).resolve()), "selected": predictor.info.get("selected")},
+        model_id=model_id,
         overwrite=args.overwrite,
     )
     print(f"wrote {output}")
+
+
+def _export_onnx(args: argparse.Namespace) -> None:
+    output = args.output if args.output is not None else args.model / ONNX_FILE
+    check_writable(output, "--output", folder=False)
+    from finetune.onnx_model import export_onnx  # loads torch: only once the output can be written
+
+    exported = export_onnx(args.model, output, tile=args.tile, opset=args.opset)
+    meta = exported.metadata
+    print(
+        f"wrote {exported.path}: {meta['task']} model, inputs {', '.join(meta['inputs'])} of shape "
+        f"(batch, {len(meta['bands'])}, {meta['tile']}, {meta['tile']}), output {meta['output']['shape']}"
+    )
+    if exported.max_abs_diff is not None:
+        print(
+            f"ONNX Runtime vs PyTorch on random tiles (batch 1 and 3): max abs difference {exported.max_abs_diff:.2e}"
+        )

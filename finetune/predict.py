@@ -218,7 +218,7 @@ class _Output:
         self.writer.append(pixels, row_off * self.factor, col_off * self.factor)
 
 
-def _band_spec(normaliser: BandNormaliser) -> dict[str, Any]:
+def band_spec(normaliser: BandNormaliser) -> dict[str, Any]:
     """A band spec as a record: what it takes from a scene and how it normalises it."""
     return {
         "dataset_bands": normaliser.dataset_bands,
@@ -252,8 +252,8 @@ def _prediction_record(
         "tile": tile,
         "overlap": overlap,
         "scale_factor": scale_factor,
-        "bands": _band_spec(normaliser),
-        "targets": _band_spec(targets),
+        "bands": band_spec(normaliser),
+        "targets": band_spec(targets),
     }
     return json.loads(json.dumps(record, default=str))
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from finetune.best import load_finetuned
+from finetune.models import FinetuneModel
 from finetune.predict import Predictor
 from finetune.tasks import task_of
 from geofm import engine as ds
+from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune import BandNormaliser
 from geofm.errors import ConfigError
 
@@ -44,11 +47,39 @@ def load_predictor(run_dir: str | Path, tile: int | None = None) -> Predictor:
         CheckpointNotFoundError: if ``run_dir`` is no finetuning run, or has kept no weights yet.
         ConfigError: if the model cannot take ``tile`` x ``tile`` inputs, saying which sides it takes.
     """
+    model, cfg, record = load_model(run_dir, tile)
+    dev = ds.device()
+    model.to(dev)
+
+    @torch.no_grad()
+    def model_fn(*tiles: Tensor) -> Tensor:
+        return model(*(t.to(dev, torch.float32) for t in tiles)).float().cpu()
+
+    info = predictor_info(cfg, record)
+    data, task = cfg.data, task_of(cfg)
+    return Predictor(
+        model_fn,
+        cfg.task,
+        BandNormaliser.from_config(data),
+        tile or cfg.model.img_size,
+        scale_factor=info["scale_factor"],
+        target_normaliser=task.target_normaliser(),
+        info=info,
+    )
+
+
+def load_model(run_dir: str | Path, tile: int | None = None) -> tuple[FinetuneModel, FinetuneConfig, dict]:
+    """A finetuned run's model with its kept weights (eval mode, on the CPU), taking ``tile`` x ``tile``
+    inputs (default: its training size), its config and the kept weights' record.
+
+    Raises:
+        CheckpointNotFoundError: if ``run_dir`` is no finetuning run, or has kept no weights yet.
+        ConfigError: if the model cannot take ``tile`` x ``tile`` inputs, saying which sides it takes.
+    """
     run_dir = Path(run_dir)
     model, cfg, record = load_finetuned(run_dir)
     trained = cfg.model.img_size
-    tile = trained if tile is None else tile
-    if tile != trained:
+    if tile is not None and tile != trained:
         step = model.size_multiple()
         if tile <= 0 or tile % step:
             sizes = ", ".join(str(step * k) for k in range(1, _SIZES_SHOWN + 1))
@@ -57,15 +88,13 @@ def load_predictor(run_dir: str | Path, tile: int | None = None) -> Predictor:
                 f"whose side is a multiple of {step} px ({sizes}, ...)"
             )
         model.set_input_size(tile)
-    dev = ds.device()
-    model.to(dev)
+    return model, cfg, record
 
-    @torch.no_grad()
-    def model_fn(*tiles: Tensor) -> Tensor:
-        return model(*(t.to(dev, torch.float32) for t in tiles)).float().cpu()
 
-    data, task = cfg.data, task_of(cfg)
-    info = {
+def predictor_info(cfg: FinetuneConfig, record: dict) -> dict[str, Any]:
+    """What a finetuned run's model was trained with (:func:`load_predictor`'s ``info``)."""
+    data = cfg.data
+    return {
         "task": cfg.task,
         "bands": list(data.bands),
         "dataset_bands": list(data.dataset_bands),
@@ -76,17 +105,8 @@ def load_predictor(run_dir: str | Path, tile: int | None = None) -> Predictor:
         "num_classes": data.num_classes,
         "class_names": data.class_names,
         "ignore_index": data.ignore_index,
-        "scale_factor": task.scale_factor(),
+        "scale_factor": task_of(cfg).scale_factor(),
         "img_size": cfg.model.img_size,
         "data": data,
         "selected": record,
     }
-    return Predictor(
-        model_fn,
-        cfg.task,
-        BandNormaliser.from_config(data),
-        tile,
-        scale_factor=info["scale_factor"],
-        target_normaliser=task.target_normaliser(),
-        info=info,
-    )

@@ -118,3 +118,11 @@ class CodecError(GeoFMError, ValueError):
 
 class FederatedRunError(GeoFMError, RuntimeError):
     """A federated run cannot go on: too few nodes connected or replied, or a program broke the runtime contract."""
+
+
+class MissingDependencyError(GeoFMError, ImportError):
+    """A command needs an optional package that is not installed; the message names the extra to install."""
+
+
+class ExportError(GeoFMError, RuntimeError):
+    """A model could not be written in a portable format (an operator the exporter cannot translate)."""
