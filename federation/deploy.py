@@ -37,7 +37,7 @@ ONLINE_PATIENCE_S = 60.0
 """How long the SuperLink counts a SuperNode online after its last heartbeat (flwr: two 30 s heartbeat intervals)."""
 NODE_POLL_S = 0.2
 """A SuperNode's longest wait between asks for work and between looks for its ClientApp's reply with
-``geofm fed supernode --poll-s`` as ``geofm bench fed-deploy`` runs it (flower-supernode 1.41: a fixed 3 s and 0.5 s)."""
+``geofm fed supernode --poll-s`` as ``geofm bench fed-deploy`` runs it (flower-supernode 1.41 and 1.42: a fixed 3 s and 0.5 s)."""
 QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 """Environment for every Flower process: no telemetry, no update check (machines may be offline)."""
 COMPLETED = "finished:completed"

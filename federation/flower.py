@@ -328,7 +328,7 @@ class _ShortWaits:
 def run_supernode_in_process(arguments: list[str], poll_s: float) -> None:
     """``flower-supernode ARGUMENTS`` in this process, its waits for work and for replies at most ``poll_s``.
 
-    flower-supernode 1.41 has no setting for them: its message loop sleeps 3 s after the SuperLink had
+    flower-supernode 1.41 and 1.42 have no setting for them: its message loop sleeps 3 s after the SuperLink had
     no message for it and 0.5 s between looks for the ClientApp's reply, which a short round pays in full.
     """
     from flwr.supernode import start_client_internal

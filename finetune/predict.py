@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,7 +83,6 @@ log = logging.getLogger("geofm.finetune")
 STRIP = 2048  # output columns predicted at once, by default
 
 ModelFn = Callable[..., Tensor]
-ArrayT = TypeVar("ArrayT", np.ndarray, Tensor)
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,7 @@ def tile_origins(length: int, tile: int, overlap: int) -> list[int]:
     return [k * stride for k in range(count)]
 
 
-def add_tile(
+def add_tile[ArrayT: (np.ndarray, Tensor)](
     scores: ArrayT, weight_sum: ArrayT, output: ArrayT, weights: ArrayT, top: int, left: int, height: int, width: int
 ) -> None:
     """Add the top-left ``height`` x ``width`` of one tile's output (C, size, size), weighted by

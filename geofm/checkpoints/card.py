@@ -248,6 +248,6 @@ def _loading(weights_file: str, sidecar: Mapping[str, Any]) -> list[str]:
         "",
         f"torchgeo's trainers build `timm.create_model(name, num_classes=..., in_chans={in_chans})` with the "
         "architecture's default sizes, so they take these weights only where the timm kwargs above are those "
-        "defaults; timm Swin models do not load there in torchgeo 0.8 (its weight loader reads "
+        "defaults; timm Swin models do not load there in torchgeo 0.8 to 0.10 (its weight loader reads "
         "`out_features` of the classifier, which timm's Swin `ClassifierHead` lacks).",
     ]

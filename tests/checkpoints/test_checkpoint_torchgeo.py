@@ -81,8 +81,15 @@ def test_transforms_normalise_raw_values_as_in_training(kit, tmp_path):
 
 
 def test_torchgeo_classification_trainer_takes_the_weights(tmp_path):
-    """torchgeo's trainers build the named timm model at its default sizes: here test_vit at 160 px."""
-    from torchgeo.trainers import ClassificationTask
+    """torchgeo's trainers build the named timm model at its default sizes: here test_vit at 160 px.
+
+    torchgeo 0.10 renamed ``torchgeo.trainers.ClassificationTask`` to ``torchgeo.tasks.Classification``
+    (the old name stays as a deprecated alias); 0.9 has only the old one.
+    """
+    try:
+        from torchgeo.tasks import Classification as ClassificationTask
+    except ImportError:  # torchgeo 0.9
+        from torchgeo.trainers import ClassificationTask
 
     kwargs = backbone_kwargs(in_chans=4, img_size=160)
     torch.manual_seed(0)

