@@ -18,6 +18,22 @@ TINY_SWIN = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [1, 2, 4, 8]}
 TINY_VIT = {"embed_dim": 32, "depth": 4, "num_heads": 2}
 SWIN_ARCH = "swin_tiny_patch4_window7_224"
 VIT_ARCH = "vit_small_patch16_224"
+# An export's bands and its pretraining statistics per source, for the tests of exports read by other frameworks.
+EXPORT_BANDS = ["red", "green", "blue", "nir"]
+EXPORT_NORMALISATION = {
+    "aerial": {
+        "bands": ["red", "green", "blue"],
+        "scale": 1 / 255,
+        "mean": [0.48, 0.49, 0.32],
+        "std": [0.12, 0.07, 0.08],
+    },
+    "s2": {
+        "bands": ["blue", "green", "red", "nir"],
+        "scale": 1e-4,
+        "mean": [0.05, 0.08, 0.07, 0.26],
+        "std": [0.03, 0.03, 0.04, 0.1],
+    },
+}
 
 
 @pytest.fixture

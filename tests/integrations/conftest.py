@@ -6,23 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import EXPORT_BANDS as BANDS
+from tests.conftest import EXPORT_NORMALISATION as NORMALISATION
 from tests.conftest import SWIN_ARCH, TINY_SWIN, TINY_VIT, VIT_ARCH
-
-BANDS = ["red", "green", "blue", "nir"]
-NORMALISATION = {
-    "aerial": {
-        "bands": ["red", "green", "blue"],
-        "scale": 1 / 255,
-        "mean": [0.48, 0.49, 0.32],
-        "std": [0.12, 0.07, 0.08],
-    },
-    "s2": {
-        "bands": ["blue", "green", "red", "nir"],
-        "scale": 1e-4,
-        "mean": [0.05, 0.08, 0.07, 0.26],
-        "std": [0.03, 0.03, 0.04, 0.1],
-    },
-}
 
 
 @pytest.fixture
