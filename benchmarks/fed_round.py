@@ -160,7 +160,7 @@ def _scaling(settings: dict[str, Any]) -> Report:
     from geofm.federated.communication.codec import Codec
     from geofm.federated.parameter_vectors import ParameterLayout
     from geofm.models.masking import MaskGenerator
-    from geofm.tasks import TASKS
+    from geofm.tasks import federated_task
     from pretrain.tasks.mim import build_student
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -187,7 +187,7 @@ def _scaling(settings: dict[str, Any]) -> Report:
                 per_m[m].append(server(m))
 
         # Client: a round's pieces as the federated client runs them (ClientRound), one local step included.
-        task = TASKS.get(cfg.task).federated(cfg)
+        task = federated_task(cfg)
         sent, how = algorithm.send(layout.flatten_module(model), 1, ["client0"], torch.Generator())["client0"]
         config = {"round": 1, "lr": 1e-4, **how}
         b, c, s = cfg.train.micro_batch_size, len(cfg.data.bands), cfg.model.img_size

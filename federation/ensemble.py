@@ -44,7 +44,7 @@ from geofm.federated.oneshot.ensemble import (
 )
 from geofm.federated.partitions.samples import PARTITION_FILE, read_partition
 from geofm.loggers import RunLoggers
-from geofm.tasks import TASKS
+from geofm.tasks import federated_task, train_central
 
 log = logging.getLogger("geofm.federated")
 
@@ -83,7 +83,7 @@ class EnsembleClient(OneShotClient):
         epoch = len(self.indices) * self.cfg.data.crops_per_scene  # a batch no larger than the share's epoch
         micro = min(local.train.micro_batch_size, epoch)
         local = local.model_copy(update={"train": local.train.model_copy(update={"micro_batch_size": micro})})
-        run_dir = TASKS.get(local.task).central(local)
+        run_dir = train_central(local)
         model = self.data.build_model(initial_weights=False)
         self.data.load_kept(model, run_dir)
         upload = {WEIGHTS + k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
@@ -109,7 +109,7 @@ class EnsembleServer(OneShotServer):
         student_cfg = cfg.classifier()
         out.mkdir(parents=True)
         (out / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(student_cfg), sort_keys=False))
-        task = TASKS.get(cfg.task).federated(student_cfg)
+        task = federated_task(student_cfg)
         images = public_tiles(ens.public, cfg.data, cfg.model.img_size)
         logits = []
         for state in states:

@@ -30,7 +30,7 @@ from geofm.config.oneshot import OneShotConfig
 from geofm.errors import ConfigError
 from geofm.federated.oneshot.feddiff import Upload
 from geofm.loggers import RunLoggers, check_installed, end_status
-from geofm.tasks import TASKS
+from geofm.tasks import federated_task, train_central
 
 log = logging.getLogger("geofm.federated")
 
@@ -56,7 +56,7 @@ class OneShotClient:
         self.cfg = cfg.for_node(self.name, str(data_root) if data_root else None, None)
         if self.every_band:
             self.cfg = self.cfg.all_bands()
-        self.data = TASKS.get(self.cfg.task).federated(self.cfg)
+        self.data = federated_task(self.cfg)
         self.indices = self.data.client_share(self.name, self.own_data).data
 
     def identity(self) -> Scalars:
@@ -160,7 +160,7 @@ class OneShotServer:
 
     def train_classifier(self, synthetic: Path) -> None:
         """Finetune the configured backbone and head on the ``synthetic`` split (``classifier/``)."""
-        run_dir = TASKS.get(self.cfg.task).central(self.cfg.classifier(synthetic))
+        run_dir = train_central(self.cfg.classifier(synthetic))
         log.info("classifier trained on the synthetic set: %s", Path(run_dir) / "eval.json")
 
 

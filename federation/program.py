@@ -31,7 +31,7 @@ from geofm.errors import ConfigError
 from geofm.federated.algorithms import local_optimizer
 from geofm.paths import check_writable
 from geofm.rundir import check_inputs
-from geofm.tasks import TASKS
+from geofm.tasks import federated_task
 
 TEACHER = "teacher"  # node config: this machine's copy of the teacher weights
 STATE_DIR = "state-dir"  # node config: where this institution keeps its client state between runs
@@ -67,8 +67,8 @@ PROGRAM = Program(
 
 
 def build_task(cfg):
-    """The task the config names, as a federated program runs it (its class's ``federated(cfg)``)."""
-    return TASKS.get(cfg.task).federated(cfg)
+    """The task the config names, as a federated program runs it (:func:`geofm.tasks.federated_task`)."""
+    return federated_task(cfg)
 
 
 def check_simulation_inputs(cfg, source: str) -> None:

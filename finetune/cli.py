@@ -290,7 +290,7 @@ def _predict(args: argparse.Namespace) -> None:
         raise ConfigError("give the finetuned run with --model RUN (or an exported model with --onnx FILE.onnx)")
     check_writable(args.output, "--output", folder=False)
     from finetune.predict import predict_scene  # loads torch: only once the output can be written
-    from geofm.config.finetune import finetune_task
+    from geofm.tasks import finetune_task
 
     name = args.model if args.model is not None else args.onnx
     if engine == "onnx":

@@ -29,7 +29,7 @@ from finetune.evaluate import eval_record, evaluate, format_metrics, write_json
 from finetune.models import FinetuneModel, build_finetune_model
 from finetune.run import EVAL_FILE, RESUME_INVARIANTS, checkpoint_provenance, finetune_inputs
 from finetune.splits import build_split
-from finetune.tasks.base import FinetuneTask
+from finetune.tasks import FinetuneTask, task_of
 from geofm import engine as ds
 from geofm.checkpoints import LoadReport
 from geofm.config.fedfinetune import FederatedFinetuneConfig
@@ -83,18 +83,20 @@ def sample_table(dataset, root: Path, split: str, metadata: Path | None = None) 
 
 
 class FederatedFinetuning:
-    """One finetuning task (:class:`~finetune.tasks.base.FinetuneTask`) on one machine's view of a federated run.
+    """One finetuning task (:class:`~finetune.tasks.base.FinetuneTask`) on one machine's view of a federated run:
+    what a federated program holds of a finetuning task (:data:`geofm.tasks.FEDERATED_TASKS`).
 
     Args:
-        task: the task, bound to the run's config as this machine sees it.
+        cfg: the run's config as this machine sees it, to which the task it names is bound.
     """
 
+    kind = "finetuning"
     log_keys = ("loss",)
     resume_invariants = RESUME_INVARIANTS
 
-    def __init__(self, task: FinetuneTask) -> None:
-        self.task = task
-        self.cfg: FederatedFinetuneConfig = task.cfg
+    def __init__(self, cfg: FederatedFinetuneConfig) -> None:
+        self.task: FinetuneTask = task_of(cfg)
+        self.cfg = cfg
         self.device, self.dtype = ds.device(), ds.compute_dtype(self.cfg.train)
         self.report: LoadReport | None = None
 

@@ -22,14 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from finetune.tasks import task_of
-from geofm.config.finetune import FinetuneConfig
-
-
-def build_criterion(cfg: FinetuneConfig) -> nn.Module:
-    """The training loss of (outputs, target) of ``cfg``'s task."""
-    return task_of(cfg).criterion
-
 
 class LabelledCrossEntropy(nn.Module):
     """Cross-entropy averaged over the labelled pixels; 0 for a batch without any (never NaN)."""

@@ -61,7 +61,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geofm.config.finetune import finetune_task
 from geofm.data.block_stream import (
     BlockStreamWriter,
     claim,
@@ -77,6 +76,7 @@ from geofm.data.writers import BLOCK
 from geofm.errors import ConfigError, DataMismatchError
 from geofm.memory import release_freed_memory
 from geofm.runlog import progress_bar
+from geofm.tasks import finetune_task
 
 log = logging.getLogger("geofm.finetune")
 

@@ -12,8 +12,11 @@ A task is what a config's ``task`` names. Every task is a class in one module, r
 What a federated program asks of either on one machine is :class:`FederatedTask`. The built-in tasks
 are registered here lazily by import path, so the library never imports the programs that implement
 them; a third-party package registers another through the ``geofm.tasks`` entry-point group (see
-:mod:`geofm.registry`): one module and one registration. Federated runs of a task are validated with
-the config class of its kind (:data:`FEDERATED_CONFIGS`).
+:mod:`geofm.registry`): one module and one registration. What runs a task is registered by its kind,
+so a task never reaches the programs that run it: federated runs are validated with the config class
+of the kind (:data:`FEDERATED_CONFIGS`), a federated program holds the task as the kind's
+:data:`FEDERATED_TASKS` entry makes it (:func:`federated_task`), and one machine trains it with the
+kind's :data:`CENTRAL_PROGRAMS` entry (:func:`train_central`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ if TYPE_CHECKING:  # config validation reads the registry without importing torc
     from collections.abc import Iterator
     from pathlib import Path
 
+    import torch
     from torch import Tensor, nn
+    from torch.utils.data import Dataset
 
     from geofm.data.pile import PretrainPile
     from geofm.federated.algorithms.context import PublicImages
@@ -59,10 +64,46 @@ def pretraining_objectives() -> dict[str, str]:
     return objectives
 
 
+def finetune_task(name: str) -> Any:
+    """The registered finetuning task ``name``: a class of ``finetune.tasks`` or of a plug-in.
+
+    Raises:
+        ConfigError: for an unregistered name (listing the nearest names), or a task that does not finetune.
+    """
+    task = TASKS.get(name)
+    if getattr(task, "kind", None) != "finetuning":
+        raise ConfigError(f"task {name!r} is a pretraining task; geofm finetune and geofm eval take a finetuning task")
+    return task
+
+
 FEDERATED_CONFIGS: Registry = Registry("federated config", "geofm.federated_configs")
 """The config class of federated runs by task kind: a new task of a known kind needs no entry here."""
 FEDERATED_CONFIGS.register("pretraining", "geofm.config.federated:FederatedConfig")
 FEDERATED_CONFIGS.register("finetuning", "geofm.config.fedfinetune:FederatedFinetuneConfig")
+
+FEDERATED_TASKS: Registry = Registry("federated task", "geofm.federated_tasks")
+"""By task kind, what a federated program holds of a task on one machine: a callable of the run's
+validated config returning its :class:`FederatedTask` (a pretraining objective bound to the config
+is one itself; a finetuning task is adapted)."""
+FEDERATED_TASKS.register("pretraining", "pretrain.tasks.base:objective_of")
+FEDERATED_TASKS.register("finetuning", "finetune.federated:FederatedFinetuning")
+
+CENTRAL_PROGRAMS: Registry = Registry("central program", "geofm.central_programs")
+"""By task kind, the program that trains a task on one machine (``geofm pretrain``, ``geofm finetune``): a
+function of the validated config returning the run directory."""
+CENTRAL_PROGRAMS.register("pretraining", "pretrain.central:pretrain")
+CENTRAL_PROGRAMS.register("finetuning", "finetune.run:finetune")
+
+
+def federated_task(cfg: Any) -> FederatedTask:
+    """The task ``cfg`` names as a federated program runs it on this machine (its kind's :data:`FEDERATED_TASKS`)."""
+    return FEDERATED_TASKS.get(TASKS.get(cfg.task).kind)(cfg)
+
+
+def train_central(cfg: Any) -> Path:
+    """Train the task ``cfg`` names on one machine with its kind's program (:data:`CENTRAL_PROGRAMS`); returns
+    the run directory."""
+    return CENTRAL_PROGRAMS.get(TASKS.get(cfg.task).kind)(cfg)
 
 
 @dataclass
@@ -91,12 +132,18 @@ class FederatedTask(Protocol):
     """What a federated program asks of a task on one machine (the server's, or one client's).
 
     Attributes:
+        kind: the task's kind (``"pretraining"``, ``"finetuning"``), which the registries above key.
         log_keys: the entries of :attr:`StepOutput.losses` a client averages over its round.
         resume_invariants: the config keys a resumed run must share with the run it continues.
+        device: where this machine trains and evaluates.
+        dtype: the dtype the forward computes in.
     """
 
+    kind: ClassVar[str]
     log_keys: tuple[str, ...]
     resume_invariants: tuple[str, ...]
+    device: torch.device
+    dtype: torch.dtype
 
     def inputs(self) -> list[InputPath]:
         """The files every machine reads besides its data (a teacher's weights)."""
@@ -151,8 +198,6 @@ class PretrainingTask(FederatedTask, Protocol):
     is validated); an instance is bound to one config. Implementations: :mod:`pretrain.tasks`.
     """
 
-    kind: ClassVar[str]
-
     @classmethod
     def check_config(cls, cfg: Any, architecture: bool = True) -> None:
         """The objective's rules on a config (with ``architecture``, those that build the backbone);
@@ -172,12 +217,35 @@ class PretrainingTask(FederatedTask, Protocol):
         """Redraw the objective's figures at a checkpoint (the reconstruction figure)."""
 
 
+class FederatedFinetuningTask(FederatedTask, Protocol):
+    """A finetuning task as a federated program holds it (``kind = "finetuning"``), with what the one-shot
+    programs ask besides: the splits and the weights a finetuning run kept. Implementation:
+    :class:`finetune.federated.FederatedFinetuning`.
+
+    Attributes:
+        train_set: the train split, which the clients' shares index.
+        val_set: the validation split (None: the run validates nothing).
+    """
+
+    train_set: Dataset
+    val_set: Dataset | None
+
+    def load_kept(self, model: nn.Module, run_dir: Path) -> dict:
+        """Load the weights a finetuning run in ``run_dir`` kept into ``model``; returns their record."""
+
+
 __all__ = [
+    "CENTRAL_PROGRAMS",
     "FEDERATED_CONFIGS",
+    "FEDERATED_TASKS",
     "TASKS",
     "ClientShare",
+    "FederatedFinetuningTask",
     "FederatedTask",
     "PretrainingTask",
     "StepOutput",
+    "federated_task",
+    "finetune_task",
     "pretraining_objectives",
+    "train_central",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from finetune.tasks.base import FinetuneTask, MaskTask
+from geofm.tasks import finetune_task
 
 if TYPE_CHECKING:
     from geofm.config.finetune import FinetuneConfig
@@ -15,8 +16,6 @@ if TYPE_CHECKING:
 
 def task_of(cfg: FinetuneConfig) -> FinetuneTask:
     """The registered task of ``cfg``, bound to it."""
-    from geofm.config.finetune import finetune_task
-
     return finetune_task(cfg.task)(cfg)
 
 

@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from finetune.heads import HEADS
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import torch
     from torch import Tensor, nn
     from torchmetrics import Metric
@@ -70,20 +68,6 @@ class FinetuneTask(ABC):
         self.cfg = cfg
         self.criterion = self.build_criterion()
         self.mixing = self.build_mixing()
-
-    @classmethod
-    def federated(cls, cfg: FinetuneConfig) -> Any:
-        """The task as a federated program runs it (:class:`finetune.federated.FederatedFinetuning`)."""
-        from finetune.federated import FederatedFinetuning
-
-        return FederatedFinetuning(cls(cfg))
-
-    @classmethod
-    def central(cls, cfg: FinetuneConfig) -> Path:
-        """Finetune on one machine as ``geofm finetune`` does (:func:`finetune.run.finetune`); returns the run directory."""
-        from finetune.run import finetune
-
-        return finetune(cfg)
 
     # --- declarations read while a config is validated (no torch) ---
 

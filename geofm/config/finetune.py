@@ -30,8 +30,7 @@ from geofm.checkpoints.layouts import EXPORT_SIDECAR, export_architecture
 from geofm.config.base import MovedKeys, ProgramConfig, Section, checks_architecture, refuse_moved_keys
 from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.config.sections import BackboneConfig, RunConfig, TrainConfig
-from geofm.errors import ConfigError
-from geofm.tasks import TASKS
+from geofm.tasks import TASKS, finetune_task
 
 log = logging.getLogger("geofm.config")
 
@@ -115,18 +114,6 @@ class FinetuneOptimConfig(Section):
     def mixing(self) -> bool:
         """Whether Mixup or CutMix is on."""
         return self.mixup > 0 or self.cutmix > 0
-
-
-def finetune_task(name: str) -> Any:
-    """The registered finetuning task ``name``: a class of ``finetune.tasks`` or of a plug-in.
-
-    Raises:
-        ConfigError: for an unregistered name (listing the nearest names), or a task that does not finetune.
-    """
-    task = TASKS.get(name)
-    if getattr(task, "kind", None) != "finetuning":
-        raise ConfigError(f"task {name!r} is a pretraining task; geofm finetune and geofm eval take a finetuning task")
-    return task
 
 
 def class_labels(num_classes: int, class_names: list[str] | None) -> list[str]:

@@ -4,7 +4,7 @@ The programs (central :mod:`pretrain.central`, federated :mod:`federation`) know
 masks or teachers: they build the task the config names (:data:`geofm.tasks.TASKS`) and ask it for
 the model, the samples, the forward of one micro-batch, what follows an optimizer step, and the
 export at the end (the interface: :class:`geofm.tasks.PretrainingTask`). An objective is a subclass
-of :class:`PretrainingTask` in its own module (:mod:`pretrain.tasks.mim`, :mod:`pretrain.tasks.dino`).
+of :class:`PretrainingObjective` in its own module (:mod:`pretrain.tasks.mim`, :mod:`pretrain.tasks.dino`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from geofm.errors import ConfigError, DatasetNotFoundError
 from geofm.federated.partitions.files import PARTITIONERS
 from geofm.models.backbones import backbone_kwargs, prefer_fused_attention
 from geofm.registry import entry_options
-from geofm.tasks import ClientShare, StepOutput
+from geofm.tasks import TASKS, ClientShare, StepOutput
 
 if TYPE_CHECKING:  # a config names its task while it is validated: this module imports torch in its methods only
     import torch
@@ -166,7 +166,7 @@ def client_shares(cfg: FederatedConfig, name: str) -> list[list[Path]]:
     return shares
 
 
-class PretrainingTask(ABC):
+class PretrainingObjective(ABC):
     """What every pretraining objective shares on one machine's view of a run, central or federated.
 
     A subclass says what the objective trains (:meth:`build_model`, :meth:`prepare`), what a sample
@@ -190,11 +190,6 @@ class PretrainingTask(ABC):
         self.cfg = cfg
         self.device, self.dtype = ds.device(), ds.compute_dtype(cfg.train)
         self.warned: set[str] = set()  # the unreadable files warned of (data.on_bad_file: skip), each once
-
-    @classmethod
-    def federated(cls, cfg: FederatedConfig) -> PretrainingTask:
-        """The task as a federated program runs it: the class itself."""
-        return cls(cfg)
 
     @classmethod
     def check_config(cls, cfg: PretrainingConfig, architecture: bool = True) -> None:
@@ -380,12 +375,19 @@ class PretrainingTask(ABC):
         return [list_products(s) if s.name in public else [] for s in self.cfg.data.sources]
 
 
+def objective_of(cfg: PretrainingConfig) -> PretrainingObjective:
+    """The objective ``cfg`` names, bound to it: what a federated program holds of a pretraining task on
+    each machine (:data:`geofm.tasks.FEDERATED_TASKS`), the objective being a federated task itself."""
+    return TASKS.get(cfg.task)(cfg)
+
+
 __all__ = [
     "EPOCH_STRIDE",
     "RESUME_INVARIANTS",
-    "PretrainingTask",
+    "PretrainingObjective",
     "client_shares",
     "export_pretrained",
+    "objective_of",
     "pooled_features",
     "share_pile",
     "student_kwargs",

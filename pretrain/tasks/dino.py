@@ -28,7 +28,7 @@ from geofm.config.federated import FederatedConfig
 from geofm.config.pretrain import PretrainingConfig
 from geofm.models.backbones import arch_info, create_backbone, prefer_fused_attention
 from geofm.tasks import StepOutput
-from pretrain.tasks.base import PretrainingTask, export_pretrained, share_pile, student_kwargs
+from pretrain.tasks.base import PretrainingObjective, export_pretrained, share_pile, student_kwargs
 
 if TYPE_CHECKING:  # a config names its task while it is validated: torch is imported by the methods
     import torch
@@ -88,7 +88,7 @@ def local_crop_size(cfg: PretrainingConfig, options: DinoOptions) -> int:
     return max(SWIN_STRIDE, round(cfg.model.img_size * 3 / 7 / SWIN_STRIDE) * SWIN_STRIDE)
 
 
-class SelfDistillation(PretrainingTask):
+class SelfDistillation(PretrainingObjective):
     """DINO: a student matches an EMA teacher's sharpened, centred outputs across multi-crop views."""
 
     Options = DinoOptions

@@ -21,7 +21,7 @@ from geofm.config.sections import check_masked_pretraining
 from geofm.models.backbones import create_backbone, patch_size_of, prefer_fused_attention
 from geofm.runlog import LOSS_KEYS
 from geofm.tasks import StepOutput
-from pretrain.tasks.base import PretrainingTask, export_pretrained, share_pile, student_kwargs
+from pretrain.tasks.base import PretrainingObjective, export_pretrained, share_pile, student_kwargs
 
 if TYPE_CHECKING:  # a config names its task while it is validated: torch is imported by the functions
     import torch
@@ -125,7 +125,7 @@ def frozen_teacher(cfg: PretrainingConfig) -> FrozenTeacher | None:
     )
 
 
-class MaskedImageModelling(PretrainingTask):
+class MaskedImageModelling(PretrainingObjective):
     """SimMIM, and GFM with a teacher: the student reconstructs masked patches and, with a frozen teacher,
     matches the teacher's features.
 

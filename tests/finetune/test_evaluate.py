@@ -98,7 +98,8 @@ def test_processes_evaluate_whole_scenes(task_config, tmp_path):
 def test_central_and_federated_finetuning_log_validation_alike(task_tree, random_datasets, caplog):
     from finetune.run import finetune
     from geofm.config.federated import read_federated_config
-    from geofm.config.finetune import FinetuneConfig, finetune_task
+    from geofm.config.finetune import FinetuneConfig
+    from geofm.tasks import federated_task
     from tests.finetune.test_federated import _federated
 
     with caplog.at_level(logging.INFO, logger="geofm.finetune"):
@@ -109,7 +110,7 @@ def test_central_and_federated_finetuning_log_validation_alike(task_tree, random
     assert central[-1] == f"step 4 (epoch 2): val {format_metrics(validations[-1])}"
 
     cfg = read_federated_config(_federated(task_tree("classification", "federated")))
-    program = finetune_task(cfg.task).federated(cfg)
+    program = federated_task(cfg)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="geofm.federated"):
         values = program.evaluate_round(program.build_model(initial_weights=False), 1)

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from finetune.models import build_finetune_model
-from finetune.objective import build_criterion
 from finetune.tasks import task_of
 from geofm.config.finetune_data import PADDING_LABEL
 
@@ -28,7 +27,7 @@ def test_a_batch_without_a_scored_pixel_is_a_zero_loss_with_zero_gradients(task,
     cfg = task_config(task)  # segmentation: ignore_index 255; change and superres: none
     torch.manual_seed(0)
     model, _ = build_finetune_model(cfg)
-    criterion = build_criterion(cfg)
+    criterion = task_of(cfg).criterion
     inputs = [torch.randn(2, 4, 32, 32) for _ in range(2 if task == "change" else 1)]
     unscored = _unscored_target(task, (2, 4, 64, 64) if task == "superres" else (2, 32, 32))
     scored = torch.randn(unscored.shape) if task == "superres" else torch.zeros_like(unscored)
@@ -52,7 +51,7 @@ def test_cross_entropy_is_the_mean_over_the_real_labelled_pixels(task_config):
     logits = torch.randn(2, 2, 8, 8, requires_grad=True)
     target = torch.full((2, 8, 8), PADDING_LABEL)
     target[0, :3, :5] = torch.randint(0, 2, (3, 5))
-    loss = build_criterion(cfg)(logits, target)
+    loss = task_of(cfg).criterion(logits, target)
     real = F.cross_entropy(logits[0, :, :3, :5][None], target[0, :3, :5][None])
     assert float(loss.detach()) == pytest.approx(float(real.detach())), "padding and the all-padding image add nothing"
 
@@ -63,7 +62,7 @@ def test_l1_is_the_mean_over_the_unpadded_target(task_config):
     outputs = torch.randn(2, 4, 16, 16, requires_grad=True)
     target = torch.full((2, 4, 16, 16), float("nan"))
     target[:, :, :6, :10] = torch.randn(2, 4, 6, 10)
-    loss = build_criterion(cfg)(outputs, target)
+    loss = task_of(cfg).criterion(outputs, target)
     assert float(loss.detach()) == pytest.approx(
         float(F.l1_loss(outputs[:, :, :6, :10], target[:, :, :6, :10]).detach())
     )

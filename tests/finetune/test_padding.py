@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from finetune.metrics import TaskMetrics
-from finetune.objective import build_criterion
+from finetune.tasks import task_of
 from geofm.config.finetune_data import PADDING_LABEL
 from geofm.data.finetune import build_finetune_dataset
 from geofm.data.writers import write_geotiff
@@ -55,7 +55,7 @@ def test_metrics_and_loss_count_the_real_pixels_only(tmp_path, task_config):
     metrics.update(class_0, masks)
     result = metrics.compute()
     assert result["accuracy"] == 0.0, f"every real pixel is class 1, predicted 0: {result}"
-    loss = build_criterion(cfg)(class_0, masks)
+    loss = task_of(cfg).criterion(class_0, masks)
     # per real pixel: -log softmax(5, 0, 0)[1] = log(e^5 + 2) - 0
     assert float(loss) == pytest.approx(math.log(math.exp(5.0) + 2.0), rel=1e-5)
 
@@ -63,7 +63,7 @@ def test_metrics_and_loss_count_the_real_pixels_only(tmp_path, task_config):
 def test_a_batch_without_a_labelled_pixel_is_a_zero_loss_with_gradients(task_config):
     cfg = task_config("segmentation", data={"ignore_index": 255})
     logits = torch.randn(2, 3, 8, 8, requires_grad=True)
-    loss = build_criterion(cfg)(logits, torch.full((2, 8, 8), 255))
+    loss = task_of(cfg).criterion(logits, torch.full((2, 8, 8), 255))
     assert loss.item() == 0.0
     loss.backward()
     assert logits.grad is not None and float(logits.grad.abs().sum()) == 0.0
@@ -71,7 +71,7 @@ def test_a_batch_without_a_labelled_pixel_is_a_zero_loss_with_gradients(task_con
 
 def test_padded_superres_targets_are_left_out_of_the_loss_and_the_metrics(task_config):
     cfg = task_config("superres")
-    criterion, metrics = build_criterion(cfg), TaskMetrics(cfg)
+    criterion, metrics = task_of(cfg).criterion, TaskMetrics(cfg)
     target = torch.full((1, 4, 32, 32), float("nan"))
     target[..., :24, :20] = 0.5  # the real 24 x 20 pixels; NaN is how a small scene's target is padded
     output = torch.full((1, 4, 32, 32), 0.75)

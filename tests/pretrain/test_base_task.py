@@ -9,7 +9,7 @@ from federation.client import FederatedClient
 from geofm.config.federated import FederatedConfig
 from geofm.data.chipstore import write_synthetic_store
 from geofm.data.writers import write_geotiff
-from geofm.tasks import TASKS
+from geofm.tasks import federated_task
 from tests.pretrain.conftest import REPO, TINY_SWIN
 
 DEMO_FED = REPO / "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml"
@@ -39,7 +39,7 @@ def test_a_client_weighs_the_samples_of_its_share_not_its_files(tmp_path, teache
     tree["algorithm"] = {"name": "fedavg"}
     cfg = FederatedConfig.from_tree(tree)
 
-    task = TASKS.get(cfg.task).federated(cfg)
+    task = federated_task(cfg)
     weights = {name: task.client_share(name, own_data=False).num_examples for name in cfg.client_names}
     # A 1024 px scene cut into 64 px chips is 256 samples, a file one, a chip store's shards their chips.
     assert weights == {"scenes": 256, "tiles": 4, "store": 300}

@@ -11,6 +11,7 @@ import numpy as np
 from torch import Tensor
 
 from geofm.data.grid import Window
+from geofm.tasks import finetune_task
 
 if TYPE_CHECKING:
     from geofm.config.finetune_data import FinetuneDataConfig, Split
@@ -127,6 +128,4 @@ def task_data(task: str | TaskData) -> TaskData:
     """
     if isinstance(task, TaskData):
         return task
-    from geofm.config.finetune import finetune_task
-
     return finetune_task(task).data()
