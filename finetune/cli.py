@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+from finetune.files import ONNX_FILE
 from geofm.paths import check_writable
 
 FINETUNE_EXAMPLES = """\
@@ -34,9 +35,6 @@ examples:
   geofm report runs/sweep_bigearthnet_k7 --out reports/bigearthnet_k7     # federated runs side by side
 """
 
-
-ONNX_FILE = "model.onnx"
-"""Where ``geofm export onnx --model RUN`` writes by default, and ``geofm predict --engine onnx`` reads: ``RUN/model.onnx``."""
 
 PREDICT_EXAMPLES = """\
 examples:

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from finetune.best import BEST_DIR, MODEL_WEIGHTS, read_best, run_config
-from finetune.cli import ONNX_FILE  # defined with the command line, which names it before loading torch
+from finetune.files import ONNX_FILE
 from finetune.predict import ModelFn, Predictor, band_spec
 from finetune.tasks import task_of
 from geofm.config.finetune import FinetuneConfig

@@ -22,7 +22,8 @@ import torch
 
 from finetune import splits
 from finetune.cli import register
-from finetune.onnx_model import METADATA_KEYS, ONNX_FILE, export_onnx, load_onnx_predictor
+from finetune.files import ONNX_FILE
+from finetune.onnx_model import METADATA_KEYS, export_onnx, load_onnx_predictor
 from finetune.predictor import load_model
 from finetune.run import finetune
 from geofm.config.finetune import FinetuneConfig
