@@ -66,7 +66,8 @@ def _data_stats(args: argparse.Namespace) -> None:
                 "--config takes the source's settings from the config: name it with --source NAME"
                 + (f" and leave out {', '.join(given)}" if given else "")
             )
-        from geofm.data.stats import compute_band_stats_for, configured_source
+        from geofm.config.sources import configured_source
+        from geofm.data.stats import compute_band_stats_for
 
         stats = compute_band_stats_for(configured_source(args.config, args.source), max_files=args.max_files)
         counted = "samples"
@@ -97,7 +98,7 @@ def _folder_stats(args: argparse.Namespace) -> BandStats:
 
 
 def _data_prepare(args: argparse.Namespace) -> None:
-    from geofm.data.stats import configured_data, source_named
+    from geofm.config.sources import configured_data, source_named
     from geofm.errors import ConfigError
     from geofm.paths import check_writable
 

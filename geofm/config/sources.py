@@ -1,16 +1,19 @@
-"""The ``data`` section of pretraining: imagery sources with their bands, quality masks and normalisation."""
+"""The ``data`` section of pretraining: imagery sources with their bands, quality masks and normalisation,
+and the section read alone from a config file (``geofm data stats`` and ``geofm data prepare``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from geofm.config.base import Section, refuse_moved_keys
+from geofm.config.base import ProgramConfig, Section, read_config_tree, refuse_moved_keys
 from geofm.data.bands import UnknownBandError, canonical_bands, rgb_indices, teacher_band_indices
 from geofm.data.layouts import LAYOUT_KEYS_MOVED, PRODUCT_LAYOUTS
 from geofm.data.quality import CONFIDENCE_LEVELS, GENERATIONS, QUALITY_CLASSES, RECORDED_CLASSES
+from geofm.errors import ConfigError
 
 
 def canonical_band_lists(section: dict, keys: tuple[str, ...], custom: list[str], where: str, label: str = "") -> dict:
@@ -226,3 +229,52 @@ class DataConfig(Section):
     def rgb_indices(self) -> list[int] | None:
         """Positions of red, green, blue in :attr:`bands`, or None if any is missing."""
         return rgb_indices(self.bands)
+
+
+class _DataSection(ProgramConfig):
+    """A config's ``data`` section alone, validated as every program validates it."""
+
+    data: DataConfig
+
+
+def configured_data(config: str | Path, overrides: Sequence[str] = ()) -> DataConfig:
+    """The ``data`` section of a config file (after its ``base`` and the ``key.path=value`` overrides),
+    validated with its band names resolved; its sources' ``mean`` and ``std`` may be left out, being what
+    the statistics are for.
+
+    Raises:
+        ConfigError: if the file, an override or its data section is invalid.
+    """
+    tree = read_config_tree(config, overrides)
+    data = tree.get("data")
+    sources = data.get("sources") if isinstance(data, dict) else None
+    if not isinstance(sources, list):
+        raise ConfigError(f"{config}: no data.sources list")
+    filled = []
+    for source in sources:
+        if isinstance(source, dict) and isinstance(source.get("bands"), list):
+            n = len(source["bands"])
+            source = {"mean": [0.0] * n, "std": [1.0] * n, **source}
+        filled.append(source)
+    return _DataSection.from_tree({"data": {**data, "sources": filled}}, str(config), overrides).data
+
+
+def source_named(data: DataConfig, name: str, config: str | Path) -> SourceConfig:
+    """Source ``name`` of ``data``, the data section of file ``config``.
+
+    Raises:
+        ConfigError: it has no source ``name``.
+    """
+    names = [s.name for s in data.sources]
+    if name not in names:
+        raise ConfigError(f"{config}: data.sources has no source named {name!r}; its sources are {names}")
+    return data.sources[names.index(name)]
+
+
+def configured_source(config: str | Path, name: str) -> SourceConfig:
+    """Source ``name`` of a config file's ``data.sources`` (see :func:`configured_data`).
+
+    Raises:
+        ConfigError: if the file or its data section is invalid, or it has no source ``name``.
+    """
+    return source_named(configured_data(config), name, config)

@@ -12,17 +12,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from geofm.config import DataConfig
 from geofm.data.epochs import EpochShareSampler
 from geofm.data.sources import ImageSource
 from geofm.data.transforms import PretrainAugmentation
 from geofm.errors import DatasetNotFoundError, InvalidChipError, RasterReadError
+
+if TYPE_CHECKING:
+    from geofm.config import DataConfig
 
 logger = logging.getLogger("geofm.data")
 

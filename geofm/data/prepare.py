@@ -15,17 +15,19 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
-from geofm.config import SourceConfig
 from geofm.data.chipstore import ChipWriter
 from geofm.data.layouts import PRODUCT_LAYOUTS
 from geofm.data.sources import ImageSource
 from geofm.errors import ConfigError, DatasetNotFoundError, InvalidChipError, OutputPathError, RasterReadError
 from geofm.runlog import progress_bar
+
+if TYPE_CHECKING:
+    from geofm.config import SourceConfig
 
 logger = logging.getLogger("geofm.data")
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from geofm.config import SourceConfig
 from geofm.data.chipstore import ChipStore
 from geofm.data.grid import Window, grid_windows
 from geofm.data.layouts import PRODUCT_LAYOUTS
@@ -18,6 +17,9 @@ from geofm.data.pixels import RawPixels
 from geofm.data.products import ProductReader, list_images, list_products
 from geofm.data.readers import WindowReader, raster_info, read_raster
 from geofm.errors import DataMismatchError
+
+if TYPE_CHECKING:
+    from geofm.config import SourceConfig
 
 __all__ = ["Chip", "ImageSource", "chips_of", "list_images", "list_products"]
 

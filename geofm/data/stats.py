@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from geofm.config import DataConfig, ProgramConfig, SourceConfig, read_config_tree
 from geofm.data.products import list_images
 from geofm.data.readers import read_raster
 from geofm.errors import ConfigError, DataMismatchError
+
+if TYPE_CHECKING:
+    from geofm.config import SourceConfig
 
 
 @dataclass(frozen=True)
@@ -162,55 +164,6 @@ def compute_band_stats_for(cfg: SourceConfig, max_files: int | None = None) -> B
         for b in range(n):
             moments.add(b, image[b][valid[b]].numpy())
     return moments.stats(cfg.bands, len(picks), cfg.root)
-
-
-class _DataSection(ProgramConfig):
-    """A config's ``data`` section alone, validated as every program validates it."""
-
-    data: DataConfig
-
-
-def configured_data(config: str | Path, overrides: Sequence[str] = ()) -> DataConfig:
-    """The ``data`` section of a config file (after its ``base`` and the ``key.path=value`` overrides),
-    validated with its band names resolved; its sources' ``mean`` and ``std`` may be left out, being what
-    the statistics are for.
-
-    Raises:
-        ConfigError: if the file, an override or its data section is invalid.
-    """
-    tree = read_config_tree(config, overrides)
-    data = tree.get("data")
-    sources = data.get("sources") if isinstance(data, dict) else None
-    if not isinstance(sources, list):
-        raise ConfigError(f"{config}: no data.sources list")
-    filled = []
-    for source in sources:
-        if isinstance(source, dict) and isinstance(source.get("bands"), list):
-            n = len(source["bands"])
-            source = {"mean": [0.0] * n, "std": [1.0] * n, **source}
-        filled.append(source)
-    return _DataSection.from_tree({"data": {**data, "sources": filled}}, str(config), overrides).data
-
-
-def source_named(data: DataConfig, name: str, config: str | Path) -> SourceConfig:
-    """Source ``name`` of ``data``, the data section of file ``config``.
-
-    Raises:
-        ConfigError: it has no source ``name``.
-    """
-    names = [s.name for s in data.sources]
-    if name not in names:
-        raise ConfigError(f"{config}: data.sources has no source named {name!r}; its sources are {names}")
-    return data.sources[names.index(name)]
-
-
-def configured_source(config: str | Path, name: str) -> SourceConfig:
-    """Source ``name`` of a config file's ``data.sources`` (see :func:`configured_data`).
-
-    Raises:
-        ConfigError: if the file or its data section is invalid, or it has no source ``name``.
-    """
-    return source_named(configured_data(config), name, config)
 
 
 def _yaml_float(value: float) -> str:

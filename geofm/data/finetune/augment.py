@@ -19,18 +19,16 @@ from torch import Tensor
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from geofm.config.finetune_data import PADDING_LABEL
 from geofm.data.grid import Window
 from geofm.data.transforms import random_flips
 
 
-def fit_tile(
-    part: dict[str, Tensor], top: int, left: int, size: int, mask_fill: int = PADDING_LABEL
-) -> dict[str, Tensor]:
+def fit_tile(part: dict[str, Tensor], top: int, left: int, size: int, mask_fill: int) -> dict[str, Tensor]:
     """A ``size`` x ``size`` tile of every image and mask, holding ``part`` at ``(top, left)`` and padded around it.
 
     ``target`` (super-resolution), at ``f`` times the image's size in ``part``, is fitted at ``f``
-    times the offsets and size. Padding is 0 in images, ``mask_fill`` in masks, NaN in targets.
+    times the offsets and size. Padding is 0 in images, ``mask_fill`` in masks (the config's
+    ``data.unscored_label``), NaN in targets.
     """
     factor = part["target"].shape[-1] // part["image"].shape[-1] if "target" in part else 1
     tile = {}

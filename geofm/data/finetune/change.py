@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor
 
-from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.checks import change_mask, check_same_size
 from geofm.data.finetune.folders import FolderSource, extent, pair_by_stem
 from geofm.data.grid import Window
 from geofm.data.readers import same_grid
 from geofm.errors import DataMismatchError
+
+if TYPE_CHECKING:
+    from geofm.config.finetune_data import FinetuneDataConfig, Split
 
 
 class ChangeFolders(FolderSource):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor
 
-from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.checks import class_label
 from geofm.data.finetune.folders import FolderSource, list_files
 from geofm.errors import DataMismatchError, DatasetNotFoundError
+
+if TYPE_CHECKING:
+    from geofm.config.finetune_data import FinetuneDataConfig, Split
 
 
 class ClassFolders(FolderSource):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.augment import ClassificationView, fit_tile, flip_randomly, random_crop
 from geofm.data.finetune.regions import Region, data_regions
 from geofm.data.finetune.sampler import SampleIndex
@@ -17,6 +17,9 @@ from geofm.data.finetune.subset import subset_indices
 from geofm.data.finetune.torchgeo import TorchgeoSource
 from geofm.data.grid import Window, grid_origins
 from geofm.errors import ConfigError, DataMismatchError
+
+if TYPE_CHECKING:
+    from geofm.config.finetune_data import FinetuneDataConfig, Split
 
 logger = logging.getLogger("geofm.data")
 

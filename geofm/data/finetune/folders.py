@@ -8,17 +8,20 @@ by default its task family's own, under default names that ``data.folders`` over
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import Tensor
 
-from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.finetune.source import SceneSource
 from geofm.data.grid import Window
 from geofm.data.layouts import FOLDER_LAYOUTS
 from geofm.data.readers import RasterInfo, WindowReader, raster_info
 from geofm.errors import ConfigError, DataMismatchError, DatasetNotFoundError
+
+if TYPE_CHECKING:
+    from geofm.config.finetune_data import FinetuneDataConfig, Split
 
 _SHOWN = 5
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import csv
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.folders import FolderSource, list_files
 from geofm.errors import DataMismatchError, DatasetNotFoundError
+
+if TYPE_CHECKING:
+    from geofm.config.finetune_data import FinetuneDataConfig, Split
 
 
 class MultilabelFolder(FolderSource):

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from geofm.config.finetune_data import FinetuneDataConfig
 from geofm.data.pixels import normalise_pixels
 from geofm.errors import DataMismatchError
+
+if TYPE_CHECKING:
+    from geofm.config.finetune_data import FinetuneDataConfig
 
 
 class BandNormaliser:

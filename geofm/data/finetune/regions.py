@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from geofm.config.finetune_data import FinetuneDataConfig, RegionSplitConfig, Split
 from geofm.data.finetune.source import SceneSource
 from geofm.data.grid import Window, block_windows, grid_windows
 from geofm.errors import DatasetTooSmallError
+
+if TYPE_CHECKING:
+    from geofm.config.finetune_data import FinetuneDataConfig, RegionSplitConfig, Split
 
 SPLITS: tuple[Split, ...] = ("train", "val", "test")
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor
 
-from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.checks import check_same_size, class_mask
 from geofm.data.finetune.folders import FolderSource, extent, pair_by_stem
 from geofm.data.grid import Window
+
+if TYPE_CHECKING:
+    from geofm.config.finetune_data import FinetuneDataConfig, Split
 
 
 class SegmentationFolders(FolderSource):

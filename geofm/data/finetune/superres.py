@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from torch import Tensor
 
-from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.finetune.checks import superres_extent
 from geofm.data.finetune.folders import FolderSource, extent, pair_by_stem
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.grid import Window
 from geofm.data.readers import RasterInfo, raster_info, scaled_transform
 from geofm.errors import DataMismatchError
+
+if TYPE_CHECKING:
+    from geofm.config.finetune_data import FinetuneDataConfig, Split
 
 
 def _check_georeferencing(lr: RasterInfo, hr: RasterInfo, factor: int, where: str) -> None:

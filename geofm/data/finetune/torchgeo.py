@@ -30,19 +30,21 @@ import inspect
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from geofm.config.finetune_data import FinetuneDataConfig, Split
 from geofm.data.bands import RGB, UnknownBandError, canonical_bands
 from geofm.data.finetune.checks import change_mask, check_same_size, class_label, class_mask, multi_hot, superres_extent
 from geofm.data.finetune.normalise import BandNormaliser
 from geofm.data.finetune.source import SceneSource, TaskData, task_data
 from geofm.errors import ConfigError, DataMismatchError, DatasetNotFoundError, RasterReadError
+
+if TYPE_CHECKING:
+    from geofm.config.finetune_data import FinetuneDataConfig, Split
 
 # BigEarthNet's band files in the order torchgeo stacks them: polarisations sorted by file name,
 # Sentinel-2 bands by number with B8A after B08.

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from geofm.config import SourceConfig
 from geofm.data.grid import GridError, PixelGrid, common_grid
 from geofm.data.layouts import PRODUCT_LAYOUTS, list_images
 from geofm.data.pixels import RawPixels
@@ -27,6 +27,9 @@ from geofm.data.products.base import BandFile, Product, QualityFiles
 from geofm.data.quality import RECORDED_CLASSES, invalid_pixels
 from geofm.data.readers import BandFiles
 from geofm.errors import InvalidChipError, RasterReadError
+
+if TYPE_CHECKING:
+    from geofm.config import SourceConfig
 
 __all__ = ["BandFile", "Product", "ProductReader", "QualityFiles", "list_images", "list_products"]
 

@@ -16,12 +16,15 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from geofm.config import SourceConfig
 from geofm.data.bands import band_of_id
 from geofm.data.layouts import list_images
 from geofm.data.products.base import BandFile, Product, QualityFiles
 from geofm.errors import DataMismatchError, DatasetNotFoundError, RasterReadError
+
+if TYPE_CHECKING:
+    from geofm.config import SourceConfig
 
 RADSAT_ID = "QA_RADSAT"
 

@@ -18,13 +18,15 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from geofm.config import SourceConfig
 from geofm.data.bands import BAND_ID_TABLES
 from geofm.data.layouts import list_images
 from geofm.data.products.base import BandFile, Product, QualityFiles, folders_of
 from geofm.errors import RasterReadError
+
+if TYPE_CHECKING:
+    from geofm.config import SourceConfig
 
 METADATA_SUFFIXES = ("_MTL.txt", "_MTL.json", "_MTL.xml")
 SPACECRAFT = ("LANDSAT_8", "LANDSAT_9")

@@ -16,12 +16,15 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from geofm.config import SourceConfig
 from geofm.data.bands import BAND_ID_TABLES
 from geofm.data.layouts import list_images
 from geofm.data.products.base import BandFile, Product, QualityFiles, folders_of
 from geofm.errors import RasterReadError
+
+if TYPE_CHECKING:
+    from geofm.config import SourceConfig
 
 METADATA = {"MTD_MSIL1C.xml": "L1C", "MTD_MSIL2A.xml": "L2A"}
 BAND_IDS = ("B01", "B02", "B03", "B04", "B05", "B06", "B07", "B08", "B8A", "B09", "B10", "B11", "B12")

@@ -15,14 +15,16 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from geofm.config import SourceConfig
 from geofm.data.bands import UnknownBandError, canonical_band
 from geofm.data.layouts import list_images
 from geofm.data.products.base import BandFile, Product, QualityFiles
 from geofm.errors import RasterReadError
+
+if TYPE_CHECKING:
+    from geofm.config import SourceConfig
 
 COLLECTIONS = {"01": "landsat_c1", "02": "landsat_c2"}
 RADSAT_ASSET = "qa_radsat"
