@@ -4,13 +4,14 @@
 ``federation/`` are programs on top of it and import no other program (tasks and federated programs
 are reached by registered name, :mod:`geofm.registry`); a heavy engine has one importer.
 
-Inside ``geofm/``, imports form no cycle: between modules, and between geofm's packages (``config``,
-``data``, ``models``, ``checkpoints``, ``federated``, the top-level modules) and between the subpackages
-of ``geofm.federated``. An import inside a function counts as much as one at module level (it runs
-when the function does, and a cycle it closes is a cycle all the same); an import under ``if
-TYPE_CHECKING:`` never runs and does not count, and neither does a registry's lazy ``"module:attr"``
-entry, which is how a lower package reaches what registers above it. Importing ``a.b.c`` runs the
-``__init__`` of ``a`` and ``a.b`` first, so those count as imported too.
+Imports form no cycle between the modules of all the project's packages together; inside ``geofm/``,
+none between geofm's packages (``config``, ``data``, ``models``, ``checkpoints``, ``federated``, the
+top-level modules) nor between the subpackages of ``geofm.federated``. An import inside a function
+counts as much as one at module level (it runs when the function does, and a cycle it closes is a
+cycle all the same); an import under ``if TYPE_CHECKING:`` never runs and does not count, and neither
+does a registry's lazy ``"module:attr"`` entry, which is how a lower package reaches what registers
+above it (a task reaches the programs that run it so: :data:`geofm.tasks.FEDERATED_TASKS`). Importing
+``a.b.c`` runs the ``__init__`` of ``a`` and ``a.b`` first, so those count as imported too.
 """
 
 from __future__ import annotations
@@ -76,10 +77,21 @@ def test_heavy_engine_has_only_its_own_importers(library):
     assert importers == SOLE_IMPORTERS[library]
 
 
-# Package cycles not yet removed, as (importer, imported) package edges left out of the package check:
-# the data readers take their config sections, and the config checks names against data's band and
-# layout tables. Any other package cycle fails the check.
-KNOWN_PACKAGE_EDGES = {("geofm.data", "geofm.config")}
+# Module cycles not yet removed, each as the set of modules whose imports of each other the module check
+# leaves out. The federated program's server, client and round record import each other through
+# federation/program.py; the restructuring of federation/ into its target layout removes this cycle.
+# Any other cycle, or one of these reaching a module outside its set, fails the check.
+KNOWN_MODULE_CYCLES = [
+    frozenset(
+        {
+            "federation.client",
+            "federation.localgroup",
+            "federation.program",
+            "federation.roundrecord",
+            "federation.server",
+        }
+    )
+]
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -109,10 +121,10 @@ def _without_type_checking(tree: ast.Module) -> ast.Module:
     return Strip().visit(tree)
 
 
-def import_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` that importing it or calling its functions imports, with the
+def import_graph(root: Path, *packages: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` that importing it or calling its functions imports, with the
     ``__init__`` of every package above each."""
-    paths = {_module_name(path, root): path for path in sorted((root / package).rglob("*.py"))}
+    paths = {_module_name(path, root): path for package in packages for path in sorted((root / package).rglob("*.py"))}
     graph = {}
     for name, path in paths.items():
         targets = set()
@@ -169,8 +181,27 @@ def _federated_subpackage(module: str) -> str | None:
 
 
 @functools.cache
+def _project_graph() -> dict[str, frozenset[str]]:
+    graph = import_graph(ROOT, "geofm", *PROGRAMS)
+    return {module: frozenset(targets) for module, targets in graph.items()}
+
+
 def _geofm_graph() -> dict[str, frozenset[str]]:
-    return {module: frozenset(targets) for module, targets in import_graph(ROOT, "geofm").items()}
+    return {module: targets for module, targets in _project_graph().items() if module.split(".")[0] == "geofm"}
+
+
+def _without(graph: Mapping[str, Collection[str]], cycle: Collection[str]) -> dict[str, set[str]]:
+    """``graph`` without the imports between the modules of ``cycle``."""
+    return {m: {t for t in targets if not (m in cycle and t in cycle)} for m, targets in graph.items()}
+
+
+def test_project_modules_import_no_cycle_but_the_known_ones():
+    graph: Mapping[str, Collection[str]] = _project_graph()
+    for known in KNOWN_MODULE_CYCLES:
+        inside = {m: {t for t in graph[m] if t in known} for m in known if m in graph}
+        assert find_cycle(inside) is not None, f"no longer a cycle, drop from KNOWN_MODULE_CYCLES: {sorted(known)}"
+        graph = _without(graph, known)
+    assert find_cycle(graph) is None, _cycle_text(find_cycle(graph))
 
 
 def test_geofm_modules_import_no_cycle():
@@ -178,14 +209,8 @@ def test_geofm_modules_import_no_cycle():
     assert cycle is None, _cycle_text(cycle)
 
 
-def test_geofm_packages_import_no_cycle_but_the_known_ones():
+def test_geofm_packages_import_no_cycle():
     packages = collapse(_geofm_graph(), _package)
-    known = {(a, b) for a, b in KNOWN_PACKAGE_EDGES if b in packages.get(a, ())}
-    assert known == KNOWN_PACKAGE_EDGES, (
-        f"no longer imported, drop from KNOWN_PACKAGE_EDGES: {KNOWN_PACKAGE_EDGES - known}"
-    )
-    for importer, imported in known:
-        packages[importer].discard(imported)
     assert find_cycle(packages) is None, _cycle_text(find_cycle(packages))
 
 
@@ -244,3 +269,10 @@ def test_the_package_check_finds_a_cycle_between_packages(tmp_path):
     graph = import_graph(tmp_path, "pkg")
     assert find_cycle(graph) is None, "no cycle between modules"
     assert find_cycle(collapse(graph, _package)) == ["pkg.x", "pkg.y", "pkg.x"]
+
+
+def test_the_cycle_check_finds_a_cycle_between_two_packages(tmp_path):
+    _write_package(tmp_path / "low", {"__init__.py": "", "task.py": "def run():\n    import high.program\n"})
+    _write_package(tmp_path / "high", {"__init__.py": "", "program.py": "from low.task import run\n"})
+    assert find_cycle(import_graph(tmp_path, "low")) is None, "each package alone has none"
+    assert find_cycle(import_graph(tmp_path, "high", "low")) == ["high.program", "low.task", "high.program"]
