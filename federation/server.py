@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from federation.program import build_task, round_lr
-from federation.resume import algorithm_state, comparable_algorithm, note_file_weights, saved_config
+from federation.resume import comparable_algorithm, note_file_weights, saved_config
 from federation.roundrecord import RoundRecord
 from federation.runtime import Arrays, Failure, Reply, Scalars
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
@@ -379,7 +379,7 @@ class FederatedServer:
         self.global_model = self.layout.flatten_module(self.model)
         self.statistics = running_statistics(self.model)
         server = saved["server"]
-        self.algorithm.load_state_dict(algorithm_state(server))
+        self.algorithm.load_checkpoint(server)
         if self.accountant is not None:  # the algorithm section, privacy included, is kept on resume
             self.accountant.load_state_dict(server["privacy"])
         if not bool(torch.isfinite(self.global_model).all()):
