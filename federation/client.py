@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from federation.program import (
+from federation.base import (
     LOCAL_PROCESSES,
     OWN_VALIDATION,
     STATE_DIR,
@@ -21,6 +21,7 @@ from federation.program import (
     check_local_processes,
     local_config,
 )
+from federation.localgroup import local_group
 from federation.runtime import DATA_ROOT, INSTITUTION, Arrays, Scalars
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
@@ -60,9 +61,8 @@ class FederatedClient:
         the round data-parallel; this process only hands it the payloads and returns rank 0's answer.
         """
         if self.local_processes > 1:
-            from federation.localgroup import local_group
-
-            return local_group(self.local_processes).train(self.run_cfg, self.node_config, arrays, config, state)
+            group = local_group(self.local_processes)
+            return group.train(type(self), self.run_cfg, self.node_config, arrays, config, state)
         return self.train_here(arrays, config, state)
 
     def train_here(self, arrays: Arrays, config: Scalars, state: Arrays) -> tuple[Arrays, Scalars, Arrays] | None:
@@ -131,7 +131,7 @@ class FederatedClient:
 
 def local_processes(node_config: dict, cfg: FederatedConfig) -> int:
     """The processes a node's client trains on: its node config's ``local-processes``, else
-    ``federation.local_processes``; at most this machine's devices (:func:`~federation.program.check_local_processes`).
+    ``federation.local_processes``; at most this machine's devices (:func:`~federation.base.check_local_processes`).
 
     Raises:
         ConfigError: ``local-processes`` is not a positive whole number, or either asks for more processes

@@ -6,10 +6,10 @@ are reached by registered name, :mod:`geofm.registry`); a heavy engine has one i
 
 Inside ``geofm/``, imports form no cycle: between modules, and between geofm's packages (``config``,
 ``data``, ``models``, ``checkpoints``, ``federated``, the top-level modules) and between the subpackages
-of ``geofm.federated``. An import inside a function counts as much as one at module level (it runs
-when the function does, and a cycle it closes is a cycle all the same); an import under ``if
-TYPE_CHECKING:`` never runs and does not count, and neither does a registry's lazy ``"module:attr"``
-entry, which is how a lower package reaches what registers above it. Importing ``a.b.c`` runs the
+of ``geofm.federated``; neither do the modules of ``federation/``. An import inside a function counts
+as much as one at module level (it runs when the function does, and a cycle it closes is a cycle all
+the same); an import under ``if TYPE_CHECKING:`` never runs and does not count, and neither does a
+registry's lazy ``"module:attr"`` entry, which is how a lower package reaches what registers above it. Importing ``a.b.c`` runs the
 ``__init__`` of ``a`` and ``a.b`` first, so those count as imported too.
 """
 
@@ -192,6 +192,11 @@ def test_geofm_packages_import_no_cycle_but_the_known_ones():
 def test_federated_subpackages_import_no_cycle():
     subpackages = collapse(_geofm_graph(), _federated_subpackage)
     assert find_cycle(subpackages) is None, _cycle_text(find_cycle(subpackages))
+
+
+def test_federation_modules_import_no_cycle():
+    cycle = find_cycle(import_graph(ROOT, "federation"))
+    assert cycle is None, _cycle_text(cycle)
 
 
 def _write_package(root: Path, files: dict[str, str]) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import geofm.federated.client_round
-from federation.program import build_task
+from federation.base import build_task
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
 from geofm.config.federated import read_federated_config
 from geofm.federated.parameter_vectors import ParameterLayout
