@@ -186,9 +186,10 @@ def run_method(cfg, settings: dict, sensor_batches: list[dict] | None) -> dict[s
     from federation.client import FederatedClient
     from federation.inprocess import InProcess
     from federation.roundloop import run_server
-    from federation.server import ROUNDS_LOG, FederatedServer
+    from federation.server import FederatedServer
     from finetune.evaluate import eval_loader
     from geofm.federated.landscape import flatness
+    from geofm.runlog import ROUNDS_LOG
 
     shutil.rmtree(cfg.run.output_dir, ignore_errors=True)  # a kept run folder would be resumed, not rerun
     started, cpu = time.perf_counter(), time.process_time()

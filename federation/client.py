@@ -13,20 +13,21 @@ from pathlib import Path
 
 import numpy as np
 
-from federation.program import (
+from federation.base import (
     LOCAL_PROCESSES,
     OWN_VALIDATION,
     STATE_DIR,
-    build_task,
     check_local_processes,
     local_config,
 )
+from federation.localgroup import local_group
 from federation.runtime import DATA_ROOT, INSTITUTION, Arrays, Scalars
 from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
 from geofm.federated.client_round import ClientRound, stable_id
 from geofm.rundir import check_inputs
+from geofm.tasks import federated_task
 
 
 class FederatedClient:
@@ -43,7 +44,7 @@ class FederatedClient:
         self.run_cfg, self.node_config = cfg, dict(node_config)
         self.local_processes = local_processes(node_config, cfg)
         self.cfg = local_config(cfg, node_config)
-        self.task = build_task(self.cfg)
+        self.task = federated_task(self.cfg)
         check_inputs(self.task.inputs(), f"client {self.name}")
         self.own_data = bool(node_config.get(DATA_ROOT))
         self.share = self.task.client_share(self.name, own_data=self.own_data)
@@ -60,9 +61,8 @@ class FederatedClient:
         the round data-parallel; this process only hands it the payloads and returns rank 0's answer.
         """
         if self.local_processes > 1:
-            from federation.localgroup import local_group
-
-            return local_group(self.local_processes).train(self.run_cfg, self.node_config, arrays, config, state)
+            group = local_group(self.local_processes)
+            return group.train(type(self), self.run_cfg, self.node_config, arrays, config, state)
         return self.train_here(arrays, config, state)
 
     def train_here(self, arrays: Arrays, config: Scalars, state: Arrays) -> tuple[Arrays, Scalars, Arrays] | None:
@@ -131,7 +131,7 @@ class FederatedClient:
 
 def local_processes(node_config: dict, cfg: FederatedConfig) -> int:
     """The processes a node's client trains on: its node config's ``local-processes``, else
-    ``federation.local_processes``; at most this machine's devices (:func:`~federation.program.check_local_processes`).
+    ``federation.local_processes``; at most this machine's devices (:func:`~federation.base.check_local_processes`).
 
     Raises:
         ConfigError: ``local-processes`` is not a positive whole number, or either asks for more processes

@@ -8,8 +8,10 @@ rank: a process holds one default process group, and a simulation's process trai
 and already formed a group of one for them. It starts the group once instead, as child processes
 (``python -m federation.localgroup``), and keeps it for the run. Each round it sends every rank the
 round's message (the config, the node's config, the payloads and the client's state) over the
-rank's own socket; every rank trains its share of each global batch; rank 0 answers with the
-upload, the metrics and the state, the others with None. A rank builds each client program once.
+rank's own socket, with the client program's class (its module, which the rank imports when it
+reads the message); every rank trains its share of each global batch (the client's ``train_here``);
+rank 0 answers with the upload, the metrics and the state, the others with None. A rank builds each
+client program once.
 
 A rank exits when its socket closes (its parent ended, ``kill -9`` included). A rank that fails or
 dies ends the whole group (the others may wait in a collective for it): the round fails as a
@@ -72,15 +74,17 @@ class LocalGroup:
                 )
             self.members.append((process, Connection(ours.detach())))
 
-    def train(self, cfg, node_config: dict, arrays: Any, config: Any, state: Any) -> Any:
-        """One round of the client that ``cfg`` and ``node_config`` make (see
+    def train(self, client: type, cfg, node_config: dict, arrays: Any, config: Any, state: Any) -> Any:
+        """One round of the client program that ``client(cfg, node_config)`` builds (its ``train_here``, e.g.
         :meth:`federation.client.FederatedClient.train_here`): rank 0's answer.
 
         Raises:
             Exception: what a rank raised, with its traceback as a note (the group is ended).
             FederatedRunError: a rank died during the round (the group is ended).
         """
-        message = pickle.dumps((cfg, dict(node_config), arrays, config, state), protocol=pickle.HIGHEST_PROTOCOL)
+        message = pickle.dumps(
+            (client, cfg, dict(node_config), arrays, config, state), protocol=pickle.HIGHEST_PROTOCOL
+        )
         for _, connection in self.members:
             connection.send_bytes(message)
         return self._answers()[0]
@@ -141,18 +145,18 @@ def _close_groups() -> None:
 
 def serve(connection: Connection) -> None:
     """A rank's loop: train each round its parent sends, answer, and exit when the parent is gone."""
-    from federation.client import FederatedClient
-
-    clients: dict[str, FederatedClient] = {}
+    clients: dict[str, Any] = {}
     while True:
         try:
-            cfg, node_config, arrays, config, state = connection.recv()
+            client, cfg, node_config, arrays, config, state = connection.recv()
         except (EOFError, OSError):
             return
         try:
-            key = json.dumps([cfg.model_dump(mode="json"), node_config], sort_keys=True)
+            key = json.dumps(
+                [f"{client.__module__}.{client.__qualname__}", cfg.model_dump(mode="json"), node_config], sort_keys=True
+            )
             if key not in clients:
-                clients[key] = FederatedClient(cfg, node_config)
+                clients[key] = client(cfg, node_config)
             answer = ("ok", clients[key].train_here(arrays, config, state))
         except Exception as err:  # travels to the parent, which raises it as a one-process client would
             err.add_note(

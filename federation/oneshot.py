@@ -3,11 +3,12 @@
 FedDiff (:mod:`federation.feddiff`), OSCAR (:mod:`federation.oscar`) and ensemble distillation
 (:mod:`federation.ensemble`) run one round in which every client uploads once. A client takes its
 share of the train split under ``federation.partition``, or a deployed node its whole train split
-(:class:`OneShotClient`). The server (:class:`OneShotServer`) keeps the uploads
-(``uploads/<client>.safetensors``, ``uploads/clients.json``, written last: the round is done, and a
-rerun runs no round but goes straight to the program's ``finish``), logs the round to
-``rounds.jsonl`` (each client's examples and uplink bytes, and what the program adds), refuses to
-continue a run whose settings of what the uploads depend on changed, and builds the global classifier
+(:class:`OneShotClient`). The server (:class:`OneShotServer`, on the server base of every federated
+program, :class:`~federation.base.ProgramServer`) keeps the uploads (``uploads/<client>.safetensors``,
+``uploads/clients.json``, written last: the round is done, and a rerun runs no round but goes straight
+to the program's ``finish``), logs the round to ``rounds.jsonl`` (each client's examples and uplink
+bytes, and what the program adds), refuses to continue a run whose settings of what the uploads
+depend on changed, and builds the global classifier
 in ``classifier/`` (FedDiff and OSCAR: the configured backbone and head finetuned on their synthetic
 split, :meth:`OneShotServer.train_classifier`).
 """
@@ -23,20 +24,17 @@ import numpy as np
 import yaml
 from safetensors.numpy import load_file, save_file
 
-from federation.program import check_simulation
+from federation.base import ProgramServer, check_simulation, local_config
 from federation.runtime import DATA_ROOT, INSTITUTION, Failure, Program, Reply, Scalar, Scalars, program_config
 from geofm.config.base import CONFIG_FILE, config_to_dict
 from geofm.config.oneshot import OneShotConfig
-from geofm.errors import ConfigError
 from geofm.federated.oneshot.feddiff import Upload
-from geofm.loggers import RunLoggers, check_installed, end_status
 from geofm.tasks import federated_task, train_central
 
 log = logging.getLogger("geofm.federated")
 
 UPLOADS = "uploads"
 CLIENTS_FILE = "clients.json"  # in UPLOADS: every client's metrics, written last: the round is done
-ROUNDS_LOG = "rounds.jsonl"
 
 
 def _size(nbytes: int) -> str:
@@ -51,9 +49,8 @@ class OneShotClient:
 
     def __init__(self, cfg: OneShotConfig, node_config: dict[str, Scalar]) -> None:
         self.name = str(node_config[INSTITUTION])
-        data_root = node_config.get(DATA_ROOT)
-        self.own_data = bool(data_root)
-        self.cfg = cfg.for_node(self.name, str(data_root) if data_root else None, None)
+        self.own_data = bool(node_config.get(DATA_ROOT))
+        self.cfg = local_config(cfg, node_config)
         if self.every_band:
             self.cfg = self.cfg.all_bands()
         self.data = federated_task(self.cfg)
@@ -63,50 +60,28 @@ class OneShotClient:
         return {"client": self.name, "num_examples": len(self.indices)}
 
 
-class OneShotServer:
+class OneShotServer(ProgramServer):
     """One round of uploads kept on disk; a subclass names the sections its uploads depend on
     (``resume_sections``), adds its metrics to the round's record (:meth:`round_record`) and does its
     work after the round (``finish``)."""
 
-    num_rounds = 1
-    fraction = 1.0
+    cfg: OneShotConfig
     resume_sections: tuple[str, ...] = ("data", "model", "federation")
 
     def __init__(self, cfg: OneShotConfig) -> None:
-        fed = cfg.federation
-        self.cfg, self.run_dir = cfg, cfg.run.output_dir
-        self.min_clients, self.expected_clients = fed.min_clients, fed.clients
-        self.round_timeout_s, self.connect_timeout_s, self.round_retries = (
-            fed.round_timeout_s,
-            fed.connect_timeout_s,
-            fed.round_retries,
-        )
+        super().__init__(cfg)
         self.upload_dir = self.run_dir / UPLOADS
-        self.rounds_log: RunLoggers | None = None
-        check_installed(cfg.run.loggers)
-        self._check_resume()
+        self.resume()
         cfg.check_server_inputs()
 
-    def _check_resume(self) -> None:
-        """Refuse to continue a run whose uploads (or what the server made of them) came from other settings.
+    def rounds_done(self) -> int:
+        return 1 if (self.upload_dir / CLIENTS_FILE).exists() else 0
 
-        Raises:
-            ConfigError: naming the changed section.
-        """
-        path = self.run_dir / CONFIG_FILE
-        if not path.exists():
-            return
-        saved, current = yaml.safe_load(path.read_text()), config_to_dict(self.cfg)
-        saved["seed"], current["seed"] = saved["run"]["seed"], current["run"]["seed"]
-        for key in (*self.resume_sections, "seed"):
-            if saved.get(key) != current[key]:
-                raise ConfigError(
-                    f"{self.run_dir} holds the uploads of a {self.cfg.method} run with other {key} settings; rerun "
-                    "with the same settings to continue it, or choose a new run.output_dir"
-                )
+    def resume_invariants(self) -> tuple[str, ...]:
+        return (*self.resume_sections, "run.seed")
 
-    def start_round(self) -> int:
-        return 2 if (self.upload_dir / CLIENTS_FILE).exists() else 1
+    def restore(self, saved: dict | None, current: dict, done: int) -> None:
+        """Nothing to load: :meth:`kept_uploads` reads the round's uploads where ``finish`` uses them."""
 
     def register(self, node_id: int, identity: Scalars) -> None:
         """Nothing to learn: a reply names its client."""
@@ -139,16 +114,8 @@ class OneShotServer:
             "num_examples": {name: c["num_examples"] for name, c in clients.items()},
             **self.round_record(clients),
         }
-        self.rounds_log = RunLoggers(
-            self.run_dir / ROUNDS_LOG, self.cfg.run, resume_step=rnd - 1, key="round", config=config_to_dict(self.cfg)
-        )
-        self.rounds_log.write(record)
+        self.write_round(record)  # the round's loggers; the classifier's run has its own
         (self.upload_dir / CLIENTS_FILE).write_text(json.dumps(clients, indent=1))
-
-    def close(self, error: BaseException | None) -> None:
-        """Close the round's loggers once the run ends (the classifier's run has its own)."""
-        if self.rounds_log is not None:
-            self.rounds_log.close(end_status(error, finished=True))
 
     def clients(self) -> dict[str, dict]:
         """Each client's metrics in the round (``num_examples``, ``uplink_bytes``...), in name order."""
@@ -198,7 +165,6 @@ def check_one_shot_simulation(cfg: OneShotConfig, source: str) -> None:
 
 __all__ = [
     "CLIENTS_FILE",
-    "ROUNDS_LOG",
     "UPLOADS",
     "OneShotClient",
     "OneShotServer",

@@ -1,4 +1,5 @@
-"""What a resumed federated server reads back: its saved config, compared as settings, and its algorithm's state."""
+"""What a resumed federated server compares and notes: its saved config read as today's settings, and how
+its logged rounds weighted the clients."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import logging
 from geofm.config.algorithm import MOVED_TO_OPTIONS, AlgorithmConfig
 from geofm.config.federated import FederatedConfig
 from geofm.federated.algorithms import ALGORITHMS
-from geofm.federated.algorithms.fedsense import DISTILL_OPTIMIZER
 
 log = logging.getLogger("geofm.federated")
 
@@ -35,16 +35,6 @@ def saved_config(tree: dict | None) -> dict | None:
     return {**tree, "task": FederatedConfig.model_fields["task"].default}
 
 
-def algorithm_state(server: dict) -> dict:
-    """The algorithm's state in a server checkpoint. Checkpoints written before the algorithm kept its own
-    state hold FedAvg's at the top level; those written before FedSense kept its distillation optimiser
-    hold that beside the algorithm's state (every run's, empty where nothing was distilled)."""
-    state = dict(server.get("algorithm", server))
-    if DISTILL_OPTIMIZER in server:
-        state[DISTILL_OPTIMIZER] = server[DISTILL_OPTIMIZER]
-    return state
-
-
 def note_file_weights(last_round: dict | None, task_kind: str | None, rounds_log: str) -> bool:
     """Warn, when a pretraining run resumes from rounds written before each round recorded its clients'
     ``examples``, that those rounds weighted a client by its files and the rounds from here on weigh it
@@ -65,4 +55,4 @@ def note_file_weights(last_round: dict | None, task_kind: str | None, rounds_log
     return True
 
 
-__all__ = ["algorithm_state", "comparable_algorithm", "note_file_weights", "saved_config"]
+__all__ = ["comparable_algorithm", "note_file_weights", "saved_config"]

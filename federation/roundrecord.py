@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from federation.program import OWN_VALIDATION
+from federation.base import OWN_VALIDATION
 from federation.runtime import Scalars
 from geofm.federated.aggregation.uploads import RoundAggregate
 

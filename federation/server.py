@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -11,12 +10,12 @@ import time
 import numpy as np
 import torch
 
-from federation.program import build_task, round_lr
-from federation.resume import algorithm_state, comparable_algorithm, note_file_weights, saved_config
+from federation.base import ProgramServer
+from federation.resume import note_file_weights
 from federation.roundrecord import RoundRecord
 from federation.runtime import Arrays, Failure, Reply, Scalars
+from geofm import engine as ds
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
-from geofm.config import config_to_dict
 from geofm.config.federated import FederatedConfig
 from geofm.errors import GeoFMError
 from geofm.federated.aggregation.uploads import ClientUpload, RoundAggregate
@@ -33,16 +32,15 @@ from geofm.federated.parameter_vectors import (
     running_statistics,
 )
 from geofm.federated.privacy.client_level import PrivacyAccountant, check_statistics
-from geofm.loggers import RunLoggers, check_installed, end_status
 from geofm.memory import keep_freed_memory
 from geofm.paths import check_writable
 from geofm.reconstruction import RECONSTRUCTION_FIGURE
 from geofm.rundir import Progress, RunCheckpoints, check_inputs, check_resume
-from geofm.runlog import plot_metric_curve, plot_rounds
+from geofm.runlog import ROUNDS_LOG, plot_metric_curve, plot_rounds
+from geofm.tasks import federated_task
 
 log = logging.getLogger("geofm.federated")
 
-ROUNDS_LOG = "rounds.jsonl"
 FEDERATED_INVARIANTS = (
     "task",
     "federation.partition",
@@ -64,20 +62,29 @@ FEDERATED_SCHEDULE = (
 )
 
 
-class FederatedServer:
+def round_lr(cfg: FederatedConfig, rnd: int) -> float:
+    """The clients' learning rate in round ``rnd`` (1-based): warm-up, then constant or cosine to ``min_lr_ratio``,
+    from the peak scaled to a client's global batch (``federation.local_processes`` processes), with the
+    base rate of the run's local optimiser (:func:`geofm.federated.algorithms.local_optimizer.resolve`)."""
+    train, rounds = cfg.train, cfg.federation.rounds
+    base_lr = local_optimizer.resolve(train, cfg.algorithm.name).base_lr
+    peak = base_lr * ds.global_batch(train, cfg.federation.local_processes) / train.lr_reference_batch
+    if rnd <= train.warmup_rounds:
+        return peak * rnd / (train.warmup_rounds + 1)
+    if train.lr_schedule == "constant":
+        return peak
+    progress = (rnd - 1 - train.warmup_rounds) / max(rounds - 1 - train.warmup_rounds, 1)
+    return peak * (train.min_lr_ratio + (1 - train.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class FederatedServer(ProgramServer):
     """The server of a federated run: selection, aggregation, guidance, logs, checkpoints."""
 
+    cfg: FederatedConfig
+
     def __init__(self, cfg: FederatedConfig) -> None:
-        self.cfg = cfg
-        check_installed(cfg.run.loggers)
+        super().__init__(cfg)
         fed = cfg.federation
-        self.min_clients = fed.min_clients
-        self.fraction = fed.fraction
-        self.round_timeout_s = fed.round_timeout_s
-        self.expected_clients = cfg.num_clients
-        self.connect_timeout_s = fed.connect_timeout_s
-        self.round_retries = fed.round_retries
-        self.run_dir = cfg.run.output_dir
         self.checkpoints = RunCheckpoints(self.run_dir, cfg.run.keep_checkpoints, rank=0, unit="round")
         self.clients: dict[int, tuple[str, int]] = {}  # node id -> (institution, examples)
         self._round_started, self._round_downlink, self._server_seconds = time.perf_counter(), 0, 0.0
@@ -86,7 +93,7 @@ class FederatedServer:
         # freed memory spares it faulting them in afresh (about a quarter of its per-client cost).
         keep_freed_memory()
         torch.manual_seed(cfg.run.seed)
-        self.task = build_task(cfg)
+        self.task = federated_task(cfg)
         check_writable(self.run_dir, "run.output_dir", folder=True)
         clear_spill(self.run_dir)  # a killed round's spilled updates: that round is redone from the checkpoint
         self.uploads = UploadStore(self.run_dir / SPILL_FOLDER / UPLOADS_FOLDER)  # the transport fills it
@@ -112,29 +119,13 @@ class FederatedServer:
         self.start_statistics = self.statistics
         self.algorithm.start_local(self.algorithm.local.flatten_module(self.model))
         self.algorithm.attach(ServerContext(self.model, self.layout, self.task.public_images()))
-        self.done = self._resume()
+        self.resume()
         self.checkpoints.start(cfg)
-        stop = fed.stop_after_rounds
-        self.num_rounds = fed.rounds if stop is None else min(fed.rounds, self.done + stop)
-        if self.done < self.num_rounds < fed.rounds:
-            log.info(
-                "this invocation runs rounds %d-%d of %d (federation.stop_after_rounds=%d counts from where it "
-                "resumes); rerun to continue",
-                self.done + 1,
-                self.num_rounds,
-                fed.rounds,
-                stop,
-            )
-        self.rounds_log = RunLoggers(
-            self.run_dir / ROUNDS_LOG, cfg.run, resume_step=self.done, key="round", config=config_to_dict(cfg)
-        )
+        self.open_rounds_log()
         if self.done < self.num_rounds:
             log.info("server ready; round %d starts once the %d clients are ready", self.done + 1, cfg.num_clients)
 
     # ---- plan --------------------------------------------------------------------------
-    def start_round(self) -> int:
-        return self.done + 1
-
     def register(self, node_id: int, identity: Scalars) -> None:
         self.clients[node_id] = (str(identity["client"]), int(identity["num_examples"]))
 
@@ -207,7 +198,7 @@ class FederatedServer:
             discarded=discarded,
             failed={str(self.clients.get(f.node_id, (f.node_id,))[0]): f.reason for f in failures},
         )
-        self.rounds_log.write(record.to_dict())
+        self.write_round(record.to_dict())
         self._report(record)
         self._checkpoint(rnd)
         self._plot(validation)
@@ -313,10 +304,6 @@ class FederatedServer:
         self.rounds_log.figure(self.run_dir / RECONSTRUCTION_FIGURE, self.num_rounds)
         self.rounds_log.artifacts(self.task.products(self.run_dir))
 
-    def close(self, error: BaseException | None) -> None:
-        """Close the run's loggers once the invocation ends (``error``: what ended it, if anything did)."""
-        self.rounds_log.close(end_status(error, self.num_rounds >= self.cfg.federation.rounds))
-
     def _average_statistics(self, statistics: dict[str, np.ndarray | None], weights: dict[str, float]) -> None:
         """The accepted clients' batch-norm statistics, averaged by their weights, into the global model;
         a client's that are missing, misshapen or not finite are left out (its upload was accepted)."""
@@ -352,34 +339,36 @@ class FederatedServer:
     def _progress(self, rnd: int) -> Progress:
         return Progress.of(rnd, self.cfg.federation.rounds, self.cfg.train, world_size=1)
 
-    def _resume(self) -> int:
-        """Load the last server checkpoint, if any; return the rounds it completed."""
+    def rounds_done(self) -> int:
         progress = self.checkpoints.progress()
-        if progress is None:
-            return 0
+        return 0 if progress is None else progress.step
+
+    def resume_invariants(self) -> tuple[str, ...]:
+        return (*self.task.resume_invariants, *FEDERATED_INVARIANTS)
+
+    def restore(self, saved: dict | None, current: dict, done: int) -> None:
+        """Check the schedule and the rounds' weighting, then load the last server checkpoint."""
         check_resume(
             self.run_dir,
-            comparable_algorithm(saved_config(self.checkpoints.saved_config())),
-            comparable_algorithm(config_to_dict(self.cfg)),
-            progress,
-            invariants=(*self.task.resume_invariants, *FEDERATED_INVARIANTS),
+            saved,
+            current,
+            self.checkpoints.progress(),
+            invariants=(),
             schedule_keys=FEDERATED_SCHEDULE,
             global_batch=self._progress(0).global_batch,
             world_size=1,
             zero_stage=0,
             extend=False,
         )
-        rounds_log = self.run_dir / ROUNDS_LOG
-        lines = rounds_log.read_text().splitlines() if rounds_log.exists() else []
-        last_round = json.loads(lines[-1]) if lines else None
-        local_optimizer.check_resumed(last_round, self.local_optimizer, self.cfg.algorithm.name, str(rounds_log))
-        note_file_weights(last_round, getattr(self.task, "kind", None), str(rounds_log))
-        saved = load_training_file(self.checkpoints.latest() / DEEPSPEED_MODEL_STATES, "cpu", {})
-        self.model.load_state_dict(saved["module"])
+        last_round, rounds_log = self.last_round(), str(self.run_dir / ROUNDS_LOG)
+        local_optimizer.check_resumed(last_round, self.local_optimizer, self.cfg.algorithm.name, rounds_log)
+        note_file_weights(last_round, getattr(self.task, "kind", None), rounds_log)
+        checkpoint = load_training_file(self.checkpoints.latest() / DEEPSPEED_MODEL_STATES, "cpu", {})
+        self.model.load_state_dict(checkpoint["module"])
         self.global_model = self.layout.flatten_module(self.model)
         self.statistics = running_statistics(self.model)
-        server = saved["server"]
-        self.algorithm.load_state_dict(algorithm_state(server))
+        server = checkpoint["server"]
+        self.algorithm.load_checkpoint(server)
         if self.accountant is not None:  # the algorithm section, privacy included, is kept on resume
             self.accountant.load_state_dict(server["privacy"])
         if not bool(torch.isfinite(self.global_model).all()):
@@ -387,8 +376,7 @@ class FederatedServer:
                 f"{self.checkpoints.latest().resolve()} holds a global model with non-finite values; "
                 "delete that checkpoint folder to resume from the one before it"
             )
-        log.info("resumed from %s after round %d", self.checkpoints.latest().resolve(), progress.step)
-        return progress.step
+        log.info("resumed from %s after round %d", self.checkpoints.latest().resolve(), done)
 
 
 def non_finite_model(outcome: ServerRound, payloads: dict[str, RoundAggregate]) -> str | None:
@@ -411,4 +399,4 @@ def non_finite_model(outcome: ServerRound, payloads: dict[str, RoundAggregate]) 
     )
 
 
-__all__ = ["FederatedServer", "non_finite_model"]
+__all__ = ["FEDERATED_INVARIANTS", "FEDERATED_SCHEDULE", "FederatedServer", "non_finite_model", "round_lr"]

@@ -77,23 +77,6 @@ def test_heavy_engine_has_only_its_own_importers(library):
     assert importers == SOLE_IMPORTERS[library]
 
 
-# Module cycles not yet removed, each as the set of modules whose imports of each other the module check
-# leaves out. The federated program's server, client and round record import each other through
-# federation/program.py; the restructuring of federation/ into its target layout removes this cycle.
-# Any other cycle, or one of these reaching a module outside its set, fails the check.
-KNOWN_MODULE_CYCLES = [
-    frozenset(
-        {
-            "federation.client",
-            "federation.localgroup",
-            "federation.program",
-            "federation.roundrecord",
-            "federation.server",
-        }
-    )
-]
-
-
 def _module_name(path: Path, root: Path) -> str:
     parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -190,18 +173,9 @@ def _geofm_graph() -> dict[str, frozenset[str]]:
     return {module: targets for module, targets in _project_graph().items() if module.split(".")[0] == "geofm"}
 
 
-def _without(graph: Mapping[str, Collection[str]], cycle: Collection[str]) -> dict[str, set[str]]:
-    """``graph`` without the imports between the modules of ``cycle``."""
-    return {m: {t for t in targets if not (m in cycle and t in cycle)} for m, targets in graph.items()}
-
-
-def test_project_modules_import_no_cycle_but_the_known_ones():
-    graph: Mapping[str, Collection[str]] = _project_graph()
-    for known in KNOWN_MODULE_CYCLES:
-        inside = {m: {t for t in graph[m] if t in known} for m in known if m in graph}
-        assert find_cycle(inside) is not None, f"no longer a cycle, drop from KNOWN_MODULE_CYCLES: {sorted(known)}"
-        graph = _without(graph, known)
-    assert find_cycle(graph) is None, _cycle_text(find_cycle(graph))
+def test_project_modules_import_no_cycle():
+    cycle = find_cycle(_project_graph())
+    assert cycle is None, _cycle_text(cycle)
 
 
 def test_geofm_modules_import_no_cycle():

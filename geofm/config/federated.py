@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.config.algorithm import AlgorithmConfig
-from geofm.config.base import Section, checks_architecture, config_to_dict
+from geofm.config.base import Section, checks_architecture
 from geofm.config.pretrain import PretrainingConfig
 from geofm.config.sections import (
     OptimizerConfig,
@@ -169,7 +169,32 @@ def check_federation(
         )
 
 
-class FederatedConfig(PretrainingConfig):
+class FederatedProgramConfig:
+    """What a federated program's config offers besides its sections (mixed into a config with ``data``,
+    ``federation`` and ``client_names``; ``teacher`` where its objective distils): how many clients it has
+    and the config as one institution's machine sees it."""
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_names)
+
+    def for_node(self, institution: str, data_root: str | None, teacher: str | None) -> Self:
+        """The config as one institution's machine sees it: its ``data_root`` and ``teacher`` paths.
+
+        ``data_root`` is where the institution holds its data (the data section's ``at_node``: the root of its
+        own source under ``by_source``, else the folder relative source roots are resolved against; a
+        finetuning dataset's root); ``teacher`` replaces the teacher's weights file where there is a teacher.
+        """
+        update = {}
+        if data_root:
+            own_source = institution if self.federation.partition == "by_source" else None
+            update["data"] = self.data.at_node(Path(data_root), own_source)
+        if teacher and getattr(self, "teacher", None) is not None:
+            update["teacher"] = self.teacher.model_copy(update={"checkpoint": Path(teacher)})
+        return self.model_copy(update=update) if update else self
+
+
+class FederatedConfig(FederatedProgramConfig, PretrainingConfig):
     """Federated continual pretraining: a registered objective on every client (GFM/SimMIM by default, or
     DINO), FedSense or another registered algorithm around it."""
 
@@ -201,29 +226,6 @@ class FederatedConfig(PretrainingConfig):
         if self.federation.partition == "by_source":
             return [s.name for s in self.data.sources if s.name not in self.federation.public_sources]
         return [f"client{i}" for i in range(self.federation.clients)]
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.client_names)
-
-    def for_node(self, institution: str, data_root: str | None, teacher: str | None) -> FederatedConfig:
-        """The config as one institution's machine sees it: its ``data_root`` and ``teacher`` paths.
-
-        ``data_root`` replaces the root of the institution's own source (``by_source``), or is the
-        folder relative source roots are resolved against (other partitions); ``teacher`` replaces
-        the teacher's weights file.
-        """
-        tree = config_to_dict(self)
-        if data_root:
-            for source in tree["data"]["sources"]:
-                if self.federation.partition == "by_source":
-                    if source["name"] == institution:
-                        source["root"] = str(data_root)
-                elif not Path(source["root"]).is_absolute():
-                    source["root"] = str(Path(data_root) / source["root"])
-        if teacher and tree.get("teacher"):
-            tree["teacher"]["checkpoint"] = str(teacher)
-        return FederatedConfig.from_tree(tree, f"the run's config at {institution}")
 
 
 def read_federated_config(tree: dict, source: str = "<config>", overrides: Sequence[str] = ()) -> Any:

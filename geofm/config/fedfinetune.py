@@ -17,7 +17,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.config.base import CONFIG_FILE, read_config_tree
-from geofm.config.federated import FederationConfig, LocalTrainConfig, check_federation
+from geofm.config.federated import FederatedProgramConfig, FederationConfig, LocalTrainConfig, check_federation
 from geofm.config.finetune import FinetuneConfig
 from geofm.errors import ConfigError
 from geofm.registry import REGISTRIES
@@ -53,7 +53,7 @@ class FinetuneFederationConfig(FederationConfig):
         return REGISTRIES.get("sample-partitioners").check(name)
 
 
-class FederatedFinetuneConfig(FinetuneConfig):
+class FederatedFinetuneConfig(FederatedProgramConfig, FinetuneConfig):
     """Federated finetuning of a backbone on one downstream task (see the module docstring)."""
 
     train: LocalTrainConfig
@@ -81,18 +81,6 @@ class FederatedFinetuneConfig(FinetuneConfig):
     def client_names(self) -> list[str]:
         """``client00``, ``client01``, ... (``federation.clients`` of them)."""
         return client_names(self.federation.clients)
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.client_names)
-
-    def for_node(self, institution: str, data_root: str | None, teacher: str | None) -> FederatedFinetuneConfig:
-        """The config as one institution's machine sees it: ``data_root`` replaces ``data.root``
-        (the node trains on all of its own train split; ``teacher`` does not apply)."""
-        if not data_root:
-            return self
-        data = self.data.model_copy(update={"root": Path(data_root)})
-        return self.model_copy(update={"data": data})
 
 
 def read_finetune_config(tree: dict, source: str = "<config>", overrides: Sequence[str] = ()) -> FinetuneConfig:

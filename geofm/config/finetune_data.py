@@ -242,6 +242,11 @@ class FinetuneDataConfig(Section):
     def _registered_folder_layout(cls, name: str | None) -> str | None:
         return name if name is None else FOLDER_LAYOUTS.check(name)
 
+    def at_node(self, data_root: Path, source: str | None = None) -> FinetuneDataConfig:
+        """The dataset as one institution's machine holds it: its own splits under ``data_root`` (a node trains on
+        all of its own train split; ``source`` is a pretraining pile's and does not apply)."""
+        return self.model_copy(update={"root": data_root})
+
     @model_validator(mode="after")
     def _check(self) -> FinetuneDataConfig:
         _check_band_spec("data", self.dataset_bands, self.bands, self.mean, self.std)

@@ -18,6 +18,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from geofm.config.base import Section
+from geofm.config.federated import FederatedProgramConfig
 from geofm.config.fedfinetune import FinetuneFederationConfig, client_names
 from geofm.config.finetune import FinetuneConfig
 from geofm.errors import ConfigError
@@ -73,7 +74,7 @@ class DDPMConfig(Section):
         return self
 
 
-class OneShotConfig(FinetuneConfig):
+class OneShotConfig(FederatedProgramConfig, FinetuneConfig):
     """A classification finetuning config whose clients each upload once (see the module docstring)."""
 
     method: ClassVar[str] = "a one-shot program"
@@ -109,13 +110,6 @@ class OneShotConfig(FinetuneConfig):
     def client_names(self) -> list[str]:
         """``client00``, ``client01``, ... (``federation.clients`` of them)."""
         return client_names(self.federation.clients)
-
-    def for_node(self, institution: str, data_root: str | None, teacher: str | None) -> OneShotConfig:
-        """The config as one institution's machine sees it: ``data_root`` replaces ``data.root`` (the node
-        trains on all of its own train split; ``teacher`` does not apply)."""
-        if not data_root:
-            return self
-        return self.model_copy(update={"data": self.data.model_copy(update={"root": Path(data_root)})})
 
     def check_server_inputs(self) -> None:
         """Check the files only the server reads before the round (none here; see the programs' configs)."""

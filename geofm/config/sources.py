@@ -220,6 +220,18 @@ class DataConfig(Section):
             raise ValueError(f"crop_scale must satisfy 0 < min <= max <= 1, got {self.crop_scale}")
         return self
 
+    def at_node(self, data_root: Path, source: str | None) -> DataConfig:
+        """The pile as one institution's machine holds it: ``data_root`` is the root of its own ``source`` (a
+        federation of one client per source), or, with ``source`` None, the folder relative source roots are
+        resolved against."""
+
+        def root(s: SourceConfig) -> Path:
+            if source is not None:
+                return data_root if s.name == source else s.root
+            return s.root if s.root.is_absolute() else data_root / s.root
+
+        return self.model_copy(update={"sources": [s.model_copy(update={"root": root(s)}) for s in self.sources]})
+
     @property
     def teacher_band_indices(self) -> list[int]:
         """Input bands a teacher sees: red, green, blue (or the three bands of a 3-band model)."""

@@ -25,9 +25,8 @@ from pathlib import Path
 import yaml
 
 from geofm.errors import ConfigError
-from geofm.runlog import figure
+from geofm.runlog import ROUNDS_LOG, figure
 
-ROUNDS_LOG = "rounds.jsonl"
 SWEEP_LABELS = "sweep_cell.json"  # written by a sweep into each cell: its algorithm, scenario and uplink labels
 
 

@@ -7,15 +7,15 @@ import pytest
 import torch
 from torch import nn
 
-from federation.resume import algorithm_state, comparable_algorithm
+from federation.resume import comparable_algorithm
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.errors import ConfigError
 from geofm.federated.aggregation.clustering import cluster_clients
 from geofm.federated.aggregation.similarity import distill_similarity
 from geofm.federated.aggregation.uploads import ClientUpload
 from geofm.federated.algorithms import build_algorithm
+from geofm.federated.algorithms.base import DISTILL_OPTIMIZER
 from geofm.federated.algorithms.context import PublicImages, ServerContext
-from geofm.federated.algorithms.fedsense import DISTILL_OPTIMIZER
 from geofm.federated.communication.codec import Codec
 from geofm.federated.parameter_vectors import ParameterLayout
 
@@ -93,10 +93,10 @@ def test_the_distillation_optimiser_carries_across_a_checkpoint_and_legacy_ones_
     legacy = {"round": 3, "algorithm": {k: v for k, v in saved.items() if k != DISTILL_OPTIMIZER}}
     legacy[DISTILL_OPTIMIZER] = saved[DISTILL_OPTIMIZER]
     again, _ = _fedsense(_Tiny(), _public(images, []))
-    again.load_state_dict(algorithm_state(legacy))
+    again.load_checkpoint(legacy)
     assert again.distillation.optimizer.state_dict()["state"][0]["step"] == 2
     fedavg = build_algorithm(AlgorithmConfig(name="fedavg"), layout)
-    fedavg.load_state_dict(algorithm_state(legacy))  # every run's checkpoint held one; FedAvg ignores it
+    fedavg.load_checkpoint(legacy)  # every run's checkpoint held one; FedAvg ignores it
 
 
 def test_fedsense_refuses_to_distil_without_public_images():

@@ -138,7 +138,7 @@ def test_an_error_in_a_rank_reaches_the_client_and_ends_the_group(fed_tree):
     group = LocalGroup(2)
     cfg = FederatedConfig.from_tree(fed_tree("error"))
     with pytest.raises(ConfigError, match="'nobody' is not a client of this federation") as raised:
-        group.train(cfg, {"institution": "nobody"}, {}, {"round": 1, "lr": 1e-3}, {})
+        group.train(FederatedClient, cfg, {"institution": "nobody"}, {}, {"round": 1, "lr": 1e-3}, {})
     assert "of the node's training processes" in "".join(raised.value.__notes__)
     assert all(process.poll() is not None for process, _ in group.members), "every rank was ended"
 

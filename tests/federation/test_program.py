@@ -17,15 +17,16 @@ import yaml
 from PIL import Image
 from safetensors.torch import load_file
 
+from federation.base import local_config
 from federation.client import FederatedClient
 from federation.inprocess import InProcess
-from federation.program import local_config, round_lr
 from federation.roundloop import run_server
-from federation.server import FederatedServer
+from federation.server import FederatedServer, round_lr
 from geofm.checkpoints import inspect_checkpoint
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError, DatasetNotFoundError, FederatedRunError
+from geofm.federated.algorithms.base import DISTILL_OPTIMIZER
 from geofm.federated.communication.codec import Codec
 from geofm.reconstruction import SHOWN_CHIPS, figure_size
 from geofm.tasks import TASKS
@@ -355,6 +356,25 @@ def test_a_resumed_run_restores_the_server_optimiser_and_an_older_checkpoint_sta
     assert not all(torch.equal(weights[straight][k], weights[older][k]) for k in weights[straight]), (
         "a fresh state steps differently: the saved one is what made the resumed run identical"
     )
+
+
+def test_a_checkpoint_with_the_distillation_optimiser_beside_the_algorithm_state_resumes_to_the_same_result(
+    fed_tree,
+):
+    """Server checkpoints written before FedSense kept its distillation optimiser in its own state hold it beside
+    that state: FedSense reads it back from there, and the run resumes to the unbroken result."""
+    straight = _run(fed_tree("straight", federation={"rounds": 2}))
+    older = _run(fed_tree("older", federation={"rounds": 2, "stop_after_rounds": 1}))
+    (path,) = older.joinpath("checkpoints").rglob(DEEPSPEED_MODEL_STATES)
+    saved = torch.load(path, weights_only=True)
+    saved["server"][DISTILL_OPTIMIZER] = saved["server"]["algorithm"].pop(DISTILL_OPTIMIZER)
+    assert saved["server"][DISTILL_OPTIMIZER]["state"], "AdamW's moments after round 1's distillation"
+    torch.save(saved, path)
+    resumed = FederatedServer(FederatedConfig.from_tree(fed_tree("older", federation={"rounds": 2})))
+    assert resumed.algorithm.distillation.optimizer.state_dict()["state"], "the moments were read back"
+    _run(fed_tree("older", federation={"rounds": 2}))
+    wa, wb = load_file(straight / "backbone.safetensors"), load_file(older / "backbone.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "the resumed run ends with the same weights"
 
 
 def test_a_discarded_round_leaves_the_server_optimiser_state_as_it_was(fed_tree, monkeypatch):

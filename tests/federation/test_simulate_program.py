@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from federation.program import check_simulation_inputs
+from federation.base import check_simulation_inputs
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
 from tests.federation.conftest import geofm_stderr_lines

@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from federation.base import check_simulation_inputs
 from federation.cli import BUILT_IN
 from federation.client import FederatedClient
 from federation.deploy import COMPLETED
 from federation.inprocess import InProcess, run_in_process
 from federation.localdeploy import LocalDeployment
-from federation.program import check_simulation_inputs
 from federation.roundloop import run_server
 from federation.runtime import CONFIG, DATA_ROOT, INSTITUTION, PROGRAM, config_entry
 from federation.server import FederatedServer

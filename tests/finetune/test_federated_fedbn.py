@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import geofm.federated.client_round
-from federation.program import build_task
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
 from geofm.config.federated import read_federated_config
 from geofm.federated.parameter_vectors import ParameterLayout
+from geofm.tasks import federated_task
 from tests.finetune.test_federated import _federated, _resumes_like_unbroken, _rounds, _run
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_classification_keeps_each_clients_layer_norms_and_validates_their_mean(
     assert not np.allclose(own["client00"], own["client01"]), "each client trained its own norms"
     # The server's model holds the clients' round-2 norms averaged by weight (a 32-bit uplink: exact up to
     # float sums); the norms are the Swin's LayerNorms, in the order of the model's parameters.
-    layout = ParameterLayout.of(build_task(read_federated_config(tree)).build_model(initial_weights=False))
+    layout = ParameterLayout.of(federated_task(read_federated_config(tree)).build_model(initial_weights=False))
     assert {kind for _, kind in layout.norms} == {"layernorm"}
     weights, module = _weights(run_dir), _server_model(run_dir)
     served = torch.cat([module[name].flatten() for name, _ in layout.norms]).numpy()

@@ -34,7 +34,8 @@ on the server again :meth:`~Algorithm.aggregate`, :meth:`~Algorithm.server_updat
 values of the local parameters its own model validates, checkpoints and exports (the server gives
 :meth:`~Algorithm.start_local` its model's start values of them once built).
 :meth:`~Algorithm.state_dict` is the server's state (norm histories, downlink copies, which round
-each client holds, the algorithm's global and per-client state) for its checkpoints. The client's state is a dict of numpy arrays the runtime
+each client holds, the algorithm's global and per-client state, its distillation optimiser's) for its
+checkpoints, read back by :meth:`~Algorithm.load_checkpoint`. The client's state is a dict of numpy arrays the runtime
 keeps between rounds; the algorithm reads and writes it: ``feedback.<payload>.*`` (residuals),
 ``downlink.<payload>`` and ``reference_round`` (its copies under a compressed downlink), ``local``
 (its local parameters), ``local_statistics`` (its batch-norm running statistics, under
@@ -74,6 +75,9 @@ from geofm.federated.communication.feedback import ErrorFeedback, FeedbackState,
 from geofm.federated.local.sharpness import SharpnessAscent, asam_scaled
 from geofm.federated.parameter_vectors import ParameterLayout
 from geofm.federated.privacy.client_level import PrivateMean, noise_generator, privatise
+
+DISTILL_OPTIMIZER = "distill_optimizer"
+"""The server's distillation optimiser's state in an algorithm's :meth:`~Algorithm.state_dict`."""
 
 
 class Algorithm(Declaration, ABC):
@@ -346,14 +350,21 @@ class Algorithm(Declaration, ABC):
             history = [*self.recent_norms[p], [a.norm for a in payloads[p].accepted]]
             self.recent_norms[p] = history[-self.cfg.norm_history_rounds :]
 
+    def distillation_optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimiser of the server's distillation, whose moments carry across rounds (None: the algorithm
+        distils nothing on the server)."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """The server's algorithm state, for its checkpoint."""
+        optimizer = self.distillation_optimizer()
         return {
             "recent_norms": self.recent_norms,
             "references": self.references,
             "synced": dict(self.synced),
             "state": self.state,
             "client_state": self.client_state,
+            **({DISTILL_OPTIMIZER: optimizer.state_dict()} if optimizer is not None else {}),
         }
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
@@ -374,6 +385,19 @@ class Algorithm(Declaration, ABC):
         self.synced = dict(saved["synced"])
         self.state.update(saved.get("state", {}))
         self.client_state = {c: dict(v) for c, v in saved.get("client_state", {}).items()}
+        optimizer = self.distillation_optimizer()
+        if optimizer is not None and saved.get(DISTILL_OPTIMIZER) is not None:
+            optimizer.load_state_dict(saved[DISTILL_OPTIMIZER])
+
+    def load_checkpoint(self, server: Mapping[str, Any]) -> None:
+        """Restore the state a server checkpoint holds (its ``server`` entry, :meth:`state_dict` under
+        ``algorithm``). Checkpoints written before the algorithm kept its own state hold FedAvg's at the top
+        level; those written before it kept its distillation optimiser hold that beside the algorithm's
+        state (every run's, empty where nothing was distilled)."""
+        state = dict(server.get("algorithm", server))
+        if DISTILL_OPTIMIZER in server:
+            state[DISTILL_OPTIMIZER] = server[DISTILL_OPTIMIZER]
+        self.load_state_dict(state)
 
 
-__all__ = ["Algorithm"]
+__all__ = ["DISTILL_OPTIMIZER", "Algorithm"]

@@ -59,7 +59,6 @@ from geofm.federated.aggregation.similarity import Features
 from geofm.federated.aggregation.uploads import RoundAggregate
 from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.algorithms.fedavg import FedAvg
-from geofm.federated.algorithms.fedsense import DISTILL_OPTIMIZER
 from geofm.federated.algorithms.moon import frozen_copy, representation
 from geofm.federated.algorithms.representation import Capture, CapturingRound, representation_module
 from geofm.federated.algorithms.rounds import Arrays, LocalHooks, LocalUpdate, ServerRound
@@ -208,17 +207,8 @@ class FedMKD(FedAvg):
         loss = distill_multi_teacher(module, teachers, batches, public.features, self.optimizer, options.distill_steps)
         return self.reporting(ServerRound(layout.flatten_module(module), {"loss_distill": loss}), payloads)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The server state, with the distillation optimiser's (its moments carry across rounds)."""
-        state = super().state_dict()
-        if self.optimizer is not None:
-            state[DISTILL_OPTIMIZER] = self.optimizer.state_dict()
-        return state
-
-    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
-        super().load_state_dict(saved)
-        if self.optimizer is not None and saved.get(DISTILL_OPTIMIZER) is not None:
-            self.optimizer.load_state_dict(saved[DISTILL_OPTIMIZER])
+    def distillation_optimizer(self) -> torch.optim.Optimizer | None:
+        return self.optimizer
 
 
 __all__ = [

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
@@ -17,8 +17,6 @@ from geofm.federated.algorithms.context import ServerContext
 from geofm.federated.algorithms.fedprox import FedProx
 from geofm.federated.algorithms.rounds import LocalHooks, LocalRound, ServerRound
 from geofm.federated.local.perturbation import Perturbation
-
-DISTILL_OPTIMIZER = "distill_optimizer"  # the distillation optimiser's state in the algorithm's state_dict
 
 
 class FedSenseOptions(BaseModel):
@@ -139,17 +137,8 @@ class FedSense(FedProx):
         )
         return ServerRound(refined, {"loss_similarity": loss, "groups": float(len(groups.models))})
 
-    def state_dict(self) -> dict[str, Any]:
-        """The server state, with the distillation optimiser's (its moments carry across rounds)."""
-        state = super().state_dict()
-        if self.distillation is not None:
-            state[DISTILL_OPTIMIZER] = self.distillation.optimizer.state_dict()
-        return state
-
-    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
-        super().load_state_dict(saved)
-        if self.distillation is not None and saved.get(DISTILL_OPTIMIZER) is not None:
-            self.distillation.optimizer.load_state_dict(saved[DISTILL_OPTIMIZER])
+    def distillation_optimizer(self) -> torch.optim.Optimizer | None:
+        return None if self.distillation is None else self.distillation.optimizer
 
 
-__all__ = ["DISTILL_OPTIMIZER", "FedSense", "FedSenseOptions", "SimilarityDistillation"]
+__all__ = ["FedSense", "FedSenseOptions", "SimilarityDistillation"]
