@@ -1,7 +1,7 @@
 """The config of federated pretraining (``geofm fed simulate``, ``geofm fed launch``).
 
-It reuses central pretraining's sections (``run``, ``model``, ``masking``, ``teacher``, ``data``)
-with the same meaning; ``train`` is the clients' local optimisation (AdamW, clipping, precision)
+It reuses central pretraining's sections (``run``, ``model``, ``data``, the objective's ``task`` and
+``task_options``) with the same meaning; ``train`` is the clients' local optimisation (AdamW, clipping, precision)
 with a learning-rate schedule over rounds; ``federation`` says who the clients are and how rounds
 run; ``algorithm`` says what each side does and what travels each way. Every registered algorithm
 (``geofm list algorithms``; FedSense with every component switchable, for its ablations and the
@@ -211,7 +211,7 @@ class FederatedConfig(PretrainingConfig):
 
         ``data_root`` replaces the root of the institution's own source (``by_source``), or is the
         folder relative source roots are resolved against (other partitions); ``teacher`` replaces
-        the teacher's weights file.
+        the frozen teacher's weights file (``task_options.teacher.checkpoint`` of masked image modelling).
         """
         tree = config_to_dict(self)
         if data_root:
@@ -221,8 +221,8 @@ class FederatedConfig(PretrainingConfig):
                         source["root"] = str(data_root)
                 elif not Path(source["root"]).is_absolute():
                     source["root"] = str(Path(data_root) / source["root"])
-        if teacher and tree.get("teacher"):
-            tree["teacher"]["checkpoint"] = str(teacher)
+        if teacher and tree["task_options"].get("teacher"):
+            tree["task_options"]["teacher"]["checkpoint"] = str(teacher)
         return FederatedConfig.from_tree(tree, f"the run's config at {institution}")
 
 
