@@ -20,13 +20,9 @@ from geofm.config.base import CONFIG_FILE, read_config_tree
 from geofm.config.federated import FederationConfig, LocalTrainConfig, check_federation
 from geofm.config.finetune import FinetuneConfig
 from geofm.errors import ConfigError
+from geofm.objective_settings import MIM_TASK
 from geofm.registry import REGISTRIES
 from geofm.tasks import TASKS
-
-
-PRETRAINING_BEFORE_TASKS = "mim"
-"""The task of a run saved before configs named one: every such run pretrained by masked image modelling."""
-
 
 def client_names(count: int) -> list[str]:
     """``client00``, ``client01``, ... (zero-padded so that names sort as numbers)."""
@@ -122,7 +118,7 @@ def check_finetuning_run(run_dir: Path) -> None:
     if not path.is_file():
         return
     tree = read_config_tree(path)
-    task = tree.get("task", PRETRAINING_BEFORE_TASKS)
+    task = tree.get("task", MIM_TASK)
     if task not in TASKS or getattr(TASKS.get(task), "kind", None) != "pretraining":
         return
     kind = "federated" if "federation" in tree else "central"

@@ -52,6 +52,13 @@ def mim_options(cfg: PretrainingConfig) -> MimOptions:
     return MimOptions.model_validate(cfg.task_options)
 
 
+def with_teacher_checkpoint(cfg: PretrainingConfig, checkpoint: str | Path) -> PretrainingConfig:
+    """``cfg`` with its frozen teacher's weights read from ``checkpoint`` (this machine's copy)."""
+    options = cfg.task_options
+    teacher = {**options["teacher"], "checkpoint": str(checkpoint)}
+    return cfg.model_copy(update={"task_options": {**options, "teacher": teacher}})
+
+
 def build_student(cfg: PretrainingConfig) -> MaskedImageModel:
     """Student backbone with mask token, decoder and, with a teacher, the projector onto the teacher's
     feature width: random, or from ``model.init_checkpoint`` (all of these the file holds: a GFM,
@@ -219,4 +226,5 @@ __all__ = [
     "mim_forward",
     "mim_options",
     "prepare_models",
+    "with_teacher_checkpoint",
 ]
