@@ -24,6 +24,7 @@ from geofm.objective_settings import MIM_TASK
 from geofm.registry import REGISTRIES
 from geofm.tasks import TASKS
 
+
 def client_names(count: int) -> list[str]:
     """``client00``, ``client01``, ... (zero-padded so that names sort as numbers)."""
     width = max(2, len(str(count - 1)))
