@@ -86,13 +86,13 @@ def source_options_from_flat_keys(tree: dict) -> dict:
 def objective_options_in_full(tree: dict) -> dict:
     """A pretraining config tree with its ``task_options`` as a validated config holds them, every default
     written (a run saved before kept only those its config gave); unchanged where they do not validate."""
-    if not isinstance(tree, dict) or not isinstance(tree.get("task_options", {}), dict):
+    if not isinstance(tree, dict) or not isinstance(tree.get("task_options"), dict):
         return tree
     task = tree.get("task", MIM_TASK)
     if task not in TASKS or getattr(TASKS.get(task), "kind", None) != "pretraining":
         return tree
     try:
-        return {**tree, "task_options": objective_options(task, tree.get("task_options") or {}, FORM_ONLY)}
+        return {**tree, "task_options": objective_options(task, tree["task_options"], FORM_ONLY)}
     except (ValueError, ConfigError):
         return tree
 
