@@ -51,8 +51,7 @@ def _pretrain_config(tmp_path, images: int, model: dict = MICRO_SWIN, teacher: d
     tree = {
         "run": {"output_dir": str(tmp_path / "run"), "log_every": 1, "checkpoint_every": 100, "progress": False},
         "model": model,
-        "teacher": teacher,
-        "masking": {"mask_patch_size": 16},
+        "task_options": {"teacher": teacher, "masking": {"mask_patch_size": 16}},
         "data": {
             "bands": RGB,
             "num_workers": 0,
