@@ -9,7 +9,7 @@ speed does not depend on what the weights learnt) and runs its forward passes un
 * ``plain_bf16``: :class:`benchmarks.gfm_step.PlainStep` as its ``eager_fp32`` variant builds
   it (explicit attention, torch's default AdamW), in bf16 autocast;
 * ``geofm_bf16``: geofm's choices on a GPU: fused attention (``scaled_dot_product_attention``), the
-  teacher's weights in ``teacher.precision: auto`` (bf16 where native), fused AdamW;
+  teacher's weights in ``task_options.teacher.precision: auto`` (bf16 where native), fused AdamW;
 * ``geofm_bf16_compiled``: the same with the student compiled, as ``train.compile`` does.
 
 The teacher computes in bf16 in every variant: geofm's teacher computes in its weights' dtype, so

@@ -6,7 +6,7 @@ shape (no data loading). Two variants start from identical weights:
 
 * ``optimised``: geofm's own step, :func:`pretrain.tasks.mim.mim_forward` in
   :func:`geofm.loop.micro_step` on the DeepSpeed engine as configured (fused AdamW, the teacher at
-  ``teacher.precision``, fused attention where it pays, bf16 on GPUs);
+  ``task_options.teacher.precision``, fused attention where it pays, bf16 on GPUs);
 * ``eager_fp32``: the same model written plainly: an fp32 teacher, explicit attention, torch's
   default AdamW and ``clip_grad_norm_``, no engine.
 
