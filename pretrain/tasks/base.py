@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from geofm.config import config_to_dict
+from geofm.config.base import FORM_ONLY
 from geofm.config.federated import FederatedConfig
 from geofm.config.pretrain import PretrainingConfig
 from geofm.errors import ConfigError, DatasetNotFoundError
@@ -205,12 +206,14 @@ class PretrainingTask(ABC):
         Raises:
             ValueError: naming the field and what the objective expects.
         """
-        cls.options_of(cfg)
+        cls.options_of(cfg, architecture)
 
     @classmethod
-    def options_of(cls, cfg: PretrainingConfig) -> BaseModel | None:
-        """``task_options`` validated by the class's ``Options`` model (None for an objective without one)."""
-        return entry_options(cfg.task, getattr(cls, "Options", None), cfg.task_options, "task_options")
+    def options_of(cls, cfg: PretrainingConfig, architecture: bool = True) -> BaseModel | None:
+        """``task_options`` validated by the class's ``Options`` model (None for an objective without one),
+        with the checks of its sections that build an architecture where ``architecture``."""
+        context = None if architecture else FORM_ONLY
+        return entry_options(cfg.task, getattr(cls, "Options", None), cfg.task_options, "task_options", context)
 
     # ---- files ------------------------------------------------------------------------------
     def inputs(self) -> list[InputPath]:

@@ -104,7 +104,7 @@ class SelfDistillation(PretrainingTask):
 
     @classmethod
     def check_config(cls, cfg: PretrainingConfig, architecture: bool = True) -> None:
-        options = cls.options_of(cfg)
+        options = cls.options_of(cfg, architecture)
         if cfg.model.distill_block is not None:
             raise ValueError("model.distill_block taps a ViT for GFM's distillation; DINO reads no tap")
         if not architecture:

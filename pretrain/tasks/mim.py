@@ -157,7 +157,7 @@ class MaskedImageModelling(PretrainingTask):
 
     @classmethod
     def check_config(cls, cfg: PretrainingConfig, architecture: bool = True) -> None:
-        options = cls.options_of(cfg)
+        options = cls.options_of(cfg, architecture)
         check_masked_pretraining(cfg.model, options.masking, options.teacher, cfg.data, architecture=architecture)
 
     def inputs(self) -> list[InputPath]:
