@@ -187,7 +187,11 @@ def validated(model: type[BaseModel], data: Any, where: str, context: dict | Non
         # An unknown key first: a misspelt required key is "missing" too, and the typo is the cause.
         first = min(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
         loc = ".".join(str(part) for part in first["loc"])
-        message = unknown_key(model, first["loc"]) if first["type"] == "extra_forbidden" else first["msg"]
+        message = (
+            unknown_key(model, first["loc"])
+            if first["type"] == "extra_forbidden"
+            else first["msg"].removeprefix("Value error, ")
+        )
         raise ValueError(f"{where}{'.' + loc if loc else ''}: {message}") from None
 
 

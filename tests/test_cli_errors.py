@@ -174,7 +174,7 @@ def test_a_vit_tap_beyond_the_depth_is_a_config_error(tmp_path, capsys):
     teacher = {**MICRO_VIT, "checkpoint": str(tmp_path / "teacher.pth"), "block": 5}
     config = _pretrain_config(tmp_path, images=4, model=MICRO_VIT, teacher=teacher, micro_batch_size=2)
     err = _error(capsys, ["pretrain", "--config", config])
-    assert "  teacher: block 5 does not exist in vit_small_patch16_224 (4 blocks)" in err
+    assert "  task_options.teacher: block 5 does not exist in vit_small_patch16_224 (4 blocks)" in err
 
 
 @pytest.mark.parametrize(
