@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # a config names its task while it is validated: this module 
 log = logging.getLogger("geofm.pretrain")
 
 RESUME_INVARIANTS = ("model", "task", "task_options", "data.bands", "data.custom_bands", "run.seed")
-"""What a resumed run must share with the run that wrote its checkpoints (the objective's settings are its ``task_options``)."""
+"""What a resumed run must share with the run that wrote its checkpoints (the objective's settings: ``task_options``)."""
 
 EPOCH_STRIDE = 100_003
 """A sampler's epoch in round ``rnd`` is ``rnd * EPOCH_STRIDE + epoch``: every round draws its own order."""

@@ -2,8 +2,8 @@
 
 The student reconstructs masked patches and, with a frozen teacher, matches the teacher's features
 (:func:`geofm.objective.gfm_loss`); the settings are its ``task_options`` (:class:`MimOptions`:
-``masking`` and ``teacher``). A federated run draws the reconstruction figure of the server's public chips at the end
-(a client's images never leave it).
+``masking`` and ``teacher``). A federated run draws the reconstruction figure of the server's public
+chips at the end (a client's images never leave it).
 """
 
 from __future__ import annotations
