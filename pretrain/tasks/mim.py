@@ -41,7 +41,9 @@ log = logging.getLogger("geofm.pretrain")
 class MimOptions(Section):
     """Masked image modelling's settings (``task_options``): SimMIM's masking and GFM's frozen teacher."""
 
-    masking: MaskingConfig = MaskingConfig()
+    masking: MaskingConfig = Field(
+        default=MaskingConfig(), description="SimMIM's random masking: mask_patch_size (pixels), mask_ratio"
+    )
     teacher: TeacherConfig | None = Field(
         default=None, description="the frozen teacher whose features the student matches (GFM); null: plain SimMIM"
     )
