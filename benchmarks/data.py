@@ -153,6 +153,7 @@ def run(settings: dict[str, Any]) -> Report:
     from geofm.data.pile import PretrainPile
     from geofm.models.backbones import patch_size_of
     from geofm.models.masking import MaskGenerator
+    from pretrain.tasks.mim import mim_options
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -166,12 +167,12 @@ def run(settings: dict[str, Any]) -> Report:
                 )
             }
         )
-        micro, workers = cfg.train.micro_batch_size, cfg.data.num_workers
+        micro, workers, masking = cfg.train.micro_batch_size, cfg.data.num_workers, mim_options(cfg).masking
         masks = MaskGenerator(
             cfg.model.img_size,
-            cfg.masking.mask_patch_size,
+            masking.mask_patch_size,
             patch_size_of(cfg.model.arch, cfg.model.timm_kwargs),
-            cfg.masking.mask_ratio,
+            masking.mask_ratio,
         )
         pile = PretrainPile(cfg.data, cfg.model.img_size, mask_fn=masks)
 

@@ -9,7 +9,7 @@ speed does not depend on what the weights learnt) and runs its forward passes un
 * ``plain_bf16``: :class:`benchmarks.gfm_step.PlainStep` as its ``eager_fp32`` variant builds
   it (explicit attention, torch's default AdamW), in bf16 autocast;
 * ``geofm_bf16``: geofm's choices on a GPU: fused attention (``scaled_dot_product_attention``), the
-  teacher's weights in ``teacher.precision: auto`` (bf16 where native), fused AdamW;
+  teacher's weights in ``task_options.teacher.precision: auto`` (bf16 where native), fused AdamW;
 * ``geofm_bf16_compiled``: the same with the student compiled, as ``train.compile`` does.
 
 The teacher computes in bf16 in every variant: geofm's teacher computes in its weights' dtype, so
@@ -54,6 +54,10 @@ TEACHER_RESIZE = ("resize_mode", "align_corners")  # FrozenTeacher's options, wh
 DISTILLATION = ("alpha", "distill_loss")  # MaskedImageModel's options, when the file sets them
 
 
+TEACHER, MASKING = "task_options.teacher", "task_options.masking"
+"""Where a GFM config keeps masked image modelling's teacher and masking."""
+
+
 @dataclass(frozen=True)
 class StepShape:
     """What the step computes, from a Swin GFM pretraining config: student, teacher, bands, masking, batch."""
@@ -80,8 +84,14 @@ class StepShape:
         except (OSError, yaml.YAMLError) as err:
             raise ConfigError(f"{path}: cannot read the pretraining config: {err}") from None
 
+        def section_of(dotted: str) -> dict:
+            node = tree
+            for part in dotted.split("."):
+                node = (node or {}).get(part)
+            return node or {}
+
         def key(section: str, name: str, default: Any = None) -> Any:
-            value = (tree.get(section) or {}).get(name, default)
+            value = section_of(section).get(name, default)
             if value is None:
                 raise ConfigError(
                     f"{path}: {section}.{name} is missing; the device check reads it from a Swin GFM pretraining config"
@@ -93,17 +103,16 @@ class StepShape:
         student["timm_kwargs"] = key("model", "timm_kwargs", {})
         if "drop_path_rate" in tree["model"]:
             student["drop_path_rate"] = tree["model"]["drop_path_rate"]
-        teacher = {name: key("teacher", name) for name in (*backbone, "stage", "include_merging")}
-        teacher["timm_kwargs"] = key("teacher", "timm_kwargs", {})
-        teacher.update(
-            {name: tree["teacher"][name] for name in (*TEACHER_RESIZE, *DISTILLATION) if name in tree["teacher"]}
-        )
+        teacher = {name: key(TEACHER, name) for name in (*backbone, "stage", "include_merging")}
+        teacher["timm_kwargs"] = key(TEACHER, "timm_kwargs", {})
+        given = section_of(TEACHER)
+        teacher.update({name: given[name] for name in (*TEACHER_RESIZE, *DISTILLATION) if name in given})
         return cls(
             student=student,
             teacher=teacher,
             bands=list(key("data", "bands")),
-            mask_patch_size=key("masking", "mask_patch_size"),
-            mask_ratio=key("masking", "mask_ratio"),
+            mask_patch_size=key(MASKING, "mask_patch_size"),
+            mask_ratio=key(MASKING, "mask_ratio"),
             micro_batch=micro_batch or key("train", "micro_batch_size"),
         )
 

@@ -97,7 +97,11 @@ def continual(tree: dict[str, Any], settings: dict[str, Any], released: Path) ->
     """``tree`` as GFM's continual pretraining: the student starts from ``released``, its frozen teacher
     (stage 3 with its patch merging, GFM's tap), whose features the student distils."""
     teacher = {**benefit.backbone_tree(settings, settings["chip_size"]), "checkpoint": str(released), "stage": 3}
-    return {**tree, "model": {**tree["model"], "init_checkpoint": str(released)}, "teacher": teacher}
+    return {
+        **tree,
+        "model": {**tree["model"], "init_checkpoint": str(released)},
+        "task_options": {**tree.get("task_options", {}), "teacher": teacher},
+    }
 
 
 def arm_tree(settings, sources, public, arm: str, budget: int, out: Path, seed: int, released: Path | None):

@@ -47,9 +47,5 @@ def task_options(chip_size: int) -> dict[str, Any]:
 
 
 def dino(tree: dict[str, Any], chip_size: int) -> dict[str, Any]:
-    """A SimMIM arm's config ``tree`` with DINO as its objective instead (no masking)."""
-    return {
-        **{k: v for k, v in tree.items() if k != "masking"},
-        "task": "dino",
-        "task_options": task_options(chip_size),
-    }
+    """A SimMIM arm's config ``tree`` with DINO as its objective instead (DINO's options for SimMIM's masking)."""
+    return {**tree, "task": "dino", "task_options": task_options(chip_size)}

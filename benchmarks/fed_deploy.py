@@ -62,8 +62,9 @@ def _prepare(settings: dict[str, Any], folder: Path, mode: str) -> tuple[Path, d
             public = source["name"] in tree["federation"].get("public_sources", [])
             source["root"] = str(folder / "archive" / ("public_rgb" if public else "aerial_rgb"))
             source["pattern"] = "*.tif"
-    if tree.get("teacher"):
-        tree["teacher"]["checkpoint"] = str(folder / "teacher.pth")
+    teacher = tree.get("task_options", {}).get("teacher")
+    if teacher:
+        teacher["checkpoint"] = str(folder / "teacher.pth")
     path = folder / f"{mode}.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path, tree
@@ -85,8 +86,9 @@ def _teacher(tree: dict, path: Path) -> None:
 
     from geofm.config.federated import FederatedConfig
     from geofm.models.backbones import backbone_kwargs, create_backbone
+    from pretrain.tasks.mim import mim_options
 
-    t = FederatedConfig.from_tree(tree).teacher
+    t = mim_options(FederatedConfig.from_tree(tree)).teacher
     kwargs = backbone_kwargs(in_chans=3, img_size=t.img_size, window_size=t.window_size, timm_kwargs=t.timm_kwargs)
     torch.save(create_backbone(t.arch, kwargs).state_dict(), path)
 
@@ -165,7 +167,7 @@ def run(settings: dict[str, Any]) -> Report:
         make_demo_archive(folder / "archive", seed=0)
         for mode in settings["modes"]:
             config, tree = _prepare(settings, folder, mode)
-            if tree.get("teacher") and not (folder / "teacher.pth").exists():
+            if tree.get("task_options", {}).get("teacher") and not (folder / "teacher.pth").exists():
                 _teacher(tree, folder / "teacher.pth")
             if mode == "simulated":
                 _simulate(config, settings["num_cpus"])

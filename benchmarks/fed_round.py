@@ -64,6 +64,7 @@ def _config(settings: dict[str, Any], folder: Path):
     """The federated config with the benchmark's overrides and, with a teacher, random teacher weights."""
     from geofm.config.federated import FederatedConfig
     from geofm.models.backbones import backbone_kwargs, create_backbone
+    from pretrain.tasks.mim import mim_options, with_teacher_checkpoint
 
     overrides = [*settings["overrides"], f"train.micro_batch_size={settings['micro_batch']}"]
     if settings["distill_steps"] is not None:
@@ -71,12 +72,12 @@ def _config(settings: dict[str, Any], folder: Path):
     if settings["distill_batch_size"] is not None:
         overrides.append(f"algorithm.options.distill_batch_size={settings['distill_batch_size']}")
     cfg = FederatedConfig.from_file(repo_path(settings["config"]), overrides)
-    if cfg.teacher is not None:
-        t = cfg.teacher
+    t = mim_options(cfg).teacher
+    if t is not None:
         weights = folder / "teacher.pth"
         kwargs = backbone_kwargs(in_chans=3, img_size=t.img_size, window_size=t.window_size, timm_kwargs=t.timm_kwargs)
         torch.save(create_backbone(t.arch, kwargs).state_dict(), weights)
-        cfg = cfg.model_copy(update={"teacher": t.model_copy(update={"checkpoint": weights})})
+        cfg = with_teacher_checkpoint(cfg, weights)
     return cfg
 
 
@@ -161,7 +162,7 @@ def _scaling(settings: dict[str, Any]) -> Report:
     from geofm.federated.parameter_vectors import ParameterLayout
     from geofm.models.masking import MaskGenerator
     from geofm.tasks import federated_task
-    from pretrain.tasks.mim import build_student
+    from pretrain.tasks.mim import build_student, mim_options
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _config(settings, Path(tmp))
@@ -191,7 +192,8 @@ def _scaling(settings: dict[str, Any]) -> Report:
         sent, how = algorithm.send(layout.flatten_module(model), 1, ["client0"], torch.Generator())["client0"]
         config = {"round": 1, "lr": 1e-4, **how}
         b, c, s = cfg.train.micro_batch_size, len(cfg.data.bands), cfg.model.img_size
-        masks = MaskGenerator(s, cfg.masking.mask_patch_size, model.patch_size, cfg.masking.mask_ratio)
+        masking = mim_options(cfg).masking
+        masks = MaskGenerator(s, masking.mask_patch_size, model.patch_size, masking.mask_ratio)
         batch = {
             "image": torch.randn(b, c, s, s),
             "mask": torch.stack([masks() for _ in range(b)]),

@@ -72,7 +72,10 @@ def run(settings: dict[str, Any]) -> Report:
         roots = make_demo_archive(Path(settings["archive"]) if settings["archive"] else folder / "demo", seed=0)
         cfg = FederatedConfig.from_file(config)
         overrides = [f"data.sources.{i}.root={roots[s.name]}" for i, s in enumerate(cfg.data.sources)]
-        overrides += [f"teacher.checkpoint={teacher_export(folder / 'teacher', cfg)}", "federation.rounds=50"]
+        overrides += [
+            f"task_options.teacher.checkpoint={teacher_export(folder / 'teacher', cfg)}",
+            "federation.rounds=50",
+        ]
         signals = [getattr(signal, name) for name in settings["signals"]]
         for r in range(settings["runs"]):
             for i, sig in enumerate(signals if r % 2 == 0 else signals[::-1]):

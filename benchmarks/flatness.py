@@ -140,7 +140,7 @@ def sensor_config(settings: dict, archive: Path, algorithm: dict, seed: int, out
     sources = [s for s in tree["data"]["sources"] if s["name"] not in public]
     for source in sources:
         source.update(root=str(archive / source["name"]), pattern=pattern)
-    tree.update(teacher=None, algorithm=algorithm)
+    tree.update(task_options={**tree["task_options"], "teacher": None}, algorithm=algorithm)
     tree["run"] = {"output_dir": str(out), "seed": seed, "progress": False}
     tree["data"]["sources"] = sources
     tree["train"].update(local_epochs=None, local_steps=settings["sensor_local_steps"])

@@ -17,7 +17,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 def synthetic_batch(cfg, seed: int = 0) -> dict[str, torch.Tensor]:
     """A CPU batch shaped like the pile's for a pretraining config (see :func:`random_batch`)."""
-    m = cfg.masking
+    from pretrain.tasks.mim import mim_options
+
+    m = mim_options(cfg).masking
     return random_batch(
         cfg.train.micro_batch_size,
         len(cfg.data.bands),
@@ -59,13 +61,14 @@ class OptimisedStep:
     def __init__(self, cfg, state: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> None:
         from geofm import engine as ds
         from geofm.checkpoints.teacher import build_teacher
-        from pretrain.tasks.mim import build_student, mim_forward, prepare_models
+        from pretrain.tasks.mim import build_student, mim_forward, mim_options, prepare_models
 
         _, world = ds.init_distributed()
         self.dev = ds.device()
         model = build_student(cfg)
         model.load_state_dict(state)
-        self.teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices) if cfg.teacher is not None else None
+        teacher = mim_options(cfg).teacher
+        self.teacher = build_teacher(teacher, cfg.data.teacher_band_indices) if teacher is not None else None
         prepare_models(model, self.teacher, cfg, self.dev)
         self.engine = ds.initialize(model, cfg.train, world, ds.make_schedule(cfg.train, 10**6, world))
         self.dtype = ds.compute_dtype(cfg.train)
@@ -131,15 +134,15 @@ class EagerStep(PlainStep):
         from geofm.engine_config import scaled_lr
         from geofm.models.backbones import set_fused_attention
         from geofm.optim import parameter_groups
-        from pretrain.tasks.mim import build_student
+        from pretrain.tasks.mim import build_student, mim_options
 
         dev = ds.device()
         model = build_student(cfg).to(dev)
         model.load_state_dict(state)
         set_fused_attention(model, False)
-        teacher = None
-        if cfg.teacher is not None:
-            teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices).to(dev)
+        teacher, options = None, mim_options(cfg)
+        if options.teacher is not None:
+            teacher = build_teacher(options.teacher, cfg.data.teacher_band_indices).to(dev)
             set_fused_attention(teacher, False)
         t = cfg.train
         optimizer = torch.optim.AdamW(

@@ -141,7 +141,9 @@ def pretrain_tree(settings: dict[str, Any], sources: list[dict[str, Any]], out: 
     return {
         "run": {"output_dir": str(out), "seed": 0, "log_every": 20, "checkpoint_every": 100000, "progress": False},
         "model": backbone_tree(settings, chip),
-        "masking": {"mask_patch_size": settings["mask_patch_size"], "mask_ratio": settings["mask_ratio"]},
+        "task_options": {
+            "masking": {"mask_patch_size": settings["mask_patch_size"], "mask_ratio": settings["mask_ratio"]}
+        },
         "data": {
             "bands": list(INPUT_BANDS),
             "num_workers": 0,

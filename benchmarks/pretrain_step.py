@@ -6,7 +6,7 @@ shape (no data loading). Two variants start from identical weights:
 
 * ``optimised``: geofm's own step, :func:`pretrain.tasks.mim.mim_forward` in
   :func:`geofm.loop.micro_step` on the DeepSpeed engine as configured (fused AdamW, the teacher at
-  ``teacher.precision``, fused attention where it pays, bf16 on GPUs);
+  ``task_options.teacher.precision``, fused attention where it pays, bf16 on GPUs);
 * ``eager_fp32``: the same model written plainly: an fp32 teacher, explicit attention, torch's
   default AdamW and ``clip_grad_norm_``, no engine.
 
@@ -42,6 +42,7 @@ from benchmarks.common import (
     synchronizer,
 )
 from benchmarks.gfm_step import build, count_flops, host_syncs, synthetic_batch
+from pretrain.tasks.mim import mim_options, with_teacher_checkpoint
 
 DEFAULTS: dict[str, Any] = {
     "config": "configs/pretrain/gfm_swin_base__img192_win6__100ep.yaml",
@@ -84,14 +85,14 @@ def load_config(settings: dict[str, Any], folder: Path):
     elif not torch.cuda.is_available():
         overrides.append("train.micro_batch_size=4")
     cfg = PretrainConfig.from_file(repo_path(settings["config"]), overrides)
-    if cfg.teacher is not None:
-        t = cfg.teacher
+    t = mim_options(cfg).teacher
+    if t is not None:
         kwargs = backbone_kwargs(in_chans=3, img_size=t.img_size, window_size=t.window_size, timm_kwargs=t.timm_kwargs)
         weights = folder / "random_teacher.pth"
         if not weights.exists():
             torch.manual_seed(1)
             torch.save(create_backbone(t.arch, kwargs).state_dict(), weights)
-        cfg = cfg.model_copy(update={"teacher": t.model_copy(update={"checkpoint": weights})})
+        cfg = with_teacher_checkpoint(cfg, weights)
     return cfg
 
 
@@ -183,10 +184,11 @@ def run(settings: dict[str, Any]) -> Report:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         cfg = load_config(settings, folder)  # writes the random teacher the processes share
+        teacher = mim_options(cfg).teacher
         processes = {v: VariantProcess(v, settings, folder) for v in VARIANTS}
         try:
             calls: dict[str, Any] = {v: (lambda p=p: p.timed("step")) for v, p in processes.items()}
-            if cfg.teacher is not None:
+            if teacher is not None:
                 calls.update({f"teacher_{v}": (lambda p=p: p.timed("teacher")) for v, p in processes.items()})
             for _ in range(settings["warmup"]):
                 for call in calls.values():
@@ -212,8 +214,8 @@ def run(settings: dict[str, Any]) -> Report:
         "img_size": cfg.model.img_size,
         "micro_batch": micro,
         "teacher": None
-        if cfg.teacher is None
-        else {"arch": cfg.teacher.arch, "img_size": cfg.teacher.img_size, "precision": cfg.teacher.precision},
+        if teacher is None
+        else {"arch": teacher.arch, "img_size": teacher.img_size, "precision": teacher.precision},
         "device": torch.cuda.get_device_name() if gpu else "cpu",
         "variants": {},
         "speedup": paired_ratio(times, "eager_fp32", "optimised"),
@@ -230,7 +232,7 @@ def run(settings: dict[str, Any]) -> Report:
             "images_per_s": micro / seconds["median"],
             "memory": memory.get(v),
         }
-        if cfg.teacher is not None:
+        if teacher is not None:
             record["teacher_s"] = summary(times[f"teacher_{v}"])
             record["teacher_share"] = paired_ratio(times, f"teacher_{v}", v)
         if flops is not None:

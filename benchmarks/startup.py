@@ -38,8 +38,9 @@ def teacher_export(folder: Path, cfg) -> Path:
 
     from geofm.checkpoints import export_backbone
     from geofm.models.backbones import backbone_kwargs, create_backbone
+    from pretrain.tasks.mim import mim_options
 
-    t = cfg.teacher
+    t = mim_options(cfg).teacher
     kwargs = backbone_kwargs(in_chans=3, img_size=t.img_size, window_size=t.window_size, timm_kwargs=t.timm_kwargs)
     torch.manual_seed(0)
     export_backbone(
@@ -68,6 +69,7 @@ def _spawn(command: list[str]) -> tuple[float, dict]:
 def run(settings: dict[str, Any]) -> Report:
     from geofm.config import PretrainConfig
     from geofm.data.demo import make_demo_archive
+    from pretrain.tasks.mim import mim_options
 
     config = repo_path(settings["config"])
     runs: list[dict[str, Any]] = []
@@ -78,8 +80,8 @@ def run(settings: dict[str, Any]) -> Report:
         roots = make_demo_archive(archive, seed=0)
         cfg = PretrainConfig.from_file(config)
         overrides = [f"data.sources.{i}.root={roots[s.name]}" for i, s in enumerate(cfg.data.sources)]
-        if cfg.teacher is not None:
-            overrides.append(f"teacher.checkpoint={teacher_export(folder / 'teacher', cfg)}")
+        if mim_options(cfg).teacher is not None:
+            overrides.append(f"task_options.teacher.checkpoint={teacher_export(folder / 'teacher', cfg)}")
         floor = [sys.executable, "-c", "import json, time, torch; print(json.dumps({'end': time.time()}))"]
         for r in range(settings["rounds"]):
             run_overrides = [

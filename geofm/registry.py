@@ -178,22 +178,29 @@ class Registry[T]:
         return " ".join((doc or "").split("\n\n")[0].split()).replace("``", "`")
 
 
-def validated(model: type[BaseModel], data: Any, where: str) -> BaseModel:
-    """``data`` validated as ``model``; ValueError naming ``where``, the first bad field and what it expects
-    (an unknown key: the keys it may have meant)."""
+def validated(model: type[BaseModel], data: Any, where: str, context: dict | None = None) -> BaseModel:
+    """``data`` validated as ``model`` (``context``: pydantic's validation context); ValueError naming
+    ``where``, the first bad field and what it expects (an unknown key: the keys it may have meant)."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as err:
         # An unknown key first: a misspelt required key is "missing" too, and the typo is the cause.
         first = min(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
         loc = ".".join(str(part) for part in first["loc"])
-        message = unknown_key(model, first["loc"]) if first["type"] == "extra_forbidden" else first["msg"]
+        message = (
+            unknown_key(model, first["loc"])
+            if first["type"] == "extra_forbidden"
+            else first["msg"].removeprefix("Value error, ")
+        )
         raise ValueError(f"{where}{'.' + loc if loc else ''}: {message}") from None
 
 
-def entry_options(name: str, model: type[BaseModel] | None, given: Mapping[str, Any], where: str) -> BaseModel | None:
+def entry_options(
+    name: str, model: type[BaseModel] | None, given: Mapping[str, Any], where: str, context: dict | None = None
+) -> BaseModel | None:
     """``given`` (the ``options`` of a config section) validated by ``model``, the options model of
-    the entry ``name``; None for an entry that takes none and was given none.
+    the entry ``name`` (``context``: pydantic's validation context); None for an entry that takes none
+    and was given none.
 
     Raises:
         ValueError: naming ``where`` and the bad field, or the entry that takes no options.
@@ -202,7 +209,7 @@ def entry_options(name: str, model: type[BaseModel] | None, given: Mapping[str, 
         if given:
             raise ValueError(f"{where}: {name} takes no options, got {sorted(given)}")
         return None
-    return validated(model, dict(given), where)
+    return validated(model, dict(given), where, context)
 
 
 def _type_name(annotation: Any) -> str:

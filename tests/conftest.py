@@ -416,3 +416,25 @@ def child_env() -> dict[str, str]:
     """Environment for a child geofm process: CPU accelerator, without this process's own process-group variables."""
     launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
     return {**{k: v for k, v in os.environ.items() if k not in launcher}, "DS_ACCELERATOR": "cpu"}
+
+
+SAVED_BEFORE_TASK_OPTIONS = Path(__file__).parent / "config" / "saved_before_task_options"
+"""``config.yaml`` of tiny pretraining runs as geofm saved them with top-level ``masking`` and ``teacher``."""
+
+
+@pytest.fixture
+def config_saved_before_task_options():
+    """Write ``run_dir/config.yaml`` as geofm saved run ``name`` (``gfm``, ``simmim``, ``dino``) before
+    masking and teacher were masked image modelling's ``task_options``; ``paths`` fill its ``@TOKEN@``
+    placeholders (``TEACHER``, a source's name; ``RUN`` is ``run_dir``), a token without one keeps its name."""
+    import re
+
+    def write(name: str, run_dir: Path, **paths) -> Path:
+        values = {"RUN": str(run_dir), **{token: str(path) for token, path in paths.items()}}
+        text = (SAVED_BEFORE_TASK_OPTIONS / f"{name}.yaml").read_text()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / "config.yaml"
+        path.write_text(re.sub(r"@(\w+)@", lambda match: values.get(match[1], match[1]), text))
+        return path
+
+    return write

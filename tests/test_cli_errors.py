@@ -51,8 +51,7 @@ def _pretrain_config(tmp_path, images: int, model: dict = MICRO_SWIN, teacher: d
     tree = {
         "run": {"output_dir": str(tmp_path / "run"), "log_every": 1, "checkpoint_every": 100, "progress": False},
         "model": model,
-        "teacher": teacher,
-        "masking": {"mask_patch_size": 16},
+        "task_options": {"teacher": teacher, "masking": {"mask_patch_size": 16}},
         "data": {
             "bands": RGB,
             "num_workers": 0,
@@ -175,7 +174,7 @@ def test_a_vit_tap_beyond_the_depth_is_a_config_error(tmp_path, capsys):
     teacher = {**MICRO_VIT, "checkpoint": str(tmp_path / "teacher.pth"), "block": 5}
     config = _pretrain_config(tmp_path, images=4, model=MICRO_VIT, teacher=teacher, micro_batch_size=2)
     err = _error(capsys, ["pretrain", "--config", config])
-    assert "  teacher: block 5 does not exist in vit_small_patch16_224 (4 blocks)" in err
+    assert "  task_options.teacher: block 5 does not exist in vit_small_patch16_224 (4 blocks)" in err
 
 
 @pytest.mark.parametrize(

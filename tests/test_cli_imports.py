@@ -52,9 +52,9 @@ def test_help_imports_no_heavy_package(args):
     "args",
     [
         ["pretrain", "--config", PRETRAIN, "train.epoch=3"],
-        ["pretrain", "--config", PRETRAIN, "masking.mask_ratio=2"],
-        ["pretrain", "--config", PRETRAIN, "masking.mask_patch_size=48"],
-        ["fed", "simulate", "--config", FEDERATED, "masking.mask_patch_size=48"],
+        ["pretrain", "--config", PRETRAIN, "task_options.masking.mask_ratio=2"],
+        ["pretrain", "--config", PRETRAIN, "task_options.masking.mask_patch_size=48"],
+        ["fed", "simulate", "--config", FEDERATED, "task_options.masking.mask_patch_size=48"],
         ["finetune", "--config", FINETUNE, "train.micro_batch_size=0"],
         ["fed", "simulate", "--config", FEDERATED, "federation.rounds=0"],
         ["pretrain", "--config", "missing.yaml"],

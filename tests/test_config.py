@@ -6,6 +6,7 @@ import yaml
 from geofm.config import PretrainConfig
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
+from pretrain.tasks.mim import mim_options
 
 CONFIGS = sorted(Path(__file__).parents[1].joinpath("configs", "pretrain").glob("*.yaml"))
 
@@ -23,9 +24,9 @@ def test_paper_setting():
     assert (cfg.model.img_size, cfg.model.window_size, cfg.train.epochs) == (192, 6, 100)
     assert (cfg.train.base_lr, cfg.train.lr_reference_batch, cfg.train.warmup_epochs) == (2e-4, 512, 10)
     assert (cfg.train.weight_decay, cfg.train.grad_clip) == (0.05, 5.0)
-    assert (cfg.masking.mask_patch_size, cfg.masking.mask_ratio) == (32, 0.6)
-    assert (cfg.teacher.stage, cfg.teacher.include_merging, cfg.teacher.alpha) == (3, True, 1.0)
-    teacher = cfg.teacher
+    masking, teacher = mim_options(cfg).masking, mim_options(cfg).teacher
+    assert (masking.mask_patch_size, masking.mask_ratio) == (32, 0.6)
+    assert (teacher.stage, teacher.include_merging, teacher.alpha) == (3, True, 1.0)
     assert (teacher.img_size, teacher.window_size, teacher.resize_mode, teacher.align_corners) == (
         224,
         7,
@@ -56,9 +57,13 @@ def _write(tmp_path, tree):
         ("train.zzz=1", r"override train\.zzz=1: unknown key$"),
         ("train.epochs=ten", r"override train\.epochs=ten: .*integer.*'ten'"),
         ("model.arch=resnet50", "unknown backbone architecture 'resnet50'"),
-        ("masking.mask_patch_size=24", "not divisible by masking.mask_patch_size"),
-        ("masking.mask_patch_size=2", "not divisible by the backbone's patch size"),
-        ("teacher.stage=4", "stage 4 with include_merging=True does not exist"),
+        ("task_options.masking.mask_patch_size=24", r"not divisible by task_options\.masking\.mask_patch_size"),
+        ("task_options.masking.mask_patch_size=2", "not divisible by the backbone's patch size"),
+        ("task_options.teacher.stage=4", "stage 4 with include_merging=True does not exist"),
+        (
+            "task_options.masking.mask_ration=0.5",
+            r"override task_options\.masking\.mask_ration=0\.5: unknown key \(did you mean mask_ratio",
+        ),
         ("train.warmup_epochs=20", "warmup_epochs .* must be shorter than epochs"),
         ("train.zero_stage=3", r"train\.zero_stage"),
         ("data.on_bad_file=ignore", r"data\.on_bad_file"),
@@ -162,8 +167,9 @@ def test_vit_window_size_is_rejected(demo_tree, tmp_path):
 
 def test_overrides_apply_and_parse_yaml(demo_tree):
     path, _ = demo_tree
-    cfg = PretrainConfig.from_file(path, ["train.epochs=2", "teacher=null", "data.bands=[red, green, blue]"])
-    assert cfg.train.epochs == 2 and cfg.teacher is None and cfg.data.bands == ["red", "green", "blue"]
+    overrides = ["train.epochs=2", "task_options.teacher=null", "data.bands=[red, green, blue]"]
+    cfg = PretrainConfig.from_file(path, overrides)
+    assert cfg.train.epochs == 2 and mim_options(cfg).teacher is None and cfg.data.bands == ["red", "green", "blue"]
 
 
 def test_overrides_reach_list_entries(demo_tree):
@@ -250,3 +256,42 @@ def test_malformed_override_and_missing_file(demo_tree):
         PretrainConfig.from_file(path, ["train.epochs=[1,"])
     with pytest.raises(ConfigError, match="does not exist"):
         PretrainConfig.from_file("nope.yaml")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_a_run_saves_masking_and_teacher_only_as_masked_image_modelling_options(path, tmp_path):
+    """What ``config.yaml`` of a run of each shipped config holds: a DINO run neither masking nor teacher,
+    a masked-image-modelling run the values its config gives, every other one at its default."""
+    from geofm.config.sections import MaskingConfig
+    from geofm.rundir import RunCheckpoints
+
+    cfg = PretrainConfig.from_file(path)
+    RunCheckpoints(tmp_path, keep=1, rank=0).start(cfg)
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+
+    assert "masking" not in saved and "teacher" not in saved
+    given = read_config_tree(path).get("task_options", {})
+    if cfg.task == "dino":
+        assert not {"masking", "teacher"} & set(saved["task_options"])
+        return
+    assert saved["task_options"]["masking"] == {**MaskingConfig().model_dump(), **given["masking"]}
+    teacher = saved["task_options"]["teacher"]
+    assert teacher is None if given.get("teacher") is None else teacher.items() >= given["teacher"].items()
+
+
+def test_a_config_is_of_the_kind_its_task_declares():
+    """Pretraining or finetuning, central or federated: the registered task says which, not a key of the config."""
+    from geofm.config.federated import read_federated_config
+    from geofm.config.fedfinetune import FederatedFinetuneConfig
+    from geofm.tasks import TASKS
+
+    folder = Path(__file__).parents[1] / "configs/federated"
+    for name, kind in (
+        ("demo_dino_fedavg_swin_micro__3inst.yaml", "pretraining"),
+        ("demo_fedsense_swin_micro__3inst__1bit_ef.yaml", "pretraining"),
+        ("demo_fedavg_classification__swin_micro__3clients.yaml", "finetuning"),
+    ):
+        tree = read_config_tree(folder / name)
+        assert TASKS.get(tree.get("task", "mim")).kind == kind, name
+        cfg = read_federated_config(tree, name)
+        assert isinstance(cfg, FederatedFinetuneConfig) == (kind == "finetuning"), name

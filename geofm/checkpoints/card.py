@@ -6,6 +6,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from geofm.objective_settings import objective_settings_into_options
+
 MODEL_CARD = "MODEL_CARD.md"
 METHODS = {
     "gfm": "GFM continual pretraining: masked image modelling (SimMIM) of a randomly initialised student "
@@ -173,8 +175,10 @@ def _settings(sidecar: Mapping[str, Any]) -> dict[str, Any]:
     config = sidecar.get("config")
     if not isinstance(config, Mapping):
         return settings
-    if "train" in config or "masking" in config:  # a geofm run config
-        train, masking, teacher = config.get("train") or {}, config.get("masking") or {}, config.get("teacher") or {}
+    if "train" in config:  # a geofm run config
+        config = objective_settings_into_options(dict(config))
+        options = config.get("task_options") or {}
+        train, masking, teacher = config.get("train") or {}, options.get("masking") or {}, options.get("teacher") or {}
         for key in (
             "epochs",
             "local_steps",

@@ -14,6 +14,7 @@ from geofm.checkpoints.io import load_checkpoint_file, resolve_checkpoint_path
 from geofm.checkpoints.layouts import CHECKPOINT_LAYOUTS, BackboneSource, locate_backbone, read_export_sidecar
 from geofm.data.bands import BAND_ID_TABLES, UnknownBandError, canonical_bands
 from geofm.errors import ConfigError
+from geofm.objective_settings import objective_settings_into_options
 
 RGB_BANDS = ["red", "green", "blue"]
 # Sentinel-2's 13 bands in band order: the input of torchgeo's SSL4EO-S12 and other Sentinel-2 L1C weights.
@@ -78,7 +79,7 @@ def read_checkpoint(path: str | Path, *, teacher: bool = False, bands: Sequence[
     if source.layout == "geofm_train":
         facts.run_dir = find_run_dir(resolved)
         if facts.run_dir is not None:
-            facts.run_config = _read_yaml(facts.run_dir / RUN_CONFIG)
+            facts.run_config = _read_run_config(facts.run_dir / RUN_CONFIG)
     config = raw.get("config")
     if isinstance(config, Mapping) and isinstance(config.get("MODEL"), Mapping):
         facts.source_config = dict(config)
@@ -100,12 +101,22 @@ def find_run_dir(path: Path, levels: int = 3) -> Path | None:
     return None
 
 
-def _read_yaml(path: Path) -> dict[str, Any] | None:
+def _read_run_config(path: Path) -> dict[str, Any] | None:
+    """A run's saved config, its objective's settings where they are today (None: unreadable).
+
+    Raises:
+        ConfigError: naming ``path``, where they cannot be moved.
+    """
     try:
         tree = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
         return None
-    return tree if isinstance(tree, dict) else None
+    if not isinstance(tree, dict):
+        return None
+    try:
+        return objective_settings_into_options(tree)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
 
 
 def source_bands(

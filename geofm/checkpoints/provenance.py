@@ -13,6 +13,7 @@ from torch import Tensor
 
 from geofm.checkpoints.facts import RGB_BANDS, CheckpointFacts, read_checkpoint
 from geofm.checkpoints.layouts import BackboneSource
+from geofm.objective_settings import MIM_TASK
 from geofm.runlog import final_metrics
 
 METRICS_LOG = "metrics.jsonl"
@@ -131,8 +132,9 @@ def provenance(facts: CheckpointFacts) -> dict[str, Any]:
             info["steps"] = step
         if facts.run_config is not None:
             tree = facts.run_config
-            teacher = tree.get("teacher")
-            info["method"] = "gfm" if teacher else "simmim"
+            teacher = (tree.get("task_options") or {}).get("teacher")
+            task = tree.get("task", MIM_TASK)
+            info["method"] = ("gfm" if teacher else "simmim") if task == MIM_TASK else task
             sources = (tree.get("data") or {}).get("sources") or []
             info["data"] = [
                 {"name": s.get("name"), "root": s.get("root"), "weight": s.get("weight", 1.0), "gsd": s.get("gsd")}

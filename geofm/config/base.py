@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
 from geofm.errors import ConfigError
 from geofm.schema import section_at, unknown_key
 
-_FORM_ONLY = {"check_architecture": False}
+FORM_ONLY = {"check_architecture": False}
+"""The validation context of the first pass: keys and values only, no check that builds an architecture."""
 CONFIG_FILE = "config.yaml"
 """The validated config a run keeps in its directory."""
 
@@ -323,7 +324,7 @@ class ProgramConfig(Section):
         run once they pass.
         """
         try:
-            cls.model_validate(tree, context=_FORM_ONLY)
+            cls.model_validate(tree, context=FORM_ONLY)
             return cls.model_validate(tree)
         except ValidationError as exc:
             raise ConfigError(_validation_error(exc, cls, source, overrides)) from None

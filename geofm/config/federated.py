@@ -1,7 +1,7 @@
 """The config of federated pretraining (``geofm fed simulate``, ``geofm fed launch``).
 
-It reuses central pretraining's sections (``run``, ``model``, ``masking``, ``teacher``, ``data``)
-with the same meaning; ``train`` is the clients' local optimisation (AdamW, clipping, precision)
+It reuses central pretraining's sections (``run``, ``model``, ``data``, the objective's ``task`` and
+``task_options``) with the same meaning; ``train`` is the clients' local optimisation (AdamW, clipping, precision)
 with a learning-rate schedule over rounds; ``federation`` says who the clients are and how rounds
 run; ``algorithm`` says what each side does and what travels each way. Every registered algorithm
 (``geofm list algorithms``; FedSense with every component switchable, for its ablations and the
@@ -171,7 +171,7 @@ def check_federation(
 
 class FederatedProgramConfig:
     """What a federated program's config offers besides its sections (mixed into a config with ``data``,
-    ``federation`` and ``client_names``; ``teacher`` where its objective distils): how many clients it has
+    ``federation`` and ``client_names``; ``task_options.teacher`` where its objective distils): how many clients it has
     and the config as one institution's machine sees it."""
 
     @property
@@ -183,14 +183,16 @@ class FederatedProgramConfig:
 
         ``data_root`` is where the institution holds its data (the data section's ``at_node``: the root of its
         own source under ``by_source``, else the folder relative source roots are resolved against; a
-        finetuning dataset's root); ``teacher`` replaces the teacher's weights file where there is a teacher.
+        finetuning dataset's root); ``teacher`` replaces the frozen teacher's weights file where the objective has
+        one (``task_options.teacher.checkpoint`` of masked image modelling).
         """
         update = {}
         if data_root:
             own_source = institution if self.federation.partition == "by_source" else None
             update["data"] = self.data.at_node(Path(data_root), own_source)
-        if teacher and getattr(self, "teacher", None) is not None:
-            update["teacher"] = self.teacher.model_copy(update={"checkpoint": Path(teacher)})
+        options = getattr(self, "task_options", None) or {}
+        if teacher and options.get("teacher"):
+            update["task_options"] = {**options, "teacher": {**options["teacher"], "checkpoint": str(teacher)}}
         return self.model_copy(update=update) if update else self
 
 

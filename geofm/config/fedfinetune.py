@@ -20,7 +20,9 @@ from geofm.config.base import CONFIG_FILE, read_config_tree
 from geofm.config.federated import FederatedProgramConfig, FederationConfig, LocalTrainConfig, check_federation
 from geofm.config.finetune import FinetuneConfig
 from geofm.errors import ConfigError
+from geofm.objective_settings import MIM_TASK
 from geofm.registry import REGISTRIES
+from geofm.tasks import TASKS
 
 
 def client_names(count: int) -> list[str]:
@@ -94,8 +96,9 @@ def read_finetune_config(tree: dict, source: str = "<config>", overrides: Sequen
 
 def check_finetuning_run(run_dir: Path) -> None:
     """Refuse a pretraining run (central or federated) where a finetuning run is read (``geofm eval``,
-    ``geofm predict``): its ``config.yaml`` has a ``masking`` section or no ``task``. A folder
-    without ``config.yaml`` is left to the caller's own error.
+    ``geofm predict``): the kind of its ``config.yaml``'s task (a run saved before configs named a
+    task pretrained). A folder without ``config.yaml``, or whose task is not registered here, is left
+    to the caller's own error.
 
     Raises:
         ConfigError: naming the run, what it is, and how to finetune from it.
@@ -104,7 +107,8 @@ def check_finetuning_run(run_dir: Path) -> None:
     if not path.is_file():
         return
     tree = read_config_tree(path)
-    if "task" in tree and "masking" not in tree:
+    task = tree.get("task", MIM_TASK)
+    if task not in TASKS or getattr(TASKS.get(task), "kind", None) != "pretraining":
         return
     kind = "federated" if "federation" in tree else "central"
     raise ConfigError(

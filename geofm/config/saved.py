@@ -10,9 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from geofm.config.algorithm import AggregatorConfig, ServerOptimizerConfig
-from geofm.config.base import MovedKeys, read_config_tree
+from geofm.config.base import FORM_ONLY, MovedKeys, read_config_tree
 from geofm.config.finetune import FLAT_HEAD_KEYS
+from geofm.config.pretrain import objective_options
 from geofm.data.layouts import LAYOUT_KEYS_MOVED
+from geofm.errors import ConfigError
+from geofm.objective_settings import MIM_TASK, objective_settings_into_options
 from geofm.tasks import TASKS
 
 
@@ -80,21 +83,49 @@ def source_options_from_flat_keys(tree: dict) -> dict:
     return {**tree, "data": {**data, "sources": moved}}
 
 
-MIGRATIONS = (head_options_from_flat_keys, source_options_from_flat_keys, server_rule_options_from_flat_keys)
+def objective_options_in_full(tree: dict) -> dict:
+    """A pretraining config tree with its ``task_options`` as a validated config holds them, every default
+    written (a run saved before kept only those its config gave); unchanged where they do not validate."""
+    if not isinstance(tree, dict) or not isinstance(tree.get("task_options"), dict):
+        return tree
+    task = tree.get("task", MIM_TASK)
+    if task not in TASKS or getattr(TASKS.get(task), "kind", None) != "pretraining":
+        return tree
+    try:
+        return {**tree, "task_options": objective_options(task, tree["task_options"], FORM_ONLY)}
+    except (ValueError, ConfigError):
+        return tree
+
+
+MIGRATIONS = (
+    head_options_from_flat_keys,
+    source_options_from_flat_keys,
+    server_rule_options_from_flat_keys,
+    objective_settings_into_options,
+    objective_options_in_full,
+)
 """Each takes a saved config tree and returns it in today's shape (unchanged where it already is)."""
 
 
 def read_saved_config(path: str | Path, overrides: Sequence[str] = ()) -> dict:
-    """The config tree a run saved at ``path``, ``overrides`` applied, in today's shape (not yet validated)."""
+    """The config tree a run saved at ``path``, ``overrides`` applied, in today's shape (not yet validated).
+
+    Raises:
+        ConfigError: naming ``path`` and the field, where the tree cannot be moved to today's shape.
+    """
     tree = read_config_tree(path, tuple(overrides))
-    for migrate in MIGRATIONS:
-        tree = migrate(tree)
+    try:
+        for migrate in MIGRATIONS:
+            tree = migrate(tree)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     return tree
 
 
 __all__ = [
     "MIGRATIONS",
     "head_options_from_flat_keys",
+    "objective_options_in_full",
     "read_saved_config",
     "server_rule_options_from_flat_keys",
     "source_options_from_flat_keys",

@@ -1,7 +1,9 @@
 """The config sections shared by every program: a section means the same in each schema.
 
-``model`` (the student backbone), ``masking``, ``teacher``, ``train`` (optimisation on the DeepSpeed
-engine) and ``run`` (outputs); ``data`` (sources, bands, normalisation) is :mod:`geofm.config.sources`.
+``model`` (the student backbone), ``train`` (optimisation on the DeepSpeed engine) and ``run``
+(outputs); ``data`` (sources, bands, normalisation) is :mod:`geofm.config.sources`. ``masking`` and
+``teacher`` are masked image modelling's own settings (its ``task_options``), the teacher's also read
+where a frozen teacher is built from its checkpoint.
 """
 
 from __future__ import annotations
@@ -197,7 +199,8 @@ def check_masked_pretraining(
     *,
     architecture: bool = True,
 ) -> None:
-    """Check that the sections of a masked-image pretraining config fit together.
+    """Check that the sections of a masked-image pretraining config fit together (``masking`` and
+    ``teacher``: its ``task_options``).
 
     Args:
         architecture: also the checks that build the backbone (its patch size and depth, which
@@ -208,18 +211,23 @@ def check_masked_pretraining(
     """
     mp, img = masking.mask_patch_size, model.img_size
     if img % mp:
-        raise ValueError(f"model.img_size {img} is not divisible by masking.mask_patch_size {mp}")
+        raise ValueError(f"model.img_size {img} is not divisible by task_options.masking.mask_patch_size {mp}")
     if teacher is not None and len(data.bands) != 3 and data.rgb_indices is None:
         raise ValueError(
-            f"a teacher sees RGB: data.bands {data.bands} must name red, green and blue (or hold exactly 3 bands)"
+            f"a teacher sees RGB (task_options.teacher): data.bands {data.bands} must name red, green and blue (or "
+            "hold exactly 3 bands)"
         )
     if not architecture:
         return
     patch = patch_size_of(model.arch, model.timm_kwargs)
     if mp % patch:
-        raise ValueError(f"masking.mask_patch_size {mp} is not divisible by the backbone's patch size {patch}")
+        raise ValueError(
+            f"task_options.masking.mask_patch_size {mp} is not divisible by the backbone's patch size {patch}"
+        )
     if model.family == "swin" and model.distill_block is not None:
-        raise ValueError("model.distill_block applies to ViT students; a Swin student is tapped at teacher.stage")
+        raise ValueError(
+            "model.distill_block applies to ViT students; a Swin student is tapped at task_options.teacher.stage"
+        )
     depth = stage_count_of(model.arch, model.timm_kwargs)
     if model.distill_block is not None and model.distill_block > depth:
         raise ValueError(f"model.distill_block {model.distill_block} does not exist in {model.arch} ({depth} blocks)")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from geofm.config import config_to_dict
+from geofm.config.base import FORM_ONLY
 from geofm.config.federated import FederatedConfig
 from geofm.config.pretrain import PretrainingConfig
 from geofm.errors import ConfigError, DatasetNotFoundError
@@ -29,6 +30,7 @@ from geofm.tasks import TASKS, ClientShare, StepOutput
 if TYPE_CHECKING:  # a config names its task while it is validated: this module imports torch in its methods only
     import torch
 
+    from geofm.config import TeacherConfig
     from geofm.data.pile import PretrainPile
     from geofm.federated.algorithms.context import PublicImages
     from geofm.models.mim import MaskedImageModel
@@ -37,7 +39,7 @@ if TYPE_CHECKING:  # a config names its task while it is validated: this module 
 log = logging.getLogger("geofm.pretrain")
 
 RESUME_INVARIANTS = ("model", "task", "task_options", "data.bands", "data.custom_bands", "run.seed")
-"""What a resumed run must share with the run that wrote its checkpoints (an objective adds its own sections)."""
+"""What a resumed run must share with the run that wrote its checkpoints (the objective's settings: ``task_options``)."""
 
 EPOCH_STRIDE = 100_003
 """A sampler's epoch in round ``rnd`` is ``rnd * EPOCH_STRIDE + epoch``: every round draws its own order."""
@@ -59,12 +61,13 @@ def export_pretrained(
     final: dict | None,
     *,
     method: str,
+    teacher: TeacherConfig | None = None,
     extra: dict | None = None,
 ) -> Path:
     """Write a pretrained backbone (timm layout) with its sidecar and model card next to the run.
 
-    ``method`` names the objective in the sidecar (``gfm``, ``simmim``, ``dino``); ``extra`` adds
-    sidecar entries (a federated run's ``federation`` record).
+    ``method`` names the objective in the sidecar (``gfm``, ``simmim``, ``dino``), ``teacher`` the
+    frozen teacher it distilled (GFM); ``extra`` adds sidecar entries (a federated run's ``federation`` record).
     """
     from geofm.checkpoints import export_backbone
     from geofm.checkpoints.provenance import gsd_range, releases_of
@@ -79,9 +82,7 @@ def export_pretrained(
             for s in cfg.data.sources
         },
         "data": [{"name": s.name, "root": str(s.root), "weight": s.weight, "gsd": s.gsd} for s in cfg.data.sources],
-        "teacher": None
-        if cfg.teacher is None
-        else {"arch": cfg.teacher.arch, "checkpoint": str(cfg.teacher.checkpoint)},
+        "teacher": None if teacher is None else {"arch": teacher.arch, "checkpoint": str(teacher.checkpoint)},
         "steps": step,
         "metrics": final,
         "config": config_to_dict(cfg),
@@ -90,7 +91,7 @@ def export_pretrained(
     releases = releases_of(
         {
             "model.init_checkpoint": cfg.model.init_checkpoint,
-            "teacher.checkpoint": cfg.teacher.checkpoint if cfg.teacher is not None else None,
+            "task_options.teacher.checkpoint": teacher.checkpoint if teacher is not None else None,
         }
     )
     if releases:
@@ -200,12 +201,14 @@ class PretrainingObjective(ABC):
         Raises:
             ValueError: naming the field and what the objective expects.
         """
-        cls.options_of(cfg)
+        cls.options_of(cfg, architecture)
 
     @classmethod
-    def options_of(cls, cfg: PretrainingConfig) -> BaseModel | None:
-        """``task_options`` validated by the class's ``Options`` model (None for an objective without one)."""
-        return entry_options(cfg.task, getattr(cls, "Options", None), cfg.task_options, "task_options")
+    def options_of(cls, cfg: PretrainingConfig, architecture: bool = True) -> BaseModel | None:
+        """``task_options`` validated by the class's ``Options`` model (None for an objective without one),
+        with the checks of its sections that build an architecture where ``architecture``."""
+        context = None if architecture else FORM_ONLY
+        return entry_options(cfg.task, getattr(cls, "Options", None), cfg.task_options, "task_options", context)
 
     # ---- files ------------------------------------------------------------------------------
     def inputs(self) -> list[InputPath]:

@@ -104,13 +104,7 @@ class SelfDistillation(PretrainingObjective):
 
     @classmethod
     def check_config(cls, cfg: PretrainingConfig, architecture: bool = True) -> None:
-        options = cls.options_of(cfg)
-        if cfg.teacher is not None:
-            raise ValueError(
-                "teacher is masked image modelling's frozen teacher; DINO's teacher is an EMA of the student"
-            )
-        if cfg.masking != type(cfg.masking)():
-            raise ValueError("masking applies to task mim; DINO masks nothing (leave the section out)")
+        options = cls.options_of(cfg, architecture)
         if cfg.model.distill_block is not None:
             raise ValueError("model.distill_block taps a ViT for GFM's distillation; DINO reads no tap")
         if not architecture:

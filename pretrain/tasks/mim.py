@@ -1,9 +1,9 @@
 """Masked image modelling as a pretraining task: GFM, or SimMIM without a teacher (``task: mim``, the default).
 
 The student reconstructs masked patches and, with a frozen teacher, matches the teacher's features
-(:func:`geofm.objective.gfm_loss`); the settings are the config's ``masking`` and ``teacher``
-sections. A federated run draws the reconstruction figure of the server's public chips at the end
-(a client's images never leave it).
+(:func:`geofm.objective.gfm_loss`); the settings are its ``task_options`` (:class:`MimOptions`:
+``masking`` and ``teacher``). A federated run draws the reconstruction figure of the server's public
+chips at the end (a client's images never leave it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from geofm.config import TeacherConfig, config_to_dict
+from pydantic import Field
+
+from geofm.config import MaskingConfig, Section, TeacherConfig
 from geofm.config.federated import FederatedConfig
 from geofm.config.pretrain import PretrainingConfig
 from geofm.config.sections import check_masked_pretraining
@@ -36,8 +38,27 @@ if TYPE_CHECKING:  # a config names its task while it is validated: torch is imp
 log = logging.getLogger("geofm.pretrain")
 
 
-RESUME_INVARIANTS = ("model", "masking", "teacher", "data.bands", "data.custom_bands", "run.seed")
-"""What a resumed masked-image-modelling run must share with the run that wrote its checkpoints."""
+class MimOptions(Section):
+    """Masked image modelling's settings (``task_options``): SimMIM's masking and GFM's frozen teacher."""
+
+    masking: MaskingConfig = Field(
+        default=MaskingConfig(), description="SimMIM's random masking: mask_patch_size (pixels), mask_ratio"
+    )
+    teacher: TeacherConfig | None = Field(
+        default=None, description="the frozen teacher whose features the student matches (GFM); null: plain SimMIM"
+    )
+
+
+def mim_options(cfg: PretrainingConfig) -> MimOptions:
+    """The masking and teacher of a masked-image-modelling config (its validated ``task_options``)."""
+    return MimOptions.model_validate(cfg.task_options)
+
+
+def with_teacher_checkpoint(cfg: PretrainingConfig, checkpoint: str | Path) -> PretrainingConfig:
+    """``cfg`` with its frozen teacher's weights read from ``checkpoint`` (this machine's copy)."""
+    options = cfg.task_options
+    teacher = {**options["teacher"], "checkpoint": str(checkpoint)}
+    return cfg.model_copy(update={"task_options": {**options, "teacher": teacher}})
 
 
 def build_student(cfg: PretrainingConfig) -> MaskedImageModel:
@@ -48,21 +69,17 @@ def build_student(cfg: PretrainingConfig) -> MaskedImageModel:
     from geofm.models.mim import MaskedImageModel, Tap, default_vit_tap
     from geofm.models.teacher import teacher_channels
 
+    teacher = mim_options(cfg).teacher
     encoder = create_backbone(cfg.model.arch, student_kwargs(cfg), drop_path_rate=cfg.model.drop_path_rate)
-    if cfg.teacher is None:
+    if teacher is None:
         model = MaskedImageModel(encoder, len(cfg.data.bands))
     else:
         if cfg.model.family == "swin":
-            tap = Tap(cfg.teacher.stage, cfg.teacher.include_merging)
+            tap = Tap(teacher.stage, teacher.include_merging)
         else:
             tap = Tap(cfg.model.distill_block) if cfg.model.distill_block else default_vit_tap(encoder)
         model = MaskedImageModel(
-            encoder,
-            len(cfg.data.bands),
-            tap,
-            teacher_channels(cfg.teacher),
-            cfg.teacher.alpha,
-            cfg.teacher.distill_loss,
+            encoder, len(cfg.data.bands), tap, teacher_channels(teacher), teacher.alpha, teacher.distill_loss
         )
     if cfg.model.init_checkpoint is not None:
         report = load_pretraining_model(model, cfg.model.init_checkpoint, cfg.data.bands)
@@ -79,7 +96,7 @@ def prepare_models(
     prefer_fused_attention(model, dev)
     if teacher is not None:
         prefer_fused_attention(teacher, dev)
-        teacher.to(dev, teacher_dtype(cfg.teacher.precision, dev))
+        teacher.to(dev, teacher_dtype(mim_options(cfg).teacher.precision, dev))
 
 
 def mim_forward(engine, teacher: FrozenTeacher | None, dev: torch.device, dtype: torch.dtype) -> Forward:
@@ -104,8 +121,9 @@ def export_student(
     extra: dict | None = None,
 ) -> Path:
     """Export the masked image model's student backbone (method ``gfm`` with a teacher, else ``simmim``)."""
-    method = "gfm" if cfg.teacher is not None else "simmim"
-    return export_pretrained(cfg, model.encoder, run_dir, step, final, method=method, extra=extra)
+    teacher = mim_options(cfg).teacher
+    method = "gfm" if teacher is not None else "simmim"
+    return export_pretrained(cfg, model.encoder, run_dir, step, final, method=method, teacher=teacher, extra=extra)
 
 
 @functools.cache
@@ -118,11 +136,10 @@ def _teacher(teacher_json: str, bands_json: str) -> FrozenTeacher:
 
 def frozen_teacher(cfg: PretrainingConfig) -> FrozenTeacher | None:
     """The run's frozen teacher (None for plain SimMIM), loaded from this machine's weights file."""
-    if cfg.teacher is None:
+    teacher = cfg.task_options.get("teacher")  # as validated: every field, paths as strings
+    if teacher is None:
         return None
-    return _teacher(
-        json.dumps(config_to_dict(cfg)["teacher"], sort_keys=True), json.dumps(cfg.data.teacher_band_indices)
-    )
+    return _teacher(json.dumps(teacher, sort_keys=True), json.dumps(cfg.data.teacher_band_indices))
 
 
 class MaskedImageModelling(PretrainingObjective):
@@ -131,24 +148,26 @@ class MaskedImageModelling(PretrainingObjective):
 
     The loss is :func:`geofm.objective.gfm_loss`."""
 
+    Options = MimOptions
     log_keys = LOSS_KEYS
-    resume_invariants = RESUME_INVARIANTS
 
     def __init__(self, cfg: PretrainingConfig) -> None:
         super().__init__(cfg)
+        self.options: MimOptions = self.options_of(cfg)
         self.teacher: FrozenTeacher | None = None
         self._shown: tuple[PretrainPile, dict] | None = None  # the figure's pile and its chips, read once
 
     @classmethod
     def check_config(cls, cfg: PretrainingConfig, architecture: bool = True) -> None:
-        super().check_config(cfg, architecture)
-        check_masked_pretraining(cfg.model, cfg.masking, cfg.teacher, cfg.data, architecture=architecture)
+        options = cls.options_of(cfg, architecture)
+        check_masked_pretraining(cfg.model, options.masking, options.teacher, cfg.data, architecture=architecture)
 
     def inputs(self) -> list[InputPath]:
         """The teacher's weights."""
         from geofm.rundir import InputPath
 
-        return [InputPath("teacher.checkpoint", self.cfg.teacher.checkpoint)] if self.cfg.teacher else []
+        teacher = self.options.teacher
+        return [InputPath("task_options.teacher.checkpoint", teacher.checkpoint)] if teacher else []
 
     def build_model(self, initial_weights: bool = True) -> MaskedImageModel:
         """A fresh student; without ``initial_weights`` it skips ``model.init_checkpoint`` (a client overwrites it)."""
@@ -195,17 +214,19 @@ class MaskedImageModelling(PretrainingObjective):
         """The run's SimMIM masks at the student's token grid."""
         from geofm.models.masking import MaskGenerator
 
-        cfg = self.cfg
-        patch = patch_size_of(cfg.model.arch, cfg.model.timm_kwargs)
-        return MaskGenerator(cfg.model.img_size, cfg.masking.mask_patch_size, patch, cfg.masking.mask_ratio)
+        model, masking = self.cfg.model, self.options.masking
+        patch = patch_size_of(model.arch, model.timm_kwargs)
+        return MaskGenerator(model.img_size, masking.mask_patch_size, patch, masking.mask_ratio)
 
 
 __all__ = [
-    "RESUME_INVARIANTS",
     "MaskedImageModelling",
+    "MimOptions",
     "build_student",
     "export_student",
     "frozen_teacher",
     "mim_forward",
+    "mim_options",
     "prepare_models",
+    "with_teacher_checkpoint",
 ]

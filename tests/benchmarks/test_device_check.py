@@ -128,10 +128,11 @@ def test_a_failed_section_says_so_with_its_output():
 @pytest.mark.parametrize("config", CONFIGS)
 def test_the_step_shape_read_from_the_file_is_what_the_validated_config_says(config):
     from geofm.config import PretrainConfig
+    from pretrain.tasks.mim import mim_options
 
     cfg = PretrainConfig.from_file(REPO / config)
     shape = StepShape.from_file(config)
-    m, t = cfg.model, cfg.teacher
+    m, t, masking = cfg.model, mim_options(cfg).teacher, mim_options(cfg).masking
     assert shape.student == {
         "arch": m.arch,
         "img_size": m.img_size,
@@ -143,7 +144,7 @@ def test_the_step_shape_read_from_the_file_is_what_the_validated_config_says(con
         assert shape.teacher[name] == getattr(t, name), name
     assert all(shape.teacher[name] == getattr(t, name) for name in shape.teacher)
     assert shape.bands == cfg.data.bands and shape.micro_batch == cfg.train.micro_batch_size
-    assert (shape.mask_patch_size, shape.mask_ratio) == (cfg.masking.mask_patch_size, cfg.masking.mask_ratio)
+    assert (shape.mask_patch_size, shape.mask_ratio) == (masking.mask_patch_size, masking.mask_ratio)
 
 
 def test_the_plain_step_trains_the_student_the_config_describes(one_torch_thread):
@@ -157,7 +158,7 @@ def test_the_plain_step_trains_the_student_the_config_describes(one_torch_thread
 def test_a_config_without_what_the_step_needs_is_named(tmp_path):
     config = tmp_path / "simmim.yaml"
     config.write_text("model: {arch: swin_tiny_patch4_window7_224, img_size: 64, window_size: 4}\n")
-    with pytest.raises(ConfigError, match=r"simmim\.yaml: teacher\.arch is missing"):
+    with pytest.raises(ConfigError, match=r"simmim\.yaml: task_options\.teacher\.arch is missing"):
         StepShape.from_file(config)
 
 

@@ -79,11 +79,16 @@ def test_a_continual_arm_starts_from_the_released_backbone_which_is_also_its_fro
     released = tmp_path / "released" / "backbone.safetensors"
     for arm in ("central_continual", "fedsense_continual"):
         tree = arm_tree(settings, sources, public, arm, 100, tmp_path / arm, 3, released)
-        assert tree["model"]["init_checkpoint"] == str(released) and tree["teacher"]["checkpoint"] == str(released)
-        assert tree["teacher"]["stage"] == 3 and tree["teacher"]["timm_kwargs"] == tree["model"]["timm_kwargs"]
+        teacher = tree["task_options"]["teacher"]
+        assert tree["model"]["init_checkpoint"] == str(released) and teacher["checkpoint"] == str(released)
+        assert teacher["stage"] == 3 and teacher["timm_kwargs"] == tree["model"]["timm_kwargs"]
         assert tree["run"]["seed"] == 3
     scratch = arm_tree(settings, sources, public, "fedsense", 100, tmp_path / "f", 3, released)
-    assert "teacher" not in scratch and "init_checkpoint" not in scratch["model"] and "federation" in scratch
+    assert (
+        "teacher" not in scratch["task_options"]
+        and "init_checkpoint" not in scratch["model"]
+        and "federation" in scratch
+    )
     alone = arm_tree(settings, sources[:1], public, "alone:s2", 100, tmp_path / "a", 0, None)
     assert [s["name"] for s in alone["data"]["sources"]] == ["s2"]
 
@@ -133,7 +138,7 @@ def test_a_dino_arm_is_its_simmim_arm_with_the_demos_dino_options_and_algorithm(
         assert {k: tree[k] for k in ("data", "train", "federation")} == {
             k: simmim[k] for k in ("data", "train", "federation")
         }
-        assert tree["task"] == "dino" and "masking" not in tree and tree["run"]["seed"] == 2
+        assert tree["task"] == "dino" and "masking" not in tree["task_options"] and tree["run"]["seed"] == 2
         assert tree["task_options"]["local_size"] == 16, "half the chip, as the demo's 32 of 64"
         assert tree["task_options"]["out_dim"] == 1024
     assert arm_tree(settings, sources, public, "dino:central", 100, tmp_path / "c", 0, None)["task"] == "dino"

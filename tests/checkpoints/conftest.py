@@ -234,7 +234,7 @@ def run_tree(run_dir, model: dict, bands: list[str]) -> dict:
     tree = {
         "run": {"output_dir": str(run_dir)},
         "model": model,
-        "masking": {"mask_patch_size": 16},
+        "task_options": {"masking": {"mask_patch_size": 16}},
         "data": {
             "bands": bands,
             "sources": [

@@ -158,7 +158,7 @@ def test_inspect_prints_a_recorded_null_as_none_not_unknown(kit, tmp_path, capsy
     run_dir = kit.write_run(tmp_path, kit.make_swin(in_chans=4))
     assert main(["checkpoint", "inspect", str(run_dir)]) == 0
     rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in capsys.readouterr().out.splitlines())
-    assert rows["config teacher"] == "none" and rows["config run.stop_after_steps"] == "none"
+    assert rows["config task_options.teacher"] == "none" and rows["config run.stop_after_steps"] == "none"
     assert "unknown" not in rows.values()
 
 

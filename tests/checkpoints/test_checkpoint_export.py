@@ -154,6 +154,21 @@ def test_a_federated_export_card_counts_rounds_and_local_steps(kit):
     assert "| steps |" not in card and "local_epochs" not in card
 
 
+@pytest.mark.parametrize("spelling", ["today", "before_task_options"])
+def test_a_gfm_export_card_lists_the_masking_and_teacher_of_its_config(kit, spelling):
+    """An export's sidecar keeps its run's config: today with masking and teacher in ``task_options``,
+    before as top-level sections; the card reads either."""
+    settings = {
+        "masking": {"mask_patch_size": 16, "mask_ratio": 0.6},
+        "teacher": {"arch": kit.SWIN, "stage": 3, "alpha": 1.0, "checkpoint": "teacher.pth"},
+    }
+    config = {"train": {"micro_batch_size": 8}, "task": "mim"}
+    config |= {"task_options": settings} if spelling == "today" else settings
+    sidecar = {"format": "geofm-backbone/1", "arch": kit.SWIN, "timm_kwargs": kit.swin_kwargs(), "config": config}
+    card = model_card(sidecar)
+    assert "| mask_patch_size | 16 |\n| mask_ratio | 0.6 |\n| teacher stage | 3 |\n| alpha | 1 |" in card
+
+
 def test_run_export_records_gsd_range_metrics_and_a_card(kit, tmp_path):
     from types import SimpleNamespace
 

@@ -30,7 +30,7 @@ STRIDE = 32  # the tiny Swin's encoder stride: patch 4, three patch mergings
 
 def _pretrain_config(kit, tmp_path, model: dict, teacher: dict | None = None) -> PretrainConfig:
     tree = kit.run_tree(tmp_path / "run", model, BANDS)
-    tree["teacher"] = teacher
+    tree["task_options"]["teacher"] = teacher
     return PretrainConfig.from_tree(tree)
 
 

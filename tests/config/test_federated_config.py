@@ -26,7 +26,7 @@ def test_the_paper_setting_and_its_baselines_differ_only_in_their_algorithm():
         100,
     )
     assert (fedavg.train.local_epochs, fedavg.train.base_lr, fedavg.train.lr_reference_batch) == (1, 1e-4, 64)
-    for section in ("model", "masking", "teacher", "data", "train", "federation"):
+    for section in ("model", "task", "task_options", "data", "train", "federation"):
         assert getattr(fedavg, section) == getattr(fedsense, section), section
     assert (fedsense.algorithm.uplink.bits, fedsense.algorithm.uplink.error_feedback) == (1, True)
     assert fedsense.algorithm.uplink.scale_norm == "linf", "L-infinity scales by default (L2 diverges with feedback)"

@@ -9,6 +9,7 @@ import yaml
 
 from geofm.config import DataConfig, config_to_dict, read_config_tree
 from geofm.config.finetune import FinetuneConfig
+from geofm.config.pretrain import PretrainConfig
 from geofm.config.saved import read_saved_config
 from geofm.errors import ConfigError
 
@@ -84,3 +85,66 @@ def test_a_federated_run_saved_with_flat_server_rule_keys_reads_back_with_their_
     assert read_saved_config(tmp_path / "config.yaml") == today
     with pytest.raises(ValueError, match=r"momentum, beta1, beta2, tau: the server optimiser's own settings go in"):
         AlgorithmConfig.model_validate(old["algorithm"])
+
+
+@pytest.mark.parametrize("name", ["gfm", "simmim"])
+def test_a_masked_image_modelling_run_saved_with_top_level_masking_and_teacher_reads_them_back_as_its_options(
+    name, config_saved_before_task_options, tmp_path
+):
+    """GFM and SimMIM runs saved ``masking`` and ``teacher`` at the top level; they are the task's options now."""
+    path = config_saved_before_task_options(name, tmp_path / "run", TEACHER=tmp_path / "teacher.pth")
+    old = yaml.safe_load(path.read_text())
+
+    tree = read_saved_config(path)
+
+    assert "masking" not in tree and "teacher" not in tree and tree["task"] == "mim"
+    assert tree["task_options"] == {"masking": old["masking"], "teacher": old["teacher"]}
+    assert config_to_dict(PretrainConfig.from_tree(tree, str(path))) == tree, "a resume compares equal trees"
+    assert (old["teacher"] is None) == (name == "simmim")
+
+
+def test_a_dino_run_saved_with_the_default_masking_and_no_teacher_reads_back_without_them(
+    config_saved_before_task_options, tmp_path
+):
+    path = config_saved_before_task_options("dino", tmp_path / "run")
+    old = yaml.safe_load(path.read_text())
+    assert old["masking"] == {"mask_patch_size": 32, "mask_ratio": 0.6} and old["teacher"] is None
+
+    tree = read_saved_config(path)
+
+    assert "masking" not in tree and "teacher" not in tree and tree["task"] == "dino"
+    assert not {"masking", "teacher"} & set(tree["task_options"])
+    assert config_to_dict(PretrainConfig.from_tree(tree, str(path))) == tree, "a resume compares equal trees"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("masking", {"mask_patch_size": 16, "mask_ratio": 0.6}),
+        ("teacher", {"arch": "swin_tiny_patch4_window7_224", "img_size": 32, "checkpoint": "teacher.pth"}),
+    ],
+)
+def test_a_dino_config_with_a_masking_or_a_teacher_is_refused_in_one_line_naming_the_file_and_field(
+    field, value, config_saved_before_task_options, tmp_path
+):
+    path = config_saved_before_task_options("dino", tmp_path / "run")
+    old = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**old, field: value}, sort_keys=False))
+
+    with pytest.raises(ConfigError) as caught:
+        read_saved_config(path)
+
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{path}: {field}: ")
+    assert f"task dino does not read; remove {field}" in message
+
+
+def test_a_run_saved_before_configs_named_a_task_is_masked_image_modelling(config_saved_before_task_options, tmp_path):
+    path = config_saved_before_task_options("gfm", tmp_path / "run")
+    old = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({k: v for k, v in old.items() if k not in ("task", "task_options")}))
+
+    tree = read_saved_config(path)
+
+    assert "task" not in tree and tree["task_options"]["teacher"] == old["teacher"]
+    assert PretrainConfig.from_tree(tree).task == "mim"

@@ -130,9 +130,9 @@ def test_wima_starts_at_its_start_round():
 
 
 def test_bad_settings_name_the_field():
-    with pytest.raises(ConfigError, match=r"options: Value error, window 100 is not a multiple of blocks 3"):
+    with pytest.raises(ConfigError, match=r"options: window 100 is not a multiple of blocks 3"):
         build_algorithm(AlgorithmConfig(name="wima", options={"blocks": 3}), 2)
-    with pytest.raises(ConfigError, match=r"options: Value error, lr_min 2.0 is above lr_max 1.0"):
+    with pytest.raises(ConfigError, match=r"options: lr_min 2.0 is above lr_max 1.0"):
         build_algorithm(AlgorithmConfig(name="swa", options={"lr_min": 2.0}), 2)
     with pytest.raises(ConfigError, match=r"options.cycle: Input should be greater than or equal to 1"):
         build_algorithm(AlgorithmConfig(name="swa", options={"cycle": 0}), 2)

@@ -58,6 +58,8 @@ def fedsense_options(**changes) -> dict:
 
 
 TINY_SWIN = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [1, 2, 4, 8]}
+MIM_OPTIONS = ("masking", "teacher")
+"""Sections the fixtures' keyword arguments change inside ``task_options`` (masked image modelling's)."""
 
 
 @pytest.fixture
@@ -68,14 +70,15 @@ def fed_tree(archive, teacher_file, tmp_path):
         tree = yaml.safe_load(DEMO.read_text())
         tree["run"] = {"output_dir": str(tmp_path / name), "seed": 0}
         tree["model"].update(img_size=32, timm_kwargs=TINY_SWIN)
-        tree["masking"]["mask_patch_size"] = 8
-        tree["teacher"].update(checkpoint=str(teacher_file), img_size=32, timm_kwargs=TINY_SWIN)
+        tree["task_options"]["masking"]["mask_patch_size"] = 8
+        tree["task_options"]["teacher"].update(checkpoint=str(teacher_file), img_size=32, timm_kwargs=TINY_SWIN)
         for source in tree["data"]["sources"]:
             source["root"] = str(archive[source["name"]])
         tree["train"].update(micro_batch_size=4, local_epochs=None, local_steps=2)
         tree["federation"]["rounds"] = 3
         for key, values in sections.items():
-            tree[key] = None if values is None else {**(tree.get(key) or {}), **values}
+            holder = tree["task_options"] if key in MIM_OPTIONS else tree
+            holder[key] = None if values is None else {**(holder.get(key) or {}), **values}
         return tree
 
     return make

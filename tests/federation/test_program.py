@@ -247,7 +247,7 @@ def test_an_institution_points_the_config_at_its_own_machine(fed_tree, tmp_path)
     local = local_config(cfg, {"institution": "uav_rgbn", "data-root": "/srv/drone", "teacher": "/srv/w/teacher.pth"})
     roots = {s.name: str(s.root) for s in local.data.sources}
     assert roots["uav_rgbn"] == "/srv/drone" and roots["aerial_rgb"] == str(cfg.data.sources[0].root)
-    assert str(local.teacher.checkpoint) == "/srv/w/teacher.pth"
+    assert local.task_options["teacher"]["checkpoint"] == "/srv/w/teacher.pth"
     with pytest.raises(ConfigError, match=r"institution 'esa' is not a client of this federation; its clients are"):
         client_shares(cfg, "esa")
 
@@ -463,4 +463,4 @@ def test_a_satlas_swin_v2_starts_the_federated_student_and_is_its_teacher(fed_tr
     assert [r["round"] for r in _rounds(run_dir)] == [1] and _rounds(run_dir)[0]["loss_distill"] != 0
     sidecar = json.loads((run_dir / "backbone.json").read_text())
     assert sidecar["arch"] == "swinv2_tiny_window8_256"
-    assert set(sidecar["releases"]) == {"model.init_checkpoint", "teacher.checkpoint"}
+    assert set(sidecar["releases"]) == {"model.init_checkpoint", "task_options.teacher.checkpoint"}

@@ -40,8 +40,8 @@ def real_demo(tmp_path_factory, teacher_file) -> dict:
     tree = yaml.safe_load(REAL_DEMO.read_text())
     tree["run"] = {"output_dir": str(root.parent / "real_demo_run"), "seed": 0}
     tree["model"].update(img_size=32, timm_kwargs=TINY_SWIN)
-    tree["masking"]["mask_patch_size"] = 8
-    tree["teacher"].update(checkpoint=str(teacher_file), img_size=32, timm_kwargs=TINY_SWIN)
+    tree["task_options"]["masking"]["mask_patch_size"] = 8
+    tree["task_options"]["teacher"].update(checkpoint=str(teacher_file), img_size=32, timm_kwargs=TINY_SWIN)
     for source in tree["data"]["sources"]:
         source["root"] = str(root / Path(source["root"]).relative_to("data/demo"))
     tree["train"].update(micro_batch_size=4, local_steps=2)

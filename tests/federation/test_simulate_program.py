@@ -84,10 +84,10 @@ def test_geofm_fed_simulate_refuses_a_missing_client_folder_before_it_starts(fed
 def test_a_simulation_reports_every_missing_input_at_once_naming_who_reads_it(fed_tree, tmp_path):
     tree = fed_tree("missing", federation={"partition": "dirichlet", "clients": 3})
     tree["data"]["sources"][0]["root"] = str(tmp_path / "no_aerial")
-    tree["teacher"]["checkpoint"] = str(tmp_path / "no_teacher.pth")
+    tree["task_options"]["teacher"]["checkpoint"] = str(tmp_path / "no_teacher.pth")
     with pytest.raises(ConfigError, match=r"fed\.yaml: 2 input") as caught:
         check_simulation_inputs(FederatedConfig.from_tree(tree), "fed.yaml")
     assert f"data.sources.0.root (aerial_rgb, shared by the clients): image folder {tmp_path / 'no_aerial'}" in str(
         caught.value
     )
-    assert f"teacher.checkpoint: checkpoint not found: {tmp_path / 'no_teacher.pth'}" in str(caught.value)
+    assert f"task_options.teacher.checkpoint: checkpoint not found: {tmp_path / 'no_teacher.pth'}" in str(caught.value)

@@ -58,7 +58,10 @@ def test_finetune_command_runs_a_config_file_with_overrides(parser, task_tree, c
     [
         ("central", "configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml"),
         ("federated", "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml"),
+        ("central", "configs/pretrain/demo_dino_swin_micro__img64_win4__4band.yaml"),
+        ("federated", "configs/federated/demo_dino_fedavg_swin_micro__3inst.yaml"),
     ],
+    ids=["gfm", "fedsense", "dino", "dino_fedavg"],
 )
 def test_eval_and_predict_of_a_pretraining_run_say_how_to_finetune_it_in_one_line(kind, config, tmp_path, capsys):
     from geofm.cli import main

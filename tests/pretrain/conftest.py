@@ -14,28 +14,29 @@ import yaml
 REPO = Path(__file__).parents[2]
 DEMO_GFM = REPO / "configs/pretrain/demo_gfm_swin_micro__img64_win4__4band.yaml"
 TINY_SWIN = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [1, 2, 4, 8]}
+MIM_OPTIONS = ("masking", "teacher")
+"""Sections ``tiny_tree``'s keyword arguments change inside ``task_options`` (masked image modelling's)."""
 
 
 @pytest.fixture
 def tiny_tree(archive, teacher_file, tmp_path):
-    """The demo GFM config shrunk to 32 px, 2 epochs of 6 steps, pointing at this test's files."""
+    """The demo GFM config shrunk to 32 px, 2 epochs of 6 steps, pointing at this test's files; keyword
+    arguments merge into its sections (``masking`` and ``teacher``: into ``task_options``; None: null)."""
 
     def make(name: str = "run", **sections) -> dict:
         tree = yaml.safe_load(DEMO_GFM.read_text())
         tree["run"] = {"output_dir": str(tmp_path / name), "log_every": 1, "checkpoint_every": 4, "progress": False}
         tree["model"].update(img_size=32, timm_kwargs=TINY_SWIN)
-        tree["masking"]["mask_patch_size"] = 8
-        tree["teacher"].update(checkpoint=str(teacher_file), img_size=32, timm_kwargs=TINY_SWIN)
+        tree["task_options"]["masking"]["mask_patch_size"] = 8
+        tree["task_options"]["teacher"].update(checkpoint=str(teacher_file), img_size=32, timm_kwargs=TINY_SWIN)
         tree["data"]["num_workers"] = 0
         tree["data"]["samples_per_epoch"] = 24
         for source in tree["data"]["sources"]:
             source["root"] = str(archive[source["name"]])
         tree["train"].update(epochs=2, micro_batch_size=4, warmup_epochs=0.5)
         for key, values in sections.items():
-            if values is None:
-                tree[key] = None
-            else:
-                tree[key] = {**copy.deepcopy(tree.get(key) or {}), **values}
+            holder = tree["task_options"] if key in MIM_OPTIONS else tree
+            holder[key] = None if values is None else {**copy.deepcopy(holder.get(key) or {}), **values}
         return tree
 
     return make

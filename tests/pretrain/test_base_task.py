@@ -29,8 +29,8 @@ def test_a_client_weighs_the_samples_of_its_share_not_its_files(tmp_path, teache
     tree = yaml.safe_load(DEMO_FED.read_text())
     tree["run"] = {"output_dir": str(tmp_path / "run"), "seed": 0}
     tree["model"].update(img_size=32, timm_kwargs=TINY_SWIN)
-    tree["masking"]["mask_patch_size"] = 8
-    tree["teacher"].update(checkpoint=str(teacher_file), img_size=32, timm_kwargs=TINY_SWIN)
+    tree["task_options"]["masking"]["mask_patch_size"] = 8
+    tree["task_options"]["teacher"].update(checkpoint=str(teacher_file), img_size=32, timm_kwargs=TINY_SWIN)
     tree["data"].update(bands=["red", "green", "blue"], sources=[_source("scenes", tmp_path / "scenes", chip_size=64)])
     tree["data"]["sources"].append(_source("tiles", tmp_path / "tiles"))
     tree["data"]["sources"].append({**_source("store", tmp_path / "store", layout="chips"), "scale": 1.0})

@@ -64,10 +64,10 @@ def test_teacher_never_changes_and_gets_no_optimizer_state(tiny_tree):
     from geofm import engine as ds
     from geofm.checkpoints.teacher import build_teacher
     from geofm.models.masking import MaskGenerator
-    from pretrain.tasks.mim import build_student
+    from pretrain.tasks.mim import build_student, mim_options
 
     cfg = PretrainConfig.from_tree(tiny_tree())
-    teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices)
+    teacher = build_teacher(mim_options(cfg).teacher, cfg.data.teacher_band_indices)
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     model = build_student(cfg)
     schedule = ds.make_schedule(cfg.train, 24, 1)
@@ -145,7 +145,7 @@ def test_every_missing_input_is_reported_at_once_and_no_run_directory_is_left(ti
     for expected in (
         f"data.sources.0.root (aerial_rgb): image folder {tmp_path / 'data/nowhere'} does not exist",
         f"data.sources.1.root (satellite_4band): no file in {empty} matches",
-        f"teacher.checkpoint: checkpoint not found: {tmp_path / 'weights/missing.pth'}",
+        f"task_options.teacher.checkpoint: checkpoint not found: {tmp_path / 'weights/missing.pth'}",
         f"model.init_checkpoint: checkpoint not found: {tmp_path / 'weights/init.pth'}",
     ):
         assert expected in message, f"missing {expected!r} in:\n{message}"
@@ -301,7 +301,7 @@ def test_satlas_swin_v2_is_the_student_and_the_teacher_of_a_central_run(tiny_tre
     )
 
     sidecar = json.loads((run_dir / "backbone.json").read_text())
-    assert set(sidecar["releases"]) == {"model.init_checkpoint", "teacher.checkpoint"}
+    assert set(sidecar["releases"]) == {"model.init_checkpoint", "task_options.teacher.checkpoint"}
     assert "ODC-BY-1.0" in (run_dir / "MODEL_CARD.md").read_text()
     model = timm.create_model(sidecar["arch"], pretrained=False, **sidecar["timm_kwargs"])
     assert not model.load_state_dict(load_file(run_dir / "backbone.safetensors")).missing_keys
@@ -328,4 +328,4 @@ def test_dofa_starts_a_vit_student_and_its_export_is_the_teacher(tiny_tree, tmp_
 
     sidecar = json.loads((run_dir / "backbone.json").read_text())
     assert sidecar["releases"]["model.init_checkpoint"]["licence"] == "CC-BY-4.0"
-    assert sidecar["releases"]["teacher.checkpoint"]["name"] == "DOFA"
+    assert sidecar["releases"]["task_options.teacher.checkpoint"]["name"] == "DOFA"

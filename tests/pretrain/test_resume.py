@@ -93,3 +93,30 @@ def test_the_export_reports_the_mean_of_the_last_epoch(tiny_tree):
     assert metrics["loss"] == pytest.approx(sum(r["loss"] for r in records) / 6, abs=1e-6)
     assert metrics["averaged_over"] == "steps 7-12 (the last epoch, 6 logged intervals)"
     assert "steps 7-12 (the last epoch" in (run_dir / "MODEL_CARD.md").read_text()
+
+
+def test_a_run_saved_before_task_options_resumes_and_its_checkpoint_loads_for_finetuning(
+    tiny_tree, config_saved_before_task_options, archive, teacher_file
+):
+    """A GFM run whose config.yaml holds top-level masking and teacher, as geofm saved it then, resumes
+    with today's config and is read as a GFM checkpoint where finetuning starts from it."""
+    from geofm.checkpoints import load_backbone_for_bands
+    from geofm.checkpoints.facts import read_checkpoint
+    from geofm.checkpoints.provenance import provenance
+    from geofm.models.backbones import create_backbone
+    from pretrain.tasks.base import student_kwargs
+
+    cfg = PretrainConfig.from_tree(tiny_tree("old", run={"stop_after_steps": 4}))
+    run_dir = pretrain(cfg)
+    paths = {"TEACHER": teacher_file, **archive}
+    config_saved_before_task_options("gfm", run_dir, **paths)
+
+    facts = read_checkpoint(run_dir)
+    assert facts.source.layout == "geofm_train" and provenance(facts)["method"] == "gfm"
+    assert provenance(facts)["teacher"] == {"arch": "swin_tiny_patch4_window7_224", "checkpoint": str(teacher_file)}
+    encoder = create_backbone(cfg.model.arch, student_kwargs(cfg))
+    report = load_backbone_for_bands(encoder, run_dir, cfg.data.bands)
+    assert not report.missing, "every backbone weight loads for finetuning"
+
+    resumed = pretrain(PretrainConfig.from_tree(tiny_tree("old")))
+    assert [r["step"] for r in _metrics(resumed) if "loss" in r] == list(range(1, 13)), "continued from step 4"

@@ -23,7 +23,7 @@ from geofm.config import PretrainConfig
 from geofm.loop import micro_step
 from geofm.models.backbones import set_fused_attention
 from geofm.models.masking import MaskGenerator
-from pretrain.tasks.mim import build_student, mim_forward, prepare_models
+from pretrain.tasks.mim import build_student, mim_forward, mim_options, prepare_models
 
 LR = 1e-3
 
@@ -44,7 +44,7 @@ def _batches(count: int) -> list[dict[str, torch.Tensor]]:
 def _optimised_losses(cfg: PretrainConfig, state: dict, batches: list[dict]) -> list[dict[str, float]]:
     model = build_student(cfg)
     model.load_state_dict(state)
-    teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices)
+    teacher = build_teacher(mim_options(cfg).teacher, cfg.data.teacher_band_indices)
     prepare_models(model, teacher, cfg, torch.device("cpu"))
     engine = ds.initialize(model, cfg.train, 1, None, LR)
     forward = mim_forward(engine, teacher, torch.device("cpu"), torch.float32)
@@ -58,7 +58,7 @@ def _optimised_losses(cfg: PretrainConfig, state: dict, batches: list[dict]) -> 
 def _eager_losses(cfg: PretrainConfig, state: dict, batches: list[dict]) -> list[dict[str, float]]:
     model = build_student(cfg)
     model.load_state_dict(state)
-    teacher = build_teacher(cfg.teacher, cfg.data.teacher_band_indices)
+    teacher = build_teacher(mim_options(cfg).teacher, cfg.data.teacher_band_indices)
     set_fused_attention(model, False)
     set_fused_attention(teacher, False)
     t = cfg.train
