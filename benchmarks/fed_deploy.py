@@ -42,6 +42,7 @@ QUICK: dict[str, Any] = {
     "rounds": 2,
     "modes": ["simulated", "deployed"],
     "overrides": ["train.local_steps=1", "train.local_epochs=null"],
+    "institutions": 2,
 }
 MODES = ("simulated", "deployed", "deployed_without_worker")
 

@@ -70,6 +70,7 @@ DEFAULTS: dict[str, Any] = {
 }
 QUICK: dict[str, Any] = {
     "extent": 192,
+    "clients": 2,
     "rounds": 1,
     "local_steps": 1,
     "decoder_channels": 16,

@@ -47,7 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "baseline": None,  # model runs: another checkout of geofm predicting the same scenes in the same rounds
     "rows": None,  # model runs: the scenes' height (default: square); memory depends on the width
 }
-QUICK: dict[str, Any] = {"sizes": [512, 1024]}
+QUICK: dict[str, Any] = {"sizes": [256, 512]}
 FLAT = 1.2  # target: peak at the larger size within this factor of the smaller's
 FLAT_MIB = 64  # model runs' target: the larger scene's median peak at most this far above the smaller's
 TIME = Path("/usr/bin/time")

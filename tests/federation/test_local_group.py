@@ -31,6 +31,15 @@ EIGHT_BIT = {"uplink": {"bits": 8, "bucket_size": 512, "error_feedback": True, "
 TWO = {"federation": {"rounds": 2, "local_processes": 2}, "train": {"micro_batch_size": 2}}
 
 
+def _institutions(tree: dict, *names: str) -> dict:
+    """``tree`` with only these institutions beside the server's public source (one: no K-means groups)."""
+    tree["data"]["sources"] = [s for s in tree["data"]["sources"] if s["name"] in (*names, "public_rgb")]
+    tree["federation"]["min_clients"] = len(names)
+    if len(names) == 1:
+        tree["algorithm"]["options"]["clusters"] = None
+    return tree
+
+
 def same_run(one, two, weights: str, state: str, rel: float, same_lr: bool = True) -> None:
     """Two runs' rounds, exported weights and a client's state agree within ``rel``; the second ran on 2 processes."""
     a, b = _rounds(one), _rounds(two)
@@ -52,10 +61,12 @@ def same_run(one, two, weights: str, state: str, rel: float, same_lr: bool = Tru
 
 
 def test_fedsense_pretraining_on_two_processes_per_client_equals_one_process(fed_tree):
-    """1 process x 4 images a step against 2 x 2; the second round starts every rank from the global model."""
-    one = _run(fed_tree("one", federation={"rounds": 2}, algorithm=EIGHT_BIT))
+    """1 process x 4 images a step against 2 x 2, two institutions; the second round starts every rank
+    from the global model."""
+    pair = ("satellite_4band", "uav_rgbn")
+    one = _run(_institutions(fed_tree("one", federation={"rounds": 2}, algorithm=EIGHT_BIT), *pair))
     assert [r["local_world_size"] for r in _rounds(one)] == [dict.fromkeys(r["clients"], 1) for r in _rounds(one)]
-    two = _run(fed_tree("two", algorithm=EIGHT_BIT, **TWO))
+    two = _run(_institutions(fed_tree("two", algorithm=EIGHT_BIT, **TWO), *pair))
     same_run(one, two, "backbone.safetensors", "clients/uav_rgbn/state_round_000002.npz", 1e-3)
 
 
@@ -100,16 +111,8 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _one_institution(tree: dict) -> dict:
-    """``tree`` with one institution (uav_rgbn) beside the server's public source: one node to deploy."""
-    tree["data"]["sources"] = [s for s in tree["data"]["sources"] if s["name"] in ("uav_rgbn", "public_rgb")]
-    tree["federation"]["min_clients"] = 1
-    tree["algorithm"]["options"]["clusters"] = None
-    return tree
-
-
 def test_a_deployed_nodes_worker_trains_on_its_local_processes_and_keeps_them_across_rounds(fed_tree):
-    tree = _one_institution(fed_tree("deployed", **TWO))
+    tree = _institutions(fed_tree("deployed", **TWO), "uav_rgbn")
     tree["federation"]["local_processes"] = 1  # the node's own local-processes says 2, and scales its rate
     cfg = FederatedConfig.from_tree(tree)
     supernode = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])  # stands in for it
@@ -126,7 +129,7 @@ def test_a_deployed_nodes_worker_trains_on_its_local_processes_and_keeps_them_ac
     finally:
         supernode.kill()
         supernode.wait()
-    simulated = _run(_one_institution(fed_tree("simulated", **TWO)))
+    simulated = _run(_institutions(fed_tree("simulated", **TWO), "uav_rgbn"))
     state = "clients/uav_rgbn/state_round_000002.npz"
     same_run(simulated, cfg.run.output_dir, "backbone.safetensors", state, 1e-6, same_lr=False)
     ranks = [pid for group in first.values() for pid in group]

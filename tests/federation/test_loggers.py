@@ -1,15 +1,12 @@
 """``run.loggers`` on a federated run: the server's rounds as TensorBoard scalars (the clients' means and
-each client's own), and an MLflow run that ends with the exported backbone; in process, and on Flower's
-simulation engine."""
+each client's own), and an MLflow run that ends with the exported backbone. On Flower's simulation
+engine, tests/federation/test_simulate_program.py's resumed run checks the server's TensorBoard scalars."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-import yaml
 
 from federation.client import FederatedClient
 from federation.inprocess import InProcess
@@ -52,25 +49,3 @@ def test_a_federated_run_logs_each_round_and_each_client_to_tensorboard_and_mlfl
     assert [m.step for m in mlflow.get_metric_history(run.info.run_id, "uplink_bytes")] == [1, 2]
     artifacts = {a.path for a in mlflow.list_artifacts(run.info.run_id)}
     assert {"backbone.safetensors", "backbone.json", "MODEL_CARD.md", "config.yaml"} <= artifacts
-
-
-def test_geofm_fed_simulate_logs_the_servers_rounds_to_tensorboard(fed_tree, tmp_path, child_env):
-    """On Flower's simulation engine the server (a process of its own) writes the event files."""
-    tree = fed_tree("simulated", federation={"rounds": 2})
-    config = tmp_path / "fed.yaml"
-    config.write_text(yaml.safe_dump(tree))
-    command = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), "--num-cpus", "2"]
-    done = subprocess.run(
-        [*command, "run.loggers=tensorboard"], check=False, env=child_env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    run_dir = tmp_path / "simulated"
-    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir / TENSORBOARD_FOLDER), size_guidance={"scalars": 0}).Reload()
-    assert [(e.step, e.value) for e in events.Scalars("loss")] == [
-        (r["round"], pytest.approx(r["loss"], rel=1e-6)) for r in rounds
-    ]
-    assert [e.step for e in events.Scalars("client_losses/loss/uav_rgbn")] == [1, 2]

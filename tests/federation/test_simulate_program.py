@@ -14,16 +14,20 @@ import yaml
 from federation.base import check_simulation_inputs
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
+from geofm.loggers import TENSORBOARD_FOLDER
 from tests.federation.conftest import geofm_stderr_lines
 
 pytestmark = pytest.mark.slow
 
 
 def test_geofm_fed_simulate_runs_fedsense_on_flower_and_resumes(fed_tree, tmp_path, child_env):
+    """Also the loggers on Flower's simulation engine: the server (a process of its own) writes the
+    TensorBoard event files, each round once across the stopped run and its resumption."""
     tree = fed_tree("simulated", federation={"rounds": 2})
     config = tmp_path / "fed.yaml"
     config.write_text(yaml.safe_dump(tree))
     cmd = [sys.executable, "-m", "geofm.cli", "fed", "simulate", "--config", str(config), "--num-cpus", "2"]
+    cmd += ["run.loggers=[jsonl,tensorboard]"]
     done = subprocess.run(
         [*cmd, "federation.stop_after_rounds=1"], check=False, env=child_env, capture_output=True, text=True
     )
@@ -41,6 +45,14 @@ def test_geofm_fed_simulate_runs_fedsense_on_flower_and_resumes(fed_tree, tmp_pa
     assert json.loads((run_dir / "backbone.json").read_text())["federation"]["rounds"] == 2
     states = sorted(p.name for p in (run_dir / "clients/uav_rgbn").iterdir())
     assert states == ["state_round_000001.npz", "state_round_000002.npz"], "each client keeps its state on disk"
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / TENSORBOARD_FOLDER), size_guidance={"scalars": 0}).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [
+        (r["round"], pytest.approx(r["loss"], rel=1e-6)) for r in rounds
+    ]
+    assert [e.step for e in events.Scalars("client_losses/loss/uav_rgbn")] == [1, 2]
 
 
 def test_ctrl_c_stops_geofm_fed_simulate_after_its_last_round_and_a_rerun_resumes(fed_tree, tmp_path, child_env):

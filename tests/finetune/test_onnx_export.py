@@ -1,8 +1,8 @@
 """``geofm export onnx`` and ``geofm predict --engine onnx``: the export of every task family against PyTorch,
 its metadata, its dynamic batch, whole-scene predictions of both engines, and the errors around them.
 
-The runs are finetuned for one epoch on random data and exported once per module (an export traces
-the model: about a minute on two busy cores).
+The runs are finetuned for one epoch on random data and exported once per test session, shared by
+pytest-xdist's workers (an export traces the model: up to two minutes on two busy cores).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from geofm.errors import (
     ExportError,
     MissingDependencyError,
 )
+from tests.conftest import made_once
 from tests.finetune.conftest import TRANSFORM, RandomTaskData
 
 FAMILIES = ["classification", "multilabel", "segmentation", "change", "superres"]
@@ -58,22 +59,21 @@ def _random_split(data_cfg, task, split, img_size, train):
 @pytest.fixture(scope="module")
 def exported(finetune_tree, tmp_path_factory):
     """``get(task)``: a run of the task (tiny Swin, 32 px, one epoch on random data) exported by
-    ``geofm export onnx --model RUN`` to ``RUN/model.onnx``; made once per module."""
-    made: dict[str, Path] = {}
+    ``geofm export onnx --model RUN`` to ``RUN/model.onnx``; made once per test session."""
+
+    def make(folder: Path, task: str) -> None:
+        tree = finetune_tree(task, folder / "run", train={"epochs": 1, "warmup_epochs": 0.5})
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(splits, "build_finetune_dataset", _random_split)
+            run_dir = finetune(FinetuneConfig.from_tree(tree))
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            _cli(["export", "onnx", "--model", str(run_dir)])
+        assert f"wrote {run_dir / ONNX_FILE}" in printed.getvalue()
+        assert "ONNX Runtime vs PyTorch on random tiles (batch 1 and 3): max abs difference" in printed.getvalue()
 
     def get(task: str) -> Path:
-        if task not in made:
-            tree = finetune_tree(task, tmp_path_factory.mktemp(task) / "run", train={"epochs": 1, "warmup_epochs": 0.5})
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(splits, "build_finetune_dataset", _random_split)
-                run_dir = finetune(FinetuneConfig.from_tree(tree))
-            printed = io.StringIO()
-            with contextlib.redirect_stdout(printed):
-                _cli(["export", "onnx", "--model", str(run_dir)])
-            assert f"wrote {run_dir / ONNX_FILE}" in printed.getvalue()
-            assert "ONNX Runtime vs PyTorch on random tiles (batch 1 and 3): max abs difference" in printed.getvalue()
-            made[task] = run_dir
-        return made[task]
+        return made_once(tmp_path_factory, f"onnx_{task}", lambda folder: make(folder, task)) / "run"
 
     return get
 
