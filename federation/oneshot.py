@@ -153,7 +153,7 @@ def one_shot_program(
 
 def check_one_shot_simulation(cfg: OneShotConfig, source: str) -> None:
     """What a simulation of a one-shot config needs of this machine, checked before the simulation engine
-    starts: what the round-based program checks (:func:`federation.program.check_simulation`), then the
+    starts: what the round-based program checks (:func:`federation.base.check_simulation`), then the
     files only the server reads (its public images, ``check_server_inputs``).
 
     Raises:
