@@ -1,9 +1,9 @@
 """``geofm bench codec``: encode and decode time of the uplink codec against a plain ``clone``.
 
 The update has the size of a Swin-T backbone (28M float32 values). *Encode* is a client's whole
-upload step, :meth:`geofm.federated.communication.feedback.ErrorFeedback.uplink`: the update plus the residual,
+upload step, :meth:`geofm.fl.communication.feedback.ErrorFeedback.uplink`: the update plus the residual,
 bucket scales, quantisation, dense packing and the residual's update; *decode* is the server's
-:func:`geofm.federated.communication.codec.decode`. Both are set against ``vector.clone()`` of the same tensor,
+:func:`geofm.fl.communication.codec.decode`. Both are set against ``vector.clone()`` of the same tensor,
 the memory-bound limit of producing a new vector, timed in the same rounds. Bytes on the wire
 include the header and the scales.
 """
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from benchmarks.common import Report, Target, alternate, summary
-from geofm.federated.communication.codec import Codec, decode
-from geofm.federated.communication.feedback import ErrorFeedback, FeedbackState
+from geofm.fl.communication.codec import Codec, decode
+from geofm.fl.communication.feedback import ErrorFeedback, FeedbackState
 
 DEFAULTS: dict[str, Any] = {
     "numel": 28_000_000,

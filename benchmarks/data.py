@@ -152,8 +152,8 @@ def run(settings: dict[str, Any]) -> Report:
     from geofm.data.demo import make_demo_archive
     from geofm.data.pile import PretrainPile
     from geofm.models.backbones import patch_size_of
-    from geofm.models.masking import MaskGenerator
-    from pretrain.tasks.mim import mim_options
+    from geofm.tasks.mim.masking import MaskGenerator
+    from geofm.tasks.mim.task import mim_options
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -2,7 +2,7 @@
 
 The device check (:mod:`benchmarks.device_check`) runs where only torch, timm, einops,
 safetensors and numpy are installed, so its step is built from geofm's model code directly
-(:mod:`geofm.models`, :mod:`geofm.objective`) and the shape is read from a pretraining config
+(:mod:`geofm.models`, :mod:`geofm.tasks.mim.loss`) and the shape is read from a pretraining config
 file without validating it. Every variant starts from the same seeded random weights (a step's
 speed does not depend on what the weights learnt) and runs its forward passes under bf16 autocast:
 
@@ -121,8 +121,8 @@ def build_models(shape: StepShape):
     """The student (mask token, decoder, projector) and its frozen teacher, from seeded random weights."""
     from geofm.data.bands import teacher_band_indices
     from geofm.models.backbones import backbone_kwargs, create_backbone
-    from geofm.models.mim import MaskedImageModel, Tap
-    from geofm.models.teacher import FrozenTeacher
+    from geofm.tasks.mim.model import MaskedImageModel, Tap
+    from geofm.tasks.mim.teacher import FrozenTeacher
 
     def backbone(spec: dict[str, Any], in_chans: int) -> torch.nn.Module:
         kwargs = backbone_kwargs(
@@ -148,8 +148,8 @@ def build_models(shape: StepShape):
 def make_step(variant: str, shape: StepShape, dev: torch.device) -> PlainStep:
     """``variant``'s step on ``dev`` (not compiled yet), its micro-batch already on the device."""
     from geofm.models.backbones import set_fused_attention
-    from geofm.models.teacher import teacher_dtype
-    from geofm.optim import parameter_groups
+    from geofm.tasks.mim.teacher import teacher_dtype
+    from geofm.training.optim import parameter_groups
 
     choices = VARIANTS[variant]
     student, teacher = build_models(shape)

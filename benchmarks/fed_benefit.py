@@ -143,7 +143,7 @@ GROWING += ("margin", "alpha", "archive", "frameworks", "dino_pretrain_seeds")
 
 def pretrain_arm(settings, sources, public, arm: str, budget: int, out: Path, seed: int, released) -> dict[str, Any]:
     """Pretrain one arm with one seed; its backbone's folder, bytes each way and client seconds."""
-    from federation.inprocess import run_in_process
+    from federation.runtime.inprocess import run_in_process
     from geofm.config import PretrainConfig
     from geofm.config.federated import read_federated_config
     from pretrain.central import pretrain

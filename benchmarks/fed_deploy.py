@@ -3,7 +3,7 @@
 The same config (the demo's FedSense by default, on a fresh synthetic archive with random teacher
 weights) runs three ways, one after the other: in Flower's simulation engine (``geofm fed simulate``,
 whose node processes live for the run), deployed on 127.0.0.1 with TLS and SuperNode authentication
-(:class:`~federation.localdeploy.LocalDeployment`) as shipped, where each node's long-lived
+(:class:`~federation.deploy.local.LocalDeployment`) as shipped, where each node's long-lived
 worker answers every message (the SuperNodes with ``geofm fed supernode --poll-s 0.2``), and deployed with a ClientApp that builds the client program in each
 message's own process (``client_app_without_worker``, how deployed nodes ran before the worker).
 The figure is the server's ``seconds`` per round from ``rounds.jsonl`` (configure to aggregate,
@@ -87,7 +87,7 @@ def _teacher(tree: dict, path: Path) -> None:
 
     from geofm.config.federated import FederatedConfig
     from geofm.models.backbones import backbone_kwargs, create_backbone
-    from pretrain.tasks.mim import mim_options
+    from geofm.tasks.mim.task import mim_options
 
     t = mim_options(FederatedConfig.from_tree(tree)).teacher
     kwargs = backbone_kwargs(in_chans=3, img_size=t.img_size, window_size=t.window_size, timm_kwargs=t.timm_kwargs)
@@ -113,9 +113,9 @@ def _simulate(config: Path, num_cpus: int) -> None:
 
 def _deploy(config: Path, tree: dict, folder: Path, with_worker: bool) -> None:
     from federation.cli import BUILT_IN
-    from federation.deploy import APP_DIR, COMPLETED, NODE_POLL_S
-    from federation.localdeploy import LocalDeployment
-    from federation.runtime import CONFIG, PROGRAM, config_entry
+    from federation.deploy.commands import APP_DIR, COMPLETED, NODE_POLL_S
+    from federation.deploy.local import LocalDeployment
+    from federation.runtime.contract import CONFIG, PROGRAM, config_entry
     from geofm.config.federated import FederatedConfig
 
     app_dir = APP_DIR

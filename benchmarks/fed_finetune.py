@@ -90,7 +90,7 @@ def arm_sections(arms: list[Any] | None) -> dict[str, dict[str, Any] | None]:
     """
     from benchmarks.flatness import method_sections
     from geofm.config import read_config_tree
-    from geofm.federated.algorithms import ALGORITHMS
+    from geofm.fl.algorithms import ALGORITHMS
 
     default = arms is None
     if default:
@@ -107,7 +107,7 @@ def arm_sections(arms: list[Any] | None) -> dict[str, dict[str, Any] | None]:
 def _runs_without_public_images(section: dict[str, Any]) -> bool:
     """Whether the algorithm ``section`` names accepts a run with no public images on the server."""
     from geofm.config.algorithm import AlgorithmConfig
-    from geofm.federated.algorithms import ALGORITHMS
+    from geofm.fl.algorithms import ALGORITHMS
 
     try:
         ALGORITHMS.get(section["name"]).check_public_images(AlgorithmConfig(**section), False)
@@ -184,7 +184,7 @@ def federated_tree(settings, chips, work: Path, partition: str, section: dict | 
 
 def run_arm(settings, chips, work: Path, partition: str, section: dict | None, seed: int, out: Path) -> dict:
     """Train one arm for one seed in this process: test mIoU, bytes each way, client and wall seconds."""
-    from federation.inprocess import run_in_process
+    from federation.runtime.inprocess import run_in_process
     from geofm.config.federated import read_federated_config
 
     started = time.perf_counter()

@@ -3,7 +3,7 @@
 For each algorithm (FedAvg with float32 uploads, FedSense with 1-bit uploads and 3 groups) three
 kinds of upload are made from random updates of the size of the configured model
 (``flat_config``: the GFM Swin-B student by default) and written to an
-:class:`~geofm.federated.communication.spill.UploadStore` as Flower's transport writes each reply on arrival;
+:class:`~geofm.fl.communication.spill.UploadStore` as Flower's transport writes each reply on arrival;
 the ``max(flat_clients)`` clients upload them in turn (their files hard links to their kind's, so
 that making 40 Swin-B uploads takes seconds, not minutes on a loaded machine).
 Each M then runs in a fresh process, so that its own peak resident memory (``VmHWM``, not the
@@ -41,8 +41,8 @@ PEAK_RATIO = 1.3
 def model_values(config: str) -> int:
     """Values of the shared vector of a pretraining config's student, built on the meta device (no memory)."""
     from geofm.config.pretrain import PretrainConfig
-    from geofm.federated.parameter_vectors import ParameterLayout
-    from pretrain.tasks.mim import build_student
+    from geofm.fl.parameter_vectors import ParameterLayout
+    from geofm.tasks.mim.task import build_student
 
     with torch.device("meta"):
         return ParameterLayout.of(build_student(PretrainConfig.from_file(repo_path(config)))).numel
@@ -51,10 +51,10 @@ def model_values(config: str) -> int:
 def server_round(algorithm: dict[str, Any], values: int, folder: str, names: list[str], clients: int) -> dict:
     """One round of the server on the first ``clients`` stored uploads, in this (fresh) process."""
     from geofm.config.algorithm import AlgorithmConfig
-    from geofm.federated.aggregation.uploads import ClientUpload
-    from geofm.federated.algorithms import build_algorithm
-    from geofm.federated.algorithms.rounds import payload_arrays
-    from geofm.federated.communication.spill import SPILL_FOLDER, StoredArrays
+    from geofm.fl.aggregation.uploads import ClientUpload
+    from geofm.fl.algorithms import build_algorithm
+    from geofm.fl.algorithms.rounds import payload_arrays
+    from geofm.fl.communication.spill import SPILL_FOLDER, StoredArrays
     from geofm.memory import keep_freed_memory
 
     keep_freed_memory()  # as FederatedServer does
@@ -81,9 +81,9 @@ def server_round(algorithm: dict[str, Any], values: int, folder: str, names: lis
 def run_flat(settings: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]], list[Target], list[str]]:
     """The flat-server figures: (results, rows, targets, notes)."""
     from geofm.config.algorithm import AlgorithmConfig
-    from geofm.federated.algorithms import build_algorithm
-    from geofm.federated.algorithms.rounds import LocalUpdate
-    from geofm.federated.communication.spill import UploadStore
+    from geofm.fl.algorithms import build_algorithm
+    from geofm.fl.algorithms.rounds import LocalUpdate
+    from geofm.fl.communication.spill import UploadStore
 
     values, ms = model_values(settings["flat_config"]), sorted(settings["flat_clients"])
     results: dict[str, Any] = {"model_values": values}

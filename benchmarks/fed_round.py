@@ -2,15 +2,15 @@
 overhead beyond local training, and the bytes each round puts on the wire.
 
 Server, for each M in ``clients`` (the M values alternate from round to round): decoding and
-screening the M uploads and averaging them (:meth:`~geofm.federated.algorithms.FedAvg.screen`),
-K-means of the clients (:func:`~geofm.federated.aggregation.clustering.cluster_clients`), similarity
+screening the M uploads and averaging them (:meth:`~geofm.fl.algorithms.FedAvg.screen`),
+K-means of the clients (:func:`~geofm.fl.aggregation.clustering.cluster_clients`), similarity
 distillation of the global model on public images (timed on its own) and the downlink's encoding,
-all as :meth:`~geofm.federated.algorithms.FedSense.server_update` runs them; a least-squares line
+all as :meth:`~geofm.fl.algorithms.FedSense.server_update` runs them; a least-squares line
 through the per-M medians gives the cost per client. The uploads are real 1-bit packets of random
 updates of the config's model size.
 
 Client, per round, each piece of the round as the federated client runs it
-(:class:`~geofm.federated.client_round.ClientRound`): receiving (a fresh model, the downlink decoded
+(:class:`~geofm.fl.client_round.ClientRound`): receiving (a fresh model, the downlink decoded
 into it), the engine with the algorithm's hooks, the upload (error feedback + codec) and, per
 micro-step, the drift-aware perturbation, set against one local training step of the config's model
 under every hook of the algorithm.
@@ -64,7 +64,7 @@ def _config(settings: dict[str, Any], folder: Path):
     """The federated config with the benchmark's overrides and, with a teacher, random teacher weights."""
     from geofm.config.federated import FederatedConfig
     from geofm.models.backbones import backbone_kwargs, create_backbone
-    from pretrain.tasks.mim import mim_options, with_teacher_checkpoint
+    from geofm.tasks.mim.task import mim_options, with_teacher_checkpoint
 
     overrides = [*settings["overrides"], f"train.micro_batch_size={settings['micro_batch']}"]
     if settings["distill_steps"] is not None:
@@ -89,9 +89,9 @@ class Server:
     """
 
     def __init__(self, cfg, algorithm, model, layout, uploads) -> None:
-        from geofm.federated.algorithms.context import PublicImages, ServerContext
+        from geofm.fl.algorithms.context import PublicImages, ServerContext
         from geofm.memory import keep_freed_memory
-        from pretrain.tasks.base import pooled_features
+        from geofm.tasks.pretraining import pooled_features
 
         keep_freed_memory()  # as FederatedServer does
 
@@ -154,15 +154,15 @@ def run(settings: dict[str, Any]) -> Report:
 
 
 def _scaling(settings: dict[str, Any]) -> Report:
-    from geofm.federated.aggregation.uploads import ClientUpload
-    from geofm.federated.algorithms import build_algorithm
-    from geofm.federated.algorithms.rounds import LocalUpdate, payload_arrays
-    from geofm.federated.client_round import ClientRound
-    from geofm.federated.communication.codec import Codec
-    from geofm.federated.parameter_vectors import ParameterLayout
-    from geofm.models.masking import MaskGenerator
+    from geofm.fl.aggregation.uploads import ClientUpload
+    from geofm.fl.algorithms import build_algorithm
+    from geofm.fl.algorithms.rounds import LocalUpdate, payload_arrays
+    from geofm.fl.client_round import ClientRound
+    from geofm.fl.communication.codec import Codec
+    from geofm.fl.parameter_vectors import ParameterLayout
     from geofm.tasks import federated_task
-    from pretrain.tasks.mim import build_student, mim_options
+    from geofm.tasks.mim.masking import MaskGenerator
+    from geofm.tasks.mim.task import build_student, mim_options
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _config(settings, Path(tmp))

@@ -14,7 +14,7 @@ heterogeneous partitions:
   sensor's scenes ``scene_000``-``scene_019`` for training and ``scene_020``-``scene_023`` held out.
   The metric is the global model's MIM loss on the held-out scenes (lower is better).
 
-For each global model the flatness measure (:mod:`geofm.federated.landscape`) is the mean increase of
+For each global model the flatness measure (:mod:`geofm.fl.landscape`) is the mean increase of
 the same validation loss under ``draws`` random perturbations of norm ``radius``, with its spread
 over the draws. Differential privacy: FedAvg with ``algorithm.privacy`` (``privacy`` settings) at each
 of ``noise_multipliers`` on the ``dirichlet`` partition, reporting the metric against the epsilon of
@@ -82,7 +82,7 @@ def method_sections(methods: list[Any], setting: str = "methods") -> dict[str, d
             or algorithms that are not registered (all of them named).
     """
     from geofm.errors import ConfigError
-    from geofm.federated.algorithms import ALGORITHMS
+    from geofm.fl.algorithms import ALGORITHMS
 
     sections: dict[str, dict[str, Any]] = {}
     for method in methods:
@@ -153,7 +153,7 @@ def held_out_batches(settings: dict, archive: Path) -> list[dict]:
     from torch.utils.data import DataLoader
 
     from geofm.data.pile import PileIndex, PretrainPile
-    from pretrain.tasks.mim import MaskedImageModelling
+    from geofm.tasks.mim.task import MaskedImageModelling
 
     cfg = sensor_config(settings, archive, {"name": "fedavg"}, 0, archive / "unused", HELD_OUT_SCENES)
     task = MaskedImageModelling(cfg)
@@ -170,7 +170,7 @@ def held_out_batches(settings: dict, archive: Path) -> list[dict]:
 def global_model(server):
     """The global model as the server validated it last: the algorithm's evaluated model, its local
     parameters and the averaged batch-norm statistics (finetuning's export left the best round's in)."""
-    from geofm.federated.parameter_vectors import load_running_statistics
+    from geofm.fl.parameter_vectors import load_running_statistics
 
     server.layout.assign(server.model, server.algorithm.evaluated_model(server.global_model))
     local = server.algorithm.server_local()
@@ -183,12 +183,12 @@ def global_model(server):
 
 def run_method(cfg, settings: dict, sensor_batches: list[dict] | None) -> dict[str, Any]:
     """Train one federated run in this process, then measure its global model."""
-    from federation.client import FederatedClient
-    from federation.inprocess import InProcess
-    from federation.roundloop import run_server
-    from federation.server import FederatedServer
+    from federation.programs.client import FederatedClient
+    from federation.programs.server import FederatedServer
+    from federation.runtime.inprocess import InProcess
+    from federation.runtime.roundloop import run_server
     from finetune.evaluate import eval_loader
-    from geofm.federated.landscape import flatness
+    from geofm.fl.landscape import flatness
     from geofm.runlog import ROUNDS_LOG
 
     shutil.rmtree(cfg.run.output_dir, ignore_errors=True)  # a kept run folder would be resumed, not rerun

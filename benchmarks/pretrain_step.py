@@ -4,8 +4,8 @@ One step is the frozen teacher's forward, the student's masked forward (encoder,
 projector), the loss, the backward and the optimizer step, on synthetic batches of the config's
 shape (no data loading). Two variants start from identical weights:
 
-* ``optimised``: geofm's own step, :func:`pretrain.tasks.mim.mim_forward` in
-  :func:`geofm.loop.micro_step` on the DeepSpeed engine as configured (fused AdamW, the teacher at
+* ``optimised``: geofm's own step, :func:`geofm.tasks.mim.task.mim_forward` in
+  :func:`geofm.training.loop.micro_step` on the DeepSpeed engine as configured (fused AdamW, the teacher at
   ``task_options.teacher.precision``, fused attention where it pays, bf16 on GPUs);
 * ``eager_fp32``: the same model written plainly: an fp32 teacher, explicit attention, torch's
   default AdamW and ``clip_grad_norm_``, no engine.
@@ -42,7 +42,7 @@ from benchmarks.common import (
     synchronizer,
 )
 from benchmarks.gfm_step import build, count_flops, host_syncs, synthetic_batch
-from pretrain.tasks.mim import mim_options, with_teacher_checkpoint
+from geofm.tasks.mim.task import mim_options, with_teacher_checkpoint
 
 DEFAULTS: dict[str, Any] = {
     "config": "configs/pretrain/gfm_swin_base__img192_win6__100ep.yaml",

@@ -38,7 +38,7 @@ def teacher_export(folder: Path, cfg) -> Path:
 
     from geofm.checkpoints import export_backbone
     from geofm.models.backbones import backbone_kwargs, create_backbone
-    from pretrain.tasks.mim import mim_options
+    from geofm.tasks.mim.task import mim_options
 
     t = mim_options(cfg).teacher
     kwargs = backbone_kwargs(in_chans=3, img_size=t.img_size, window_size=t.window_size, timm_kwargs=t.timm_kwargs)
@@ -69,7 +69,7 @@ def _spawn(command: list[str]) -> tuple[float, dict]:
 def run(settings: dict[str, Any]) -> Report:
     from geofm.config import PretrainConfig
     from geofm.data.demo import make_demo_archive
-    from pretrain.tasks.mim import mim_options
+    from geofm.tasks.mim.task import mim_options
 
     config = repo_path(settings["config"])
     runs: list[dict[str, Any]] = []

@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.sweep_seeds SWEEP.yaml --seeds 0 1 2 [--out DIR] [key=value ...]`` runs every
 cell of the sweep (:mod:`federation.sweep`) once per seed (``run.seed``: the partition, the clients'
-batches and the heads' initialisation) with its clients in this process (:func:`~federation.inprocess.run_in_process`,
+batches and the heads' initialisation) with its clients in this process (:func:`~federation.runtime.inprocess.run_in_process`,
 no Ray: the same program, a fraction of the start-up), writes each run to ``DIR/seed<S>/<scenario>/<algorithm>``
 (a finished run is kept and read back; ``--set key=value`` changes every cell's config, e.g. its
 ``train.optimizer``), and ``DIR/seeds.md`` and ``DIR/seeds.json``: per cell the final
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the sweep file")
     args = parser.parse_args(argv)
 
-    from federation.inprocess import run_in_process
+    from federation.runtime.inprocess import run_in_process
     from federation.sweep import read_sweep
     from geofm.config.base import parse_overrides
     from geofm.config.federated import read_federated_config

@@ -12,7 +12,7 @@
                         compares them (:mod:`federation.sweep`).
 
 The built-in program (``geofm``: the config's task, algorithm and partition) is the default;
-``--program`` runs another program registered for the same runtime (:mod:`federation.runtime`).
+``--program`` runs another program registered for the same runtime (:mod:`federation.runtime.contract`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import argparse
 import gc
 from pathlib import Path
 
-from federation.deploy import (
+from federation.deploy.commands import (
     ACTIVATION_RETRY_S,
     NODE_POLL_S,
     ONLINE_PATIENCE_S,
@@ -30,11 +30,11 @@ from federation.deploy import (
     register_nodes,
     run_supernode,
 )
-from federation.deployfiles import DEFAULT_CONNECTION, DEFAULT_PORT, DeploymentFiles, write_deployment_files
-from federation.runtime import CONFIG, INSTITUTIONS, PROGRAM, PROGRAMS, Scalar, config_entry
+from federation.deploy.files import DEFAULT_CONNECTION, DEFAULT_PORT, DeploymentFiles, write_deployment_files
+from federation.runtime.contract import CONFIG, INSTITUTIONS, PROGRAM, PROGRAMS, Scalar, config_entry
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError, RunInterrupted
-from geofm.federated.algorithms import ALGORITHMS
+from geofm.fl.algorithms import ALGORITHMS
 from geofm.paths import check_writable
 
 BUILT_IN = "geofm"
@@ -284,7 +284,7 @@ def _simulate(args: argparse.Namespace) -> None:
     check = PROGRAMS.get(args.program).check_simulation
     if check is not None:
         check(run_config, str(args.config))  # before the simulation engine starts
-    from federation.simulation import simulate  # imports flwr: only once the config is valid
+    from federation.flower.simulation import simulate  # imports flwr: only once the config is valid
 
     try:
         simulate(
@@ -300,8 +300,8 @@ def _simulate(args: argparse.Namespace) -> None:
         gc.freeze()
         raise
     if args.program == BUILT_IN:
-        from federation.program import run_config_tree
-        from geofm.reconstruction import print_reconstruction_figure
+        from federation.programs.rounds import run_config_tree
+        from geofm.tasks.mim.figures import print_reconstruction_figure
 
         print_reconstruction_figure(run_config_tree(run_config).run.output_dir)
 

@@ -20,7 +20,7 @@ base's algorithm-specific settings (FedSense's perturbation, FedProx's beta, ...
 so ``fedavg: {}`` is plain FedAvg whatever the base runs. Each cell's whole config is written to
 ``OUTPUT/configs/`` and run with ``geofm fed simulate`` in a process of its own, into
 ``OUTPUT/<scenario>/<algorithm>[__<uplink>]``; ``OUTPUT/sweep.json`` records which cells finished. Rerunning the sweep skips them and resumes the others from their
-checkpoints. After every cell the comparison (:mod:`geofm.federated.comparison`) is written to
+checkpoints. After every cell the comparison (:mod:`geofm.fl.comparison`) is written to
 ``OUTPUT/comparison/``.
 """
 
@@ -40,10 +40,10 @@ from pydantic import Field, field_validator
 
 from geofm.config.base import ProgramConfig, read_config_tree, set_dotted
 from geofm.errors import ConfigError, GeoFMError
-from geofm.federated.comparison import SWEEP_LABELS, write_comparison
+from geofm.fl.comparison import SWEEP_LABELS, write_comparison
 from geofm.paths import check_writable
 
-log = logging.getLogger("geofm.federated")
+log = logging.getLogger("geofm.fl")
 
 STATUS = "sweep.json"
 SHARED_ALGORITHM_KEYS = (

@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from finetune.models import FinetuneModel, build_finetune_model
 from geofm.config.base import CONFIG_FILE
 from geofm.config.fedfinetune import check_finetuning_run, read_finetune_config
 from geofm.config.finetune import FinetuneConfig
 from geofm.config.saved import read_saved_config
 from geofm.errors import CheckpointNotFoundError
+from geofm.tasks.finetuning.model import FinetuneModel, build_finetune_model
 
 BEST_DIR = "best"
 MODEL_WEIGHTS = "model.safetensors"

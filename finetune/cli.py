@@ -261,7 +261,7 @@ def _report(args: argparse.Namespace) -> None:
     if all(path.is_dir() for path in args.evals):
         if args.baseline:
             raise ConfigError("--baseline compares eval.json records; run folders are compared with each other")
-        from geofm.federated.comparison import write_comparison
+        from geofm.fl.comparison import write_comparison
 
         print(f"wrote {write_comparison(args.evals, args.out)}")
         return

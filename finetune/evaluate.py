@@ -1,7 +1,7 @@
 """Evaluating a finetuned model on a split, and the evaluation record (``eval.json``) that reports compare.
 
 An evaluation record holds ``task``, ``dataset``, ``train_fraction``, ``split``, ``metrics`` (see
-:mod:`finetune.metrics`), ``primary_metric`` and its value as ``score``, for dense tasks
+:mod:`geofm.tasks.finetuning.metrics`), ``primary_metric`` and its value as ``score``, for dense tasks
 ``scored_pixels`` (the target pixels the metrics counted: never padding, nor ``data.ignore_index``),
 plus provenance the caller adds (checkpoint, selection, epochs, seconds...).
 
@@ -23,13 +23,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from finetune.best import load_finetuned
-from finetune.metrics import TaskMetrics
 from finetune.predict import add_tile, blend_weights
 from finetune.splits import build_split
 from geofm import engine as ds
 from geofm.config.finetune import FinetuneConfig
 from geofm.config.finetune_data import Split
 from geofm.data.finetune import FinetuneDataset
+from geofm.tasks.finetuning.metrics import TaskMetrics
 
 
 class Evaluation(NamedTuple):

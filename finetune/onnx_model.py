@@ -35,7 +35,6 @@ from torch import Tensor
 from finetune.best import BEST_DIR, MODEL_WEIGHTS, read_best, run_config
 from finetune.files import ONNX_FILE
 from finetune.predict import ModelFn, Predictor, band_spec
-from finetune.tasks import task_of
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune import BandNormaliser
 from geofm.errors import (
@@ -46,6 +45,7 @@ from geofm.errors import (
     ExportError,
     MissingDependencyError,
 )
+from geofm.tasks.finetuning import task_of
 
 log = logging.getLogger("geofm.finetune")
 

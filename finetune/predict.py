@@ -26,7 +26,7 @@ predictor; :func:`~geofm.data.writers.write_cog`). A finished output records the
 metadata, and the same prediction run again leaves it as it is unless ``overwrite``; a different one
 replaces it.
 
-A task's ``predicts`` (``finetune/tasks/``) says what is written: nothing (classification,
+A task's ``predicts`` (``geofm/tasks/finetuning/``) says what is written: nothing (classification,
 multilabel), a class map, or an image. Outputs keep the input's CRS and transform
 (super-resolution: the same origin with the pixel size divided by the scale factor):
 

@@ -9,13 +9,13 @@ import torch
 from torch import Tensor
 
 from finetune.best import load_finetuned
-from finetune.models import FinetuneModel
 from finetune.predict import Predictor
-from finetune.tasks import task_of
 from geofm import engine as ds
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune import BandNormaliser
 from geofm.errors import ConfigError
+from geofm.tasks.finetuning import task_of
+from geofm.tasks.finetuning.model import FinetuneModel
 
 _SIZES_SHOWN = 4
 

@@ -260,19 +260,19 @@ def _source_docstring(entry: str) -> str | None:
 REGISTRIES: Registry[Registry] = Registry("registry", "geofm.registries")
 """The registries users extend, by the name ``geofm list`` takes; a plug-in adds its own through the
 ``geofm.registries`` entry-point group."""
-REGISTRIES.register("algorithms", "geofm.federated.algorithms:ALGORITHMS")
-REGISTRIES.register("aggregators", "geofm.federated.aggregation.robust:AGGREGATORS")
+REGISTRIES.register("algorithms", "geofm.fl.algorithms:ALGORITHMS")
+REGISTRIES.register("aggregators", "geofm.fl.aggregation.robust:AGGREGATORS")
 REGISTRIES.register("central-programs", "geofm.tasks:CENTRAL_PROGRAMS")
 REGISTRIES.register("checkpoint-layouts", "geofm.checkpoints.layouts:CHECKPOINT_LAYOUTS")
 REGISTRIES.register("federated-configs", "geofm.tasks:FEDERATED_CONFIGS")
 REGISTRIES.register("federated-tasks", "geofm.tasks:FEDERATED_TASKS")
 REGISTRIES.register("folder-layouts", "geofm.data.layouts:FOLDER_LAYOUTS")
-REGISTRIES.register("heads", "finetune.heads:HEADS")
-REGISTRIES.register("partitioners", "geofm.federated.partitions.files:PARTITIONERS")
+REGISTRIES.register("heads", "geofm.models.heads:HEADS")
+REGISTRIES.register("partitioners", "geofm.fl.partitions.files:PARTITIONERS")
 REGISTRIES.register("product-layouts", "geofm.data.layouts:PRODUCT_LAYOUTS")
-REGISTRIES.register("programs", "federation.runtime:PROGRAMS")
-REGISTRIES.register("sample-partitioners", "geofm.federated.partitions.samples:SAMPLE_PARTITIONERS")
-REGISTRIES.register("server-optimizers", "geofm.federated.aggregation.server_optimizers:SERVER_OPTIMIZERS")
+REGISTRIES.register("programs", "federation.runtime.contract:PROGRAMS")
+REGISTRIES.register("sample-partitioners", "geofm.fl.partitions.samples:SAMPLE_PARTITIONERS")
+REGISTRIES.register("server-optimizers", "geofm.fl.aggregation.server_optimizers:SERVER_OPTIMIZERS")
 REGISTRIES.register("tasks", "geofm.tasks:TASKS")
 
 

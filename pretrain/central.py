@@ -1,9 +1,9 @@
 """Central pretraining of any registered objective (``task``: masked image modelling by default, DINO...).
 
 One program for one CPU, one GPU or a cluster: launch it plainly, or with ``deepspeed`` /
-``torchrun`` for several processes. It is the program template (:class:`geofm.program.TrainingProgram`)
+``torchrun`` for several processes. It is the program template (:class:`geofm.training.program.TrainingProgram`)
 around the config's pretraining task (:class:`geofm.tasks.PretrainingTask`, implemented in
-:mod:`pretrain.tasks`): the task builds the model and the samples, computes a micro-batch's losses,
+:mod:`geofm.tasks`): the task builds the model and the samples, computes a micro-batch's losses,
 follows each optimizer step (an EMA teacher), keeps its own state in checkpoints, draws its figures
 and exports the backbone. A run directory holds ``config.yaml``, ``metrics.jsonl``,
 ``loss_curve.png`` (and the objective's figures, e.g. ``reconstruction.png``), redrawn at each
@@ -24,12 +24,12 @@ from geofm import engine as ds
 from geofm.config import PretrainConfig
 from geofm.data.loader import leave_cores_to_workers
 from geofm.data.pile import PileSampler, SkippedFiles
-from geofm.loop import Forward
-from geofm.program import TrainingProgram
-from geofm.reconstruction import RECONSTRUCTION_FIGURE
-from geofm.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress
 from geofm.runlog import final_metrics, plot_loss_curve
 from geofm.tasks import TASKS, PretrainingTask
+from geofm.tasks.mim.figures import RECONSTRUCTION_FIGURE
+from geofm.training.loop import Forward
+from geofm.training.program import TrainingProgram
+from geofm.training.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress
 
 log = logging.getLogger("geofm.pretrain")
 

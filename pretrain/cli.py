@@ -56,7 +56,7 @@ def _run(args: argparse.Namespace) -> None:
 
     cfg = PretrainConfig.from_file(args.config, args.overrides)
     check_writable(cfg.run.output_dir, "run.output_dir", folder=True)
-    from geofm.reconstruction import print_reconstruction_figure
+    from geofm.tasks.mim.figures import print_reconstruction_figure
     from pretrain.central import pretrain  # loads torch: only once the config is valid
 
     run_dir = pretrain(cfg, extend=args.extend, source=str(args.config))

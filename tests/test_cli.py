@@ -109,7 +109,7 @@ def test_a_single_process_start_is_quiet_and_builds_no_extension(tmp_path):
     startup = "INFO geofm.pretrain: first optimizer step after "
     assert len(lines) == 3 and lines[1].startswith(startup), done.stderr
     assert [lines[0], lines[2]] == [
-        "INFO geofm.engine: one process: ZeRO stage 0 (train.zero_stage=1 applies across processes)",
+        "INFO geofm.training.engine: one process: ZeRO stage 0 (train.zero_stage=1 applies across processes)",
         "INFO geofm.pretrain: exported backbone to runs/demo_simmim_swin_micro__img64_win4__rgb_teacher/backbone.safetensors",
     ], done.stderr
     run_dir = "runs/demo_simmim_swin_micro__img64_win4__rgb_teacher"
@@ -133,7 +133,7 @@ def test_version_is_the_installed_distributions(capsys):
 
 
 def test_list_prints_every_registry_and_each_registered_name_with_its_summary_and_options(capsys):
-    from geofm.federated.algorithms import ALGORITHMS
+    from geofm.fl.algorithms import ALGORITHMS
     from geofm.registry import REGISTRIES
 
     assert main(["list"]) == 0
@@ -160,7 +160,7 @@ def test_list_prints_every_registry_and_each_registered_name_with_its_summary_an
 
 
 def test_help_texts_list_registered_algorithms_and_give_each_command_its_own_examples(capsys):
-    from geofm.federated.algorithms import ALGORITHMS
+    from geofm.fl.algorithms import ALGORITHMS
 
     assert "federated pretraining and finetuning" in _help(capsys)
     assert ", ".join(ALGORITHMS) in " ".join(_help(capsys, "fed").split()), "every algorithm, from the registry"
@@ -242,7 +242,7 @@ def test_every_module_logger_is_shown_at_info_by_the_command_line(monkeypatch):
     finally:
         for logger, level in zip(touched, levels, strict=True):
             logger.setLevel(level)
-    assert "geofm.federated" in loggers, loggers
+    assert "geofm.fl" in loggers, loggers
     assert not hidden, f"modules logging under names the command line does not show: {hidden}"
 
 

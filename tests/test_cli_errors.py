@@ -12,7 +12,7 @@ from geofm.cli import main
 from geofm.config import PretrainConfig
 from geofm.data.pile import PretrainPile, shown_samples
 from geofm.data.writers import write_geotiff
-from geofm.reconstruction import SHOWN_CHIPS
+from geofm.tasks.mim.figures import SHOWN_CHIPS
 
 RGB = ["red", "green", "blue"]
 TRANSFORM = (1.0, 0.0, 500_000.0, 0.0, -1.0, 5_000_000.0)

@@ -6,7 +6,7 @@ import yaml
 from geofm.config import PretrainConfig
 from geofm.config.base import read_config_tree
 from geofm.errors import ConfigError
-from pretrain.tasks.mim import mim_options
+from geofm.tasks.mim.task import mim_options
 
 CONFIGS = sorted(Path(__file__).parents[1].joinpath("configs", "pretrain").glob("*.yaml"))
 
@@ -263,7 +263,7 @@ def test_a_run_saves_masking_and_teacher_only_as_masked_image_modelling_options(
     """What ``config.yaml`` of a run of each shipped config holds: a DINO run neither masking nor teacher,
     a masked-image-modelling run the values its config gives, every other one at its default."""
     from geofm.config.sections import MaskingConfig
-    from geofm.rundir import RunCheckpoints
+    from geofm.training.rundir import RunCheckpoints
 
     cfg = PretrainConfig.from_file(path)
     RunCheckpoints(tmp_path, keep=1, rank=0).start(cfg)

@@ -4,14 +4,15 @@
 ``federation/`` are programs on top of it and import no other program (tasks and federated programs
 are reached by registered name, :mod:`geofm.registry`); a heavy engine has one importer.
 
-Imports form no cycle between the modules of all the project's packages together; inside ``geofm/``,
-none between geofm's packages (``config``, ``data``, ``models``, ``checkpoints``, ``federated``, the
-top-level modules) nor between the subpackages of ``geofm.federated``. An import inside a function
-counts as much as one at module level (it runs when the function does, and a cycle it closes is a
-cycle all the same); an import under ``if TYPE_CHECKING:`` never runs and does not count, and neither
-does a registry's lazy ``"module:attr"`` entry, which is how a lower package reaches what registers
-above it (a task reaches the programs that run it so: :data:`geofm.tasks.FEDERATED_TASKS`). Importing
-``a.b.c`` runs the ``__init__`` of ``a`` and ``a.b`` first, so those count as imported too.
+The project stands on the layers of :data:`LAYERS` (drawn in docs/architecture.md): no module imports
+one of a higher layer. Imports form no cycle between modules, nor between folders (a folder of modules
+is one unit; a module beside subpackages, as ``geofm/errors.py`` or ``geofm/fl/client_round.py``, is a
+unit of its own). An import inside a function counts as much as one at module level (it runs when the
+function does, and a cycle it closes is a cycle all the same); an import under ``if TYPE_CHECKING:``
+never runs and does not count, and neither does a registry's lazy ``"module:attr"`` entry, which is how
+a lower layer reaches what registers above it (a task reaches the programs that run it so:
+:data:`geofm.tasks.FEDERATED_TASKS`). Importing ``a.b.c`` runs the ``__init__`` of ``a`` and ``a.b``
+first, so those count as imported too.
 """
 
 from __future__ import annotations
@@ -32,10 +33,42 @@ FORBIDDEN = {
     "finetune": {"pretrain", "federation", "benchmarks"},
     "federation": {"pretrain", "finetune", "benchmarks"},
 }
+# The layers, lowest first: (name, the modules and packages in it); a module is in the layer of the
+# longest name that holds it. geofm.tasks is the task interface and registry, its objectives a layer up.
+LAYERS = [
+    (
+        "foundations",
+        (
+            "geofm",
+            "geofm.errors",
+            "geofm.schema",
+            "geofm.registry",
+            "geofm.paths",
+            "geofm.memory",
+            "geofm.runlog",
+            "geofm.loggers",
+            "geofm.objective_settings",
+            "geofm.tasks",
+        ),
+    ),
+    ("data", ("geofm.data",)),
+    ("models", ("geofm.models",)),
+    ("checkpoints", ("geofm.checkpoints",)),
+    ("config", ("geofm.config",)),
+    ("training", ("geofm.training",)),
+    ("federated learning", ("geofm.fl",)),
+    ("objectives", ("geofm.tasks.pretraining", "geofm.tasks.mim", "geofm.tasks.dino", "geofm.tasks.finetuning")),
+    ("integrations and command line", ("geofm.integrations", "geofm.cli")),
+    ("federated runtime", ("federation", "federation.runtime")),
+    ("deployment", ("federation.deploy",)),
+    ("programs", ("pretrain", "finetune", "federation.flower", "federation.programs")),
+    ("program commands", ("federation.sweep", "federation.cli")),
+    ("benchmarks", ("benchmarks",)),
+]
 # third-party module -> the only project modules allowed to import it
 SOLE_IMPORTERS = {
-    "flwr": ["federation/flower.py", "federation/simulation.py"],
-    "deepspeed": ["geofm/engine.py"],
+    "flwr": ["federation/flower/adapter.py", "federation/flower/simulation.py"],
+    "deepspeed": ["geofm/training/engine.py"],
     "rasterio": ["geofm/data/block_stream.py", "geofm/data/readers.py", "geofm/data/writers.py"],
 }
 
@@ -152,15 +185,30 @@ def _cycle_text(cycle: list[str] | None) -> str:
     return "no cycle" if cycle is None else "import cycle: " + " -> ".join(cycle)
 
 
-def _package(module: str) -> str:
-    """geofm's package of a module (``geofm.config``, ...; a top-level module is its own)."""
-    return ".".join(module.split(".")[:2])
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of ``module``'s layer, None for a module in none."""
+    found = [
+        (len(name), index)
+        for index, (_, names) in enumerate(LAYERS)
+        for name in names
+        if module == name or module.startswith(name + ".")
+    ]
+    return max(found)[1] if found else None
 
 
-def _federated_subpackage(module: str) -> str | None:
-    """The subpackage (or module) of ``geofm.federated`` that holds ``module``; None outside it."""
-    parts = module.split(".")
-    return ".".join(parts[:3]) if parts[:2] == ["geofm", "federated"] and len(parts) > 2 else None
+def folder_unit(modules: Collection[str]) -> Callable[[str], str]:
+    """A module's unit of the folder check: its folder (a package's ``__init__``: the package), or the
+    module itself where its folder also holds subpackages."""
+    packages = {m for m in modules if any(other.startswith(m + ".") for other in modules)}
+    with_subpackages = {p.rpartition(".")[0] for p in packages}
+
+    def unit(module: str) -> str:
+        if module in packages:
+            return module
+        folder = module.rpartition(".")[0]
+        return module if folder in with_subpackages else folder
+
+    return unit
 
 
 @functools.cache
@@ -169,28 +217,29 @@ def _project_graph() -> dict[str, frozenset[str]]:
     return {module: frozenset(targets) for module, targets in graph.items()}
 
 
-def _geofm_graph() -> dict[str, frozenset[str]]:
-    return {module: targets for module, targets in _project_graph().items() if module.split(".")[0] == "geofm"}
-
-
 def test_project_modules_import_no_cycle():
     cycle = find_cycle(_project_graph())
     assert cycle is None, _cycle_text(cycle)
 
 
-def test_geofm_modules_import_no_cycle():
-    cycle = find_cycle(_geofm_graph())
-    assert cycle is None, _cycle_text(cycle)
+def test_project_folders_import_no_cycle():
+    graph = _project_graph()
+    folders = collapse(graph, folder_unit(graph))
+    assert find_cycle(folders) is None, _cycle_text(find_cycle(folders))
 
 
-def test_geofm_packages_import_no_cycle():
-    packages = collapse(_geofm_graph(), _package)
-    assert find_cycle(packages) is None, _cycle_text(find_cycle(packages))
+def test_every_module_stands_on_a_layer():
+    assert [m for m in _project_graph() if layer_of(m) is None] == []
 
 
-def test_federated_subpackages_import_no_cycle():
-    subpackages = collapse(_geofm_graph(), _federated_subpackage)
-    assert find_cycle(subpackages) is None, _cycle_text(find_cycle(subpackages))
+def test_no_module_imports_a_higher_layer():
+    upward = [
+        f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
+        for module, targets in sorted(_project_graph().items())
+        for target in sorted(targets)
+        if layer_of(target) > layer_of(module)
+    ]
+    assert upward == [], "\n".join(upward)
 
 
 def _write_package(root: Path, files: dict[str, str]) -> None:
@@ -242,7 +291,7 @@ def test_the_package_check_finds_a_cycle_between_packages(tmp_path):
     )
     graph = import_graph(tmp_path, "pkg")
     assert find_cycle(graph) is None, "no cycle between modules"
-    assert find_cycle(collapse(graph, _package)) == ["pkg.x", "pkg.y", "pkg.x"]
+    assert find_cycle(collapse(graph, folder_unit(graph))) == ["pkg.x", "pkg.y", "pkg.x"]
 
 
 def test_the_cycle_check_finds_a_cycle_between_two_packages(tmp_path):
@@ -250,3 +299,34 @@ def test_the_cycle_check_finds_a_cycle_between_two_packages(tmp_path):
     _write_package(tmp_path / "high", {"__init__.py": "", "program.py": "from low.task import run\n"})
     assert find_cycle(import_graph(tmp_path, "low")) is None, "each package alone has none"
     assert find_cycle(import_graph(tmp_path, "high", "low")) == ["high.program", "low.task", "high.program"]
+
+
+def test_a_module_beside_subpackages_is_a_unit_of_its_own(tmp_path):
+    _write_package(
+        tmp_path / "pkg",
+        {
+            "__init__.py": "",
+            "low.py": "",
+            "high.py": "import pkg.sub.one\n",
+            "sub/__init__.py": "",
+            "sub/one.py": "import pkg.low\n",
+            "sub/two.py": "",
+        },
+    )
+    graph = import_graph(tmp_path, "pkg")
+    unit = folder_unit(graph)
+    assert [unit(m) for m in ("pkg", "pkg.low", "pkg.sub", "pkg.sub.one", "pkg.sub.two")] == [
+        "pkg",
+        "pkg.low",
+        "pkg.sub",
+        "pkg.sub",
+        "pkg.sub",
+    ]
+    assert find_cycle(collapse(graph, unit)) is None, "pkg.high -> pkg.sub -> pkg.low is layered"
+
+
+def test_the_layer_check_places_a_module_by_its_longest_name():
+    assert LAYERS[layer_of("geofm.tasks")][0] == "foundations"
+    assert LAYERS[layer_of("geofm.tasks.mim.loss")][0] == "objectives"
+    assert LAYERS[layer_of("federation.programs.server")][0] == "programs"
+    assert layer_of("elsewhere") is None

@@ -17,7 +17,7 @@ def _own_peaks() -> dict[str, float]:
     import torch
 
     from benchmarks.common import peak_rss_mib
-    from geofm.federated.client_round import peak_memory_bytes
+    from geofm.fl.client_round import peak_memory_bytes
 
     return {
         "geofm.memory": peak_resident_bytes() / MIB,

@@ -153,7 +153,7 @@ def load_backbone_for_bands(
 def load_pretraining_model(model: nn.Module, path: str | Path, bands: Sequence[str]) -> PretrainingReport:
     """Start a pretraining module from a checkpoint: its ``encoder`` and whatever else the file holds of it.
 
-    The module is geofm's masked image model (:class:`~geofm.models.mim.MaskedImageModel`): a timm
+    The module is geofm's masked image model (:class:`~geofm.tasks.mim.model.MaskedImageModel`): a timm
     backbone ``encoder``, ``mask_token``, ``decoder`` and, with a teacher, ``projector``. The encoder
     is loaded as :func:`load_backbone_for_bands` does; the mask token, decoder and projector of a
     GFM, SimMIM or geofm training checkpoint are restored (see :mod:`geofm.checkpoints.pretraining`),

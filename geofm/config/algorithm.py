@@ -140,7 +140,7 @@ class AggregatorConfig(_RegisteredEntry):
 class SamConfig(Section):
     """The client optimiser's sharpness-aware step: each local gradient is taken at ``w + e`` and applied
     at ``w``, with ``e = rho g / ||g||`` (SAM) or ``e = rho T_w^2 g / ||T_w g||``, ``T_w = |w| + eta``
-    (``adaptive``: ASAM); see :mod:`geofm.federated.local.sharpness`. It composes with every algorithm."""
+    (``adaptive``: ASAM); see :mod:`geofm.fl.local.sharpness`. It composes with every algorithm."""
 
     rho: float | None = Field(
         default=None, gt=0.0, description="the ascent's radius; null: the algorithm's (fedsam, fedasam, fedgloss)"
@@ -163,7 +163,7 @@ NOISE_SEED = Field(
 
 
 class PrivacyConfig(Section):
-    """Client-level differential privacy of the model updates (see :mod:`geofm.federated.privacy.client_level`).
+    """Client-level differential privacy of the model updates (see :mod:`geofm.fl.privacy.client_level`).
 
     ``central``: the server clips each decoded update to ``clip``, averages them with equal weights
     and adds Gaussian noise of std ``noise_multiplier * clip / m`` (DP-FedAvg). ``local``: each client

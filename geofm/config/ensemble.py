@@ -4,7 +4,7 @@ An ensemble config is a one-shot config (:class:`~geofm.config.oneshot.OneShotCo
 classification finetuning config, ``train`` being each client's finetuning of its share, with
 ``federation``: the clients, one round) with one more section, ``ensemble``
 (:class:`DistillationConfig`: the public images, the temperature, the teachers' weighting and the
-student's training). See :mod:`federation.ensemble`.
+student's training). See :mod:`federation.programs.ensemble`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ classifier the server trains on the synthetic set) with two more sections: ``fed
 clients: a sample partitioner dealing the train split, as in federated finetuning; one round) and
 ``diffusion`` (:class:`DiffusionConfig`: each client's U-Net and its training, the server's sampling,
 Fourier magnitude filtering and differential privacy). What it shares with OSCAR and ensemble
-distillation is :mod:`geofm.config.oneshot`. See :mod:`federation.feddiff`.
+distillation is :mod:`geofm.config.oneshot`. See :mod:`federation.programs.feddiff`.
 """
 
 from __future__ import annotations

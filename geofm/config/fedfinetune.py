@@ -4,7 +4,7 @@ Every section of :class:`~geofm.config.finetune.FinetuneConfig` (task, backbone 
 head, data, finetune: layer decay, label mixing, validation split, best metric) keeps its meaning;
 ``train`` is a client's local optimisation each round (:class:`~geofm.config.federated.LocalTrainConfig`),
 ``federation`` says how the train split's samples are dealt to ``federation.clients`` clients (a
-sample partitioner of :mod:`geofm.federated.partitions.samples`: ``iid`` by default) and how rounds run, and
+sample partitioner of :mod:`geofm.fl.partitions.samples`: ``iid`` by default) and how rounds run, and
 ``algorithm`` is the federated algorithm (FedAvg by default).
 """
 

@@ -12,7 +12,7 @@ Task families and the sample each dataset yields (after band selection and norma
 ==================  =====================================================================
 
 ``task`` names a registered finetuning task (:data:`geofm.tasks.TASKS`; the built-in ones live in
-``finetune/tasks/``, a plug-in adds more), which declares its config rules, data, head, loss and
+``geofm/tasks/finetuning/``, a plug-in adds more), which declares its config rules, data, head, loss and
 metrics. Besides ``data`` (the downstream dataset), a config has ``model`` (the backbone, frozen or
 not), ``head`` (the task head, from the head registry), ``finetune`` (layer decay, Mixup/CutMix, label smoothing, validation and
 best-weights selection), ``train`` (the optimisation shared with pretraining) and ``run``.

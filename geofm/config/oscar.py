@@ -5,7 +5,7 @@ After OSCAR (Zaland et al., "One-Shot Federated Learning with Classifier-Free Di
 the global classifier, ``federation``, ``diffusion``: the server's U-Net, its training on the public
 imagery and the sampling) with an ``oscar`` section (:class:`OscarSection`: the shared encoder, the
 server's public imagery, condition dropout, the guidance scale, a server model trained earlier).
-See :mod:`federation.oscar`.
+See :mod:`federation.programs.oscar`.
 """
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ class PretrainPile(Dataset[dict[str, Tensor | int | str]]):
             files: per source of ``cfg.sources``, the files to use (a federated client's share);
                 default every file matching each source's pattern.
             views: makes a sample's tensors from its (image, valid) in place of the crop and flips
-                (e.g. DINO's :class:`~geofm.data.multicrop.MultiCrop`); its dict replaces ``image``
+                (e.g. DINO's :class:`~geofm.tasks.dino.views.MultiCrop`); its dict replaces ``image``
                 and ``valid`` in the sample.
 
         Raises:

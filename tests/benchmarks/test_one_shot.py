@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import one_shot as bench
-from federation.runtime import PROGRAMS
+from federation.runtime.contract import PROGRAMS
 from geofm.config.ensemble import EnsembleConfig
 from geofm.config.feddiff import FedDiffConfig
 from geofm.config.federated import read_federated_config

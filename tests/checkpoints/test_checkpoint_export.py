@@ -173,7 +173,7 @@ def test_run_export_records_gsd_range_metrics_and_a_card(kit, tmp_path):
     from types import SimpleNamespace
 
     from geofm.config import PretrainConfig
-    from pretrain.tasks.mim import export_student
+    from geofm.tasks.mim.task import export_student
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -256,7 +256,7 @@ def test_prithvi_encoder_converts_to_a_timm_vit_for_one_time_step(tmp_path, save
 
 def test_prithvi_release_continues_pretraining_with_its_encoder_and_a_fresh_decoder(kit, tmp_path, save):
     from geofm.checkpoints import load_pretraining_model
-    from geofm.models.mim import MaskedImageModel
+    from geofm.tasks.mim.model import MaskedImageModel
 
     _, _, path = _prithvi_file(save)
     encoder = timm.create_model(

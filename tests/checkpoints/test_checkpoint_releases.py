@@ -16,13 +16,13 @@ import timm
 import torch
 from safetensors.torch import load_file
 
-from finetune.models import build_finetune_model
 from geofm.checkpoints import build_backbone, export_backbone, load_backbone_for_bands, read_export_sidecar
-from geofm.checkpoints.teacher import build_teacher
 from geofm.cli import main
 from geofm.config import PretrainConfig, TeacherConfig
 from geofm.errors import CheckpointFormatError
-from pretrain.tasks.mim import build_student
+from geofm.tasks.finetuning.model import build_finetune_model
+from geofm.tasks.mim.task import build_student
+from geofm.tasks.mim.teacher_from_checkpoint import build_teacher
 
 BANDS = ["red", "green", "blue", "nir"]
 STRIDE = 32  # the tiny Swin's encoder stride: patch 4, three patch mergings

@@ -21,7 +21,7 @@ from geofm.data.prepare import prepare_store
 from geofm.data.products.synthetic import write_band, write_sentinel2_safe
 from geofm.data.sources import ImageSource
 from geofm.errors import DataMismatchError, DatasetNotFoundError, InvalidChipError, RasterReadError
-from geofm.federated.partitions.files import share_dirichlet
+from geofm.fl.partitions.files import share_dirichlet
 
 REPO = Path(__file__).parents[2]
 
@@ -355,7 +355,7 @@ def test_cli_prepare_skips_unreadable_files_as_a_run_would_and_takes_overrides(t
 
 def test_an_unfinished_store_is_named_unfinished_with_the_prepare_that_finishes_it(tmp_path, write_tif):
     from geofm.errors import ConfigError
-    from geofm.rundir import InputPath, check_inputs
+    from geofm.training.rundir import InputPath, check_inputs
 
     cfg = _file_source(tmp_path / "tifs", write_tif)
     store = tmp_path / "store"

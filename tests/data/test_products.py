@@ -260,7 +260,7 @@ def test_a_band_files_chip_is_labelled_by_its_scene_and_window_not_its_first_ban
 
 
 def test_federated_partitions_hand_out_whole_products(tmp_path):
-    from geofm.federated.partitions.files import partition_dirichlet
+    from geofm.fl.partitions.files import partition_dirichlet
 
     for name in ("a", "b", "c", "d"):
         write_sentinel2_safe(tmp_path, name, {"B02": (_ramp(8, 1600, 1), 10)})

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from federation.runtime import PROGRAMS, config_entry
+from federation.runtime.contract import PROGRAMS, config_entry
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]

@@ -1,6 +1,6 @@
 """``run.loggers`` on a federated run: the server's rounds as TensorBoard scalars (the clients' means and
 each client's own), and an MLflow run that ends with the exported backbone. On Flower's simulation
-engine, tests/federation/test_simulate_program.py's resumed run checks the server's TensorBoard scalars."""
+engine, tests/federation/flower/test_simulate_program.py's resumed run checks the server's TensorBoard scalars."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from federation.client import FederatedClient
-from federation.inprocess import InProcess
-from federation.roundloop import run_server
-from federation.server import FederatedServer
+from federation.programs.client import FederatedClient
+from federation.programs.server import FederatedServer
+from federation.runtime.inprocess import InProcess
+from federation.runtime.roundloop import run_server
 from geofm.config.federated import FederatedConfig
 from geofm.loggers import MLFLOW_RUN_FILE, TENSORBOARD_FOLDER, local_store
 

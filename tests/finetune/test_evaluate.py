@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from finetune.evaluate import eval_loader, evaluate, format_metrics
-from finetune.models import build_finetune_model
 from finetune.predict import blend_weights
 from geofm.data.finetune import build_finetune_dataset
 from geofm.data.writers import write_geotiff
-from tests.finetune.conftest import TRANSFORM
+from geofm.tasks.finetuning.model import build_finetune_model
+from tests.fixtures.finetuning import TRANSFORM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -112,7 +112,7 @@ def test_central_and_federated_finetuning_log_validation_alike(task_tree, random
     cfg = read_federated_config(_federated(task_tree("classification", "federated")))
     program = federated_task(cfg)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="geofm.federated"):
+    with caplog.at_level(logging.INFO, logger="geofm.fl"):
         values = program.evaluate_round(program.build_model(initial_weights=False), 1)
     assert [r.getMessage() for r in caplog.records] == [f"round 1: val {format_metrics(values)}"]
     assert format_metrics({"miou": 0.14295542240142822, "accuracy": 0.5}) == "miou 0.1430, accuracy 0.5000"

@@ -12,24 +12,24 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from federation.base import check_simulation_inputs
 from federation.cli import BUILT_IN
-from federation.client import FederatedClient
-from federation.deploy import COMPLETED
-from federation.inprocess import InProcess, run_in_process
-from federation.localdeploy import LocalDeployment
-from federation.roundloop import run_server
-from federation.runtime import CONFIG, DATA_ROOT, INSTITUTION, PROGRAM, config_entry
-from federation.server import FederatedServer
+from federation.deploy.commands import COMPLETED
+from federation.deploy.local import LocalDeployment
+from federation.programs.base import check_simulation_inputs
+from federation.programs.client import FederatedClient
+from federation.programs.server import FederatedServer
+from federation.runtime.contract import CONFIG, DATA_ROOT, INSTITUTION, PROGRAM, config_entry
+from federation.runtime.inprocess import InProcess, run_in_process
+from federation.runtime.roundloop import run_server
 from finetune.cli import register
 from finetune.predictor import load_predictor
 from geofm.config import read_config_tree
 from geofm.config.federated import read_federated_config
 from geofm.errors import ConfigError, DatasetNotFoundError
-from geofm.federated.algorithms import ALGORITHMS
-from geofm.federated.algorithms.fedavg import FedAvg
-from geofm.federated.algorithms.local_optimizer import LocalOptimizerWarning
-from geofm.federated.algorithms.scaffold import SGD_BASE_LR
+from geofm.fl.algorithms import ALGORITHMS
+from geofm.fl.algorithms.fedavg import FedAvg
+from geofm.fl.algorithms.local_optimizer import LocalOptimizerWarning
+from geofm.fl.algorithms.scaffold import SGD_BASE_LR
 from tests.conftest import head_overrides
 
 pytestmark = pytest.mark.slow

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-import geofm.federated.client_round
+import geofm.fl.client_round
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
 from geofm.config.federated import read_federated_config
-from geofm.federated.parameter_vectors import ParameterLayout
+from geofm.fl.parameter_vectors import ParameterLayout
 from geofm.tasks import federated_task
 from tests.finetune.test_federated import _federated, _resumes_like_unbroken, _rounds, _run
 
@@ -64,13 +64,13 @@ def test_classification_keeps_each_clients_layer_norms_and_validates_their_mean(
 
 def test_segmentation_clients_keep_their_batchnorm_statistics(random_datasets, finetune_tree, tmp_path, monkeypatch):
     loaded: list[np.ndarray] = []  # every vector of running statistics a client put into its model
-    load = geofm.federated.client_round.load_running_statistics
+    load = geofm.fl.client_round.load_running_statistics
 
     def record(model, vector):
         loaded.append(np.array(vector))
         load(model, vector)
 
-    monkeypatch.setattr(geofm.federated.client_round, "load_running_statistics", record)
+    monkeypatch.setattr(geofm.fl.client_round, "load_running_statistics", record)
     run_dir = _run(_fedbn(finetune_tree("segmentation", tmp_path / "seg"), layers="batchnorm"))
     assert [r["round"] for r in _rounds(run_dir)] == [1, 2]
     first = {c: _client_state(run_dir, c, 1)["local_statistics"] for c in CLIENTS}

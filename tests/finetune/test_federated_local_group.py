@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.federation.test_local_group import same_run
+from tests.federation.programs.test_local_group import same_run
 from tests.finetune.test_federated import _federated, _run
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from finetune.federated import FederatedFinetuning
+from finetune.federated_task import FederatedFinetuning
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES
 from tests.finetune.test_federated import _federated, _resumes_like_unbroken, _rounds, _run
 

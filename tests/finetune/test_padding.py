@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.metrics import TaskMetrics
-from finetune.tasks import task_of
 from geofm.config.finetune_data import PADDING_LABEL
 from geofm.data.finetune import build_finetune_dataset
 from geofm.data.writers import write_geotiff
+from geofm.tasks.finetuning import task_of
+from geofm.tasks.finetuning.metrics import TaskMetrics
 
 TRANSFORM = (10.0, 0.0, 500_000.0, 0.0, -10.0, 5_000_000.0)
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from finetune.models import build_finetune_model
 from finetune.run import finetune
 from geofm.config.finetune import FinetuneConfig, metric_names
 from geofm.errors import ConfigError
+from geofm.tasks.finetuning.model import build_finetune_model
 
 
 def _records(run_dir: Path) -> list[dict]:

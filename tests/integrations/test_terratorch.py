@@ -23,10 +23,10 @@ from terratorch.models import EncoderDecoderFactory
 from terratorch.registry import BACKBONE_REGISTRY
 
 import geofm_terratorch  # registers geofm_export, as TerraTorch's custom_modules_path does
-from finetune.models import DenseFeatures
 from geofm.checkpoints import load_backbone_for_bands
 from geofm.errors import ConfigError
 from geofm.models.backbones import backbone_kwargs, create_backbone
+from geofm.tasks.finetuning.model import DenseFeatures
 from tests.conftest import SWIN_ARCH, TINY_SWIN
 
 DATA_BANDS = ["BLUE", "GREEN", "RED", "NIR"]  # TerraTorch's HLSBands names, in the data's order

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune.models import DenseFeatures
 from geofm.checkpoints import load_backbone_for_bands
 from geofm.errors import CheckpointNotFoundError, ConfigError
 from geofm.integrations.terratorch import geofm_backbone
 from geofm.models.backbones import backbone_kwargs, create_backbone
+from geofm.tasks.finetuning.model import DenseFeatures
 from tests.conftest import SWIN_ARCH, TINY_SWIN
 from tests.integrations.conftest import NORMALISATION
 

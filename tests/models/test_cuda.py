@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from geofm.models.backbones import prefer_fused_attention, set_fused_attention
-from geofm.models.mim import MaskedImageModel, Tap
-from geofm.models.teacher import FrozenTeacher, teacher_dtype
-from geofm.objective import gfm_loss
+from geofm.tasks.mim.loss import gfm_loss
+from geofm.tasks.mim.model import MaskedImageModel, Tap
+from geofm.tasks.mim.teacher import FrozenTeacher, teacher_dtype
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = torch.device("cuda")

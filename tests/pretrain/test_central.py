@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from geofm.config import PretrainConfig
 from geofm.errors import CheckpointFormatError, ConfigError
-from geofm.reconstruction import SHOWN_CHIPS, figure_size
+from geofm.tasks.mim.figures import SHOWN_CHIPS, figure_size
 from pretrain.central import pretrain
 
 pytestmark = pytest.mark.slow
@@ -62,9 +62,9 @@ def test_tiny_gfm_run_end_to_end(tiny_tree, caplog):
 
 def test_teacher_never_changes_and_gets_no_optimizer_state(tiny_tree):
     from geofm import engine as ds
-    from geofm.checkpoints.teacher import build_teacher
-    from geofm.models.masking import MaskGenerator
-    from pretrain.tasks.mim import build_student, mim_options
+    from geofm.tasks.mim.masking import MaskGenerator
+    from geofm.tasks.mim.task import build_student, mim_options
+    from geofm.tasks.mim.teacher_from_checkpoint import build_teacher
 
     cfg = PretrainConfig.from_tree(tiny_tree())
     teacher = build_teacher(mim_options(cfg).teacher, cfg.data.teacher_band_indices)
@@ -229,7 +229,7 @@ def test_vit_student_with_swin_teacher(tiny_tree):
 
 def test_student_starts_from_an_rgb_export_with_kernels_following_band_names(tiny_tree):
     """Continual pretraining from earlier weights: RGB kernels go to red, green, blue; nir starts fresh."""
-    from pretrain.tasks.mim import build_student
+    from geofm.tasks.mim.task import build_student
 
     rgb_run = pretrain(
         PretrainConfig.from_tree(

@@ -104,7 +104,7 @@ def test_a_run_saved_before_task_options_resumes_and_its_checkpoint_loads_for_fi
     from geofm.checkpoints.facts import read_checkpoint
     from geofm.checkpoints.provenance import provenance
     from geofm.models.backbones import create_backbone
-    from pretrain.tasks.base import student_kwargs
+    from geofm.tasks.pretraining import student_kwargs
 
     cfg = PretrainConfig.from_tree(tiny_tree("old", run={"stop_after_steps": 4}))
     run_dir = pretrain(cfg)

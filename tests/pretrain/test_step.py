@@ -1,6 +1,6 @@
 """The optimised training step against the same step written plainly in eager fp32.
 
-The optimised step (:func:`pretrain.tasks.mim.mim_forward` in :func:`geofm.loop.micro_step` on the
+The optimised step (:func:`geofm.tasks.mim.task.mim_forward` in :func:`geofm.training.loop.micro_step` on the
 DeepSpeed engine: fused AdamW, no one-process gradient all-reduce, the teacher at
 ``teacher.precision``) must train like a plain PyTorch loop from the same weights on the same batches:
 
@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from geofm import engine as ds
-from geofm.checkpoints.teacher import build_teacher
 from geofm.config import PretrainConfig
-from geofm.loop import micro_step
 from geofm.models.backbones import set_fused_attention
-from geofm.models.masking import MaskGenerator
-from pretrain.tasks.mim import build_student, mim_forward, mim_options, prepare_models
+from geofm.tasks.mim.masking import MaskGenerator
+from geofm.tasks.mim.task import build_student, mim_forward, mim_options, prepare_models
+from geofm.tasks.mim.teacher_from_checkpoint import build_teacher
+from geofm.training.loop import micro_step
 
 LR = 1e-3
 

@@ -6,7 +6,7 @@ per client; DS3: all seasons, one country per client). BigEarthNet v2.0's ``meta
 (read by torchgeo's ``BigEarthNetV2``) names each patch's country; its season is that of the
 acquisition date in the patch name (``S2A_MSIL2A_20170613T101031_...``: June, summer; meteorological
 seasons, every BigEarthNet country being in the northern hemisphere). :func:`write_bigearthnet_metadata`
-writes them as the CSV that ``federation.metadata`` reads (see :mod:`geofm.federated.partitions.samples`),
+writes them as the CSV that ``federation.metadata`` reads (see :mod:`geofm.fl.partitions.samples`),
 one row per sample of each split in torchgeo's order, named ``<split>/<index>`` as the federated
 finetuning program names a torchgeo dataset's samples.
 """

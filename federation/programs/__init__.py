@@ -1,0 +1,1 @@
+"""The federated programs: the round-based program (server, client, local group) and the one-shot programs."""

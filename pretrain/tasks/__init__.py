@@ -1,1 +1,0 @@
-"""The pretraining objectives, each a task of :data:`geofm.tasks.TASKS`."""
