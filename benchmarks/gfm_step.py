@@ -59,9 +59,9 @@ class OptimisedStep:
     """geofm's training step on the DeepSpeed engine, as a pretraining run takes it."""
 
     def __init__(self, cfg, state: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> None:
-        from geofm import engine as ds
         from geofm.tasks.mim.task import build_student, mim_forward, mim_options, prepare_models
         from geofm.tasks.mim.teacher_from_checkpoint import build_teacher
+        from geofm.training import engine as ds
 
         _, world = ds.init_distributed()
         self.dev = ds.device()
@@ -129,10 +129,10 @@ class EagerStep(PlainStep):
     """The same step written plainly in fp32: explicit attention, an fp32 teacher, torch AdamW, no engine."""
 
     def __init__(self, cfg, state: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> None:
-        from geofm import engine as ds
         from geofm.models.backbones import set_fused_attention
         from geofm.tasks.mim.task import build_student, mim_options
         from geofm.tasks.mim.teacher_from_checkpoint import build_teacher
+        from geofm.training import engine as ds
         from geofm.training.engine_config import scaled_lr
         from geofm.training.optim import parameter_groups
 

@@ -25,11 +25,11 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from finetune.best import load_finetuned
 from finetune.predict import add_tile, blend_weights
 from finetune.splits import build_split
-from geofm import engine as ds
 from geofm.config.finetune import FinetuneConfig
 from geofm.config.finetune_data import Split
 from geofm.data.finetune import FinetuneDataset
 from geofm.tasks.finetuning.metrics import TaskMetrics
+from geofm.training import engine as ds
 
 
 class Evaluation(NamedTuple):

@@ -28,7 +28,6 @@ from finetune.best import BEST_DIR, load_best_weights, read_best, save_best
 from finetune.evaluate import eval_record, evaluate, format_metrics, write_json
 from finetune.run import EVAL_FILE, RESUME_INVARIANTS, checkpoint_provenance, finetune_inputs
 from finetune.splits import build_split
-from geofm import engine as ds
 from geofm.checkpoints import LoadReport
 from geofm.config.fedfinetune import FederatedFinetuneConfig
 from geofm.data.finetune import FinetuneDataset
@@ -43,6 +42,7 @@ from geofm.fl.partitions.samples import (
 from geofm.tasks import ClientShare, StepOutput
 from geofm.tasks.finetuning import FinetuneTask, task_of
 from geofm.tasks.finetuning.model import FinetuneModel, build_finetune_model
+from geofm.training import engine as ds
 from geofm.training.rundir import InputPath
 
 log = logging.getLogger("geofm.fl")

@@ -10,12 +10,12 @@ from torch import Tensor
 
 from finetune.best import load_finetuned
 from finetune.predict import Predictor
-from geofm import engine as ds
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune import BandNormaliser
 from geofm.errors import ConfigError
 from geofm.tasks.finetuning import task_of
 from geofm.tasks.finetuning.model import FinetuneModel
+from geofm.training import engine as ds
 
 _SIZES_SHOWN = 4
 

@@ -27,7 +27,6 @@ import torch
 from finetune.best import BEST_DIR, load_best_weights, read_best, restore_best, save_best, snapshot_best
 from finetune.evaluate import eval_loader, eval_record, evaluate, format_metrics, write_json
 from finetune.splits import build_split, describe_split
-from geofm import engine as ds
 from geofm.checkpoints import LoadReport
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.finetune.sampler import EpochSampler
@@ -35,6 +34,7 @@ from geofm.loggers import scalars
 from geofm.runlog import plot_loss_curve, plot_metric_curve
 from geofm.tasks.finetuning import task_of
 from geofm.tasks.finetuning.model import build_finetune_model
+from geofm.training import engine as ds
 from geofm.training.loop import Forward
 from geofm.training.program import TrainingProgram
 from geofm.training.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress

@@ -1,1 +1,1 @@
-"""Pretraining programs: central continual pretraining on the DeepSpeed engine."""
+"""Central pretraining: ``geofm pretrain`` of any registered objective (:mod:`geofm.tasks`) on the DeepSpeed engine."""

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from geofm import engine as ds
 from geofm.config import PretrainConfig
 from geofm.data.loader import leave_cores_to_workers
 from geofm.data.pile import PileSampler, SkippedFiles
 from geofm.runlog import final_metrics, plot_loss_curve
 from geofm.tasks import TASKS, PretrainingTask
 from geofm.tasks.mim.figures import RECONSTRUCTION_FIGURE
+from geofm.training import engine as ds
 from geofm.training.loop import Forward
 from geofm.training.program import TrainingProgram
 from geofm.training.rundir import TRAIN_SCHEDULE_KEYS, InputPath, Progress

@@ -18,7 +18,6 @@ from typing import Any
 
 from federation.programs.resume import comparable_algorithm, saved_config
 from federation.runtime.contract import DATA_ROOT, INSTITUTION
-from geofm import engine as ds
 from geofm.config import config_to_dict
 from geofm.config.base import CONFIG_FILE
 from geofm.config.saved import read_saved_config
@@ -27,6 +26,7 @@ from geofm.loggers import RunLoggers, check_installed, end_status
 from geofm.paths import check_writable
 from geofm.runlog import ROUNDS_LOG
 from geofm.tasks import federated_task
+from geofm.training import engine as ds
 from geofm.training.rundir import check_inputs
 
 log = logging.getLogger("geofm.fl")

@@ -22,11 +22,11 @@ from federation.programs.base import (
 )
 from federation.programs.localgroup import local_group
 from federation.runtime.contract import DATA_ROOT, INSTITUTION, Arrays, Scalars
-from geofm import engine as ds
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
 from geofm.fl.client_round import ClientRound, stable_id
 from geofm.tasks import federated_task
+from geofm.training import engine as ds
 from geofm.training.rundir import check_inputs
 
 

@@ -25,9 +25,9 @@ import logging
 
 from federation.programs.oneshot import OneShotClient, OneShotServer, one_shot_program
 from federation.runtime.contract import Scalars
-from geofm import engine as ds
 from geofm.config.feddiff import FedDiffConfig
 from geofm.fl.oneshot.feddiff import LabelledImages, filter_samples, generate, train_client
+from geofm.training import engine as ds
 
 log = logging.getLogger("geofm.fl")
 

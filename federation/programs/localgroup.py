@@ -35,8 +35,8 @@ from typing import Any
 
 from federation.deploy.nodeworker import _transportable
 from federation.runtime.processes import PROCESS_GROUP_ENV
-from geofm import engine as ds
 from geofm.errors import FederatedRunError
+from geofm.training import engine as ds
 
 log = logging.getLogger("geofm.fl")
 

@@ -25,11 +25,11 @@ import logging
 
 from federation.programs.oneshot import OneShotClient, OneShotServer, one_shot_program
 from federation.runtime.contract import Scalars
-from geofm import engine as ds
 from geofm.config.oscar import OscarConfig
 from geofm.data.finetune import build_finetune_dataset
 from geofm.fl.oneshot.feddiff import LabelledImages
 from geofm.fl.oneshot.oscar import build_encoder, class_embeddings, generate, server_model
+from geofm.training import engine as ds
 
 log = logging.getLogger("geofm.fl")
 

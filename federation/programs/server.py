@@ -14,7 +14,6 @@ from federation.programs.base import ProgramServer
 from federation.programs.resume import note_file_weights
 from federation.programs.roundrecord import RoundRecord
 from federation.runtime.contract import Arrays, Failure, Reply, Scalars
-from geofm import engine as ds
 from geofm.checkpoints.io import DEEPSPEED_MODEL_STATES, load_training_file
 from geofm.config.federated import FederatedConfig
 from geofm.errors import GeoFMError
@@ -37,6 +36,7 @@ from geofm.paths import check_writable
 from geofm.runlog import ROUNDS_LOG, plot_metric_curve, plot_rounds
 from geofm.tasks import federated_task
 from geofm.tasks.mim.figures import RECONSTRUCTION_FIGURE
+from geofm.training import engine as ds
 from geofm.training.rundir import Progress, RunCheckpoints, check_inputs, check_resume
 
 log = logging.getLogger("geofm.fl")

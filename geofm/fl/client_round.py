@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from geofm import engine as ds
 from geofm.fl.algorithms import build_algorithm, local_optimizer
 from geofm.fl.algorithms.rounds import Arrays, LocalUpdate
 from geofm.fl.communication.feedback import UplinkReport
@@ -33,6 +32,7 @@ from geofm.fl.parameter_vectors import (
 )
 from geofm.fl.privacy.client_level import noise_generator
 from geofm.memory import peak_resident_bytes
+from geofm.training import engine as ds
 from geofm.training.loop import TrainLoop
 
 LOCAL_STATISTICS = "local_statistics"

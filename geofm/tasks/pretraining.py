@@ -186,7 +186,7 @@ class PretrainingObjective(ABC):
     resume_invariants: tuple[str, ...] = RESUME_INVARIANTS
 
     def __init__(self, cfg: PretrainingConfig) -> None:
-        from geofm import engine as ds
+        from geofm.training import engine as ds
 
         self.cfg = cfg
         self.device, self.dtype = ds.device(), ds.compute_dtype(cfg.train)
@@ -315,8 +315,8 @@ class PretrainingObjective(ABC):
         """
         from torch.utils.data import DataLoader
 
-        from geofm import engine as ds
         from geofm.data.pile import PileSampler, warn_skipped
+        from geofm.training import engine as ds
 
         cfg = self.cfg
         pile = self.pile(shares)

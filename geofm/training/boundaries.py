@@ -9,9 +9,9 @@ import threading
 
 import torch
 
-from geofm import engine as ds
 from geofm.errors import GeoFMError, LossNotFiniteError, RunInterrupted
 from geofm.runlog import is_finite
+from geofm.training import engine as ds
 
 log = logging.getLogger("geofm.training")
 

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from geofm import engine as ds
 from geofm.runlog import MetricsLog, Phases, Throughput, progress_bar
 from geofm.tasks import StepOutput
+from geofm.training import engine as ds
 from geofm.training.boundaries import StepBoundaries
 
 if TYPE_CHECKING:

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import yaml
 
-from geofm import engine as ds
 from geofm.checkpoints.io import LAST_CHECKPOINT, resolve_checkpoint_path
 from geofm.config import OptimizerConfig, RunConfig, Section, SourceConfig, config_to_dict
 from geofm.config.base import CONFIG_FILE
@@ -32,6 +31,7 @@ from geofm.data.products import list_products
 from geofm.errors import ConfigError, GeoFMError
 from geofm.paths import check_writable
 from geofm.runlog import Phases
+from geofm.training import engine as ds
 from geofm.training.engine_config import zero_stage
 
 PROGRESS_FILE = "progress.json"

@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from geofm import engine as ds
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.config.federated import LocalOptimizerConfig, LocalTrainConfig
 from geofm.errors import ConfigError
@@ -21,6 +20,7 @@ from geofm.fl.algorithms.rounds import payload_arrays
 from geofm.fl.algorithms.scaffold import SGD_BASE_LR
 from geofm.fl.parameter_vectors import ParameterLayout
 from geofm.tasks import StepOutput
+from geofm.training import engine as ds
 from geofm.training.engine_config import deepspeed_config
 
 

@@ -8,7 +8,6 @@ from pydantic import ValidationError
 from timm.layers import DropPath
 from torch import nn
 
-from geofm import engine as ds
 from geofm.config.algorithm import AlgorithmConfig
 from geofm.config.federated import LocalTrainConfig
 from geofm.errors import ConfigError
@@ -16,6 +15,7 @@ from geofm.fl.algorithms import build_algorithm
 from geofm.fl.local.sharpness import SharpnessAscent, asam_scaled
 from geofm.fl.parameter_vectors import ParameterLayout
 from geofm.tasks import StepOutput
+from geofm.training import engine as ds
 from geofm.training.loop import TrainLoop, micro_step
 
 

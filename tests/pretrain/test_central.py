@@ -61,10 +61,10 @@ def test_tiny_gfm_run_end_to_end(tiny_tree, caplog):
 
 
 def test_teacher_never_changes_and_gets_no_optimizer_state(tiny_tree):
-    from geofm import engine as ds
     from geofm.tasks.mim.masking import MaskGenerator
     from geofm.tasks.mim.task import build_student, mim_options
     from geofm.tasks.mim.teacher_from_checkpoint import build_teacher
+    from geofm.training import engine as ds
 
     cfg = PretrainConfig.from_tree(tiny_tree())
     teacher = build_teacher(mim_options(cfg).teacher, cfg.data.teacher_band_indices)

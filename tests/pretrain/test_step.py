@@ -17,12 +17,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geofm import engine as ds
 from geofm.config import PretrainConfig
 from geofm.models.backbones import set_fused_attention
 from geofm.tasks.mim.masking import MaskGenerator
 from geofm.tasks.mim.task import build_student, mim_forward, mim_options, prepare_models
 from geofm.tasks.mim.teacher_from_checkpoint import build_teacher
+from geofm.training import engine as ds
 from geofm.training.loop import micro_step
 
 LR = 1e-3

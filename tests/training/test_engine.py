@@ -107,8 +107,8 @@ def test_one_process_engine_uses_fused_adamw_and_skips_the_gradient_all_reduce(t
 def test_compiled_engine_computes_the_same_losses_and_saves_plain_keys(tiny_swin, monkeypatch, tmp_path):
     import torch
 
-    from geofm import engine as ds
     from geofm.tasks.mim.masking import MaskGenerator
+    from geofm.training import engine as ds
 
     monkeypatch.setattr(ds, "COMPILE_BACKEND", "eager")  # dynamo's tracing without code generation: fast on CPU
     torch.manual_seed(0)
@@ -136,8 +136,8 @@ def test_bf16_engine_trains_a_swin_with_its_buffers_in_bf16(tiny_swin):
     """bf16 as GPUs run it (forced here on a CPU): Swin's attention mask must follow the weights into bf16."""
     import torch
 
-    from geofm import engine as ds
     from geofm.tasks.mim.masking import MaskGenerator
+    from geofm.training import engine as ds
 
     model = MaskedImageModel(tiny_swin(3, img_size=128), in_chans=3)  # stage 3 (8 x 8) has shifted windows
     engine = ds.initialize(model, _train(precision="bf16"), 1, None, 1e-3)

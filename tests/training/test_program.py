@@ -10,10 +10,10 @@ import torch
 from torch import nn
 from torch.utils.data import Sampler
 
-from geofm import engine as ds
 from geofm.config import RunConfig, TrainConfig
 from geofm.config.base import Section
 from geofm.tasks import StepOutput
+from geofm.training import engine as ds
 from geofm.training.program import TrainingProgram
 
 pytestmark = pytest.mark.slow

@@ -11,10 +11,10 @@ import yaml
 
 import federation.flower.simulation
 from federation.programs.client import local_processes
-from geofm import engine as ds
 from geofm.cli import main
 from geofm.config.federated import FederatedConfig
 from geofm.errors import ConfigError
+from geofm.training import engine as ds
 
 CORES = len(os.sched_getaffinity(0))
 
