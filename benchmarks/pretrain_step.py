@@ -42,7 +42,6 @@ from benchmarks.common import (
     synchronizer,
 )
 from benchmarks.gfm_step import build, count_flops, host_syncs, synthetic_batch
-from geofm.tasks.mim.task import mim_options, with_teacher_checkpoint
 
 DEFAULTS: dict[str, Any] = {
     "config": "configs/pretrain/gfm_swin_base__img192_win6__100ep.yaml",
@@ -78,6 +77,7 @@ def load_config(settings: dict[str, Any], folder: Path):
     """The benchmark's config: the file with its overrides, the micro-batch, and a random teacher in ``folder``."""
     from geofm.config import PretrainConfig
     from geofm.models.backbones import backbone_kwargs, create_backbone
+    from geofm.tasks.mim.task import mim_options, with_teacher_checkpoint
 
     overrides = list(settings["overrides"])
     if settings["micro_batch"] is not None:
@@ -181,6 +181,8 @@ def _serve(variant: str, settings: dict[str, Any], folder: Path) -> None:
 
 
 def run(settings: dict[str, Any]) -> Report:
+    from geofm.tasks.mim.task import mim_options  # the device check imports this module without pydantic
+
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         cfg = load_config(settings, folder)  # writes the random teacher the processes share

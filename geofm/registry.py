@@ -32,13 +32,13 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
-
-from pydantic import BaseModel, ValidationError
-from pydantic.fields import FieldInfo
+from typing import TYPE_CHECKING, Any
 
 from geofm.errors import ConfigError
-from geofm.schema import unknown_key
+
+if TYPE_CHECKING:  # pydantic is imported when options are validated: the GPU device check reads tasks without it
+    from pydantic import BaseModel
+    from pydantic.fields import FieldInfo
 
 
 class Registry[T]:
@@ -181,6 +181,10 @@ class Registry[T]:
 def validated(model: type[BaseModel], data: Any, where: str, context: dict | None = None) -> BaseModel:
     """``data`` validated as ``model`` (``context``: pydantic's validation context); ValueError naming
     ``where``, the first bad field and what it expects (an unknown key: the keys it may have meant)."""
+    from pydantic import ValidationError
+
+    from geofm.schema import unknown_key
+
     try:
         return model.model_validate(data, context=context)
     except ValidationError as err:

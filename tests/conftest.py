@@ -16,9 +16,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-# fixtures shared across test packages
-pytest_plugins = ["tests.fixtures.finetuning", "tests.fixtures.pretraining"]
-
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 TINY_SWIN = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [1, 2, 4, 8]}

@@ -10,6 +10,9 @@ import yaml
 
 from federation.runtime.contract import PROGRAMS, config_entry
 
+# the one-shot programs run on the finetuning setups
+from tests.finetune.conftest import class_folders, ensemble_tree, feddiff_tree, one_shot_tree, oscar_tree, rgb_export  # noqa: F401
+
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
 TOY = "toy"

@@ -14,7 +14,7 @@ from finetune.predict import blend_weights
 from geofm.data.finetune import build_finetune_dataset
 from geofm.data.writers import write_geotiff
 from geofm.tasks.finetuning.model import build_finetune_model
-from tests.fixtures.finetuning import TRANSFORM
+from tests.finetune.conftest import TRANSFORM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -38,7 +38,7 @@ from geofm.errors import (
     MissingDependencyError,
 )
 from tests.conftest import made_once
-from tests.fixtures.finetuning import TRANSFORM, RandomTaskData
+from tests.finetune.conftest import TRANSFORM, RandomTaskData
 
 FAMILIES = ["classification", "multilabel", "segmentation", "change", "superres"]
 TOLERANCE = 1e-4

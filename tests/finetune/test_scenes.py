@@ -11,8 +11,8 @@ from finetune.run import finetune
 from geofm.config.finetune import FinetuneConfig
 from geofm.data.writers import write_geotiff
 from geofm.errors import ConfigError
+from tests.finetune.conftest import TRANSFORM
 from tests.finetune.test_run import _records
-from tests.fixtures.finetuning import TRANSFORM
 
 SIDE = 256
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -10,7 +10,7 @@ from geofm.config.federated import FederatedConfig
 from geofm.data.chipstore import write_synthetic_store
 from geofm.data.writers import write_geotiff
 from geofm.tasks import federated_task
-from tests.fixtures.pretraining import REPO, TINY_SWIN
+from tests.pretrain.conftest import REPO, TINY_SWIN
 
 DEMO_FED = REPO / "configs/federated/demo_fedsense_swin_micro__3inst__1bit_ef.yaml"
 TRANSFORM = (10.0, 0.0, 500_000.0, 0.0, -10.0, 5_000_000.0)

@@ -20,7 +20,7 @@ from geofm.errors import ConfigError
 
 pytestmark = pytest.mark.slow  # whole FedDiff rounds in process
 
-CLASSES = ["field", "forest", "water"]  # the class folders of tests/fixtures/finetuning.py
+CLASSES = ["field", "forest", "water"]  # the class folders of tests/finetune/conftest.py
 
 
 def _run(cfg: FedDiffConfig, clients: bool = True) -> None:

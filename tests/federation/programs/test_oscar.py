@@ -19,7 +19,7 @@ from geofm.errors import ConfigError
 from geofm.fl.oneshot import oscar
 from geofm.models.diffusion import build_embedding_unet, model_arrays
 
-CLASSES = ["field", "forest", "water"]  # the class folders of tests/fixtures/finetuning.py
+CLASSES = ["field", "forest", "water"]  # the class folders of tests/finetune/conftest.py
 EMBED_DIM = 128  # the pooled features of the tiny Swin of tests/conftest.py (embed_dim 16, 4 stages)
 
 
