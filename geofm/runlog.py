@@ -15,6 +15,8 @@ from tqdm import tqdm
 from geofm.errors import GeoFMError
 
 LOSS_KEYS = ("loss", "loss_mim", "loss_distill")
+METRICS_LOG = "metrics.jsonl"
+"""A run's step records, in its run folder."""
 ROUNDS_LOG = "rounds.jsonl"
 """A federated run's log in its run folder: one record per round, written by the server of every federated program."""
 

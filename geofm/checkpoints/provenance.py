@@ -14,9 +14,8 @@ from torch import Tensor
 from geofm.checkpoints.facts import RGB_BANDS, CheckpointFacts, read_checkpoint
 from geofm.checkpoints.layouts import BackboneSource
 from geofm.objective_settings import MIM_TASK
-from geofm.runlog import final_metrics
+from geofm.runlog import METRICS_LOG, final_metrics
 
-METRICS_LOG = "metrics.jsonl"
 # Normalisation of RGB images in [0, 1] used by Microsoft's Swin, SimMIM and GFM (ImageNet statistics).
 IMAGENET_NORMALISATION = {
     "imagenet": {

@@ -28,14 +28,12 @@ from geofm.checkpoints.io import LAST_CHECKPOINT
 from geofm.config import config_to_dict
 from geofm.data.loader import run_loader
 from geofm.loggers import RunLoggers, check_installed, end_status
-from geofm.runlog import Phases
+from geofm.runlog import METRICS_LOG, Phases
 from geofm.training import engine as ds
 from geofm.training.loop import Forward, TrainLoop, epoch_steps, step_seed
 from geofm.training.rundir import InputPath, Progress, start_run
 
 log = logging.getLogger("geofm.training")
-
-METRICS_LOG = "metrics.jsonl"
 
 
 class TrainingProgram(ABC):
